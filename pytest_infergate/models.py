@@ -1,0 +1,212 @@
+"""Resolve a model name to a local directory, and load it in one precision.
+
+A model spec is a built-in alias, a local Hugging Face directory, a .gguf file, or a hub id. Everything is
+turned into a local directory first (hub ids excepted), so a model loads the same way whatever its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_infergate.builtin_models import ensure_converted_gguf, ensure_smollm2, ensure_tiny_llama
+from pytest_infergate.cache import META_NAME, read_meta, sha256_file
+from pytest_infergate.errors import CacheCorrupted, ModelLoadError
+from pytest_infergate.options import BUILTIN_ALIASES
+from pytest_infergate.precision import QUANTIZED, check_precision, compute_dtype_name, quantization_config, torch_dtype
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    spec: str  # what the user wrote
+    path: str  # local directory, or the hub id
+    kind: str  # "alias", "directory", "gguf", "hub"
+    name: str
+
+
+def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
+    """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""
+    spec = str(spec).strip()
+    if spec == "smollm2-135m":
+        return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
+    if spec == "tiny-random-llama":
+        return ModelSource(spec, str(ensure_tiny_llama(cache_dir)), "alias", "tiny-random-llama")
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        return ModelSource(spec, str(ensure_converted_gguf(path, cache_dir)), "gguf", path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
+                                 "Hugging Face model directory (one saved with save_pretrained)")
+        return ModelSource(spec, str(path.resolve()), "directory", path.name)
+    looks_like_path = spec.startswith((".", "/", "~")) or path.suffix or spec.count("/") != 1
+    if looks_like_path:
+        raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
+                             "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
+    return ModelSource(spec, spec, "hub", spec)
+
+
+def model_fingerprint(source: ModelSource) -> str:
+    """First 16 hex digits of a sha256 over config.json and the weight files. Cache entries recorded each
+    file's digest when they were built; plain directories are hashed once per (file, size, mtime)."""
+    if source.kind == "hub":
+        return "hub:" + source.path
+    directory = Path(source.path)
+    try:
+        recorded = {name: info["sha256"] for name, info in read_meta(directory)["files"].items()}
+    except CacheCorrupted:
+        recorded = {}
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        if path.name == "config.json" or path.suffix in _WEIGHT_SUFFIXES:
+            digest.update(path.name.encode())
+            digest.update((recorded.get(path.name) or _cached_file_digest(path)).encode())
+    return digest.hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _cached_file_digest(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
+
+
+@dataclass
+class LoadRecord:
+    """What loading one model in one precision cost and produced."""
+
+    model: str
+    precision: str
+    requested_precision: str
+    device: str
+    dtype: str
+    load_s: float
+    weight_bytes: int
+    peak_mem_bytes: int
+    peak_mem_method: str
+    quantized_modules: int
+    fingerprint: str
+    versions: dict[str, str]
+    fallback: bool = False
+    fallback_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    source: ModelSource
+    record: LoadRecord
+    config: Any = field(init=False)
+
+    def __post_init__(self):
+        self.config = self.model.config
+
+    @property
+    def precision(self) -> str:
+        return self.record.precision
+
+    @property
+    def device(self) -> str:
+        return self.record.device
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load the tokenizer of {source.spec}: {exc}") from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # decoder-only batch generation pads on the left
+    return tokenizer
+
+
+def weight_bytes(model) -> int:
+    """Bytes the parameters and buffers occupy as stored (int8 / packed 4-bit for bitsandbytes layers)."""
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def count_quantized_modules(model) -> int:
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return 0
+    return sum(isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)) for m in model.modules())
+
+
+def silence_library_noise() -> None:
+    """Progress bars and per-call warnings from transformers / bitsandbytes would drown test output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    # bitsandbytes logs "inputs will be cast to float16" on every int8 matmul, and a missing optional
+    # CPU kernel package once per process; both are expected here and neither is actionable.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def load_model(source: ModelSource, precision: str, device: str = "cpu", reference: str = "fp32",
+               tokenizer=None) -> LoadedModel:
+    """Load `source` in `precision` on `device`; raise ModelLoadError with the underlying reason on failure."""
+    precision = check_precision(precision)
+    silence_library_noise()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pytest_infergate.environment import library_versions
+    from pytest_infergate.memory import PeakMemory
+
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(precision, reference)}
+    quant = quantization_config(precision, reference)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        kwargs["device_map"] = {"": torch.device(device).index or 0} if device.startswith("cuda") else "cpu"
+    start = time.perf_counter()
+    try:
+        with PeakMemory(device) as peak:
+            model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+            if quant is None:
+                model = model.to(device)
+            model.eval()
+    except Exception as exc:
+        raise ModelLoadError(f"loading {source.spec} in {precision} on {device} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    load_s = time.perf_counter() - start
+    quantized = count_quantized_modules(model)
+    if precision in QUANTIZED and quantized == 0:
+        raise ModelLoadError(f"{source.spec} loaded in {precision} but no bitsandbytes layer was created: the "
+                             "weights are not quantized. Check that bitsandbytes supports this device and model")
+    record = LoadRecord(
+        model=source.spec, precision=precision, requested_precision=precision, device=device,
+        dtype=compute_dtype_name(precision, reference), load_s=load_s, weight_bytes=weight_bytes(model),
+        peak_mem_bytes=peak.result.peak_bytes, peak_mem_method=peak.result.method, quantized_modules=quantized,
+        fingerprint=model_fingerprint(source), versions=library_versions())
+    return LoadedModel(model, tokenizer if tokenizer is not None else load_tokenizer(source), source, record)
+
+
+def describe_source(source: ModelSource) -> dict:
+    meta_path = Path(source.path) / META_NAME
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        return {"spec": source.spec, "name": source.name, "origin": meta.get("source", source.kind)}
+    return {"spec": source.spec, "name": source.name, "origin": source.kind}
