@@ -1,0 +1,8 @@
+"""The reference inference engine: KV cache (none / contiguous / paged), sequential / static / dynamic /
+continuous batching, streaming and limits. Exact: greedy output equals `model.generate`."""
+
+from pytest_infergate.engine.config import EngineConfig
+from pytest_infergate.engine.engine import Engine
+from pytest_infergate.engine.request import FinishReason, Request, Result
+
+__all__ = ["Engine", "EngineConfig", "FinishReason", "Request", "Result"]

@@ -1,0 +1,68 @@
+"""EngineConfig: every knob of the reference engine, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_infergate.errors import OptionError
+
+CACHE_MODES = ("paged", "contiguous", "none")
+BATCHING_MODES = ("sequential", "static", "dynamic", "continuous")
+
+
+@dataclass
+class EngineConfig:
+    """
+    cache_mode: `paged` grows each sequence's KV cache block by block; `contiguous` reserves a sequence's whole
+        maximum length (prompt + max_new_tokens) when it is admitted, as a per-batch contiguous cache does;
+        `none` keeps no cache and recomputes the whole prefix at every step (the use_cache=False experiment).
+    batching: `sequential` one request at a time; `static` batches of `max_batch_size`, padded, run until the
+        longest finishes; `dynamic` collects requests for up to `window_ms` (or `max_batch_size`), then runs them
+        as a static batch; `continuous` schedules every step: finished sequences leave, waiting ones join, prefill
+        and decode share one forward under `max_batched_tokens`, long prompts are prefilled in chunks.
+    kv_budget_bytes / kv_budget_blocks: the KV memory the engine may allocate (one of them; default 1 GiB).
+    """
+
+    cache_mode: str = "paged"
+    batching: str = "continuous"
+    max_batch_size: int = 32
+    max_batched_tokens: int = 2048
+    prefill_chunk_size: int = 512
+    block_size: int = 16
+    kv_budget_bytes: int | None = None
+    kv_budget_blocks: int | None = None
+    max_model_len: int | None = None  # default: the model's max_position_embeddings, at most 8192
+    max_input_tokens: int | None = None  # default: max_model_len - 1
+    truncate_input: bool = False  # over-long prompts: reject (default) or keep the last max_input_tokens
+    max_new_tokens_limit: int | None = None  # requests asking for more are clamped to this
+    max_queue_len: int | None = None  # waiting requests beyond this are rejected ("queue full")
+    window_ms: float = 20.0
+    length_bucketing: bool = False  # static/dynamic: group requests of similar prompt length
+    max_length_spread: int | None = None  # static/dynamic: max prompt-length difference inside one batch
+    schedule_by_tokens: bool = False  # static/dynamic: cap a batch by prompt tokens (max_batched_tokens) too
+    record_steps: bool = True
+
+    def __post_init__(self):
+        if self.cache_mode not in CACHE_MODES:
+            raise OptionError(f"EngineConfig.cache_mode {self.cache_mode!r}: choose from {', '.join(CACHE_MODES)}")
+        if self.batching not in BATCHING_MODES:
+            raise OptionError(f"EngineConfig.batching {self.batching!r}: choose from {', '.join(BATCHING_MODES)}")
+        for name in ("max_batch_size", "max_batched_tokens", "prefill_chunk_size", "block_size"):
+            if getattr(self, name) <= 0:
+                raise OptionError(f"EngineConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("kv_budget_bytes", "kv_budget_blocks", "max_model_len", "max_input_tokens",
+                     "max_new_tokens_limit", "max_queue_len", "max_length_spread"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise OptionError(f"EngineConfig.{name} must be positive or None, got {value}")
+        if self.kv_budget_bytes is not None and self.kv_budget_blocks is not None:
+            raise OptionError("EngineConfig: give kv_budget_bytes or kv_budget_blocks, not both")
+        if self.window_ms < 0:
+            raise OptionError(f"EngineConfig.window_ms must be >= 0, got {self.window_ms}")
+        if self.batching == "sequential":
+            self.max_batch_size = 1
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)

@@ -1,0 +1,198 @@
+"""Requests, their per-request state inside the engine (Sequence), and the Result every request ends with."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_infergate.errors import InfergateError
+
+
+class RequestError(InfergateError, ValueError):
+    """A request that can never be served as given (empty prompt, bad limits, unknown stop token...)."""
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def is_success(self) -> bool:
+        return self in (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+
+
+@dataclass
+class Request:
+    """One generation request.
+
+    Give exactly one of `prompt` (text), `messages` (chat, rendered with the tokenizer's chat template) or
+    `prompt_token_ids`. `temperature == 0` is greedy. `arrival_s` is when the request arrives, in seconds after
+    the workload starts (used by `Engine.generate` to replay an arrival stream); `deadline_s` is counted from
+    arrival.
+    """
+
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    prompt_token_ids: list[int] | None = None
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    deadline_s: float | None = None
+    arrival_s: float = 0.0
+    request_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        given = [name for name in ("prompt", "messages", "prompt_token_ids") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise RequestError(f"a Request needs exactly one of prompt, messages, prompt_token_ids (got {given or 'none'})")
+        if self.max_new_tokens <= 0:
+            raise RequestError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise RequestError(f"deadline_s must be positive, got {self.deadline_s}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.stop_strings = tuple(self.stop_strings)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request."""
+
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def itl_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (vLLM's TPOT)."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queue_wait_s": self.queue_wait_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "e2e_s": self.e2e_s, "itl_s": self.itl_s}
+
+
+@dataclass
+class Result:
+    request_id: str
+    finish_reason: FinishReason
+    reason: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    timings: RequestTimings
+    num_preemptions: int = 0
+    is_warmup: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason.is_success
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+_sequence_ids = itertools.count()
+
+
+class SequenceStatus(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """The engine's state for one admitted request: tokens, progress, blocks, timings."""
+
+    def __init__(self, request: Request, prompt_token_ids: list[int], arrival: float, request_id: str):
+        self.seq_id = next(_sequence_ids)
+        self.request = request
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.max_new_tokens = request.max_new_tokens  # may be clamped by the engine's limits
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.timings = RequestTimings(arrival=arrival)
+        self.finish_reason: FinishReason | None = None
+        self.reason = ""
+        self.num_preemptions = 0
+        self.cancel_requested = False
+        self.generator = None  # torch.Generator for seeded sampling, created by the runner
+        self.stop_text_tail = ""
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token lacks cached K/V: the prompt (or, after a preemption, everything) is still being
+        prefilled. A decode step feeds exactly the one token sampled last."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.max_new_tokens
+
+    def finish(self, reason: FinishReason, detail: str, now: float) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.reason = detail
+        self.timings.finished = now

@@ -1,0 +1,224 @@
+"""Which sequences run in the next forward, and how many tokens each feeds. No torch here.
+
+Continuous batching decides every step; static and dynamic batching form a batch only when the previous one has
+completely finished, and count the rows that keep riding (finished, or shorter prompts padded to the longest) as
+padding tokens, because a padded batch computes them too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pytest_infergate.engine.block_manager import BlockManager
+from pytest_infergate.engine.config import EngineConfig
+from pytest_infergate.engine.request import Sequence, SequenceStatus
+
+
+@dataclass
+class Chunk:
+    seq: Sequence
+    num_tokens: int  # tokens fed this step, starting at seq.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the sequence, so its last logits give the next token."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class StepPlan:
+    decodes: list[Chunk] = field(default_factory=list)  # one token each
+    prefills: list[Chunk] = field(default_factory=list)
+    num_padding: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self.decodes + self.prefills
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager | None):
+        self.config = config
+        self.blocks = block_manager  # None when cache_mode == "none"
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        # static / dynamic: the current batch, and the longest prompt in it (for padding accounting)
+        self._batch_riders = 0
+        self._batch_open = False
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    def _tokens_to_reserve(self, seq: Sequence, upto: int) -> int:
+        # contiguous: the whole maximum length is reserved at once; paged: just what this step writes
+        return max(upto, seq.max_total_tokens) if self.config.cache_mode == "contiguous" else upto
+
+    def _try_grow(self, seq: Sequence, upto: int) -> bool:
+        if self.blocks is None:
+            return True
+        tokens = self._tokens_to_reserve(seq, upto)
+        if not self.blocks.can_grow(seq.block_table, tokens):
+            return False
+        self.blocks.grow(seq.seq_id, seq.block_table, tokens)
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        if self.blocks is not None:
+            self.blocks.free(seq.seq_id, seq.block_table)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free the sequence's blocks and put it first in line; its tokens are recomputed when it returns."""
+        self.running.remove(seq)
+        self.release(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished / cancelled / timed-out sequence out and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+            if self._batch_open:
+                self._batch_riders += 1
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.release(seq)
+
+    # ---- scheduling ---------------------------------------------------------------------------------------
+    def schedule(self, now: float, more_arrivals: bool) -> StepPlan:
+        if self.config.cache_mode == "none":
+            return self._schedule_recompute()
+        if self.config.batching in ("static", "dynamic"):
+            return self._schedule_batch(now, more_arrivals)
+        return self._schedule_continuous()
+
+    def _admit(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _schedule_continuous(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.config.max_batched_tokens
+        for seq in list(self.running):
+            if seq not in self.running or seq.is_prefilling:
+                continue
+            # out of blocks mid-decode: preempt the newest sequences rather than fail
+            while not self._try_grow(seq, seq.num_tokens):
+                victim = self.running[-1]
+                self.preempt(victim)
+                plan.preempted.append(victim)
+                plan.decodes = [c for c in plan.decodes if c.seq is not victim]
+                if victim is seq:
+                    break
+            if seq in self.running and budget > 0:
+                plan.decodes.append(Chunk(seq, 1))
+                budget -= 1
+        for seq in list(self.running):
+            if seq.is_prefilling and budget > 0:
+                chunk = self._prefill_chunk(seq, budget)
+                if chunk is None:
+                    break
+                plan.prefills.append(chunk)
+                budget -= chunk.num_tokens
+        while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
+            seq = self.waiting[0]
+            chunk = self._prefill_chunk(seq, budget)
+            if chunk is None:
+                break
+            self._admit(seq)
+            plan.prefills.append(chunk)
+            budget -= chunk.num_tokens
+        return plan
+
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> Chunk | None:
+        size = min(seq.num_uncomputed_tokens, self.config.prefill_chunk_size, budget)
+        if size <= 0 or not self._try_grow(seq, seq.num_computed_tokens + size):
+            return None
+        return Chunk(seq, size)
+
+    def _schedule_recompute(self) -> StepPlan:
+        """cache_mode 'none': every running sequence feeds all its tokens again, every step."""
+        while self.waiting and len(self.running) < self.config.max_batch_size:
+            self._admit(self.waiting[0])
+        plan = StepPlan()
+        for seq in self.running:
+            seq.num_computed_tokens = 0
+            plan.prefills.append(Chunk(seq, seq.num_tokens))
+        return plan
+
+    def _schedule_batch(self, now: float, more_arrivals: bool) -> StepPlan:
+        if not self.running:
+            self._batch_open = False
+            self._batch_riders = 0
+            batch = self._form_batch(now, more_arrivals)
+            if not batch:
+                return StepPlan()
+            for seq in batch:
+                self._admit(seq)
+            self._batch_open = True
+        plan = StepPlan()
+        prefilling = [s for s in self.running if s.is_prefilling]
+        for seq in list(self.running):
+            if seq not in self.running or seq.is_prefilling:
+                continue
+            while not self._try_grow(seq, seq.num_tokens):
+                victim = self.running[-1]
+                self.preempt(victim)
+                plan.preempted.append(victim)
+                plan.decodes = [c for c in plan.decodes if c.seq is not victim]
+                if victim is seq:
+                    break
+            if seq in self.running:
+                plan.decodes.append(Chunk(seq, 1))
+        longest = max((s.num_uncomputed_tokens for s in prefilling), default=0)
+        for seq in prefilling:
+            if not self._try_grow(seq, seq.num_tokens):
+                self.preempt(seq)
+                plan.preempted.append(seq)
+                continue
+            plan.prefills.append(Chunk(seq, seq.num_uncomputed_tokens))
+            plan.num_padding += longest - seq.num_uncomputed_tokens  # left padding to the longest prompt
+        if plan.decodes:
+            plan.num_padding += self._batch_riders  # finished rows keep riding until the longest ends
+        return plan
+
+    def _form_batch(self, now: float, more_arrivals: bool) -> list[Sequence]:
+        if not self.waiting:
+            return []
+        size = self.config.max_batch_size
+        if len(self.waiting) < size and more_arrivals:
+            if self.config.batching == "static":
+                return []  # a static batch waits until it is full (or no more requests can come)
+            oldest = min(s.timings.arrival for s in self.waiting)
+            if (now - oldest) * 1000.0 < self.config.window_ms:
+                return []
+        anchor = self.waiting[0]
+        candidates = list(self.waiting)[1:]
+        if self.config.length_bucketing or self.config.max_length_spread is not None:
+            anchor_len = anchor.num_tokens
+            if self.config.max_length_spread is not None:
+                candidates = [s for s in candidates if abs(s.num_tokens - anchor_len) <= self.config.max_length_spread]
+            candidates.sort(key=lambda s: abs(s.num_tokens - anchor_len))
+        batch = [anchor]
+        for seq in candidates:
+            if len(batch) >= size:
+                break
+            if self.config.schedule_by_tokens:
+                longest = max(seq.num_tokens, *(s.num_tokens for s in batch))
+                if longest * (len(batch) + 1) > self.config.max_batched_tokens:
+                    continue
+            batch.append(seq)
+        return batch
