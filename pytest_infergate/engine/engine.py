@@ -385,14 +385,17 @@ class Engine:
         while True:
             if seq.status != SequenceStatus.FINISHED:
                 self.step()
+            done = seq.status == SequenceStatus.FINISHED
             while sent < len(seq.output_token_ids):
                 sent += 1
                 text = self.tokenizer.decode(seq.output_token_ids[:sent], skip_special_tokens=True)
-                delta = text[len(text_so_far):] if not text.endswith("\ufffd") else ""
-                if delta:
-                    text_so_far = text
+                # hold back a trailing incomplete multi-byte character until it completes (or the stream ends)
+                last = done and sent == len(seq.output_token_ids)
+                delta = ""
+                if last or not text.endswith("\ufffd"):
+                    delta, text_so_far = text[len(text_so_far):], text
                 yield StreamChunk(seq.output_token_ids[sent - 1], delta)
-            if seq.status == SequenceStatus.FINISHED:
+            if done:
                 return self._results[request_id]
 
     # ---- accounting ---------------------------------------------------------------------------------------

@@ -1,0 +1,29 @@
+"""The engine against `model.generate` on the real embedded model (fp32): token-identical greedy outputs."""
+
+import pytest
+
+from engine_helpers import PROMPTS, hf_greedy, messages
+from pytest_infergate.engine import Engine, EngineConfig, Request
+
+pytestmark = pytest.mark.embedded
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_fp32):
+    return hf_greedy(smollm2_fp32, PROMPTS, MAX_NEW)
+
+
+@pytest.mark.parametrize("cache_mode,batching", [
+    ("paged", "continuous"), ("paged", "static"), ("paged", "dynamic"), ("paged", "sequential"),
+    ("contiguous", "continuous"), ("none", "continuous"),
+])
+def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, batching):
+    config = EngineConfig(cache_mode=cache_mode, batching=batching, max_batch_size=8, prefill_chunk_size=32,
+                          max_model_len=1024, kv_budget_bytes=256 << 20)
+    with Engine(smollm2_fp32.model, smollm2_fp32.tokenizer, config) as engine:
+        results = engine.generate([Request(messages=messages(p), max_new_tokens=MAX_NEW) for p in PROMPTS])
+        mismatches = [(p, r.text) for p, r, ref in zip(PROMPTS, results, reference) if r.token_ids != ref]
+        assert not mismatches
+        engine.check_drained()
+    assert "Paris" in results[0].text
