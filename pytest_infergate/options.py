@@ -45,6 +45,12 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default: $INFERGATE_CACHE_DIR or ~/.cache/infergate)", None, "DIR"),
     OptionSpec("fallback", "bool", "if a precision fails to load, load the reference precision instead and mark "
                "every result of the run as 'fallback' (off by default: a failed load is a test error)", False),
+    OptionSpec("save_baseline", "path", "write every perf measurement of this run, with an environment "
+               "fingerprint, to PATH as the new accepted baseline", None, "PATH"),
+    OptionSpec("baseline", "path", "compare perf measurements with the baseline file PATH "
+               "(noise-aware: bootstrap confidence interval of the ratio against max_regression)", None, "PATH"),
+    OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
+               "inconclusive verdicts (default: warn and report them)", False),
     OptionSpec("report", "path", "write the HTML regression report of this run to PATH", None, "PATH"),
     OptionSpec("json", "path", "write the machine-readable results of this run to PATH", None, "PATH"),
 )
@@ -73,6 +79,9 @@ class Options:
     reference_precision: str = ""
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     fallback: bool = False
+    save_baseline: Path | None = None
+    baseline: Path | None = None
+    strict: bool = False
     report: Path | None = None
     json: Path | None = None
 

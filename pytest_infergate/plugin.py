@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import pytest
 
+import json
+import warnings
+
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.options import OPTION_SPECS, Options
+from pytest_infergate.perf import Budget, BudgetError, merge_budgets, parse_budget, parse_ini_budgets
 from pytest_infergate.pool import ModelPool
+from pytest_infergate.results import RESULT_PROPERTY, RunResults
 
 OPTIONS_KEY = pytest.StashKey[Options]()
 POOL_KEY = pytest.StashKey[ModelPool]()
+RESULTS_KEY = pytest.StashKey[RunResults]()
+INI_BUDGETS_KEY = pytest.StashKey[dict]()
+BASELINE_KEY = pytest.StashKey[dict]()
+
+
+class InfergateWarning(pytest.PytestWarning):
+    """Something the gate could not check as asked (e.g. the baseline is from another environment)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             group.addoption(spec.flag, action="store", default=None, dest=dest, metavar=spec.metavar, help=spec.help)
         parser.addini(spec.ini_key, help=spec.help + f" (same as {spec.flag})",
                       type="bool" if spec.kind == "bool" else "string", default=None)
+    parser.addini("infergate_budgets", type="linelist", default=[],
+                  help="perf budgets by scope, one per line: 'SCOPE: key=value, ...' where SCOPE is a precision, "
+                       "a substring of the test id, or *; e.g. 'int8: tokens_per_s=5, peak_mem_mb=900'")
 
 
 def _build_options(config: pytest.Config) -> Options:
@@ -51,8 +66,52 @@ def pytest_configure(config: pytest.Config) -> None:
                 "--infergate-gpu was given but torch sees no CUDA device "
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Install a CUDA build of "
                 "torch and run on a GPU machine, or drop --infergate-gpu to run on the CPU.")
+    try:
+        config.stash[INI_BUDGETS_KEY] = parse_ini_budgets(config.getini("infergate_budgets"))
+    except BudgetError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[OPTIONS_KEY] = options
     config.stash[POOL_KEY] = ModelPool(options)
+    config.stash[RESULTS_KEY] = RunResults()
+    config.stash[BASELINE_KEY] = {}
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ResultCollector(config.stash[RESULTS_KEY]), "infergate-results")
+    if options.baseline is not None:
+        from pytest_infergate.baseline import load_baseline
+
+        try:
+            config.stash[BASELINE_KEY] = load_baseline(options.baseline)
+        except InfergateError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    config.addinivalue_line("markers", "infergate_budget(**limits): perf budget of this test, e.g. "
+                            "ttft_ms_p95=200, tokens_per_s=10, peak_mem_mb=900, max_regression=0.1")
+    config.addinivalue_line("markers", "infergate_quality(**thresholds): quality policy against the reference "
+                            "precision, e.g. min_rouge_l=0.5, max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Budget markers are validated at collection time, so a typo fails the run before any model loads."""
+    problems = []
+    for item in items:
+        for marker in item.iter_markers("infergate_budget"):
+            if marker.args:
+                problems.append(f"{item.nodeid}: infergate_budget takes keyword arguments only, got {marker.args!r}")
+                continue
+            try:
+                parse_budget(marker.kwargs, f"{item.nodeid}: infergate_budget")
+            except BudgetError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise pytest.UsageError("invalid infergate budgets:\n" + "\n".join(problems))
+
+
+def _budget_for(item: pytest.Item, precision: str) -> Budget:
+    scoped = item.config.stash[INI_BUDGETS_KEY]
+    layers = [budget for scope, budget in scoped.items() if scope == "*"]
+    layers += [budget for scope, budget in scoped.items() if scope == precision]
+    layers += [budget for scope, budget in scoped.items() if scope not in ("*", precision) and scope in item.nodeid]
+    layers += [parse_budget(m.kwargs) for m in reversed(list(item.iter_markers("infergate_budget")))]
+    return merge_budgets(*layers)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -112,19 +171,158 @@ def infergate_tokenizer(pytestconfig: pytest.Config):
         pytest.fail(f"infergate could not load the tokenizer: {exc}", pytrace=False)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    pool = config.stash.get(POOL_KEY, None)
-    if pool is None or not pool.loaded:
+class PerfBench:
+    """Callable returned by the `infergate_bench` fixture; see its docstring."""
+
+    def __init__(self, item: pytest.Item, loaded, options: Options):
+        from pytest_infergate.bench import Bench
+
+        self.item = item
+        self.loaded = loaded
+        self.options = options
+        self.bench = Bench(loaded, options.device)
+        self.measurements = []
+
+    def default_workload(self, num_requests: int = 8):
+        from pytest_infergate.workloads import chat_workload
+
+        return chat_workload(self.loaded.tokenizer, num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
+
+    def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
+                 label: str = ""):
+        from pytest_infergate.engine import EngineConfig
+        from pytest_infergate.environment import perf_fingerprint
+        from pytest_infergate.gate import evaluate_perf
+
+        requests = requests if requests is not None else self.default_workload()
+        config = config or EngineConfig()
+        measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
+                                         label=label)
+        key = self.item.nodeid + (f"::{label}" if label else "")
+        budget = _budget_for(self.item, self.loaded.record.requested_precision)
+        fingerprint = perf_fingerprint(self.loaded.record, config.to_dict(), self.options.device)
+        entry = self.item.config.stash[BASELINE_KEY].get(key)
+        outcome = evaluate_perf(measurement, budget, fingerprint, entry, self.options.strict,
+                                remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
+        if outcome.fingerprint_mismatch and not self.options.strict:
+            warnings.warn(InfergateWarning(f"{key}: baseline from another environment, relative check skipped: "
+                                           + "; ".join(outcome.fingerprint_mismatch)))
+        if outcome.status == "inconclusive":
+            warnings.warn(InfergateWarning(f"{key}: inconclusive against the baseline after "
+                                           f"{outcome.remeasured} re-measurements:\n{outcome.message()}"))
+        record = {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision,
+                  "fallback": self.loaded.record.fallback, "label": label, "engine_config": config.to_dict(),
+                  "budget": {l.key: l.value for l in budget.limits} | {"max_regression": budget.max_regression},
+                  "fingerprint": fingerprint, "measurement": measurement.to_dict(), "summary": measurement.summary(),
+                  **outcome.to_dict()}
+        _record(self.item, record)
+        for name, value in measurement.summary().items():
+            self.item.user_properties.append((f"infergate.{label + '.' if label else ''}{name}", round(value, 4)))
+        self.measurements.append(measurement)
+        if outcome.failed:
+            pytest.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}", pytrace=False)
+        return measurement
+
+    def close(self) -> None:
+        self.bench.close()
+
+
+def _record(item: pytest.Item, record: dict) -> None:
+    """Attach a result record to the test's report; it reaches the controller under xdist too."""
+    item.user_properties.append((RESULT_PROPERTY, json.dumps(record, default=str)))
+
+
+@pytest.fixture
+def infergate_bench(request: pytest.FixtureRequest, infergate_model):
+    """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
+    warmup=2, repeats=3, min_time_s=0, label="")`. Warm-up requests run before every repetition and are not
+    counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
+    Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
+    re-measured when inconclusive). Every violated metric is listed in the failure."""
+    bench = PerfBench(request.node, infergate_model, request.config.stash[OPTIONS_KEY])
+    yield bench
+    bench.close()
+
+
+class ResultCollector:
+    """Takes the result records out of test reports on the controller (or in a run without xdist), so the
+    run's results are complete and JUnit XML keeps only the key figures. Not registered on xdist workers:
+    there the records must stay in the report that travels to the controller."""
+
+    def __init__(self, results: RunResults):
+        self.results = results
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        kept = []
+        for name, value in report.user_properties:
+            if name != RESULT_PROPERTY:
+                kept.append((name, value))
+            elif report.when == "call":  # the teardown report carries the same properties again
+                self.results.add(json.loads(value))
+        report.user_properties = kept
+        if report.when == "call" or report.outcome != "passed":
+            if report.nodeid not in self.results.outcomes or report.outcome != "passed":
+                self.results.outcomes[report.nodeid] = "error" if report.when != "call" and report.failed else report.outcome
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or RESULTS_KEY not in config.stash:
         return
+    options = config.stash[OPTIONS_KEY]
+    results = config.stash[RESULTS_KEY]
+    pool = config.stash[POOL_KEY]
+    if pool.loaded:
+        from pytest_infergate.environment import library_versions, machine_fingerprint
+
+        results.environment = {"machine": machine_fingerprint(options.device), "versions": library_versions(),
+                               "model": options.model, "device": options.device,
+                               "reference_precision": options.reference_precision}
+    for loaded in pool.loaded:
+        results.models[loaded.record.requested_precision] = loaded.record.to_dict()
+    if options.save_baseline is not None:
+        from pytest_infergate.baseline import save_baseline
+
+        entries = {r["test"]: {"fingerprint": r["fingerprint"], "measurement": r["measurement"]}
+                   for r in results.by_kind("perf")}
+        save_baseline(options.save_baseline, entries)
+    if options.json is not None:
+        from pytest_infergate.baseline import write_json_atomic
+
+        write_json_atomic(options.json, results.to_dict())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if RESULTS_KEY not in config.stash:
+        return
+    pool = config.stash[POOL_KEY]
+    results = config.stash[RESULTS_KEY]
+    if not pool.loaded and not results.records:
+        return
+    write = terminalreporter.write_line
     terminalreporter.section("infergate")
-    source = pool.source
-    terminalreporter.write_line(f"model: {source.spec} ({source.name}) on {pool.options.device}")
+    if pool.loaded:
+        write(f"model: {pool.source.spec} ({pool.source.name}) on {pool.options.device}")
     for loaded in pool.loaded:
         r = loaded.record
         note = f"  FALLBACK from {r.requested_precision}: {r.fallback_reason}" if r.fallback else ""
-        terminalreporter.write_line(
-            f"  {r.requested_precision:>5}: load {r.load_s:.2f}s, weights {r.weight_bytes / 2**20:.1f} MiB, "
-            f"peak {r.peak_mem_bytes / 2**20:.0f} MiB ({r.peak_mem_method}), fingerprint {r.fingerprint}{note}")
-    if pool.any_fallback:
-        terminalreporter.write_line("infergate: some precisions ran as FALLBACK to the reference precision; "
-                                    "their results do not measure the requested precision", red=True)
+        write(f"  {r.requested_precision:>5}: load {r.load_s:.2f}s, weights {r.weight_bytes / 2**20:.1f} MiB, "
+              f"peak {r.peak_mem_bytes / 2**20:.0f} MiB ({r.peak_mem_method}), fingerprint {r.fingerprint}{note}")
+    for record in results.by_kind("perf"):
+        summary = record["summary"]
+        figures = ", ".join(f"{k} {summary[k]:.4g}" for k in ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50",
+                                                                "tokens_per_s", "peak_mem_mb") if k in summary)
+        write(f"  perf {record['status'].upper():12s} {record['test']}: {figures}",
+              red=record["status"] == "fail", yellow=record["status"] == "inconclusive")
+        for verdict in record.get("verdicts", []):
+            write(f"      {verdict['metric']}: x{verdict['ratio']:.3f} vs baseline "
+                  f"(CI {verdict['low']:.3f}-{verdict['high']:.3f}, threshold x{verdict['threshold']:.2f}) "
+                  f"{verdict['status']}")
+    counts = results.gate_counts()
+    if counts:
+        write("gates: " + "; ".join(f"{kind}: " + ", ".join(f"{n} {status}" for status, n in c.items() if n)
+                                    for kind, c in counts.items()))
+    if pool.any_fallback or any(r.get("fallback") for r in results.records):
+        write("infergate: some precisions ran as FALLBACK to the reference precision; "
+              "their results do not measure the requested precision", red=True)

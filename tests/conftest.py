@@ -3,6 +3,24 @@ from pathlib import Path
 
 import pytest
 
+import _pytest.pytester
+
+# pytester's in-process runs drop the modules first imported inside them when they end. torch and friends load
+# C extensions and register operators once per process: a second import of them crashes or fails. Keep them.
+_NATIVE = ("torch", "transformers", "bitsandbytes", "safetensors", "tokenizers", "accelerate", "gguf", "numpy",
+           "scipy", "sympy", "pytest_infergate", "jinja2", "markupsafe", "rouge_score", "nltk", "absl", "psutil")
+_original_snapshot_init = _pytest.pytester.SysModulesSnapshot.__init__
+
+
+def _snapshot_init(self, preserve=None):
+    def keep(name):
+        return name.split(".")[0] in _NATIVE or (preserve is not None and preserve(name))
+
+    _original_snapshot_init(self, preserve=keep)
+
+
+_pytest.pytester.SysModulesSnapshot.__init__ = _snapshot_init
+
 pytest_plugins = ["pytester"]
 
 CACHE_DIR = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))

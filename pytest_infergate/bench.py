@@ -1,0 +1,115 @@
+"""Run a workload on the reference engine and turn what happened into a Measurement."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.memory import PeakMemory
+from pytest_infergate.perf import Measurement
+
+MIB = 1024 * 1024
+
+
+def fresh_copies(requests: list[Request]) -> list[Request]:
+    """Requests carry ids; a repetition needs new ones."""
+    return [replace(r, request_id=None, metadata=dict(r.metadata)) for r in requests]
+
+
+def warmup_requests(requests: list[Request], count: int) -> list[Request]:
+    warm = [replace(r, request_id=None, max_new_tokens=min(r.max_new_tokens, 8), arrival_s=0.0,
+                    metadata={"warmup": True}) for r in requests[:count]]
+    return warm
+
+
+class Bench:
+    """Measures workloads for one loaded model. Repetitions reuse one engine per engine config."""
+
+    def __init__(self, loaded, device: str = "cpu"):
+        self.loaded = loaded
+        self.device = device
+        self._engines: dict[str, Engine] = {}
+
+    def engine(self, config: EngineConfig) -> Engine:
+        key = repr(config)
+        if key not in self._engines:
+            self._engines[key] = Engine(self.loaded.model, self.loaded.tokenizer, replace(config))
+        return self._engines[key]
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.close()
+        self._engines.clear()
+
+    def run_once(self, requests: list[Request], config: EngineConfig, warmup: int,
+                 into: Measurement) -> None:
+        """One repetition: warm-up requests (not counted), then the workload, appended to `into`."""
+        engine = self.engine(config)
+        if warmup:
+            engine.generate(warmup_requests(requests, warmup))
+        engine.steps.clear()
+        engine.peak_kv_blocks = 0
+        workload = fresh_copies(requests)
+        with PeakMemory(self.device) as peak:
+            start = time.perf_counter()
+            results = engine.generate(workload)
+            wall = time.perf_counter() - start
+        samples = into.samples
+        ok = [r for r in results if r.ok and not r.is_warmup]
+        into.num_requests += len(results)
+        into.num_failed += len(results) - len(ok)
+        for r in ok:
+            t = r.timings
+            if t.ttft_s is not None:
+                samples.setdefault("ttft_ms", []).append(t.ttft_s * 1000)
+            if t.tpot_s is not None:
+                samples.setdefault("tpot_ms", []).append(t.tpot_s * 1000)
+            samples.setdefault("itl_ms", []).extend(x * 1000 for x in t.itl_s)
+            samples.setdefault("e2e_ms", []).append(t.e2e_s * 1000)
+            samples.setdefault("queue_ms", []).append((t.queue_wait_s or 0.0) * 1000)
+        samples.setdefault("tokens_per_s", []).append(sum(r.num_output_tokens for r in ok) / wall)
+        samples.setdefault("requests_per_s", []).append(len(ok) / wall)
+        samples.setdefault("peak_mem_mb", []).append(peak.result.peak_bytes / MIB)
+        block_bytes = engine.kv_bytes_per_token * engine.config.block_size
+        samples.setdefault("kv_mem_mb", []).append(engine.peak_kv_blocks * block_bytes / MIB)
+        weights = self.loaded.record.weight_bytes
+        kv_allocated = engine.kv_allocated_bytes
+        into.memory = {"weights_mb": weights / MIB, "kv_allocated_mb": kv_allocated / MIB,
+                       "kv_used_peak_mb": engine.peak_kv_blocks * block_bytes / MIB,
+                       "other_mb": max(0, peak.result.peak_bytes - weights - kv_allocated) / MIB,
+                       "peak_mb": peak.result.peak_bytes / MIB, "method": peak.result.method}
+        into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
+                       "degradations": [e.__dict__ for e in engine.events]}
+        into.steps = [s.to_dict() for s in engine.steps]
+        into.repetitions += 1
+
+    def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
+                repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:
+        """Repeat the workload at least `repeats` times and until `min_time_s` has passed."""
+        config = config or EngineConfig()
+        measurement = Measurement(label=label)
+        measurement.samples["load_s"] = [self.loaded.record.load_s]
+        start = time.perf_counter()
+        while measurement.repetitions < max_repeats and (
+                measurement.repetitions < repeats or time.perf_counter() - start < min_time_s):
+            self.run_once(requests, config, warmup, measurement)
+        return measurement
+
+    def extend(self, measurement: Measurement, requests: list[Request], config: EngineConfig | None = None, *,
+               warmup: int = 2, repeats: int = 2) -> Measurement:
+        """More repetitions into an existing measurement (an inconclusive verdict asks for them)."""
+        for _ in range(repeats):
+            self.run_once(requests, config or EngineConfig(), warmup, measurement)
+        return measurement
+
+
+def measure_interleaved(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None],
+                        rounds: int) -> tuple[Measurement, Measurement]:
+    """A/B measurement: A, B, A, B, ... so that drift of the machine affects both sides alike."""
+    a, b = Measurement(label="A"), Measurement(label="B")
+    for _ in range(rounds):
+        run_a(a)
+        run_b(b)
+    return a, b

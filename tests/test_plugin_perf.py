@@ -1,0 +1,106 @@
+"""The perf gate as a user meets it: markers, the infergate_bench fixture, baselines, JSON, xdist."""
+
+import json
+
+import pytest
+
+BENCH_TEST = """
+import pytest
+from pytest_infergate.engine import EngineConfig, Request
+
+REQS = [Request(prompt_token_ids=[5 + i] * (8 + i), max_new_tokens=6, ignore_eos=True) for i in range(4)]
+
+@pytest.mark.infergate_budget({budget})
+def test_speed(infergate_bench):
+    m = infergate_bench(REQS, EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=2, warmup=1)
+    assert m.repetitions >= 2 and len(m.samples["ttft_ms"]) >= 8
+"""
+
+
+@pytest.fixture
+def run(pytester, cache_dir):
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+
+    return run
+
+
+def test_unknown_budget_key_fails_collection(pytester, run):
+    pytester.makepyfile(BENCH_TEST.format(budget="ttft_msec=5"))
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid infergate budgets*", "*unknown budget key 'ttft_msec'; allowed: ttft_ms*"])
+
+
+def test_budget_violation_lists_every_metric(pytester, run):
+    pytester.makepyfile(BENCH_TEST.format(budget="ttft_ms_p95=0.001, tokens_per_s=1e9, peak_mem_mb=1e6"))
+    result = run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*infergate perf gate failed*", "*2 budget(s) exceeded:*",
+                                 "*ttft_ms_p95: measured p95 * ms, budget <= 0.001 ms*n=*",
+                                 "*tokens_per_s: measured * tok/s, budget >= 1e+09 tok/s*"])
+
+
+def test_generous_budget_passes_and_reports_figures(pytester, run):
+    pytester.makepyfile(BENCH_TEST.format(budget="ttft_ms_p95=60000, tokens_per_s=0.01"))
+    result = run("--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*infergate*", "*perf PASS*test_speed*ttft_ms_p50*tokens_per_s*"])
+    junit = (pytester.path / "out.xml").read_text()
+    assert 'name="infergate.tokens_per_s"' in junit and "infergate_result" not in junit
+
+
+def test_ini_budgets_apply_per_precision(pytester, run):
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp32: tokens_per_s=1e9\n")
+    pytester.makepyfile(BENCH_TEST.format(budget=""))
+    run().assert_outcomes(failed=1)
+
+
+def test_baseline_round_trip_mismatch_and_regression(pytester, run):
+    pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.5"))
+    run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
+    saved = json.loads((pytester.path / "base.json").read_text())
+    assert saved["schema_version"] == 1
+    (entry,) = saved["entries"].values()
+    assert entry["fingerprint"]["precision"] == "fp32" and entry["measurement"]["samples"]["ttft_ms"]
+
+    # same environment, much faster baseline: the candidate is a clear regression
+    for values in entry["measurement"]["samples"].values():
+        values[:] = [v / 100 if v else v for v in values]
+    entry["measurement"]["samples"]["tokens_per_s"] = [v * 1e4 for v in entry["measurement"]["samples"]["tokens_per_s"]]
+    (pytester.path / "fast.json").write_text(json.dumps(saved))
+    result = run("--infergate-baseline=fast.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*"])
+
+    # another environment: skipped with a visible warning, or a failure under --infergate-strict
+    entry["fingerprint"]["torch"] = "0.0.1"
+    (pytester.path / "other.json").write_text(json.dumps(saved))
+    lenient = run("--infergate-baseline=other.json")
+    lenient.assert_outcomes(passed=1)
+    lenient.stdout.fnmatch_lines(["*InfergateWarning*baseline from another environment*torch: baseline '0.0.1'*"])
+    run("--infergate-baseline=other.json", "--infergate-strict").assert_outcomes(failed=1)
+
+
+def test_malformed_baseline_is_a_usage_error(pytester, run):
+    (pytester.path / "bad.json").write_text("[1, 2")
+    pytester.makepyfile("def test_x(): pass")
+    result = run("--infergate-baseline=bad.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline file bad.json is not valid JSON*"])
+
+
+def test_json_results_cover_every_xdist_worker(pytester, run):
+    pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=0.01") + """
+@pytest.mark.parametrize("i", range(3))
+def test_more(infergate_bench, i):
+    infergate_bench(REQS[:2], EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=1, warmup=0,
+                    label=f"n{i}")
+""")
+    result = run("-n", "2", "--infergate-json=results.json")
+    result.assert_outcomes(passed=4)
+    data = json.loads((pytester.path / "results.json").read_text())
+    tests = sorted(r["test"] for r in data["records"])
+    assert len(tests) == 4 and len(set(tests)) == 4
+    assert data["gate_counts"]["perf"]["pass"] == 4
