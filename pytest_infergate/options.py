@@ -51,6 +51,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(noise-aware: bootstrap confidence interval of the ratio against max_regression)", None, "PATH"),
     OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
                "inconclusive verdicts (default: warn and report them)", False),
+    OptionSpec("golden_dir", "path", "folder of golden sample sets (*.jsonl) and accepted golden outputs "
+               "(default: golden/ under the pytest rootdir)", None, "DIR"),
+    OptionSpec("update_golden", "bool", "regenerate the accepted golden outputs of every precision tested, print "
+               "what changed, and pass the golden-regression checks (review the diff before committing it)", False),
     OptionSpec("report", "path", "write the HTML regression report of this run to PATH", None, "PATH"),
     OptionSpec("json", "path", "write the machine-readable results of this run to PATH", None, "PATH"),
 )
@@ -82,6 +86,8 @@ class Options:
     save_baseline: Path | None = None
     baseline: Path | None = None
     strict: bool = False
+    golden_dir: Path | None = None
+    update_golden: bool = False
     report: Path | None = None
     json: Path | None = None
 

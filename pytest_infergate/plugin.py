@@ -15,6 +15,7 @@ from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.options import OPTION_SPECS, Options
 from pytest_infergate.perf import Budget, BudgetError, merge_budgets, parse_budget, parse_ini_budgets
 from pytest_infergate.pool import ModelPool
+from pytest_infergate.quality import QualityPolicyError, parse_ini_policies, parse_policy
 from pytest_infergate.results import RESULT_PROPERTY, RunResults
 
 OPTIONS_KEY = pytest.StashKey[Options]()
@@ -22,6 +23,8 @@ POOL_KEY = pytest.StashKey[ModelPool]()
 RESULTS_KEY = pytest.StashKey[RunResults]()
 INI_BUDGETS_KEY = pytest.StashKey[dict]()
 BASELINE_KEY = pytest.StashKey[dict]()
+INI_POLICY_KEY = pytest.StashKey[dict]()
+GENERATED_KEY = pytest.StashKey[dict]()
 
 
 class InfergateWarning(pytest.PytestWarning):
@@ -38,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             group.addoption(spec.flag, action="store", default=None, dest=dest, metavar=spec.metavar, help=spec.help)
         parser.addini(spec.ini_key, help=spec.help + f" (same as {spec.flag})",
                       type="bool" if spec.kind == "bool" else "string", default=None)
+    parser.addini("infergate_quality_policy", type="linelist", default=[],
+                  help="quality thresholds by precision, one per line: 'PRECISION: key=value, ...' (or '*'); e.g. "
+                       "'int8: min_rouge_l=0.5, max_mean_kl=0.1, min_task_ratio=0.95'")
     parser.addini("infergate_budgets", type="linelist", default=[],
                   help="perf budgets by scope, one per line: 'SCOPE: key=value, ...' where SCOPE is a precision, "
                        "a substring of the test id, or *; e.g. 'int8: tokens_per_s=5, peak_mem_mb=900'")
@@ -68,12 +74,14 @@ def pytest_configure(config: pytest.Config) -> None:
                 "torch and run on a GPU machine, or drop --infergate-gpu to run on the CPU.")
     try:
         config.stash[INI_BUDGETS_KEY] = parse_ini_budgets(config.getini("infergate_budgets"))
-    except BudgetError as exc:
+        config.stash[INI_POLICY_KEY] = parse_ini_policies(config.getini("infergate_quality_policy"))
+    except InfergateError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[OPTIONS_KEY] = options
     config.stash[POOL_KEY] = ModelPool(options)
     config.stash[RESULTS_KEY] = RunResults()
     config.stash[BASELINE_KEY] = {}
+    config.stash[GENERATED_KEY] = {}
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(ResultCollector(config.stash[RESULTS_KEY]), "infergate-results")
     if options.baseline is not None:
@@ -101,8 +109,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 parse_budget(marker.kwargs, f"{item.nodeid}: infergate_budget")
             except BudgetError as exc:
                 problems.append(str(exc))
+        for marker in item.iter_markers("infergate_quality"):
+            try:
+                parse_policy(marker.kwargs, f"{item.nodeid}: infergate_quality")
+            except QualityPolicyError as exc:
+                problems.append(str(exc))
     if problems:
-        raise pytest.UsageError("invalid infergate budgets:\n" + "\n".join(problems))
+        raise pytest.UsageError("invalid infergate markers:\n" + "\n".join(problems))
 
 
 def _budget_for(item: pytest.Item, precision: str) -> Budget:
@@ -244,6 +257,132 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_model):
     bench.close()
 
 
+class GoldenGate:
+    """Returned by the `infergate_golden` fixture; see its docstring."""
+
+    def __init__(self, item: pytest.Item, candidate, pool: ModelPool, options: Options):
+        self.item = item
+        self.candidate = candidate
+        self.pool = pool
+        self.options = options
+
+    @property
+    def golden_dir(self):
+        from pathlib import Path
+
+        return self.options.golden_dir or Path(str(self.item.config.rootpath)) / "golden"
+
+    def samples(self, limit: int | None = None, categories=None):
+        from pytest_infergate.golden import GoldenError, load_samples, find_sample_sets
+
+        try:
+            samples = [s for path in find_sample_sets(self.golden_dir) for s in load_samples(path)]
+        except GoldenError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if categories:
+            samples = [s for s in samples if s.category in set(categories)]
+        return samples[:limit] if limit else samples
+
+    def _generated(self, loaded, samples):
+        from pytest_infergate.golden_check import generate
+
+        cache = self.item.config.stash[GENERATED_KEY]
+        key = (loaded.record.requested_precision, tuple(s.id for s in samples))
+        if key not in cache:
+            cache[key] = generate(loaded, samples)
+        return cache[key]
+
+    def _policy(self) -> dict:
+        precision = self.candidate.record.requested_precision
+        scoped = self.item.config.stash[INI_POLICY_KEY]
+        policy = dict(scoped.get("*", {}))
+        policy.update(scoped.get(precision, {}))
+        for marker in reversed(list(self.item.iter_markers("infergate_quality"))):
+            policy.update(parse_policy(marker.kwargs))
+        return policy
+
+    def check(self, limit: int | None = None, categories=None, policy: dict | None = None):
+        """Candidate precision vs the reference precision on the golden samples, decided by the policy (marker
+        `infergate_quality`, ini `infergate_quality_policy`, or `policy`). Returns the QualityResult."""
+        from pytest_infergate.golden_check import compare_with_reference
+        from pytest_infergate.quality import describe_sample, policy_violations, worst_samples
+
+        samples = self.samples(limit, categories)
+        reference = self.pool.reference()
+        ref_out = self._generated(reference, samples)
+        cand_out = self._generated(self.candidate, samples)
+        result = compare_with_reference(reference, self.candidate, samples, ref_out, cand_out)
+        rules = self._policy() if policy is None else parse_policy(policy)
+        problems = policy_violations(result.summary, rules) + result.flags
+        status = "fail" if problems else "pass"
+        _record(self.item, {"kind": "quality", "test": self.item.nodeid, "status": status, "policy": rules,
+                            "problems": problems, **result.to_dict()})
+        for name in ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio"):
+            if name in result.summary:
+                self.item.user_properties.append((f"infergate.quality.{name}", round(result.summary[name], 4)))
+        if problems:
+            worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
+            pytest.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
+                        + "\n  ".join(problems) + f"\nworst samples:\n{worst}", pytrace=False)
+        return result
+
+    def check_regression(self, limit: int | None = None, categories=None):
+        """This precision's current outputs vs its own accepted golden outputs, token for token. With
+        --infergate-update-golden the accepted outputs are rewritten instead (and the changes printed)."""
+        from pytest_infergate.golden import GoldenError, diff_outputs, outputs_path, read_outputs, write_outputs
+        from pytest_infergate.golden_check import compare_with_golden, golden_outputs
+        from pytest_infergate.quality import describe_sample
+
+        loaded = self.candidate
+        samples = self.samples(limit, categories)
+        current = self._generated(loaded, samples)
+        path = outputs_path(self.golden_dir, self.pool.source.name, loaded.record.fingerprint,
+                            self.options.device, loaded.record.requested_precision)
+        old = None
+        if path.exists():
+            try:
+                old = read_outputs(path)
+            except GoldenError as exc:
+                if not self.options.update_golden:
+                    pytest.fail(str(exc), pytrace=False)
+        if self.options.update_golden:
+            header = {"model": self.pool.source.name, "fingerprint": loaded.record.fingerprint,
+                      "device": self.options.device, "precision": loaded.record.requested_precision,
+                      "versions": loaded.record.versions}
+            outputs = golden_outputs(loaded, samples, current, with_logprobs=True)
+            changes = diff_outputs(old, outputs)
+            write_outputs(path, header, outputs)
+            _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": "pass", "updated": str(path),
+                                "precision": loaded.record.requested_precision, "changes": changes})
+            return None
+        if old is None:
+            pytest.skip(f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
+                        "commit the file")
+        regression = compare_with_golden(loaded, samples, current, old)
+        status = "pass" if regression.ok else "fail"
+        _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": status, "path": str(path),
+                            "precision": regression.precision, "compared": regression.compared,
+                            "missing": regression.missing, "mean_topk_kl": regression.mean_topk_kl,
+                            "changed": [s.to_dict() for s in regression.changed]})
+        if not regression.ok:
+            lines = [describe_sample(s) for s in regression.changed[:5]]
+            if regression.missing:
+                lines.append(f"samples without accepted output: {', '.join(regression.missing)}")
+            pytest.fail(f"{len(regression.changed)} of {regression.compared} golden outputs of "
+                        f"{regression.precision} changed (accepted: {path}; library versions then: "
+                        f"{old.header.get('versions')}):\n  " + "\n  ".join(lines), pytrace=False)
+        return regression
+
+
+@pytest.fixture
+def infergate_golden(request: pytest.FixtureRequest, infergate_model):
+    """Golden-sample quality gates for the precision under test: `infergate_golden.check()` compares it with the
+    reference precision (ROUGE, exact match, teacher-forced KL / top-1 / perplexity, task score ratio) under the
+    `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
+    outputs. Both accept `limit=` and `categories=` to use part of the sample sets."""
+    return GoldenGate(request.node, infergate_model, request.config.stash[POOL_KEY], request.config.stash[OPTIONS_KEY])
+
+
 class ResultCollector:
     """Takes the result records out of test reports on the controller (or in a run without xdist), so the
     run's results are complete and JUnit XML keeps only the key figures. Not registered on xdist workers:
@@ -319,6 +458,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             write(f"      {verdict['metric']}: x{verdict['ratio']:.3f} vs baseline "
                   f"(CI {verdict['low']:.3f}-{verdict['high']:.3f}, threshold x{verdict['threshold']:.2f}) "
                   f"{verdict['status']}")
+    for record in results.by_kind("quality"):
+        summary = record["summary"]
+        figures = ", ".join(f"{k} {summary[k]:.3g}" for k in ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
+                            if k in summary)
+        write(f"  quality {record['status'].upper():9s} {record['precision']} vs {record['reference_precision']} "
+              f"({summary['samples']} samples, {record['seconds']:.0f}s): {figures}", red=record["status"] == "fail")
+    for record in results.by_kind("golden"):
+        if "updated" in record:
+            write(f"  golden UPDATED {record['precision']}: {record['updated']}")
+            for line in record["changes"][:20]:
+                write(f"      {line}")
+        else:
+            write(f"  golden {record['status'].upper():10s} {record['precision']}: "
+                  f"{len(record['changed'])} of {record['compared']} outputs changed", red=record["status"] == "fail")
     counts = results.gate_counts()
     if counts:
         write("gates: " + "; ".join(f"{kind}: " + ", ".join(f"{n} {status}" for status, n in c.items() if n)

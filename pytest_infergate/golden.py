@@ -1,0 +1,199 @@
+"""Golden sample sets and accepted golden outputs: reading, validating and writing them.
+
+Sample sets are JSONL, one sample a line. Accepted outputs live beside them, under
+`<golden dir>/<model name>/<fingerprint>/<device>-<precision>.jsonl`: a header line (schema version, model,
+precision, device, library versions) and one line per sample with token ids, text and, for the reference
+precision, the top-k log-probabilities of each token of its own continuation. Files are written atomically
+and never overwritten except by --infergate-update-golden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_infergate.errors import InfergateError
+
+SCHEMA_VERSION = 1
+CATEGORIES = ("factual", "reasoning", "long-form", "code", "format", "chat", "summarization", "multilingual")
+_SAMPLE_KEYS = {"id", "category", "messages", "prompt", "max_new_tokens", "expected", "regex", "json_schema",
+                "must_parse_json", "max_words"}
+
+
+class GoldenError(InfergateError):
+    """A golden sample set or golden output file that is malformed; the message names file and line."""
+
+
+class GoldenMismatch(InfergateError, AssertionError):
+    """Current outputs differ from the accepted golden outputs beyond policy."""
+
+
+@dataclass(frozen=True)
+class GoldenSample:
+    id: str
+    category: str
+    messages: tuple[dict, ...] | None
+    prompt: str | None
+    max_new_tokens: int
+    expected: tuple[str, ...] = ()
+    regex: str | None = None
+    json_schema: dict | None = None
+    must_parse_json: bool = False
+    max_words: int | None = None
+
+    @property
+    def has_task_checks(self) -> bool:
+        return bool(self.expected or self.regex or self.json_schema or self.must_parse_json or self.max_words)
+
+    def request_kwargs(self) -> dict[str, Any]:
+        if self.messages is not None:
+            return {"messages": [dict(m) for m in self.messages], "max_new_tokens": self.max_new_tokens}
+        return {"prompt": self.prompt, "max_new_tokens": self.max_new_tokens}
+
+
+def _sample_from(data: Any, where: str) -> GoldenSample:
+    if not isinstance(data, dict):
+        raise GoldenError(f"{where}: a sample must be a JSON object, got {type(data).__name__}")
+    unknown = set(data) - _SAMPLE_KEYS
+    if unknown:
+        raise GoldenError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_SAMPLE_KEYS)}")
+    for key in ("id", "category", "max_new_tokens"):
+        if key not in data:
+            raise GoldenError(f"{where}: missing required key {key!r}")
+    if ("messages" in data) == ("prompt" in data):
+        raise GoldenError(f"{where}: give exactly one of 'messages' or 'prompt'")
+    messages = data.get("messages")
+    if messages is not None and (not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)):
+        raise GoldenError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    if not isinstance(data["max_new_tokens"], int) or data["max_new_tokens"] <= 0:
+        raise GoldenError(f"{where}: 'max_new_tokens' must be a positive integer")
+    expected = data.get("expected", [])
+    if isinstance(expected, str):
+        expected = [expected]
+    if not isinstance(expected, list) or not all(isinstance(e, str) for e in expected):
+        raise GoldenError(f"{where}: 'expected' must be a string or a list of strings (any of them counts)")
+    regex = data.get("regex")
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise GoldenError(f"{where}: 'regex' does not compile: {exc}") from None
+    return GoldenSample(id=str(data["id"]), category=str(data["category"]),
+                        messages=tuple(messages) if messages is not None else None, prompt=data.get("prompt"),
+                        max_new_tokens=data["max_new_tokens"], expected=tuple(expected), regex=regex,
+                        json_schema=data.get("json_schema"), must_parse_json=bool(data.get("must_parse_json")),
+                        max_words=data.get("max_words"))
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise GoldenError(f"cannot read {path}: {exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except ValueError as exc:
+            raise GoldenError(f"{path}:{number}: not valid JSON ({exc.msg}); fix or delete that line") from None
+    return rows
+
+
+def load_samples(path: Path) -> list[GoldenSample]:
+    samples = [_sample_from(data, f"{path}:{number}") for number, data in _read_jsonl(path)]
+    seen = set()
+    for sample in samples:
+        if sample.id in seen:
+            raise GoldenError(f"{path}: sample id {sample.id!r} appears twice; ids must be unique")
+        seen.add(sample.id)
+    if not samples:
+        raise GoldenError(f"{path} holds no samples")
+    return samples
+
+
+def find_sample_sets(golden_dir: Path) -> list[Path]:
+    golden_dir = Path(golden_dir)
+    if not golden_dir.is_dir():
+        raise GoldenError(f"golden directory {golden_dir} does not exist: set --infergate-golden-dir (ini "
+                          "infergate_golden_dir) to a folder of .jsonl sample sets")
+    sets = sorted(golden_dir.glob("*.jsonl"))
+    if not sets:
+        raise GoldenError(f"golden directory {golden_dir} has no *.jsonl sample sets")
+    return sets
+
+
+@dataclass
+class GoldenOutput:
+    id: str
+    token_ids: list[int]
+    text: str
+    # per generated token: [[token id, logprob], ...] top-k of the precision's own distribution
+    top_logprobs: list[list[list[float]]] = field(default_factory=list)
+
+
+@dataclass
+class GoldenOutputs:
+    header: dict
+    outputs: dict[str, GoldenOutput]
+
+
+def outputs_path(golden_dir: Path, model_name: str, fingerprint: str, device: str, precision: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)
+    return Path(golden_dir) / safe / fingerprint / f"{device.split(':')[0]}-{precision}.jsonl"
+
+
+def read_outputs(path: Path) -> GoldenOutputs:
+    rows = _read_jsonl(path)
+    if not rows:
+        raise GoldenError(f"{path} is empty: regenerate it with --infergate-update-golden")
+    number, header = rows[0]
+    if not isinstance(header, dict) or header.get("schema_version") != SCHEMA_VERSION:
+        raise GoldenError(f"{path}:{number}: header has schema version "
+                          f"{header.get('schema_version') if isinstance(header, dict) else '?'}, expected "
+                          f"{SCHEMA_VERSION}; regenerate with --infergate-update-golden")
+    outputs = {}
+    for number, data in rows[1:]:
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("token_ids"), list):
+            raise GoldenError(f"{path}:{number}: an output line needs 'id' and 'token_ids'")
+        outputs[data["id"]] = GoldenOutput(data["id"], list(data["token_ids"]), str(data.get("text", "")),
+                                           list(data.get("top_logprobs", [])))
+    return GoldenOutputs(header, outputs)
+
+
+def write_outputs(path: Path, header: dict, outputs: list[GoldenOutput]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(json.dumps({"schema_version": SCHEMA_VERSION, **header}, ensure_ascii=False, sort_keys=True) + "\n")
+            for output in outputs:
+                out.write(json.dumps(output.__dict__, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def diff_outputs(old: GoldenOutputs | None, new: list[GoldenOutput]) -> list[str]:
+    """Human-readable lines saying which samples an update changed."""
+    if old is None:
+        return [f"new golden file with {len(new)} samples"]
+    lines = []
+    for output in new:
+        before = old.outputs.get(output.id)
+        if before is None:
+            lines.append(f"+ {output.id}: new sample")
+        elif before.token_ids != output.token_ids:
+            lines.append(f"~ {output.id}: {before.text[:60]!r} -> {output.text[:60]!r}")
+    for gone in sorted(set(old.outputs) - {o.id for o in new}):
+        lines.append(f"- {gone}: removed")
+    return lines or ["no output changed"]

@@ -1,0 +1,145 @@
+import json
+
+import pytest
+
+from pytest_infergate.golden import (GoldenError, GoldenOutput, diff_outputs, load_samples, outputs_path,
+                                     read_outputs, write_outputs)
+from pytest_infergate.quality import (CJKAwareTokenizer, QualityPolicyError, aggregate, compare_sample,
+                                      first_divergence, parse_ini_policies, parse_policy, policy_violations, rouge,
+                                      task_checks, task_score)
+from pytest_infergate.golden import GoldenSample
+
+
+def sample(**kw):
+    base = dict(id="s", category="factual", messages=({"role": "user", "content": "q"},), prompt=None,
+                max_new_tokens=8)
+    base.update(kw)
+    return GoldenSample(**base)
+
+
+def test_rouge_keeps_cjk_text():
+    from rouge_score import rouge_scorer
+
+    default = rouge_scorer.RougeScorer(["rougeL"]).score("春天来了，花开了", "春天来了")["rougeL"].fmeasure
+    assert default == 0.0  # the library's own tokenizer drops every CJK character
+    ours = rouge("春天来了，花开了", "春天来了")
+    assert 0.5 < ours["rougeL"] < 1.0
+    assert rouge("春天来了", "春天来了")["rougeL"] == 1.0
+    assert CJKAwareTokenizer().tokenize("Hello 世界, Café!") == ["hello", "世", "界", "café"]
+
+
+def test_rouge_of_two_empty_texts_is_agreement():
+    assert rouge("", "")["rouge1"] == 1.0
+    assert rouge("a b", "")["rouge1"] == 0.0
+
+
+def test_task_checks():
+    assert task_score(sample(expected=("Paris",)), "It is paris.") == 1.0
+    assert task_score(sample(expected=("Paris", "Lyon")), "Marseille") == 0.0
+    assert task_score(sample(), "anything") is None
+    json_sample = sample(must_parse_json=True, json_schema={"type": "object", "required": ["name", "age"],
+                                                            "properties": {"age": {"type": "integer"}}})
+    assert task_checks(json_sample, 'Sure:\n```json\n{"name": "Alice", "age": 30}\n```') == {"json": True, "json_schema": True}
+    assert task_checks(json_sample, '{"name": "Alice", "age": "30"}')["json_schema"] is False
+    assert task_checks(json_sample, "no json here") == {"json": False}
+    assert task_score(sample(regex=r"(?i)select \* from users"), "SELECT * FROM users;") == 1.0
+    assert task_score(sample(max_words=3), "one two three four") == 0.0
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_compare_and_aggregate():
+    s = sample(expected=("blue",))
+    same = compare_sample(s, [1, 2, 3], "the sky is blue", [1, 2, 3], "the sky is blue", None)
+    other = compare_sample(s, [1, 2, 3], "the sky is blue", [1, 9], "the sea", None)
+    assert same.exact_match and same.rougeL == 1.0 and same.first_divergence is None
+    assert not other.exact_match and other.first_divergence == 1 and other.length_ratio == pytest.approx(2 / 3)
+    summary = aggregate([same, other])
+    assert summary["exact_match"] == 0.5 and summary["task_ratio"] == 0.5
+    low, high = summary["rougeL_ci"]
+    assert low <= summary["rougeL"] <= high
+    assert policy_violations(summary, parse_policy({"min_task_ratio": 0.99, "min_rouge_l": 0.1})) == [
+        "min_task_ratio: task_ratio = 0.5, policy >= 0.99"]
+
+
+def test_policy_validation():
+    with pytest.raises(QualityPolicyError, match=r"unknown quality key 'min_rouge'; allowed: min_rouge_l"):
+        parse_policy({"min_rouge": 0.5})
+    with pytest.raises(QualityPolicyError, match="must be a non-negative number"):
+        parse_policy({"max_mean_kl": "low"})
+    assert parse_ini_policies(["int8: min_rouge_l=0.5, max_mean_kl=0.1"]) == {"int8": {"min_rouge_l": 0.5, "max_mean_kl": 0.1}}
+
+
+@pytest.mark.parametrize("line,match", [
+    ("{not json", r"bad.jsonl:2: not valid JSON"),
+    ('{"id": "x", "category": "c", "max_new_tokens": 4}', r"bad.jsonl:2: give exactly one of 'messages' or 'prompt'"),
+    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 0}', r"bad.jsonl:2: 'max_new_tokens' must be"),
+    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "colour": 1}', r"bad.jsonl:2: unknown keys \['colour'\]"),
+    ('{"id": "a", "category": "c", "prompt": "p", "max_new_tokens": 4}', r"sample id 'a' appears twice"),
+    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "regex": "("}', r"bad.jsonl:2: 'regex' does not compile"),
+])
+def test_malformed_golden_names_file_and_line(tmp_path, line, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "category": "c", "prompt": "p", "max_new_tokens": 4}\n' + line + "\n")
+    with pytest.raises(GoldenError, match=match):
+        load_samples(path)
+
+
+def test_shipped_sample_set_covers_every_category():
+    from pathlib import Path
+
+    samples = load_samples(Path(__file__).parents[1] / "golden" / "default.jsonl")
+    counts = {}
+    for s in samples:
+        counts[s.category] = counts.get(s.category, 0) + 1
+    assert len(samples) >= 48 and len(counts) >= 8 and min(counts.values()) >= 4
+    assert any("\u4e00" <= ch <= "\u9fff" for s in samples for m in s.messages or () for ch in m["content"])
+
+
+def test_golden_outputs_round_trip_and_diff(tmp_path):
+    path = outputs_path(tmp_path, "My Model/v1", "abc123", "cpu", "int8")
+    assert path == tmp_path / "My_Model_v1" / "abc123" / "cpu-int8.jsonl"
+    outputs = [GoldenOutput("a", [1, 2], "hi", [[[1, -0.1], [2, -2.5]]]), GoldenOutput("b", [3], "yo")]
+    write_outputs(path, {"model": "m"}, outputs)
+    back = read_outputs(path)
+    assert back.header["schema_version"] == 1 and back.outputs["a"].top_logprobs == [[[1, -0.1], [2, -2.5]]]
+    changed = [GoldenOutput("a", [1, 5], "ho"), GoldenOutput("c", [4], "new")]
+    assert diff_outputs(back, changed) == ["~ a: 'hi' -> 'ho'", "+ c: new sample", "- b: removed"]
+    path.write_text(json.dumps({"schema_version": 7}) + "\n")
+    with pytest.raises(GoldenError, match=r"cpu-int8.jsonl:1: header has schema version 7"):
+        read_outputs(path)
+
+
+def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
+    from pytest_infergate.golden_check import compare_with_reference, generate
+    from pytest_infergate.models import load_model
+
+    samples = [sample(id=f"s{i}", messages=({"role": "user", "content": f"question {i}?"},), max_new_tokens=12)
+               for i in range(4)]
+    nf4 = load_model(tiny_source, "nf4", tokenizer=tiny_fp32.tokenizer)
+    ref_out = generate(tiny_fp32, samples)
+    same = compare_with_reference(tiny_fp32, tiny_fp32, samples, ref_out, ref_out)
+    assert same.summary["exact_match"] == 1.0 and same.summary["mean_kl"] == pytest.approx(0, abs=1e-6)
+    assert same.summary["top1"] == 1.0 and same.summary["delta_ppl"] == pytest.approx(0, abs=1e-6)
+    result = compare_with_reference(tiny_fp32, nf4, samples, ref_out, generate(nf4, samples))
+    assert result.summary["mean_kl"] > 0 and result.summary["p99_kl"] >= result.summary["mean_kl"] * 0.5
+    assert 0 <= result.summary["top1"] <= 1
+    assert set(result.categories) == {"factual"}
+    assert not result.flags
+
+
+def test_unquantized_precision_is_flagged(tiny_fp32):
+    from dataclasses import replace
+
+    from pytest_infergate.golden_check import quantization_flags
+    from pytest_infergate.models import LoadedModel
+
+    fake = LoadedModel(tiny_fp32.model, tiny_fp32.tokenizer, tiny_fp32.source,
+                       replace(tiny_fp32.record, precision="int8", requested_precision="int8"))
+    same = compare_sample(sample(), [1, 2], "a", [1, 2], "a", None)
+    same.mean_kl = 0.0
+    assert "int8 looks unquantized" in quantization_flags(tiny_fp32, fake, [same])[0]
