@@ -6,11 +6,10 @@ Written atomically (temp file + rename) with a schema version; a malformed file 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
+from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf import Measurement
 
@@ -22,19 +21,6 @@ COMPARED_FIELDS = ("cpu", "cpu_count", "torch_threads", "gpu", "cuda", "device",
 
 class BaselineError(InfergateError):
     """A baseline file that cannot be read or written."""
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(data, out, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_baseline(path: Path, entries: dict[str, dict]) -> None:

@@ -10,13 +10,12 @@ and never overwritten except by --infergate-update-golden.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_infergate.atomic import write_text_atomic
 from pytest_infergate.errors import InfergateError
 
 SCHEMA_VERSION = 1
@@ -169,18 +168,9 @@ def read_outputs(path: Path) -> GoldenOutputs:
 
 
 def write_outputs(path: Path, header: dict, outputs: list[GoldenOutput]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(json.dumps({"schema_version": SCHEMA_VERSION, **header}, ensure_ascii=False, sort_keys=True) + "\n")
-            for output in outputs:
-                out.write(json.dumps(output.__dict__, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    lines = [json.dumps({"schema_version": SCHEMA_VERSION, **header}, ensure_ascii=False, sort_keys=True)]
+    lines += [json.dumps(output.__dict__, ensure_ascii=False) for output in outputs]
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def diff_outputs(old: GoldenOutputs | None, new: list[GoldenOutput]) -> list[str]:

@@ -91,6 +91,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[BASELINE_KEY] = load_baseline(options.baseline)
         except InfergateError as exc:
             raise pytest.UsageError(str(exc)) from None
+    # emitted by torch on import in some versions; noise in every infergate run, nothing users can act on
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
     config.addinivalue_line("markers", "infergate_budget(**limits): perf budget of this test, e.g. "
                             "ttft_ms_p95=200, tokens_per_s=10, peak_mem_mb=900, max_regression=0.1")
     config.addinivalue_line("markers", "infergate_quality(**thresholds): quality policy against the reference "
@@ -202,7 +204,7 @@ class PerfBench:
         return chat_workload(self.loaded.tokenizer, num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
 
     def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
-                 label: str = ""):
+                 label: str = "", tags: dict | None = None):
         from pytest_infergate.engine import EngineConfig
         from pytest_infergate.environment import perf_fingerprint
         from pytest_infergate.gate import evaluate_perf
@@ -223,7 +225,7 @@ class PerfBench:
         if outcome.status == "inconclusive":
             warnings.warn(InfergateWarning(f"{key}: inconclusive against the baseline after "
                                            f"{outcome.remeasured} re-measurements:\n{outcome.message()}"))
-        record = {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision,
+        record = {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision, "tags": tags or {},
                   "fallback": self.loaded.record.fallback, "label": label, "engine_config": config.to_dict(),
                   "budget": {l.key: l.value for l in budget.limits} | {"max_regression": budget.max_regression},
                   "fingerprint": fingerprint, "measurement": measurement.to_dict(), "summary": measurement.summary(),
@@ -248,7 +250,7 @@ def _record(item: pytest.Item, record: dict) -> None:
 @pytest.fixture
 def infergate_bench(request: pytest.FixtureRequest, infergate_model):
     """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
-    warmup=2, repeats=3, min_time_s=0, label="")`. Warm-up requests run before every repetition and are not
+    warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are not
     counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
     Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
     re-measured when inconclusive). Every violated metric is listed in the failure."""
@@ -427,9 +429,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                    for r in results.by_kind("perf")}
         save_baseline(options.save_baseline, entries)
     if options.json is not None:
-        from pytest_infergate.baseline import write_json_atomic
+        from pytest_infergate.atomic import write_json_atomic
 
         write_json_atomic(options.json, results.to_dict())
+    if options.report is not None:
+        from pytest_infergate.report import git_commit, write_report
+
+        write_report(results.to_dict(), options.report, git_commit(config.rootpath))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_summary(prefix, summary, postfix, session):
+    """With pytest-html installed, its report links to the infergate report."""
+    options = session.config.stash.get(OPTIONS_KEY, None)
+    if options is not None and options.report is not None:
+        prefix.append(f'<p>LLM inference gates: <a href="{options.report}">infergate report</a></p>')
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -476,6 +490,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if counts:
         write("gates: " + "; ".join(f"{kind}: " + ", ".join(f"{n} {status}" for status, n in c.items() if n)
                                     for kind, c in counts.items()))
+    if config.stash[OPTIONS_KEY].report is not None:
+        write(f"report: {config.stash[OPTIONS_KEY].report}")
     if pool.any_fallback or any(r.get("fallback") for r in results.records):
         write("infergate: some precisions ran as FALLBACK to the reference precision; "
               "their results do not measure the requested precision", red=True)

@@ -1,0 +1,142 @@
+"""The HTML regression report: one self-contained file (no external assets), rendered with jinja2 and
+autoescaping, since model outputs are untrusted text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from pathlib import Path
+
+from markupsafe import Markup
+
+from pytest_infergate.report import charts
+from pytest_infergate.report.diagnosis import diagnose
+
+METRICS_HIGHER = ("tokens_per_s", "requests_per_s")
+
+
+def git_commit(where: Path | None = None) -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
+                              timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _perf_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in records:
+        if r.get("kind") != "perf":
+            continue
+        s, memory = r.get("summary", {}), r.get("measurement", {}).get("memory", {})
+        verdicts = {v["metric"]: v for v in r.get("verdicts", [])}
+        violated = {v["key"] for v in r.get("violations", [])}
+        budget_text = {}
+        for key, value in (r.get("budget") or {}).items():
+            if value is not None and key in METRICS_HIGHER:
+                budget_text[key] = f"≥ {value:.4g}"
+            elif value is not None and key != "max_regression":
+                budget_text[key] = f"≤ {value:.4g}"
+        rows.append({"test": r["test"], "precision": r.get("precision"), "batching": r["engine_config"]["batching"],
+                     "cache": r["engine_config"]["cache_mode"], "status": r.get("status", "pass"),
+                     "fallback": r.get("fallback"), "s": s, "memory": memory, "verdicts": verdicts,
+                     "violated": violated, "budget": budget_text, "notes": r.get("notes", [])})
+    return rows
+
+
+def _highlight(text: str, at: int | None) -> Markup:
+    from markupsafe import escape
+
+    if at is None:
+        return escape(text)
+    return escape(text[:at]) + Markup('<mark class="div">') + escape(text[at:]) + Markup("</mark>")
+
+
+def build_context(data: dict, commit: str | None = None) -> dict:
+    records = data.get("records", [])
+    env = data.get("environment", {})
+    reference = env.get("reference_precision", "fp32")
+    perf = _perf_rows(records)
+    quality = [r for r in records if r.get("kind") == "quality"]
+    golden = [r for r in records if r.get("kind") == "golden"]
+
+    models = data.get("models", {})
+    precisions = list(models) or sorted({r["precision"] for r in perf})
+    figures = []
+    # tokens/s and peak memory by precision (best run of each precision)
+    tps = {p: max((r["s"].get("tokens_per_s", 0) for r in perf if r["precision"] == p), default=None) for p in precisions}
+    if any(tps.values()):
+        figures.append(charts.bar_chart("Tokens/s by precision", precisions, {"tokens/s": [tps[p] for p in precisions]},
+                                        "tok/s"))
+    if models:
+        figures.append(charts.bar_chart(
+            "Memory by precision", precisions,
+            {"weights": [models[p]["weight_bytes"] / 2**20 for p in precisions],
+             "peak during load": [models[p]["peak_mem_bytes"] / 2**20 for p in precisions]}, "MiB"))
+    ttft = {f"{r['precision']} {r['batching']}": r_full["measurement"]["samples"].get("ttft_ms", [])
+            for r, r_full in zip(perf, [x for x in records if x.get("kind") == "perf"])}
+    ttft = {k: v for k, v in list(ttft.items())[:6] if v}
+    if ttft:
+        figures.append(charts.histogram("TTFT distribution", ttft, "ms"))
+    timeline_record = next((r for r in records if r.get("kind") == "perf" and r["measurement"].get("steps")
+                            and r["engine_config"]["batching"] == "continuous"), None) or next(
+        (r for r in records if r.get("kind") == "perf" and r["measurement"].get("steps")), None)
+    if timeline_record:
+        figures.append(charts.timeline(f"Engine timeline: {timeline_record['test']}",
+                                       timeline_record["measurement"]["steps"][:400]))
+    kv = {}
+    for r in records:
+        tags = r.get("tags") or {}
+        if r.get("kind") == "perf" and "max_new_tokens" in tags and tags.get("experiment") == "kv-cache-length":
+            kv.setdefault(r["engine_config"]["cache_mode"], {})[tags["max_new_tokens"]] = r["summary"]["tokens_per_s"]
+    if len(kv) >= 2:
+        xs = sorted({x for series in kv.values() for x in series})
+        figures.append(charts.line_chart("KV cache on vs off over generation length", xs,
+                                         {("cache " + mode if mode != "none" else "no cache"): [series.get(x) for x in xs]
+                                          for mode, series in kv.items()}, "tok/s", "max_new_tokens"))
+
+    changed_samples = []
+    for q in quality:
+        for s in q.get("samples", []):
+            if not s["exact_match"]:
+                changed_samples.append({"precision": q["precision"], "id": s["id"], "category": s["category"],
+                                        "rougeL": s["rougeL"], "kl": s.get("mean_kl"),
+                                        "divergence": s.get("first_divergence"),
+                                        "reference": _highlight(s["reference_text"], s.get("first_divergence_char")),
+                                        "candidate": _highlight(s["candidate_text"], s.get("first_divergence_char"))})
+    for g in golden:
+        for s in g.get("changed", []):
+            changed_samples.append({"precision": g["precision"] + " vs accepted golden", "id": s["id"],
+                                    "category": s["category"], "rougeL": s["rougeL"], "kl": s.get("mean_kl"),
+                                    "divergence": s.get("first_divergence"),
+                                    "reference": _highlight(s["reference_text"], s.get("first_divergence_char")),
+                                    "candidate": _highlight(s["candidate_text"], s.get("first_divergence_char"))})
+    counts = data.get("gate_counts") or {}
+    outcomes = data.get("outcomes", {})
+    started = data.get("started")
+    return {
+        "started": dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else "?",
+        "commit": commit, "environment": env, "models": models, "perf": perf, "quality": quality,
+        "golden": golden, "figures": [Markup(f) for f in figures if f], "changed_samples": changed_samples,
+        "notes": diagnose(records, reference), "counts": counts,
+        "tests": {"passed": sum(1 for o in outcomes.values() if o == "passed"),
+                  "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),
+                  "skipped": sum(1 for o in outcomes.values() if o == "skipped")},
+        "reference": reference,
+    }
+
+
+def render(data: dict, commit: str | None = None) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("pytest_infergate.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["fmt"] = lambda v, digits=3: "–" if v is None else (f"{v:.{digits}g}" if isinstance(v, float) else v)
+    return env.get_template("report.html").render(**build_context(data, commit))
+
+
+def write_report(data: dict, path: Path, commit: str | None = None) -> None:
+    from pytest_infergate.atomic import write_text_atomic
+
+    write_text_atomic(Path(path), render(data, commit))
