@@ -63,9 +63,9 @@ class PeakMemory:
         if self.device.startswith("cuda"):
             import torch
 
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._start = torch.cuda.memory_allocated()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
             self._method = "cuda.max_memory_allocated"
         else:
             self._start = psutil.Process().memory_info().rss
@@ -87,9 +87,9 @@ class PeakMemory:
         if self._method.startswith("cuda"):
             import torch
 
-            torch.cuda.synchronize()
-            self.result = PeakMemoryResult(self._method, torch.cuda.max_memory_allocated(), self._start,
-                                           torch.cuda.max_memory_reserved())
+            torch.cuda.synchronize(self.device)
+            self.result = PeakMemoryResult(self._method, torch.cuda.max_memory_allocated(self.device), self._start,
+                                           torch.cuda.max_memory_reserved(self.device))
         elif self._method == "VmHWM":
             self.result = PeakMemoryResult(self._method, _read_hwm() or 0, self._start)
         else:

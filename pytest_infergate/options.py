@@ -90,6 +90,7 @@ class Options:
     update_golden: bool = False
     report: Path | None = None
     json: Path | None = None
+    gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
 
     def __post_init__(self):
         ref = check_precision(self.reference_precision or default_reference(self.device), "reference precision")
@@ -102,7 +103,9 @@ class Options:
 
     @property
     def device(self) -> str:
-        return "cuda" if self.gpu else "cpu"
+        if not self.gpu:
+            return "cpu"
+        return "cuda" if self.gpu_index is None else f"cuda:{self.gpu_index}"
 
     @classmethod
     def from_sources(cls, cli: Callable[[str], Any], ini: Callable[[str], Any]) -> "Options":

@@ -72,6 +72,14 @@ def pytest_configure(config: pytest.Config) -> None:
                 "--infergate-gpu was given but torch sees no CUDA device "
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Install a CUDA build of "
                 "torch and run on a GPU machine, or drop --infergate-gpu to run on the CPU.")
+        worker = getattr(config, "workerinput", {}).get("workerid")
+        if worker:
+            # pytest-xdist worker gwN is pinned to GPU N modulo the GPU count
+            from dataclasses import replace
+
+            index = int(worker.lstrip("gw") or 0) % torch.cuda.device_count()
+            torch.cuda.set_device(index)
+            options = replace(options, gpu_index=index)
     try:
         config.stash[INI_BUDGETS_KEY] = parse_ini_budgets(config.getini("infergate_budgets"))
         config.stash[INI_POLICY_KEY] = parse_ini_policies(config.getini("infergate_quality_policy"))

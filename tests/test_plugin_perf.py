@@ -30,7 +30,7 @@ def test_unknown_budget_key_fails_collection(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="ttft_msec=5"))
     result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*invalid infergate budgets*", "*unknown budget key 'ttft_msec'; allowed: ttft_ms*"])
+    result.stderr.fnmatch_lines(["*invalid infergate markers*", "*unknown budget key 'ttft_msec'; allowed: ttft_ms*"])
 
 
 def test_budget_violation_lists_every_metric(pytester, run):
