@@ -108,7 +108,10 @@ def test_failed_precision_errors_or_falls_back(pytester, run, monkeypatch):
                 from pytest_infergate.errors import ModelLoadError
                 raise ModelLoadError("nf4 kernels missing on this device")
             return real(source, precision, *a, **k)
-        pool.load_model = fake
+        def pytest_configure(config):
+            pool.load_model = fake
+        def pytest_unconfigure(config):
+            pool.load_model = real  # the module outlives this in-process run
     """)
     pytester.makepyfile("""
         def test_m(infergate_model, infergate_precision):
