@@ -91,6 +91,7 @@ class Options:
     report: Path | None = None
     json: Path | None = None
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
+    cpu_threads: int | None = None  # set per pytest-xdist worker on the CPU: its share of the cores
 
     def __post_init__(self):
         ref = check_precision(self.reference_precision or default_reference(self.device), "reference precision")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import os
 import warnings
 
 from pytest_infergate.errors import InfergateError, ModelLoadError
@@ -21,9 +22,7 @@ from pytest_infergate.results import RESULT_PROPERTY, RunResults
 OPTIONS_KEY = pytest.StashKey[Options]()
 POOL_KEY = pytest.StashKey[ModelPool]()
 RESULTS_KEY = pytest.StashKey[RunResults]()
-INI_BUDGETS_KEY = pytest.StashKey[dict]()
 BASELINE_KEY = pytest.StashKey[dict]()
-INI_POLICY_KEY = pytest.StashKey[dict]()
 GENERATED_KEY = pytest.StashKey[dict]()
 
 
@@ -80,9 +79,16 @@ def pytest_configure(config: pytest.Config) -> None:
             index = int(worker.lstrip("gw") or 0) % torch.cuda.device_count()
             torch.cuda.set_device(index)
             options = replace(options, gpu_index=index)
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers and not options.gpu:
+        # xdist workers share the CPU: split its cores instead of oversubscribing them
+        from dataclasses import replace
+
+        options = replace(options, cpu_threads=max(1, (os.cpu_count() or 1) // int(workers)))
     try:
-        config.stash[INI_BUDGETS_KEY] = parse_ini_budgets(config.getini("infergate_budgets"))
-        config.stash[INI_POLICY_KEY] = parse_ini_policies(config.getini("infergate_quality_policy"))
+        # validated now so a typo stops the run before any model loads; read again where used
+        parse_ini_budgets(config.getini("infergate_budgets"))
+        parse_ini_policies(config.getini("infergate_quality_policy"))
     except InfergateError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[OPTIONS_KEY] = options
@@ -128,11 +134,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("invalid infergate markers:\n" + "\n".join(problems))
 
 
-def _budget_for(item: pytest.Item, precision: str) -> Budget:
-    scoped = item.config.stash[INI_BUDGETS_KEY]
+def _budget_for(item: pytest.Item, precision: str, key: str) -> Budget:
+    """ini budgets whose scope is `*`, the precision, or a substring of the measurement key (test id plus
+    label), then the test's markers; later layers override earlier ones key by key."""
+    # parsed again here, not only at configure time: a conftest may add suite defaults in its own configure
+    scoped = parse_ini_budgets(item.config.getini("infergate_budgets"))
     layers = [budget for scope, budget in scoped.items() if scope == "*"]
     layers += [budget for scope, budget in scoped.items() if scope == precision]
-    layers += [budget for scope, budget in scoped.items() if scope not in ("*", precision) and scope in item.nodeid]
+    layers += [budget for scope, budget in scoped.items() if scope not in ("*", precision) and scope in key]
     layers += [parse_budget(m.kwargs) for m in reversed(list(item.iter_markers("infergate_budget")))]
     return merge_budgets(*layers)
 
@@ -222,7 +231,7 @@ class PerfBench:
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
         key = self.item.nodeid + (f"::{label}" if label else "")
-        budget = _budget_for(self.item, self.loaded.record.requested_precision)
+        budget = _budget_for(self.item, self.loaded.record.requested_precision, key)
         fingerprint = perf_fingerprint(self.loaded.record, config.to_dict(), self.options.device)
         entry = self.item.config.stash[BASELINE_KEY].get(key)
         outcome = evaluate_perf(measurement, budget, fingerprint, entry, self.options.strict,
@@ -304,7 +313,7 @@ class GoldenGate:
 
     def _policy(self) -> dict:
         precision = self.candidate.record.requested_precision
-        scoped = self.item.config.stash[INI_POLICY_KEY]
+        scoped = parse_ini_policies(self.item.config.getini("infergate_quality_policy"))
         policy = dict(scoped.get("*", {}))
         policy.update(scoped.get(precision, {}))
         for marker in reversed(list(self.item.iter_markers("infergate_quality"))):
@@ -318,10 +327,14 @@ class GoldenGate:
         from pytest_infergate.quality import describe_sample, policy_violations, worst_samples
 
         samples = self.samples(limit, categories)
-        reference = self.pool.reference()
-        ref_out = self._generated(reference, samples)
-        cand_out = self._generated(self.candidate, samples)
-        result = compare_with_reference(reference, self.candidate, samples, ref_out, cand_out)
+        cache = self.item.config.stash[GENERATED_KEY]
+        key = ("quality", self.candidate.record.requested_precision, tuple(s.id for s in samples))
+        if key not in cache:  # one comparison per precision and sample set per session; policies may differ
+            reference = self.pool.reference()
+            ref_out = self._generated(reference, samples)
+            cand_out = self._generated(self.candidate, samples)
+            cache[key] = compare_with_reference(reference, self.candidate, samples, ref_out, cand_out)
+        result = cache[key]
         rules = self._policy() if policy is None else parse_policy(policy)
         problems = policy_violations(result.summary, rules) + result.flags
         status = "fail" if problems else "pass"

@@ -1,1 +1,79 @@
-"""Defaults for the ready-made gate suites. Run them with `pytest suites/` (see the README)."""
+"""Defaults of the ready-made gate suites: workloads, budgets and quality policy per device.
+
+Run them with `pytest suites/` (CPU, embedded SmolLM2-135M) or `pytest suites/ --infergate-gpu --infergate-model
+ORG/NAME`. A team adjusts them without editing this file: any `infergate_budgets` / `infergate_quality_policy`
+line in its own ini replaces the defaults below for the same scope (see the README, "Suites").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_infergate.engine import EngineConfig
+
+# Budgets per scope ("test id substring" or precision), as ini lines. CPU numbers are for a 2-core machine and a
+# 135M model: generous, because they gate gross regressions on noisy shared runners; the relative gate
+# (--infergate-baseline, max_regression) is the fine one.
+DEFAULT_BUDGETS = {
+    "cpu": [
+        "profile-chat: ttft_ms_p95=20000, tokens_per_s=2",
+        "profile-offline: tokens_per_s=5",
+        "profile-code: e2e_ms_p95=30000, tokens_per_s=2",
+        "test_quantization.py: load_s=30",
+    ],
+    "cuda": [
+        "profile-chat: ttft_ms_p95=500, tpot_ms_p95=60",
+        "profile-offline: tokens_per_s=500",
+        "profile-code: e2e_ms_p95=2000, ttft_ms_p95=300",
+        "test_quantization.py: load_s=120",
+    ],
+}
+# Measured on the embedded model against fp32 (48 samples): int8 top-1 0.95, mean KL 0.02, task ratio 0.97;
+# nf4 top-1 0.80, mean KL 0.28, task ratio 0.97. The policy leaves room for noise-free drift of other versions.
+DEFAULT_QUALITY_POLICY = [
+    "bf16: min_top1=0.95, max_mean_kl=0.01, min_task_ratio=0.95",
+    "fp16: min_top1=0.97, max_mean_kl=0.005, min_task_ratio=0.97",
+    "int8: min_top1=0.9, max_mean_kl=0.05, min_task_ratio=0.9, min_length_ratio=0.8, max_length_ratio=1.25",
+    "nf4: min_top1=0.7, max_mean_kl=0.5, min_task_ratio=0.85, min_length_ratio=0.7, max_length_ratio=1.5",
+]
+# KV cache experiment lengths. The guide uses 64/128/256 new tokens; recomputing without a cache costs
+# quadratically, so on the CPU the suite stops at 128.
+KV_LENGTHS = {"cpu": (32, 64, 128), "cuda": (64, 128, 256)}
+
+
+def _scopes(lines):
+    return {line.split(":", 1)[0].strip() for line in lines if ":" in line}
+
+
+def pytest_configure(config):
+    device = "cuda" if config.getoption("infergate_gpu") else "cpu"
+    user_budgets = _scopes(config.getini("infergate_budgets"))
+    for line in DEFAULT_BUDGETS[device]:
+        if line.split(":", 1)[0].strip() not in user_budgets:
+            config.addinivalue_line("infergate_budgets", line)
+    user_policy = _scopes(config.getini("infergate_quality_policy"))
+    for line in DEFAULT_QUALITY_POLICY:
+        if line.split(":", 1)[0].strip() not in user_policy:
+            config.addinivalue_line("infergate_quality_policy", line)
+
+
+@pytest.fixture(scope="session")
+def suite_device(infergate_device) -> str:
+    return "cuda" if infergate_device.startswith("cuda") else "cpu"
+
+
+@pytest.fixture(scope="session")
+def engine_config():
+    """The engine settings the suites start from (each suite overrides what it studies)."""
+
+    def make(**overrides) -> EngineConfig:
+        base = dict(max_model_len=2048, kv_budget_bytes=512 << 20, max_batch_size=16)
+        base.update(overrides)
+        return EngineConfig(**base)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def kv_lengths(suite_device) -> tuple[int, ...]:
+    return KV_LENGTHS[suite_device]

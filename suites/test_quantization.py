@@ -1,15 +1,43 @@
-"""The precision ladder (guide: "先测 FP16/BF16 基线, 再测 8bit, 最后再评估 4bit"): does each precision load,
-really quantize, and save weight memory compared with the reference?"""
+"""The precision ladder (guide: "先测 FP16/BF16 基线, 再测 8bit, 最后再评估 4bit"; pitfall 2): for each precision,
+load time, weight bytes, peak memory, TTFT and tokens/s at batch 1 and at a small batch, quality against the
+reference, and whether the memory it frees allows a larger batch within the reference's memory budget."""
 
 import pytest
 
+from pytest_infergate.workloads import chat_workload
 
-def test_precision_loads_and_answers(infergate_model, infergate_reference_model, infergate_tokenizer):
+SMALL_BATCH = 8
+
+
+def test_load(infergate_model, infergate_reference_model, record_property):
     record = infergate_model.record
-    if record.precision in ("int8", "nf4"):
+    for name in ("load_s", "weight_bytes", "peak_mem_bytes", "quantized_modules"):
+        record_property(name, getattr(record, name))
+    if record.requested_precision in ("int8", "nf4"):
+        assert not record.fallback, record.fallback_reason
         assert record.quantized_modules > 0
         assert record.weight_bytes < infergate_reference_model.record.weight_bytes
-    ids = infergate_tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                                  add_generation_prompt=True, return_tensors="pt")["input_ids"]
-    out = infergate_model.model.generate(ids.to(infergate_model.model.device), max_new_tokens=16, do_sample=False)
-    assert len(out[0]) > len(ids[0])
+
+
+@pytest.mark.parametrize("batch", [1, SMALL_BATCH], ids=["batch1", f"batch{SMALL_BATCH}"])
+def test_speed(infergate_bench, infergate_tokenizer, engine_config, batch):
+    requests = chat_workload(infergate_tokenizer, batch, prompt_tokens=(40, 120), max_new_tokens=(24, 24), seed=3)
+    m = infergate_bench(requests, engine_config(max_batch_size=batch), warmup=1, repeats=2, label=f"batch{batch}")
+    assert m.num_failed == 0
+
+
+def test_freed_memory_allows_a_larger_batch(infergate_model, infergate_reference_model, engine_config, record_property):
+    """Same memory budget as the reference at batch 8 with 1024-token sequences: how many sequences fit?"""
+    from pytest_infergate.engine.kv_cache import kv_bytes_per_token
+
+    per_sequence = 1024 * kv_bytes_per_token(infergate_model.config, infergate_reference_model.model.dtype)
+    budget = infergate_reference_model.record.weight_bytes + SMALL_BATCH * per_sequence
+    fits = int((budget - infergate_model.record.weight_bytes) // per_sequence)
+    record_property("max_batch_in_reference_budget", fits)
+    assert fits >= SMALL_BATCH
+    if infergate_model.record.requested_precision in ("int8", "nf4"):
+        assert fits > SMALL_BATCH, "quantization freed no memory for a larger batch"
+
+
+def test_quality_vs_reference(infergate_golden):
+    infergate_golden.check()
