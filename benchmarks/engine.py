@@ -84,7 +84,6 @@ def run_hf_generate_batch(loaded, requests, eos, max_batch) -> tuple[float, int]
 
     tok = loaded.tokenizer
     model = loaded.model
-    model.set_attn_implementation("sdpa_paged")
     config = GenerationConfig(do_sample=False, eos_token_id=sorted(eos), pad_token_id=tok.pad_token_id,
                               max_batch_tokens=2048, max_new_tokens=max(r.max_new_tokens for r in requests))
     start = time.perf_counter()
@@ -96,7 +95,6 @@ def run_hf_generate_batch(loaded, requests, eos, max_batch) -> tuple[float, int]
             if result is not None and result.is_finished():
                 outputs[result.request_id] = result
     wall = time.perf_counter() - start
-    model.set_attn_implementation("sdpa")
     total = sum(useful(outputs[i].generated_tokens, r.max_new_tokens, eos) for i, r in zip(ids, requests))
     return wall, total
 
@@ -151,17 +149,20 @@ def main() -> int:
         figures["hf_sequential"] = tokens / wall
         print(f"HF generate, sequential: {tokens:5d} useful tokens in {wall:7.1f} s = {tokens / wall:6.1f} tok/s")
 
-    # batch-1 decode: same prompt, 128 tokens, engine vs model.generate
+    # batch-1 decode: same prompt, 128 tokens, engine vs model.generate, alternated 3 times, best of each
     one = Request(prompt_token_ids=prompt_ids(tok, requests[0])[:32], max_new_tokens=128, ignore_eos=True)
-    wall, results, _ = run_engine(loaded, [one], max_batch_size=1)
-    engine_b1 = 128 / wall
-    with torch.inference_mode():
-        ids = torch.tensor([one.prompt_token_ids])
-        start = time.perf_counter()
-        loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=128,
-                              max_new_tokens=128, pad_token_id=tok.pad_token_id)
-        hf_b1 = 128 / (time.perf_counter() - start)
-    print(f"batch-1, 32-token prompt + 128 tokens: engine {engine_b1:.1f} tok/s, model.generate {hf_b1:.1f} tok/s")
+    engine_times, hf_times = [], []
+    for _ in range(3):
+        engine_times.append(run_engine(loaded, [one], max_batch_size=1)[0])
+        with torch.inference_mode():
+            ids = torch.tensor([one.prompt_token_ids])
+            start = time.perf_counter()
+            loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=128,
+                                  max_new_tokens=128, pad_token_id=tok.pad_token_id)
+            hf_times.append(time.perf_counter() - start)
+    engine_b1, hf_b1 = 128 / min(engine_times), 128 / min(hf_times)
+    print(f"batch-1, 32-token prompt + 128 tokens (best of 3): engine {engine_b1:.1f} tok/s, "
+          f"model.generate {hf_b1:.1f} tok/s")
 
     if "poisson" not in skip:
         subset = chat_workload(tok, min(32, args.requests), seed=1)

@@ -97,28 +97,36 @@ def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Bud
     return Budget(tuple(limits), percentile_default, max_regression)
 
 
-def parse_ini_budgets(lines: list[str]) -> dict[str, Budget]:
-    """ini `infergate_budgets`, one line per scope: `SCOPE: key=value, key=value`. SCOPE is a precision,
-    a test-name substring, or `*`. Example: `int8: tokens_per_s=5, peak_mem_mb=900`."""
-    budgets = {}
+def parse_scoped_lines(lines: list[str], option: str, error: type[OptionError] = OptionError
+                       ) -> dict[str, dict[str, float]]:
+    """ini lines of the form `SCOPE: key=number, key=number` (blank lines and # comments skipped)."""
+    scoped: dict[str, dict[str, float]] = {}
     for raw in lines:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         scope, sep, rest = line.partition(":")
         if not sep:
-            raise BudgetError(f"infergate_budgets line {line!r} needs the form 'SCOPE: key=value, ...'")
-        values: dict[str, Any] = {}
+            raise error(f"{option} line {line!r} needs the form 'SCOPE: key=value, ...'")
+        values: dict[str, float] = {}
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, text = item.partition("=")
-            if not eq:
-                raise BudgetError(f"infergate_budgets line {line!r}: {item!r} is not key=value")
             try:
-                values[key.strip()] = int(text) if key.strip() == "percentile" else float(text)
+                number = float(text)
             except ValueError:
-                raise BudgetError(f"infergate_budgets line {line!r}: {text!r} is not a number") from None
-        budgets[scope.strip()] = parse_budget(values, f"infergate_budgets ({scope.strip()})")
-    return budgets
+                number = None
+            if not eq or number is None:
+                raise error(f"{option} line {line!r}: {item!r} is not key=number")
+            values[key.strip()] = int(number) if number.is_integer() and key.strip() == "percentile" else number
+        scoped[scope.strip()] = values
+    return scoped
+
+
+def parse_ini_budgets(lines: list[str]) -> dict[str, Budget]:
+    """ini `infergate_budgets`, one line per scope: `SCOPE: key=value, key=value`. SCOPE is a precision,
+    a substring of the test id (and measurement label), or `*`. Example: `int8: tokens_per_s=5, peak_mem_mb=900`."""
+    return {scope: parse_budget(values, f"infergate_budgets ({scope})")
+            for scope, values in parse_scoped_lines(lines, "infergate_budgets", BudgetError).items()}
 
 
 def merge_budgets(*budgets: Budget) -> Budget:

@@ -255,6 +255,50 @@ class PerfBench:
             pytest.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}", pytrace=False)
         return measurement
 
+    def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
+           warmup: int = 1, label: str = "ab"):
+        """Interleaved A/B: the baseline side (default: the reference precision, same engine config) and this
+        test's model are measured alternately, A B A B ..., so drift of the machine hits both alike. The
+        verdict of B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
+        from pytest_infergate.bench import Bench, measure_interleaved
+        from pytest_infergate.engine import EngineConfig
+        from pytest_infergate.perf import compare_measurements
+
+        requests = requests if requests is not None else self.default_workload()
+        config = config or EngineConfig()
+        other = baseline_model or self.item.config.stash[POOL_KEY].reference()
+        other_bench = self.bench if other is self.loaded else Bench(other, self.options.device)
+        other_config = baseline_config or config
+        try:
+            a, b = measure_interleaved(lambda m: other_bench.run_once(requests, other_config, warmup, m),
+                                       lambda m: self.bench.run_once(requests, config, warmup, m), rounds)
+        finally:
+            if other_bench is not self.bench:
+                other_bench.close()
+        key = f"{self.item.nodeid}::{label}"
+        budget = _budget_for(self.item, self.loaded.record.requested_precision, key)
+        if budget.max_regression is None:
+            budget = merge_budgets(budget, parse_budget({"max_regression": 0.10}))
+        verdicts = compare_measurements(b, a, budget)
+        status = ("fail" if any(v.status == "fail" for v in verdicts) else
+                  "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
+        if status == "inconclusive" and self.options.strict:
+            status = "fail"
+        _record(self.item, {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision,
+                            "tags": {"experiment": "ab", "baseline_precision": other.record.requested_precision},
+                            "fallback": self.loaded.record.fallback, "label": label,
+                            "engine_config": config.to_dict(), "budget": {"max_regression": budget.max_regression},
+                            "fingerprint": {}, "measurement": b.to_dict(), "summary": b.summary(),
+                            "baseline_summary": a.summary(), "status": status, "violations": [],
+                            "verdicts": [v.to_dict() for v in verdicts], "notes": [
+                                f"interleaved A/B against {other.record.requested_precision}, {rounds} rounds"],
+                            "fingerprint_mismatch": [], "remeasured": 0})
+        if status == "fail":
+            pytest.fail(f"infergate A/B gate failed for {key} ({self.loaded.record.requested_precision} vs "
+                        f"{other.record.requested_precision}):\n  " + "\n  ".join(v.describe() for v in verdicts),
+                        pytrace=False)
+        return a, b
+
     def close(self) -> None:
         self.bench.close()
 

@@ -237,23 +237,10 @@ def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> di
 
 def parse_ini_policies(lines: list[str]) -> dict[str, dict[str, float]]:
     """ini `infergate_quality_policy`: `PRECISION: key=value, ...` per line (`*` for every precision)."""
-    policies = {}
-    for raw in lines:
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        scope, sep, rest = line.partition(":")
-        if not sep:
-            raise QualityPolicyError(f"infergate_quality_policy line {line!r} needs the form 'PRECISION: key=value, ...'")
-        values = {}
-        for item in filter(None, (p.strip() for p in rest.split(","))):
-            key, eq, text = item.partition("=")
-            try:
-                values[key.strip()] = float(text)
-            except ValueError:
-                raise QualityPolicyError(f"infergate_quality_policy line {line!r}: {item!r} is not key=number") from None
-        policies[scope.strip()] = parse_policy(values, f"infergate_quality_policy ({scope.strip()})")
-    return policies
+    from pytest_infergate.perf import parse_scoped_lines
+
+    return {scope: parse_policy(values, f"infergate_quality_policy ({scope})")
+            for scope, values in parse_scoped_lines(lines, "infergate_quality_policy", QualityPolicyError).items()}
 
 
 def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list[str]:

@@ -104,3 +104,27 @@ def test_more(infergate_bench, i):
     tests = sorted(r["test"] for r in data["records"])
     assert len(tests) == 4 and len(set(tests)) == 4
     assert data["gate_counts"]["perf"]["pass"] == 4
+
+
+def test_interleaved_ab(pytester, run):
+    pytester.makepyfile("""
+        import pytest
+        from pytest_infergate.engine import EngineConfig, Request
+
+        REQS = [Request(prompt_token_ids=[5 + i] * 40, max_new_tokens=24, ignore_eos=True) for i in range(4)]
+        CFG = EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20)
+
+        @pytest.mark.infergate_budget(max_regression=0.5, tokens_per_s=1e-9)
+        def test_same(infergate_bench):
+            a, b = infergate_bench.ab(REQS, CFG, rounds=4)
+            assert a.repetitions == b.repetitions == 4
+
+        @pytest.mark.infergate_budget(max_regression=0.5, tokens_per_s=1e-9)
+        def test_one_at_a_time_is_slower(infergate_bench):
+            infergate_bench.ab(REQS, EngineConfig(batching="sequential", max_model_len=256, kv_budget_bytes=8 << 20),
+                               baseline_config=CFG, rounds=3)
+    """)
+    result = run()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*infergate A/B gate failed*test_one_at_a_time_is_slower*fp32 vs fp32*",
+                                 "*tokens_per_s FAIL*"])

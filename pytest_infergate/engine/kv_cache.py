@@ -6,7 +6,11 @@ a sequence's token positions to slots. The attention function is registered with
 Gemma, ...) runs on this cache without per-model code. The runner hands it an `AttentionBatch` per forward.
 
 Layout of one forward's query tokens (batch dimension 1, tokens flattened):
-    [ decode tokens (one per sequence) | prefill chunks ... | padding tokens (static batching waste) ]
+    [ decode tokens (one per sequence, by context length) | prefill chunks ... | padding tokens (static batching) ]
+
+Decode attention reads every cached K/V of the batch, so on a CPU it is bound by memory bandwidth. Decoding
+sequences are therefore attended in groups of similar length: padding a group to its longest member costs far
+less than padding the whole batch to the longest sequence.
 """
 
 from __future__ import annotations
@@ -29,14 +33,22 @@ class PrefillSegment:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode sequences of similar context length, attended together (padding only to the group's longest)."""
+
+    start: int  # first of their query tokens in the flattened forward
+    count: int
+    slots: torch.Tensor  # [count * length] flattened slot table
+    length: int  # longest context in the group
+    mask: torch.Tensor | None = None  # [count, 1, 1, length] bool, None if all have the same length
+
+
+@dataclass
 class AttentionBatch:
     cache: "KVCache | None"
     num_real_tokens: int  # tokens whose K/V go to the cache (decode + prefill)
     slot_mapping: torch.Tensor | None  # [num_real_tokens] cache slot of each real token
-    num_decode: int = 0
-    decode_slots: torch.Tensor | None = None  # [num_decode * decode_len] flattened slot table
-    decode_len: int = 0  # longest context among the decode sequences
-    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, decode_len] bool, None if all same length
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
     num_padding: int = 0
 
@@ -86,17 +98,17 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         cache.k[layer].index_copy_(0, batch.slot_mapping, k[:, :real].transpose(0, 1))
         cache.v[layer].index_copy_(0, batch.slot_mapping, v[:, :real].transpose(0, 1))
 
-    nd = batch.num_decode
-    if nd:
-        kvh = k.shape[0]
-        ck = cache.k[layer].index_select(0, batch.decode_slots).view(nd, batch.decode_len, kvh, head_dim)
-        cv = cache.v[layer].index_select(0, batch.decode_slots).view(nd, batch.decode_len, kvh, head_dim)
+    kvh = k.shape[0]
+    for group in batch.decode_groups:
+        n, length = group.count, group.length
+        ck = cache.k[layer].index_select(0, group.slots).view(n, length, kvh, head_dim)
+        cv = cache.v[layer].index_select(0, group.slots).view(n, length, kvh, head_dim)
         # one query token per sequence: fold the query heads of each KV group into the query-length axis,
         # so attention runs on the KV heads without repeating K/V (transformers' pack_gqa trick)
-        qd = q[:, :nd].transpose(0, 1).reshape(nd, kvh, groups, head_dim)
-        od = F.scaled_dot_product_attention(qd, ck.transpose(1, 2), cv.transpose(1, 2), attn_mask=batch.decode_mask,
+        qd = q[:, group.start:group.start + n].transpose(0, 1).reshape(n, kvh, groups, head_dim)
+        od = F.scaled_dot_product_attention(qd, ck.transpose(1, 2), cv.transpose(1, 2), attn_mask=group.mask,
                                             scale=scaling)
-        out[:nd] = od.reshape(nd, num_heads, head_dim)
+        out[group.start:group.start + n] = od.reshape(n, num_heads, head_dim)
 
     for seg in batch.prefills:
         qs = q[:, seg.q_start:seg.q_start + seg.q_len].unsqueeze(0)
@@ -105,7 +117,6 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
             vs = v[:, seg.q_start:seg.q_start + seg.q_len].unsqueeze(0)
             os_ = F.scaled_dot_product_attention(qs, ks, vs, is_causal=seg.q_len > 1, scale=scaling, enable_gqa=True)
         else:
-            kvh = k.shape[0]
             n = seg.ctx_len + seg.q_len
             ks = cache.k[layer].index_select(0, seg.ctx_slots).view(1, n, kvh, head_dim).transpose(1, 2)
             vs = cache.v[layer].index_select(0, seg.ctx_slots).view(1, n, kvh, head_dim).transpose(1, 2)

@@ -7,9 +7,12 @@ import time
 import torch
 
 from pytest_infergate.engine.block_manager import BlockManager
-from pytest_infergate.engine.kv_cache import AttentionBatch, KVCache, PrefillSegment
+from pytest_infergate.engine.kv_cache import AttentionBatch, DecodeGroup, KVCache, PrefillSegment
 from pytest_infergate.engine.request import Sequence
 from pytest_infergate.engine.scheduler import StepPlan
+
+
+DECODE_GROUP_SIZE = 8  # decoding sequences attended together (sorted by context length)
 
 
 class ModelRunner:
@@ -36,6 +39,8 @@ class ModelRunner:
 
     # ---- one forward --------------------------------------------------------------------------------------
     def build(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[int]]:
+        # decodes sorted by context length, so each attention group pads little (sampling follows plan order)
+        plan.decodes.sort(key=lambda c: c.seq.num_computed_tokens)
         input_ids: list[int] = []
         positions: list[int] = []
         sample_at: list[int] = []
@@ -46,17 +51,20 @@ class ModelRunner:
             input_ids.append(seq.all_token_ids[-1])
             positions.append(seq.num_computed_tokens)
             sample_at.append(len(input_ids) - 1)
-        batch = AttentionBatch(cache=self.cache, num_real_tokens=0, slot_mapping=None, num_decode=len(plan.decodes))
+        batch = AttentionBatch(cache=self.cache, num_real_tokens=0, slot_mapping=None)
         if plan.decodes:
-            ctx = torch.tensor([c.seq.num_computed_tokens + 1 for c in plan.decodes])
-            longest = int(ctx.max())
-            table = self._slot_table([c.seq for c in plan.decodes], longest)
-            slot_parts.append(table.gather(1, (ctx - 1).unsqueeze(1)).squeeze(1))
-            batch.decode_slots = table.reshape(-1).to(self.device)
-            batch.decode_len = longest
-            if int(ctx.min()) != longest:
-                valid = torch.arange(longest).unsqueeze(0) < ctx.unsqueeze(1)
-                batch.decode_mask = valid.view(len(plan.decodes), 1, 1, longest).to(self.device)
+            ctx = [c.seq.num_computed_tokens + 1 for c in plan.decodes]
+            for start in range(0, len(plan.decodes), DECODE_GROUP_SIZE):
+                group = DecodeGroup(start, 0, None, 0)
+                lengths = torch.tensor(ctx[start:start + DECODE_GROUP_SIZE])
+                group.count, group.length = len(lengths), int(lengths.max())
+                table = self._slot_table([c.seq for c in plan.decodes[start:start + group.count]], group.length)
+                slot_parts.append(table.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1))
+                group.slots = table.reshape(-1).to(self.device)
+                if int(lengths.min()) != group.length:
+                    valid = torch.arange(group.length).unsqueeze(0) < lengths.unsqueeze(1)
+                    group.mask = valid.view(group.count, 1, 1, group.length).to(self.device)
+                batch.decode_groups.append(group)
         for chunk in plan.prefills:
             seq, start, n = chunk.seq, chunk.seq.num_computed_tokens, chunk.num_tokens
             segment = PrefillSegment(q_start=len(input_ids), q_len=n, ctx_len=start)

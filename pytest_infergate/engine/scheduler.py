@@ -109,13 +109,12 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _schedule_continuous(self) -> StepPlan:
-        plan = StepPlan()
-        budget = self.config.max_batched_tokens
+    def _plan_decodes(self, plan: StepPlan, max_tokens: int) -> None:
+        """One token for each decoding sequence (up to max_tokens). When KV blocks run out mid-decode, the
+        newest running sequences are preempted (and recomputed later) rather than failing."""
         for seq in list(self.running):
             if seq not in self.running or seq.is_prefilling:
                 continue
-            # out of blocks mid-decode: preempt the newest sequences rather than fail
             while not self._try_grow(seq, seq.num_tokens):
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -123,9 +122,13 @@ class Scheduler:
                 plan.decodes = [c for c in plan.decodes if c.seq is not victim]
                 if victim is seq:
                     break
-            if seq in self.running and budget > 0:
+            if seq in self.running and len(plan.decodes) < max_tokens:
                 plan.decodes.append(Chunk(seq, 1))
-                budget -= 1
+
+    def _schedule_continuous(self) -> StepPlan:
+        plan = StepPlan()
+        self._plan_decodes(plan, self.config.max_batched_tokens)
+        budget = self.config.max_batched_tokens - len(plan.decodes)
         for seq in list(self.running):
             if seq.is_prefilling and budget > 0:
                 chunk = self._prefill_chunk(seq, budget)
@@ -170,19 +173,8 @@ class Scheduler:
                 self._admit(seq)
             self._batch_open = True
         plan = StepPlan()
-        prefilling = [s for s in self.running if s.is_prefilling]
-        for seq in list(self.running):
-            if seq not in self.running or seq.is_prefilling:
-                continue
-            while not self._try_grow(seq, seq.num_tokens):
-                victim = self.running[-1]
-                self.preempt(victim)
-                plan.preempted.append(victim)
-                plan.decodes = [c for c in plan.decodes if c.seq is not victim]
-                if victim is seq:
-                    break
-            if seq in self.running:
-                plan.decodes.append(Chunk(seq, 1))
+        self._plan_decodes(plan, len(self.running))
+        prefilling = [s for s in self.running if s.is_prefilling]  # after preemptions, which may take some
         longest = max((s.num_uncomputed_tokens for s in prefilling), default=0)
         for seq in prefilling:
             if not self._try_grow(seq, seq.num_tokens):

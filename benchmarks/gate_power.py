@@ -1,0 +1,86 @@
+"""How often does the perf gate cry wolf, and how often does it catch a real slowdown?
+
+    python benchmarks/gate_power.py            # 10 trials per condition on the embedded model
+    python benchmarks/gate_power.py --trials 3 # a quicker look
+
+One baseline is measured first (as `--infergate-save-baseline` would). Then the same budgeted measurement runs
+`--trials` times unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook that sleeps after
+every model forward for that fraction of the forward's own time. Each trial is decided exactly as the pytest gate
+decides it (evaluate_perf: bootstrap CI of the candidate/baseline ratio against max_regression, re-measured up
+to twice while inconclusive). Prints verdict counts, false-alarm rate, detection rate and time per trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pytest_infergate.bench import Bench  # noqa: E402
+from pytest_infergate.engine import EngineConfig  # noqa: E402
+from pytest_infergate.gate import evaluate_perf  # noqa: E402
+from pytest_infergate.models import load_model, resolve_model  # noqa: E402
+from pytest_infergate.options import default_cache_dir  # noqa: E402
+from pytest_infergate.perf import injected_slowdown, parse_budget  # noqa: E402
+from pytest_infergate.workloads import chat_workload  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--max-regression", type=float, default=0.10)
+    parser.add_argument("--metrics", default="tpot_ms,tokens_per_s")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
+    requests = chat_workload(loaded.tokenizer, 8, prompt_tokens=(20, 120), max_new_tokens=(16, 32), seed=4)
+    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
+    budget_values = {"max_regression": args.max_regression}
+    # a generous absolute limit per metric just names which metrics the relative check compares
+    for metric in args.metrics.split(","):
+        budget_values[metric] = 1e-9 if metric in ("tokens_per_s", "requests_per_s") else 1e12
+    budget = parse_budget(budget_values)
+    bench = Bench(loaded)
+    baseline = bench.measure(requests, config, warmup=2, repeats=args.repeats)
+    entry = {"fingerprint": {}, "measurement": baseline.to_dict()}
+    print(f"baseline: {baseline.repetitions} repetitions, tpot p50 {baseline.value('tpot_ms'):.1f} ms, "
+          f"{baseline.value('tokens_per_s'):.1f} tok/s; gate: max_regression {args.max_regression:.0%} on {args.metrics}")
+
+    outcomes: dict[float, Counter] = {}
+    durations = []
+    for slowdown in (0.0, 0.10, 0.25):
+        outcomes[slowdown] = Counter()
+        for trial in range(args.trials):
+            start = time.perf_counter()
+            with injected_slowdown(loaded.model, slowdown):
+                m = bench.measure(requests, config, warmup=2, repeats=args.repeats)
+                outcome = evaluate_perf(m, budget, {}, entry,
+                                        remeasure=lambda: bench.extend(m, requests, config, warmup=1))
+            durations.append(time.perf_counter() - start)
+            outcomes[slowdown][outcome.status] += 1
+            ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in outcome.verdicts)
+            print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {outcome.status:12s} {ratios}"
+                  f"{f' (re-measured {outcome.remeasured}x)' if outcome.remeasured else ''}", flush=True)
+    bench.close()
+
+    print("\nverdicts (pass / inconclusive / fail):")
+    for slowdown, counts in outcomes.items():
+        print(f"  slowdown {slowdown:4.0%}: {counts['pass']:2d} / {counts['inconclusive']:2d} / {counts['fail']:2d}")
+    unchanged = outcomes[0.0]
+    print(f"false failures with no change: {unchanged['fail']}/{args.trials} (target 0)")
+    print(f"25% slowdown failed: {outcomes[0.25]['fail']}/{args.trials} (target {args.trials}/{args.trials})")
+    caught = outcomes[0.10]["fail"] + outcomes[0.10]["inconclusive"]
+    print(f"10% slowdown failed or inconclusive: {caught}/{args.trials} (target >= {0.8 * args.trials:.0f})")
+    print(f"time per budgeted measurement: median {sorted(durations)[len(durations) // 2]:.1f} s, "
+          f"max {max(durations):.1f} s (target < 60 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
