@@ -93,13 +93,14 @@ class LoadRecord:
     dtype: str
     load_s: float
     weight_bytes: int
-    peak_mem_bytes: int
+    peak_mem_bytes: int  # the process's peak while loading (CPU: RSS high-water mark; CUDA: allocated)
     peak_mem_method: str
     quantized_modules: int
     fingerprint: str
     versions: dict[str, str]
     fallback: bool = False
     fallback_reason: str = ""
+    load_mem_delta_bytes: int = 0  # how far the peak rose above the memory in use before the load
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,7 +201,8 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
         model=source.spec, precision=precision, requested_precision=precision, device=device,
         dtype=compute_dtype_name(precision, reference), load_s=load_s, weight_bytes=weight_bytes(model),
         peak_mem_bytes=peak.result.peak_bytes, peak_mem_method=peak.result.method, quantized_modules=quantized,
-        fingerprint=model_fingerprint(source), versions=library_versions())
+        fingerprint=model_fingerprint(source), versions=library_versions(),
+        load_mem_delta_bytes=peak.result.delta_bytes)
     return LoadedModel(model, tokenizer if tokenizer is not None else load_tokenizer(source), source, record)
 
 

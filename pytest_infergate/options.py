@@ -51,6 +51,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(noise-aware: bootstrap confidence interval of the ratio against max_regression)", None, "PATH"),
     OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
                "inconclusive verdicts (default: warn and report them)", False),
+    OptionSpec("compare_model", "str", "a second model for interleaved A/B perf gates (infergate_bench.ab): "
+               "measured alternately with --infergate-model in the same run, same precision", None, "MODEL"),
     OptionSpec("golden_dir", "path", "folder of golden sample sets (*.jsonl) and accepted golden outputs "
                "(default: golden/ under the pytest rootdir)", None, "DIR"),
     OptionSpec("update_golden", "bool", "regenerate the accepted golden outputs of every precision tested, print "
@@ -86,6 +88,7 @@ class Options:
     save_baseline: Path | None = None
     baseline: Path | None = None
     strict: bool = False
+    compare_model: str | None = None
     golden_dir: Path | None = None
     update_golden: bool = False
     report: Path | None = None

@@ -29,7 +29,7 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "load_s": ("s", False, False),
 }
 PERCENTILES = (50, 90, 95, 99)
-_KEY = re.compile(r"^(?P<metric>[a-z_]+?)(?:_p(?P<pct>\d+))?$")
+_KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")
 _OPTION_KEYS = {"percentile": int, "max_regression": float}
 
 

@@ -24,6 +24,7 @@ POOL_KEY = pytest.StashKey[ModelPool]()
 RESULTS_KEY = pytest.StashKey[RunResults]()
 BASELINE_KEY = pytest.StashKey[dict]()
 GENERATED_KEY = pytest.StashKey[dict]()
+COMPARE_POOL_KEY = pytest.StashKey[list]()
 
 
 class InfergateWarning(pytest.PytestWarning):
@@ -96,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS_KEY] = RunResults()
     config.stash[BASELINE_KEY] = {}
     config.stash[GENERATED_KEY] = {}
+    config.stash[COMPARE_POOL_KEY] = []
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(ResultCollector(config.stash[RESULTS_KEY]), "infergate-results")
     if options.baseline is not None:
@@ -257,16 +259,17 @@ class PerfBench:
 
     def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
            warmup: int = 1, label: str = "ab"):
-        """Interleaved A/B: the baseline side (default: the reference precision, same engine config) and this
-        test's model are measured alternately, A B A B ..., so drift of the machine hits both alike. The
-        verdict of B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
+        """Interleaved A/B: the baseline side and this test's model are measured alternately, A B A B ..., so
+        drift of the machine hits both alike. The baseline side is `baseline_model`, else --infergate-compare-model
+        in this precision, else the reference precision; `baseline_config` defaults to `config`. The verdict of
+        B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
         from pytest_infergate.bench import Bench, measure_interleaved
         from pytest_infergate.engine import EngineConfig
         from pytest_infergate.perf import compare_measurements
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
-        other = baseline_model or self.item.config.stash[POOL_KEY].reference()
+        other = baseline_model or self._compare_side()
         other_bench = self.bench if other is self.loaded else Bench(other, self.options.device)
         other_config = baseline_config or config
         try:
@@ -298,6 +301,16 @@ class PerfBench:
                         f"{other.record.requested_precision}):\n  " + "\n  ".join(v.describe() for v in verdicts),
                         pytrace=False)
         return a, b
+
+    def _compare_side(self):
+        if not self.options.compare_model:
+            return self.item.config.stash[POOL_KEY].reference()
+        pools = self.item.config.stash[COMPARE_POOL_KEY]
+        if not pools:
+            from dataclasses import replace
+
+            pools.append(ModelPool(replace(self.options, model=self.options.compare_model)))
+        return _get_model(pools[0], self.loaded.record.requested_precision)
 
     def close(self) -> None:
         self.bench.close()
@@ -526,7 +539,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         r = loaded.record
         note = f"  FALLBACK from {r.requested_precision}: {r.fallback_reason}" if r.fallback else ""
         write(f"  {r.requested_precision:>5}: load {r.load_s:.2f}s, weights {r.weight_bytes / 2**20:.1f} MiB, "
-              f"peak {r.peak_mem_bytes / 2**20:.0f} MiB ({r.peak_mem_method}), fingerprint {r.fingerprint}{note}")
+              f"load peak +{r.load_mem_delta_bytes / 2**20:.0f} MiB (process {r.peak_mem_bytes / 2**20:.0f} MiB, "
+              f"{r.peak_mem_method}), fingerprint {r.fingerprint}{note}")
     for record in results.by_kind("perf"):
         summary = record["summary"]
         figures = ", ".join(f"{k} {summary[k]:.4g}" for k in ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50",

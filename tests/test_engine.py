@@ -223,3 +223,22 @@ def test_close_restores_attention(tiny_fp32):
     with make_engine(tiny_fp32):
         assert tiny_fp32.model.config._attn_implementation == "infergate_paged"
     assert tiny_fp32.model.config._attn_implementation == before
+
+
+def test_out_of_memory_halves_the_batch_and_continues(tiny_fp32, tiny_reference, monkeypatch):
+    with make_engine(tiny_fp32, max_batch_size=8) as engine:
+        real = engine.runner.forward
+        calls = {"n": 0}
+
+        def flaky(plan):
+            calls["n"] += 1
+            if calls["n"] == 3 and len(plan.chunks) > 1:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real(plan)
+
+        monkeypatch.setattr(engine.runner, "forward", flaky)
+        results = engine.generate(requests(PROMPTS[:8]))
+        assert [r.token_ids for r in results] == tiny_reference[:8]
+        assert [e.kind for e in engine.events] == ["oom-halved-batch"]
+        assert engine.config.max_batch_size == 4
+        engine.check_drained()

@@ -27,3 +27,22 @@ def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, ba
         assert not mismatches
         engine.check_drained()
     assert "Paris" in results[0].text
+
+
+def test_embedded_int8_quality_against_fp32(smollm2_fp32):
+    """A few golden samples: int8 drifts from fp32 a little, measurably, and keeps the answers' gist."""
+    from pathlib import Path
+
+    from pytest_infergate.golden import load_samples
+    from pytest_infergate.golden_check import compare_with_reference, generate
+    from pytest_infergate.models import load_model
+
+    samples = load_samples(Path(__file__).parents[1] / "golden" / "default.jsonl")[:6]
+    int8 = load_model(smollm2_fp32.source, "int8", tokenizer=smollm2_fp32.tokenizer)
+    result = compare_with_reference(smollm2_fp32, int8, samples, generate(smollm2_fp32, samples),
+                                    generate(int8, samples))
+    summary = result.summary
+    assert 0 < summary["mean_kl"] < 0.2
+    assert summary["top1"] > 0.8
+    assert summary["task_ratio"] >= 0.8
+    assert not result.flags

