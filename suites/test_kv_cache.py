@@ -59,14 +59,12 @@ def test_cache_speedup_grows_with_prompt_length(reference_only, infergate_bench,
 
 def test_kv_bytes_per_token_measured_vs_config(infergate_model, infergate_tokenizer, record_property):
     """Measured from the model's own transformers cache after a forward, against the formula and the engine."""
-    from transformers import DynamicCache
-
     model = infergate_model.model
     tokens = 64
     ids = torch.full((1, tokens), infergate_tokenizer.eos_token_id or 1, device=model.device)
-    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
     measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     measured_per_token = measured / tokens
     with Engine(model, infergate_tokenizer) as engine:

@@ -16,7 +16,8 @@ def engine(infergate_model, infergate_options, infergate_precision):
 
     def make(**kw):
         kw.setdefault("max_model_len", 1024)
-        kw.setdefault("kv_budget_bytes", 256 << 20)
+        if "kv_budget_blocks" not in kw:
+            kw.setdefault("kv_budget_bytes", 256 << 20)
         return Engine(infergate_model.model, infergate_model.tokenizer, EngineConfig(**kw))
 
     return make

@@ -242,3 +242,14 @@ def test_out_of_memory_halves_the_batch_and_continues(tiny_fp32, tiny_reference,
         assert [e.kind for e in engine.events] == ["oom-halved-batch"]
         assert engine.config.max_batch_size == 4
         engine.check_drained()
+
+
+def test_overlapping_engines_restore_attention_in_any_order(tiny_fp32):
+    before = tiny_fp32.model.config._attn_implementation
+    first, second = make_engine(tiny_fp32), make_engine(tiny_fp32, cache_mode="contiguous")
+    first.close()
+    assert tiny_fp32.model.config._attn_implementation == "infergate_paged"  # the second is still running
+    assert second.generate(requests(PROMPTS[:1], max_new=2))[0].ok
+    second.close()
+    second.close()  # closing twice is harmless
+    assert tiny_fp32.model.config._attn_implementation == before

@@ -79,7 +79,6 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.blocks)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids or {0})
         self.runner = ModelRunner(model, self.cache, self.blocks, self.device, pad)
-        self._previous_attention = getattr(self.model_config, "_attn_implementation", None)
         self._install_attention()
         self._clock0 = time.perf_counter()
         self._ids = itertools.count()
@@ -121,6 +120,13 @@ class Engine:
         return BlockManager(num_blocks, block_size), cache
 
     def _install_attention(self) -> None:
+        # engines on one model may overlap and close in any order: the first one remembers the model's own
+        # attention implementation, the last one to close puts it back
+        users = getattr(self.model, "_infergate_engines", 0)
+        if users == 0:
+            self.model._infergate_original_attention = getattr(self.model_config, "_attn_implementation", None)
+        self.model._infergate_engines = users + 1
+        self._closed = False
         register_attention()
         calls = []
         from pytest_infergate.engine import kv_cache
@@ -162,8 +168,13 @@ class Engine:
                 "attn_implementation (Llama, Qwen2, Mistral, Gemma, ...)")
 
     def _restore_attention(self) -> None:
-        if self._previous_attention:
-            self.model.set_attn_implementation(self._previous_attention)
+        if self._closed:
+            return
+        self._closed = True
+        self.model._infergate_engines -= 1
+        original = getattr(self.model, "_infergate_original_attention", None)
+        if self.model._infergate_engines == 0 and original:
+            self.model.set_attn_implementation(original)
 
     def close(self) -> None:
         self._restore_attention()
