@@ -3,7 +3,7 @@
     python benchmarks/gate_power.py            # 10 trials per condition on the embedded model
     python benchmarks/gate_power.py --trials 3 # a quicker look
 
-One baseline is measured first (as `--infergate-save-baseline` would). Then the same budgeted measurement runs
+One baseline is measured first (as `--infergate-save-baseline` would), after a discarded warm-up measurement. Then the same budgeted measurement runs
 `--trials` times unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook that sleeps after
 every model forward for that fraction of the forward's own time. Each trial is decided exactly as the pytest gate
 decides it (evaluate_perf: bootstrap CI of the candidate/baseline ratio against max_regression, re-measured up
@@ -25,7 +25,8 @@ from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.gate import evaluate_perf  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
-from pytest_infergate.perf import injected_slowdown, parse_budget  # noqa: E402
+from pytest_infergate.bench import measure_interleaved  # noqa: E402
+from pytest_infergate.perf import compare_measurements, injected_slowdown, parse_budget  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 
@@ -34,12 +35,15 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--max-regression", type=float, default=0.10)
-    parser.add_argument("--metrics", default="tpot_ms,tokens_per_s")
+    parser.add_argument("--metrics", default="itl_ms,tokens_per_s")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline-repeats", type=int, default=5)
+    parser.add_argument("--mode", choices=("ab", "baseline"), default="ab")
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per trial")
     args = parser.parse_args()
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
-    requests = chat_workload(loaded.tokenizer, 8, prompt_tokens=(20, 120), max_new_tokens=(16, 32), seed=4)
+    requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
     config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
     budget_values = {"max_regression": args.max_regression}
     # a generous absolute limit per metric just names which metrics the relative check compares
@@ -47,10 +51,21 @@ def main() -> int:
         budget_values[metric] = 1e-9 if metric in ("tokens_per_s", "requests_per_s") else 1e12
     budget = parse_budget(budget_values)
     bench = Bench(loaded)
-    baseline = bench.measure(requests, config, warmup=2, repeats=args.repeats)
-    entry = {"fingerprint": {}, "measurement": baseline.to_dict()}
-    print(f"baseline: {baseline.repetitions} repetitions, tpot p50 {baseline.value('tpot_ms'):.1f} ms, "
-          f"{baseline.value('tokens_per_s'):.1f} tok/s; gate: max_regression {args.max_regression:.0%} on {args.metrics}")
+    bench.measure(requests, config, warmup=2, repeats=2)  # warm the machine up; a cold first measurement drifts
+    entry = None
+    if args.mode == "baseline":
+        with injected_slowdown(loaded.model, 0.0):
+            baseline = bench.measure(requests, config, warmup=2, repeats=args.baseline_repeats)
+        entry = {"fingerprint": {}, "measurement": baseline.to_dict()}
+        print(f"baseline: {baseline.repetitions} repetitions, tpot p50 {baseline.value('tpot_ms'):.1f} ms, "
+              f"{baseline.value('tokens_per_s'):.1f} tok/s")
+    print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}")
+
+    def run(fraction):
+        def one(into):
+            with injected_slowdown(loaded.model, fraction):
+                bench.run_once(requests, config, 1, into)
+        return one
 
     outcomes: dict[float, Counter] = {}
     durations = []
@@ -58,15 +73,28 @@ def main() -> int:
         outcomes[slowdown] = Counter()
         for trial in range(args.trials):
             start = time.perf_counter()
-            with injected_slowdown(loaded.model, slowdown):
-                m = bench.measure(requests, config, warmup=2, repeats=args.repeats)
-                outcome = evaluate_perf(m, budget, {}, entry,
-                                        remeasure=lambda: bench.extend(m, requests, config, warmup=1))
+            if args.mode == "baseline":
+                with injected_slowdown(loaded.model, slowdown):
+                    m = bench.measure(requests, config, warmup=2, repeats=args.repeats)
+                    outcome = evaluate_perf(m, budget, {}, entry,
+                                            remeasure=lambda: bench.extend(m, requests, config, warmup=1))
+                status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
+            else:
+                a, b = measure_interleaved(run(0.0), run(slowdown), args.rounds)
+                verdicts = compare_measurements(b, a, budget)
+                remeasured = 0
+                while remeasured < 2 and any(v.status == "inconclusive" for v in verdicts):
+                    run(0.0)(a)
+                    run(slowdown)(b)
+                    remeasured += 1
+                    verdicts = compare_measurements(b, a, budget)
+                status = ("fail" if any(v.status == "fail" for v in verdicts) else
+                          "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
             durations.append(time.perf_counter() - start)
-            outcomes[slowdown][outcome.status] += 1
-            ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in outcome.verdicts)
-            print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {outcome.status:12s} {ratios}"
-                  f"{f' (re-measured {outcome.remeasured}x)' if outcome.remeasured else ''}", flush=True)
+            outcomes[slowdown][status] += 1
+            ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in verdicts)
+            print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {status:12s} {ratios}"
+                  f"{f' (re-measured {remeasured}x)' if remeasured else ''}", flush=True)
     bench.close()
 
     print("\nverdicts (pass / inconclusive / fail):")

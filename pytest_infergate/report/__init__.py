@@ -70,10 +70,16 @@ def build_context(data: dict, commit: str | None = None) -> dict:
         figures.append(charts.bar_chart("Tokens/s by precision", precisions, {"tokens/s": [tps[p] for p in precisions]},
                                         "tok/s"))
     if models:
-        figures.append(charts.bar_chart(
-            "Memory by precision", precisions,
-            {"weights": [models[p]["weight_bytes"] / 2**20 for p in precisions],
-             "load peak rise": [models[p].get("load_mem_delta_bytes", 0) / 2**20 for p in precisions]}, "MiB"))
+        series = {"weights": [models[p]["weight_bytes"] / 2**20 for p in precisions]}
+        kv = {p: max((r["memory"].get("kv_allocated_mb", 0) for r in perf if r["precision"] == p), default=None)
+              for p in precisions}
+        if any(kv.values()):
+            series["KV cache"] = [kv[p] for p in precisions]
+        run_peak = {p: max((r["s"].get("peak_mem_mb", 0) for r in perf if r["precision"] == p), default=None)
+                    for p in precisions}
+        if any(run_peak.values()):
+            series["peak while serving"] = [run_peak[p] for p in precisions]
+        figures.append(charts.bar_chart("Memory by precision", precisions, series, "MiB"))
     ttft = {f"{r['precision']} {r['batching']}": r_full["measurement"]["samples"].get("ttft_ms", [])
             for r, r_full in zip(perf, [x for x in records if x.get("kind") == "perf"])}
     ttft = {k: v for k, v in list(ttft.items())[:6] if v}
