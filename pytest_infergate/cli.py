@@ -91,30 +91,36 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 1 if regressed else 0
 
 
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Header, alignment row (text columns left, figures right) and rows."""
+    align = ["---" if i < 3 else "---:" for i in range(len(header))]
+    return ["", "| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + [
+        "| " + " | ".join(row) + " |" for row in rows]
+
+
+def _figures(summary: dict, keys: tuple[str, ...], digits: int) -> list[str]:
+    return [f"{summary[k]:.{digits}g}" if k in summary else "–" for k in keys]
+
+
 def summary_markdown(data: dict) -> str:
     lines = ["## pytest-infergate", ""]
-    counts = data.get("gate_counts", {})
-    for gate, c in counts.items():
+    for gate, c in data.get("gate_counts", {}).items():
         lines.append(f"- **{gate}**: {c.get('pass', 0)} pass, {c.get('fail', 0)} fail, "
                      f"{c.get('inconclusive', 0)} inconclusive")
-    perf = [r for r in data.get("records", []) if r.get("kind") == "perf"]
+    records = data.get("records", [])
+    perf = [r for r in records if r.get("kind") == "perf"]
     if perf:
-        lines += ["", "| test | precision | verdict | TTFT p50 ms | TPOT p50 ms | tok/s | peak MiB |",
-                  "|---|---|---|---:|---:|---:|---:|"]
-        for r in perf:
-            s = r["summary"]
-            cell = lambda k: f"{s[k]:.4g}" if k in s else "–"  # noqa: E731
-            lines.append(f"| `{r['test']}` | {r['precision']} | {r['status']} | {cell('ttft_ms_p50')} | "
-                         f"{cell('tpot_ms_p50')} | {cell('tokens_per_s')} | {cell('peak_mem_mb')} |")
-    quality = [r for r in data.get("records", []) if r.get("kind") == "quality"]
+        keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
+        lines += _markdown_table(["test", "precision", "verdict", "TTFT p50 ms", "TPOT p50 ms", "tok/s", "peak MiB"],
+                                 [[f"`{r['test']}`", r["precision"], r["status"], *_figures(r["summary"], keys, 4)]
+                                  for r in perf])
+    quality = [r for r in records if r.get("kind") == "quality"]
     if quality:
-        lines += ["", "| precision | vs | verdict | ROUGE-L | exact match | mean KL | top-1 | task ratio |",
-                  "|---|---|---|---:|---:|---:|---:|---:|"]
-        for r in quality:
-            s = r["summary"]
-            cell = lambda k: f"{s[k]:.3g}" if k in s else "–"  # noqa: E731
-            lines.append(f"| {r['precision']} | {r['reference_precision']} | {r['status']} | {cell('rougeL')} | "
-                         f"{cell('exact_match')} | {cell('mean_kl')} | {cell('top1')} | {cell('task_ratio')} |")
+        keys = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
+        lines += _markdown_table(["precision", "vs", "verdict", "ROUGE-L", "exact match", "mean KL", "top-1",
+                                  "task ratio"],
+                                 [[r["precision"], r["reference_precision"], r["status"],
+                                   *_figures(r["summary"], keys, 3)] for r in quality])
     return "\n".join(lines) + "\n"
 
 

@@ -89,7 +89,8 @@ def build_context(data: dict, commit: str | None = None) -> dict:
                             and r["engine_config"]["batching"] == "continuous"), None) or next(
         (r for r in records if r.get("kind") == "perf" and r["measurement"].get("steps")), None)
     if timeline_record:
-        figures.append(charts.timeline(f"Engine timeline: {timeline_record['test']}",
+        name = timeline_record["test"].split("::")[-1]
+        figures.append(charts.timeline(f"Engine timeline: {name[:50]}",
                                        timeline_record["measurement"]["steps"][:400]))
     kv = {}
     for r in records:
