@@ -22,11 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.bench import Bench  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.gate import evaluate_perf  # noqa: E402
+from pytest_infergate.gate import evaluate_ab, evaluate_perf  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
-from pytest_infergate.bench import measure_interleaved  # noqa: E402
-from pytest_infergate.perf import compare_measurements, injected_slowdown, parse_budget  # noqa: E402
+from pytest_infergate.perf import injected_slowdown, parse_budget  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 
@@ -80,16 +79,7 @@ def main() -> int:
                                             remeasure=lambda: bench.extend(m, requests, config, warmup=1))
                 status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
             else:
-                a, b = measure_interleaved(run(0.0), run(slowdown), args.rounds)
-                verdicts = compare_measurements(b, a, budget)
-                remeasured = 0
-                while remeasured < 2 and any(v.status == "inconclusive" for v in verdicts):
-                    run(0.0)(a)
-                    run(slowdown)(b)
-                    remeasured += 1
-                    verdicts = compare_measurements(b, a, budget)
-                status = ("fail" if any(v.status == "fail" for v in verdicts) else
-                          "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
+                _, _, verdicts, status, remeasured = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
             durations.append(time.perf_counter() - start)
             outcomes[slowdown][status] += 1
             ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in verdicts)

@@ -85,3 +85,25 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
         outcome.remeasured += 1
         outcome.verdicts = compare_measurements(measurement, accepted, budget)
     return outcome
+
+
+def evaluate_ab(run_a: Callable, run_b: Callable, budget: Budget, rounds: int, strict: bool = False,
+                max_remeasure: int = 2):
+    """Interleaved A/B gate: `rounds` of A then B (each `run_x(measurement)` adds one repetition), then one more
+    round at a time while a verdict is inconclusive, up to `max_remeasure`. Returns (A, B, verdicts, status,
+    remeasured)."""
+    from pytest_infergate.bench import measure_interleaved
+
+    a, b = measure_interleaved(run_a, run_b, rounds)
+    verdicts = compare_measurements(b, a, budget)
+    remeasured = 0
+    while remeasured < max_remeasure and any(v.status == "inconclusive" for v in verdicts):
+        run_a(a)
+        run_b(b)
+        remeasured += 1
+        verdicts = compare_measurements(b, a, budget)
+    status = ("fail" if any(v.status == "fail" for v in verdicts) else
+              "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
+    if status == "inconclusive" and strict:
+        status = "fail"
+    return a, b, verdicts, status, remeasured

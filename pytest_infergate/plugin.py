@@ -263,30 +263,26 @@ class PerfBench:
         drift of the machine hits both alike. The baseline side is `baseline_model`, else --infergate-compare-model
         in this precision, else the reference precision; `baseline_config` defaults to `config`. The verdict of
         B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
-        from pytest_infergate.bench import Bench, measure_interleaved
+        from pytest_infergate.bench import Bench
         from pytest_infergate.engine import EngineConfig
-        from pytest_infergate.perf import compare_measurements
+        from pytest_infergate.gate import evaluate_ab
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         other = baseline_model or self._compare_side()
         other_bench = self.bench if other is self.loaded else Bench(other, self.options.device)
         other_config = baseline_config or config
-        try:
-            a, b = measure_interleaved(lambda m: other_bench.run_once(requests, other_config, warmup, m),
-                                       lambda m: self.bench.run_once(requests, config, warmup, m), rounds)
-        finally:
-            if other_bench is not self.bench:
-                other_bench.close()
         key = f"{self.item.nodeid}::{label}"
         budget = _budget_for(self.item, self.loaded.record.requested_precision, key)
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": 0.10}))
-        verdicts = compare_measurements(b, a, budget)
-        status = ("fail" if any(v.status == "fail" for v in verdicts) else
-                  "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
-        if status == "inconclusive" and self.options.strict:
-            status = "fail"
+        try:
+            a, b, verdicts, status, remeasured = evaluate_ab(
+                lambda m: other_bench.run_once(requests, other_config, warmup, m),
+                lambda m: self.bench.run_once(requests, config, warmup, m), budget, rounds, self.options.strict)
+        finally:
+            if other_bench is not self.bench:
+                other_bench.close()
         _record(self.item, {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision,
                             "tags": {"experiment": "ab", "baseline_precision": other.record.requested_precision},
                             "fallback": self.loaded.record.fallback, "label": label,
@@ -295,7 +291,7 @@ class PerfBench:
                             "baseline_summary": a.summary(), "status": status, "violations": [],
                             "verdicts": [v.to_dict() for v in verdicts], "notes": [
                                 f"interleaved A/B against {other.record.requested_precision}, {rounds} rounds"],
-                            "fingerprint_mismatch": [], "remeasured": 0})
+                            "fingerprint_mismatch": [], "remeasured": remeasured})
         if status == "fail":
             pytest.fail(f"infergate A/B gate failed for {key} ({self.loaded.record.requested_precision} vs "
                         f"{other.record.requested_precision}):\n  " + "\n  ".join(v.describe() for v in verdicts),

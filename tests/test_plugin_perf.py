@@ -117,7 +117,7 @@ def test_interleaved_ab(pytester, run):
         @pytest.mark.infergate_budget(max_regression=0.5, tokens_per_s=1e-9)
         def test_same(infergate_bench):
             a, b = infergate_bench.ab(REQS, CFG, rounds=4)
-            assert a.repetitions == b.repetitions == 4
+            assert a.repetitions == b.repetitions >= 4  # more rounds while inconclusive
 
         @pytest.mark.infergate_budget(max_regression=0.5, tokens_per_s=1e-9)
         def test_one_at_a_time_is_slower(infergate_bench):
