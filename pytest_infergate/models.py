@@ -7,7 +7,6 @@ turned into a local directory first (hub ids excepted), so a model loads the sam
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.builtin_models import ensure_converted_gguf, ensure_smollm2, ensure_tiny_llama
-from pytest_infergate.cache import META_NAME, read_meta, sha256_file
+from pytest_infergate.cache import read_meta, sha256_file
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.options import BUILTIN_ALIASES
 from pytest_infergate.precision import QUANTIZED, check_precision, compute_dtype_name, quantization_config, torch_dtype
@@ -204,11 +203,3 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
         fingerprint=model_fingerprint(source), versions=library_versions(),
         load_mem_delta_bytes=peak.result.delta_bytes)
     return LoadedModel(model, tokenizer if tokenizer is not None else load_tokenizer(source), source, record)
-
-
-def describe_source(source: ModelSource) -> dict:
-    meta_path = Path(source.path) / META_NAME
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        return {"spec": source.spec, "name": source.name, "origin": meta.get("source", source.kind)}
-    return {"spec": source.spec, "name": source.name, "origin": source.kind}
