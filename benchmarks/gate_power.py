@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-repeats", type=int, default=5)
     parser.add_argument("--mode", choices=("ab", "baseline"), default="ab")
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per trial")
+    parser.add_argument("--rounds", type=int, default=4, help="A/B rounds per trial (as infergate_bench.ab)")
     args = parser.parse_args()
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
