@@ -73,15 +73,15 @@ class Bench:
         samples.setdefault("requests_per_s", []).append(len(ok) / wall)
         # Memory attributable to this model: weights + KV cache + what the process peak rose by while serving.
         # (The process's own peak also counts every other model loaded in it, e.g. the other precisions.)
-        block_bytes = engine.kv_bytes_per_token * engine.config.block_size
         weights = self.loaded.record.weight_bytes
         kv_allocated = engine.kv_allocated_bytes
+        kv_used = engine.peak_kv_blocks * engine.kv_bytes_per_token * engine.config.block_size
         rise = peak.result.delta_bytes
-        samples.setdefault("peak_mem_mb", []).append((weights + kv_allocated + rise) / MIB)
-        samples.setdefault("kv_mem_mb", []).append(engine.peak_kv_blocks * block_bytes / MIB)
+        attributable = weights + kv_allocated + rise
+        samples.setdefault("peak_mem_mb", []).append(attributable / MIB)
+        samples.setdefault("kv_mem_mb", []).append(kv_used / MIB)
         into.memory = {"weights_mb": weights / MIB, "kv_allocated_mb": kv_allocated / MIB,
-                       "kv_used_peak_mb": engine.peak_kv_blocks * block_bytes / MIB, "other_mb": rise / MIB,
-                       "peak_mb": (weights + kv_allocated + rise) / MIB,
+                       "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "peak_mb": attributable / MIB,
                        "process_peak_mb": peak.result.peak_bytes / MIB, "method": peak.result.method}
         into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
