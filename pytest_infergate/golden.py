@@ -149,6 +149,12 @@ def outputs_path(golden_dir: Path, model_name: str, fingerprint: str, device: st
     return Path(golden_dir) / safe / fingerprint / f"{device.split(':')[0]}-{precision}.jsonl"
 
 
+def endpoint_outputs_path(golden_dir: Path, model_name: str, served_model: str) -> Path:
+    """Accepted outputs of an endpoint: per local model name and the model name the server reports."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)
+    return Path(golden_dir) / safe / "endpoint" / (re.sub(r"[^A-Za-z0-9._-]+", "_", served_model) + ".jsonl")
+
+
 def read_outputs(path: Path) -> GoldenOutputs:
     rows = _read_jsonl(path)
     if not rows:

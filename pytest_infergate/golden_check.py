@@ -103,12 +103,13 @@ class QualityResult:
     summary: dict[str, Any]
     categories: dict[str, dict[str, Any]]
     seconds: float
-    flags: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # problems that fail the gate whatever the policy
+    notes: list[str] = field(default_factory=list)  # how to read the figures; never fail the gate
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "reference_precision": self.reference_precision,
                 "summary": self.summary, "categories": self.categories, "seconds": self.seconds,
-                "flags": self.flags, "samples": [s.to_dict() for s in self.samples]}
+                "flags": self.flags, "notes": self.notes, "samples": [s.to_dict() for s in self.samples]}
 
 
 def compare_with_reference(reference, candidate, samples: list[GoldenSample], reference_outputs: list[Generated],
@@ -163,8 +164,10 @@ class GoldenRegression:
 
 
 def compare_with_golden(loaded, samples: list[GoldenSample], current: list[Generated],
-                        accepted: GoldenOutputs) -> GoldenRegression:
-    """Current outputs of a precision against its own accepted golden outputs (token for token)."""
+                        accepted: GoldenOutputs, precision: str | None = None) -> GoldenRegression:
+    """Current outputs of a precision against its own accepted golden outputs (token for token). `loaded`
+    decodes tokens and, where the accepted file stores top-k logprobs, scores them; `precision` names what is
+    compared when that is not `loaded` itself (an endpoint)."""
     changed, missing, kls = [], [], []
     decode = loaded.tokenizer.decode
     for sample, now in zip(samples, current):
@@ -180,5 +183,5 @@ def compare_with_golden(loaded, samples: list[GoldenSample], current: list[Gener
             kls.append(quality.mean_kl)
         if not quality.exact_match:
             changed.append(quality)
-    return GoldenRegression(loaded.record.requested_precision, changed, missing, len(samples) - len(missing),
+    return GoldenRegression(precision or loaded.record.requested_precision, changed, missing, len(samples) - len(missing),
                             sum(kls) / len(kls) if kls else None)

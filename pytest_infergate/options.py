@@ -57,6 +57,18 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default: golden/ under the pytest rootdir)", None, "DIR"),
     OptionSpec("update_golden", "bool", "regenerate the accepted golden outputs of every precision tested, print "
                "what changed, and pass the golden-regression checks (review the diff before committing it)", False),
+    OptionSpec("endpoint", "str", "gate a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) at this base URL "
+               "instead of the reference engine, e.g. http://127.0.0.1:8000/v1", None, "URL"),
+    OptionSpec("endpoint_model", "str", "model name to request from the endpoint (default: the first one its "
+               "/v1/models lists)", None, "NAME"),
+    OptionSpec("api_key_env", "str", "name of the environment variable that holds the endpoint's API key "
+               "(sent as a Bearer token; the key itself never goes on the command line)", None, "VAR"),
+    OptionSpec("endpoint_timeout", "float", "seconds one endpoint request may take, first byte to last "
+               "(default 60); a request past it counts as a 'timeout' error", 60.0, "SECONDS"),
+    OptionSpec("endpoint_concurrency", "int", "most endpoint requests in flight at once when a load pattern does not "
+               "say (default 64)", 64, "N"),
+    OptionSpec("endpoint_api", "str", "OpenAI API to call: chat (/v1/chat/completions) or completions "
+               "(/v1/completions) (default chat)", "chat", "API"),
     OptionSpec("report", "path", "write the HTML regression report of this run to PATH", None, "PATH"),
     OptionSpec("json", "path", "write the machine-readable results of this run to PATH", None, "PATH"),
 )
@@ -73,6 +85,15 @@ def _parse_bool(name: str, value: Any) -> bool:
     if text in {"0", "false", "no", "off", ""}:
         return False
     raise OptionError(f"infergate_{name} = {value!r} is not a boolean: use true or false")
+
+
+def _parse_number(spec: OptionSpec, value: Any) -> int | float:
+    kind = int if spec.kind == "int" else float
+    try:
+        return kind(str(value).strip())
+    except ValueError:
+        raise OptionError(f"{spec.flag} / {spec.ini_key} = {value!r} is not {'an integer' if kind is int else 'a number'}"
+                          f" ({spec.metavar})") from None
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,12 @@ class Options:
     update_golden: bool = False
     report: Path | None = None
     json: Path | None = None
+    endpoint: str | None = None
+    endpoint_model: str | None = None
+    api_key_env: str | None = None
+    endpoint_timeout: float = 60.0
+    endpoint_concurrency: int = 64
+    endpoint_api: str = "chat"
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
     cpu_threads: int | None = None  # set per pytest-xdist worker on the CPU: its share of the cores
 
@@ -101,6 +128,11 @@ class Options:
         object.__setattr__(self, "reference_precision", ref)
         if not self.precisions:
             object.__setattr__(self, "precisions", tuple(dict.fromkeys((ref, "int8", "nf4"))))
+        if self.endpoint is not None:
+            from pytest_infergate.endpoint.client import EndpointConfig
+
+            EndpointConfig(self.endpoint, timeout_s=self.endpoint_timeout, max_concurrency=self.endpoint_concurrency,
+                           api=self.endpoint_api)  # validates the URL and limits now, before any test runs
         if not str(self.model).strip():
             raise OptionError("--infergate-model is empty: give an alias (smollm2-135m, tiny-random-llama), "
                               "a directory, a .gguf file or a hub id")
@@ -127,6 +159,8 @@ class Options:
                 values[spec.name] = _parse_bool(spec.name, raw)
             elif spec.kind == "path":
                 values[spec.name] = Path(os.path.expanduser(str(raw)))
+            elif spec.kind in ("int", "float"):
+                values[spec.name] = _parse_number(spec, raw)
             else:
                 values[spec.name] = str(raw)
         if "precisions" in values:

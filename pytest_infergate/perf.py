@@ -27,6 +27,8 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "peak_mem_mb": ("MiB", False, False),
     "kv_mem_mb": ("MiB", False, False),
     "load_s": ("s", False, False),
+    "success_rate": ("fraction", True, False),  # endpoint runs: requests answered / requests sent
+    "goodput_per_s": ("req/s", True, False),  # endpoint runs: requests that met every SLO, per second
 }
 PERCENTILES = (50, 90, 95, 99)
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")

@@ -25,6 +25,8 @@ RESULTS_KEY = pytest.StashKey[RunResults]()
 BASELINE_KEY = pytest.StashKey[dict]()
 GENERATED_KEY = pytest.StashKey[dict]()
 COMPARE_POOL_KEY = pytest.StashKey[list]()
+ENDPOINT_KEY = pytest.StashKey[object]()
+ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infergate-endpoint
 
 
 class InfergateWarning(pytest.PytestWarning):
@@ -111,8 +113,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
     config.addinivalue_line("markers", "infergate_budget(**limits): perf budget of this test, e.g. "
                             "ttft_ms_p95=200, tokens_per_s=10, peak_mem_mb=900, max_regression=0.1")
+    config.addinivalue_line("markers", "infergate_slo(ttft_ms=None, tpot_ms=None, e2e_ms=None): per-request "
+                            "objectives of an endpoint load run; goodput_per_s counts the requests that met them")
     config.addinivalue_line("markers", "infergate_quality(**thresholds): quality policy against the reference "
                             "precision, e.g. min_rouge_l=0.5, max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With --infergate-endpoint, the server must answer before any test runs: a server that is down is one clear
+    usage error, not a hang or a failure per test."""
+    options = session.config.stash.get(OPTIONS_KEY, None)
+    if options is None or options.endpoint is None:
+        return
+    from pytest_infergate.endpoint.bench import EndpointBench
+    from pytest_infergate.endpoint.client import EndpointConfig, EndpointError
+
+    try:
+        bench = EndpointBench(EndpointConfig.from_options(options))
+        bench.model  # GET /v1/models once; the served name is reused by every test
+    except InfergateError as exc:
+        raise pytest.UsageError(f"infergate: {exc}") from None
+    session.config.stash[ENDPOINT_KEY] = bench
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -132,6 +153,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 parse_policy(marker.kwargs, f"{item.nodeid}: infergate_quality")
             except QualityPolicyError as exc:
                 problems.append(str(exc))
+        for marker in item.iter_markers("infergate_slo"):
+            from pytest_infergate.endpoint.load import Slo
+
+            try:
+                Slo.parse(marker.kwargs)
+            except InfergateError as exc:
+                problems.append(f"{item.nodeid}: infergate_slo: {exc}")
     if problems:
         raise pytest.UsageError("invalid infergate markers:\n" + "\n".join(problems))
 
@@ -152,6 +180,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "infergate_precision" not in metafunc.fixturenames:
         return
     options = metafunc.config.stash[OPTIONS_KEY]
+    if options.endpoint is not None:  # the server serves one model in its own precision
+        metafunc.parametrize("infergate_precision", [ENDPOINT_PRECISION], ids=[ENDPOINT_PRECISION], indirect=True)
+        return
     # one xdist group per precision: with `--dist loadgroup` each worker loads one model
     params = [pytest.param(p, id=p, marks=pytest.mark.xdist_group(f"infergate-{p}")) for p in options.precisions]
     metafunc.parametrize("infergate_precision", params, indirect=True)
@@ -185,7 +216,10 @@ def _get_model(pool: ModelPool, precision: str):
 @pytest.fixture
 def infergate_model(pytestconfig: pytest.Config, infergate_precision: str):
     """The model under test in `infergate_precision`, as a LoadedModel (`.model`, `.tokenizer`, `.record` with load
-    time, weight bytes, peak memory, fingerprint, versions). Loaded once per session per precision and device."""
+    time, weight bytes, peak memory, fingerprint, versions). Loaded once per session per precision and device.
+    With --infergate-endpoint, tests that need it are skipped: the server's model is under test, not a local one."""
+    if infergate_precision == ENDPOINT_PRECISION:
+        pytest.skip("measures a local model; with --infergate-endpoint the server's model is under test")
     return _get_model(pytestconfig.stash[POOL_KEY], infergate_precision)
 
 
@@ -226,32 +260,17 @@ class PerfBench:
                  label: str = "", tags: dict | None = None):
         from pytest_infergate.engine import EngineConfig
         from pytest_infergate.environment import perf_fingerprint
-        from pytest_infergate.gate import evaluate_perf
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
         key = self.item.nodeid + (f"::{label}" if label else "")
-        budget = _budget_for(self.item, self.loaded.record.requested_precision, key)
         fingerprint = perf_fingerprint(self.loaded.record, config.to_dict(), self.options.device)
-        entry = self.item.config.stash[BASELINE_KEY].get(key)
-        outcome = evaluate_perf(measurement, budget, fingerprint, entry, self.options.strict,
-                                remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
-        if outcome.fingerprint_mismatch and not self.options.strict:
-            warnings.warn(InfergateWarning(f"{key}: baseline from another environment, relative check skipped: "
-                                           + "; ".join(outcome.fingerprint_mismatch)))
-        if outcome.status == "inconclusive":
-            warnings.warn(InfergateWarning(f"{key}: inconclusive against the baseline after "
-                                           f"{outcome.remeasured} re-measurements:\n{outcome.message()}"))
-        record = {"kind": "perf", "test": key, "precision": self.loaded.record.requested_precision, "tags": tags or {},
-                  "fallback": self.loaded.record.fallback, "label": label, "engine_config": config.to_dict(),
-                  "budget": {l.key: l.value for l in budget.limits} | {"max_regression": budget.max_regression},
-                  "fingerprint": fingerprint, "measurement": measurement.to_dict(), "summary": measurement.summary(),
-                  **outcome.to_dict()}
-        _record(self.item, record)
-        for name, value in measurement.summary().items():
-            self.item.user_properties.append((f"infergate.{label + '.' if label else ''}{name}", round(value, 4)))
+        record = {"precision": self.loaded.record.requested_precision, "fallback": self.loaded.record.fallback,
+                  "engine_config": config.to_dict(), "tags": tags or {}}
+        outcome = _gate_measurement(self.item, key, label, measurement, fingerprint, record,
+                                    remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         self.measurements.append(measurement)
         if outcome.failed:
             pytest.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}", pytrace=False)
@@ -312,19 +331,177 @@ class PerfBench:
         self.bench.close()
 
 
+class EndpointPerfBench:
+    """Returned by `infergate_endpoint`, and by `infergate_bench` with --infergate-endpoint; see their docstrings."""
+
+    def __init__(self, item: pytest.Item, bench, tokenizer_source):
+        self.item = item
+        self.bench = bench
+        self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand
+
+    def default_workload(self, num_requests: int = 16):
+        from pytest_infergate.workloads import chat_workload
+
+        return chat_workload(self._tokenizer_source(), num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
+
+    def __call__(self, requests=None, config=None, *, warmup: int = 1, repeats: int = 1, min_time_s: float = 0.0,
+                 label: str = "", tags: dict | None = None, pattern=None, slo=None):
+        """The reference engine's `infergate_bench` call, against the endpoint: an EngineConfig's max_batch_size
+        becomes the concurrency; engine experiments (cache modes, static/dynamic batching) cannot be run on a
+        server and are skipped."""
+        from pytest_infergate.endpoint.load import LoadPattern
+
+        if config is not None and (config.batching != "continuous" or config.cache_mode != "paged"):
+            pytest.skip(f"engine experiment (batching={config.batching}, cache_mode={config.cache_mode}): a "
+                        "server's batching and KV cache are its own; run it without --infergate-endpoint")
+        if pattern is None:
+            pattern = LoadPattern(concurrency=config.max_batch_size if config is not None else None)
+        return self.load(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label, tags=tags)
+
+    def load(self, requests=None, pattern=None, slo=None, *, warmup: int = 1, repeats: int = 1, label: str = "",
+             tags: dict | None = None, fail: bool = True):
+        """Run `requests` (default: 16 chat requests) against the endpoint in `pattern` (a LoadPattern, or a dict
+        such as {"rate_per_s": 4, "burstiness": 0.5} or {"concurrency": 8}) `repeats` times, and gate the result
+        with the test's budgets. `slo` (or the `infergate_slo` marker) defines goodput. Returns the Measurement."""
+        from pytest_infergate.endpoint.load import LoadPattern
+
+        requests = requests if requests is not None else self.default_workload()
+        pattern = LoadPattern(**pattern) if isinstance(pattern, dict) else (pattern or LoadPattern())
+        slo = self._slo(slo)
+        measurement = self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label)
+        key = self.item.nodeid + (f"::{label}" if label else "")
+        record = {"precision": ENDPOINT_PRECISION, "backend": "endpoint", "fallback": False,
+                  "engine_config": {"backend": "endpoint", "url": self.bench.config.base_url,
+                                    "served_model": self.bench.model, "pattern": pattern.describe()},
+                  "tags": {"pattern": pattern.describe(), **(tags or {})}}
+        outcome = _gate_measurement(self.item, key, label, measurement, self.bench.fingerprint(), record,
+                                    remeasure=lambda: self.bench.run_once(requests, pattern, slo, warmup, measurement))
+        if fail and outcome.failed:
+            pytest.fail(f"infergate perf gate failed for {key} (endpoint, {pattern.describe()}):\n"
+                        f"{outcome.message()}" + _failure_sample(measurement), pytrace=False)
+        return measurement if fail else (measurement, outcome)
+
+    def sweep(self, requests=None, *, rates=None, concurrencies=None, burstiness: float = 1.0, slo=None,
+              warmup: int = 1, label: str = "sweep"):
+        """One load run per request rate (Poisson, or gamma with `burstiness`) or per concurrency, each recorded
+        and gated with the test's budgets; the test fails after the whole sweep if any point failed. Returns
+        [(LoadPattern, Measurement)]."""
+        from pytest_infergate.endpoint.load import sweep_patterns
+
+        requests = requests if requests is not None else self.default_workload()
+        points, failures = [], []
+        for index, pattern in enumerate(sweep_patterns(rates, concurrencies, burstiness)):
+            point = f"{label}-rate{pattern.rate_per_s:g}" if rates else f"{label}-c{pattern.concurrency}"
+            measurement, outcome = self.load(requests, pattern, slo, warmup=warmup if index == 0 else 0,
+                                             label=point, tags={"experiment": label}, fail=False)
+            points.append((pattern, measurement))
+            if outcome.failed:
+                failures.append(f"{point}:\n{outcome.message()}")
+        if failures:
+            pytest.fail("infergate perf gate failed at sweep point(s):\n" + "\n".join(failures), pytrace=False)
+        return points
+
+    def ab(self, *args, **kwargs):
+        pytest.skip("interleaved A/B compares two local models; with --infergate-endpoint compare runs with "
+                    "--infergate-baseline instead")
+
+    def _slo(self, slo):
+        from pytest_infergate.endpoint.load import Slo
+
+        if isinstance(slo, Slo):
+            return slo
+        values = {}
+        for marker in reversed(list(self.item.iter_markers("infergate_slo"))):
+            values.update(marker.kwargs)
+        values.update(slo or {})
+        try:
+            return Slo.parse(values)
+        except InfergateError as exc:
+            pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
+
+    def close(self) -> None:
+        pass
+
+
+def _failure_sample(measurement) -> str:
+    failures = measurement.engine.get("failures") or []
+    if not failures:
+        return ""
+    return "\nfailed requests (first ones): " + "; ".join(f"{f['request_id']}: {f['error']} {f['detail'][:80]}"
+                                                          for f in failures[:3])
+
+
+def _gate_measurement(item: pytest.Item, key: str, label: str, measurement, fingerprint: dict, record: dict,
+                      remeasure=None):
+    """Budgets (markers + ini) and the baseline comparison of one measurement; records the result and the key
+    figures as JUnit properties. Returns the PerfOutcome; the caller fails the test."""
+    from pytest_infergate.gate import evaluate_perf
+
+    from dataclasses import replace
+
+    options = item.config.stash[OPTIONS_KEY]
+    budget = _budget_for(item, record["precision"], key)
+    unmeasured = [l.key for l in budget.limits if not measurement.samples.get(l.metric)]
+    if unmeasured:  # e.g. peak_mem_mb of a remote server, goodput_per_s of the local engine
+        budget = replace(budget, limits=tuple(l for l in budget.limits if l.key not in unmeasured))
+        warnings.warn(InfergateWarning(f"{key}: budget key(s) {', '.join(unmeasured)} not checked: this "
+                                       f"{'endpoint' if record['precision'] == ENDPOINT_PRECISION else 'engine'} "
+                                       "measurement has no such figure"))
+    entry = item.config.stash[BASELINE_KEY].get(key)
+    outcome = evaluate_perf(measurement, budget, fingerprint, entry, options.strict, remeasure=remeasure)
+    if unmeasured:
+        outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
+    if outcome.fingerprint_mismatch and not options.strict:
+        warnings.warn(InfergateWarning(f"{key}: baseline from another environment, relative check skipped: "
+                                       + "; ".join(outcome.fingerprint_mismatch)))
+    if outcome.status == "inconclusive":
+        warnings.warn(InfergateWarning(f"{key}: inconclusive against the baseline after "
+                                       f"{outcome.remeasured} re-measurements:\n{outcome.message()}"))
+    _record(item, {"kind": "perf", "test": key, "label": label, **record,
+                   "budget": {l.key: l.value for l in budget.limits} | {"max_regression": budget.max_regression},
+                   "fingerprint": fingerprint, "measurement": measurement.to_dict(), "summary": measurement.summary(),
+                   **outcome.to_dict()})
+    for name, value in measurement.summary().items():
+        item.user_properties.append((f"infergate.{label + '.' if label else ''}{name}", round(value, 4)))
+    return outcome
+
+
 def _record(item: pytest.Item, record: dict) -> None:
     """Attach a result record to the test's report; it reaches the controller under xdist too."""
     item.user_properties.append((RESULT_PROPERTY, json.dumps(record, default=str)))
 
 
+def _endpoint_bench(request: pytest.FixtureRequest) -> EndpointPerfBench:
+    bench = request.config.stash.get(ENDPOINT_KEY, None)
+    if bench is None:
+        pytest.skip("needs a live server: pass --infergate-endpoint URL")
+    pool = request.config.stash[POOL_KEY]
+    return EndpointPerfBench(request.node, bench, lambda: pool.tokenizer)
+
+
 @pytest.fixture
-def infergate_bench(request: pytest.FixtureRequest, infergate_model):
+def infergate_endpoint(request: pytest.FixtureRequest) -> EndpointPerfBench:
+    """The live server given with --infergate-endpoint (skipped without it). `infergate_endpoint.load(requests,
+    pattern, slo)` measures a load run - fixed concurrency ({"concurrency": 8}) or a request rate with Poisson or
+    gamma-bursty arrivals ({"rate_per_s": 4, "burstiness": 0.5}) - client-side TTFT, ITL, TPOT, e2e, tokens/s,
+    success rate and goodput against the SLO (`infergate_slo` marker), gated by the test's budgets;
+    `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point. Errors (HTTP status, timeout,
+    malformed stream) are counted per kind, never raised."""
+    return _endpoint_bench(request)
+
+
+@pytest.fixture
+def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
     warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are not
     counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
     Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
-    re-measured when inconclusive). Every violated metric is listed in the failure."""
-    bench = PerfBench(request.node, infergate_model, request.config.stash[OPTIONS_KEY])
+    re-measured when inconclusive). Every violated metric is listed in the failure. With --infergate-endpoint the
+    same call measures the server instead (see `infergate_endpoint`)."""
+    if infergate_precision == ENDPOINT_PRECISION:
+        yield _endpoint_bench(request)
+        return
+    bench = PerfBench(request.node, request.getfixturevalue("infergate_model"), request.config.stash[OPTIONS_KEY])
     yield bench
     bench.close()
 
@@ -332,11 +509,16 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_model):
 class GoldenGate:
     """Returned by the `infergate_golden` fixture; see its docstring."""
 
-    def __init__(self, item: pytest.Item, candidate, pool: ModelPool, options: Options):
+    def __init__(self, item: pytest.Item, candidate, pool: ModelPool, options: Options, endpoint=None):
         self.item = item
-        self.candidate = candidate
+        self.candidate = candidate  # a LoadedModel; None when the endpoint is the candidate
+        self.endpoint = endpoint  # EndpointBench with --infergate-endpoint
         self.pool = pool
         self.options = options
+
+    @property
+    def precision(self) -> str:
+        return ENDPOINT_PRECISION if self.endpoint is not None else self.candidate.record.requested_precision
 
     @property
     def golden_dir(self):
@@ -364,8 +546,26 @@ class GoldenGate:
             cache[key] = generate(loaded, samples)
         return cache[key]
 
+    def _endpoint_generated(self, samples):
+        """The endpoint's greedy answers (with top logprobs where it gives them) and notes; once per session."""
+        from dataclasses import replace
+
+        from pytest_infergate.endpoint.golden import EndpointGenerationError, generate
+
+        cache = self.item.config.stash[GENERATED_KEY]
+        key = (ENDPOINT_PRECISION, tuple(s.id for s in samples))
+        if key not in cache:
+            try:
+                cache[key] = generate(replace(self.endpoint.config, model=self.endpoint.model), self.pool.tokenizer,
+                                      samples)
+            except EndpointGenerationError as exc:
+                cache[key] = exc
+        if isinstance(cache[key], EndpointGenerationError):  # failed once: every golden test says so at once
+            pytest.fail(str(cache[key]), pytrace=False)
+        return cache[key]
+
     def _policy(self) -> dict:
-        precision = self.candidate.record.requested_precision
+        precision = self.precision
         scoped = parse_ini_policies(self.item.config.getini("infergate_quality_policy"))
         policy = dict(scoped.get("*", {}))
         policy.update(scoped.get(precision, {}))
@@ -381,12 +581,18 @@ class GoldenGate:
 
         samples = self.samples(limit, categories)
         cache = self.item.config.stash[GENERATED_KEY]
-        key = ("quality", self.candidate.record.requested_precision, tuple(s.id for s in samples))
+        key = ("quality", self.precision, tuple(s.id for s in samples))
         if key not in cache:  # one comparison per precision and sample set per session; policies may differ
-            reference = self.pool.reference()
+            reference = _get_model(self.pool, self.options.reference_precision)
             ref_out = self._generated(reference, samples)
-            cand_out = self._generated(self.candidate, samples)
-            cache[key] = compare_with_reference(reference, self.candidate, samples, ref_out, cand_out)
+            if self.endpoint is not None:
+                from pytest_infergate.endpoint.golden import compare_with_reference as compare_endpoint
+
+                cand_out, notes = self._endpoint_generated(samples)
+                cache[key] = compare_endpoint(reference, samples, ref_out, cand_out, notes)
+            else:
+                cand_out = self._generated(self.candidate, samples)
+                cache[key] = compare_with_reference(reference, self.candidate, samples, ref_out, cand_out)
         result = cache[key]
         rules = self._policy() if policy is None else parse_policy(policy)
         problems = policy_violations(result.summary, rules) + result.flags
@@ -409,11 +615,23 @@ class GoldenGate:
         from pytest_infergate.golden_check import compare_with_golden, golden_outputs
         from pytest_infergate.quality import describe_sample
 
-        loaded = self.candidate
         samples = self.samples(limit, categories)
-        current = self._generated(loaded, samples)
-        path = outputs_path(self.golden_dir, self.pool.source.name, loaded.record.fingerprint,
-                            self.options.device, loaded.record.requested_precision)
+        if self.endpoint is not None:  # the endpoint's own accepted outputs, keyed by the name it serves
+            from pytest_infergate.golden import endpoint_outputs_path
+
+            loaded = _get_model(self.pool, self.options.reference_precision)  # decodes tokens, nothing else
+            current, _ = self._endpoint_generated(samples)
+            path = endpoint_outputs_path(self.golden_dir, self.pool.source.name, self.endpoint.model)
+            header = {"model": self.pool.source.name, "endpoint": self.endpoint.config.base_url,
+                      "served_model": self.endpoint.model, "precision": ENDPOINT_PRECISION}
+        else:
+            loaded = self.candidate
+            current = self._generated(loaded, samples)
+            path = outputs_path(self.golden_dir, self.pool.source.name, loaded.record.fingerprint,
+                                self.options.device, loaded.record.requested_precision)
+            header = {"model": self.pool.source.name, "fingerprint": loaded.record.fingerprint,
+                      "device": self.options.device, "precision": loaded.record.requested_precision,
+                      "versions": loaded.record.versions}
         old = None
         if path.exists():
             try:
@@ -422,19 +640,17 @@ class GoldenGate:
                 if not self.options.update_golden:
                     pytest.fail(str(exc), pytrace=False)
         if self.options.update_golden:
-            header = {"model": self.pool.source.name, "fingerprint": loaded.record.fingerprint,
-                      "device": self.options.device, "precision": loaded.record.requested_precision,
-                      "versions": loaded.record.versions}
-            outputs = golden_outputs(loaded, samples, current, with_logprobs=True)
+            # an endpoint's logits are not the local model's: its file stores tokens and text only
+            outputs = golden_outputs(loaded, samples, current, with_logprobs=self.endpoint is None)
             changes = diff_outputs(old, outputs)
             write_outputs(path, header, outputs)
             _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": "pass", "updated": str(path),
-                                "precision": loaded.record.requested_precision, "changes": changes})
+                                "precision": self.precision, "changes": changes})
             return None
         if old is None:
             pytest.skip(f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
                         "commit the file")
-        regression = compare_with_golden(loaded, samples, current, old)
+        regression = compare_with_golden(loaded, samples, current, old, precision=self.precision)
         status = "pass" if regression.ok else "fail"
         _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": status, "path": str(path),
                             "precision": regression.precision, "compared": regression.compared,
@@ -451,12 +667,17 @@ class GoldenGate:
 
 
 @pytest.fixture
-def infergate_golden(request: pytest.FixtureRequest, infergate_model):
+def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
     """Golden-sample quality gates for the precision under test: `infergate_golden.check()` compares it with the
     reference precision (ROUGE, exact match, teacher-forced KL / top-1 / perplexity, task score ratio) under the
     `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
-    outputs. Both accept `limit=` and `categories=` to use part of the sample sets."""
-    return GoldenGate(request.node, infergate_model, request.config.stash[POOL_KEY], request.config.stash[OPTIONS_KEY])
+    outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
+    candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
+    (policy scope `endpoint`), `check_regression()` with its own accepted outputs."""
+    pool, options = request.config.stash[POOL_KEY], request.config.stash[OPTIONS_KEY]
+    if infergate_precision == ENDPOINT_PRECISION:
+        return GoldenGate(request.node, None, pool, options, endpoint=_endpoint_bench(request).bench)
+    return GoldenGate(request.node, request.getfixturevalue("infergate_model"), pool, options)
 
 
 class ResultCollector:
@@ -496,6 +717,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                "reference_precision": options.reference_precision}
     for loaded in pool.loaded:
         results.models[loaded.record.requested_precision] = loaded.record.to_dict()
+    endpoint = config.stash.get(ENDPOINT_KEY, None)
+    if endpoint is not None:
+        results.environment["endpoint"] = endpoint.fingerprint()
     if options.save_baseline is not None:
         from pytest_infergate.baseline import save_baseline
 
@@ -529,6 +753,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     write = terminalreporter.write_line
     terminalreporter.section("infergate")
+    endpoint = config.stash.get(ENDPOINT_KEY, None)
+    if endpoint is not None:
+        write(f"endpoint: {endpoint.config.base_url} serving {endpoint.model!r} ({endpoint.config.api} API)")
     if pool.loaded:
         write(f"model: {pool.source.spec} ({pool.source.name}) on {pool.options.device}")
     for loaded in pool.loaded:
@@ -540,7 +767,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for record in results.by_kind("perf"):
         summary = record["summary"]
         figures = ", ".join(f"{k} {summary[k]:.4g}" for k in ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50",
-                                                                "tokens_per_s", "peak_mem_mb") if k in summary)
+                                                                "tokens_per_s", "peak_mem_mb", "success_rate",
+                                                                "goodput_per_s") if k in summary)
+        errors = record["measurement"].get("engine", {}).get("errors")
+        if errors:
+            figures += ", errors " + ", ".join(f"{kind} x{n}" for kind, n in sorted(errors.items()))
         write(f"  perf {record['status'].upper():12s} {record['test']}: {figures}",
               red=record["status"] == "fail", yellow=record["status"] == "inconclusive")
         for verdict in record.get("verdicts", []):

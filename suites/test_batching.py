@@ -10,12 +10,6 @@ from pytest_infergate.workloads import chat_workload, with_burst_arrivals, with_
 MODES = ["sequential", "static", "dynamic", "continuous"]
 
 
-@pytest.fixture
-def reference_only(infergate_precision, infergate_options):
-    if infergate_precision != infergate_options.reference_precision:
-        pytest.skip("the batching comparison runs on the reference precision")
-
-
 def workload(tokenizer, arrivals: str):
     requests = chat_workload(tokenizer, 10, prompt_tokens=(20, 200), max_new_tokens=(8, 40), seed=11)
     if arrivals == "poisson":

@@ -14,12 +14,6 @@ def _one_request(tokenizer, prompt_tokens: int, max_new: int) -> list[Request]:
     return [Request(messages=[{"role": "user", "content": text}], max_new_tokens=max_new, ignore_eos=True)]
 
 
-@pytest.fixture
-def reference_only(infergate_precision, infergate_options):
-    if infergate_precision != infergate_options.reference_precision:
-        pytest.skip("the KV cache experiment runs on the reference precision")
-
-
 def _speedups(infergate_bench, engine_config, tokenizer, points, experiment):
     speedups = {}
     for prompt_tokens, max_new in points:

@@ -51,3 +51,20 @@ def smollm2_fp32(cache_dir):
     from pytest_infergate.models import load_model, resolve_model
 
     return load_model(resolve_model("smollm2-135m", cache_dir), "fp32")
+
+
+@pytest.fixture(scope="session")
+def llama_server(cache_dir, tmp_path_factory):
+    """llama-cpp-python's OpenAI-compatible server serving the embedded model's GGUF on 127.0.0.1 at a free port
+    (`bash setup.sh test` installs it). Missing, it fails the tests under CI and skips them elsewhere."""
+    from openai_servers import LlamaServer, llama_cpp_available
+    from pytest_infergate.builtin_models import ensure_smollm2_gguf
+
+    if not llama_cpp_available():
+        message = "llama-cpp-python[server] is not installed: run `bash setup.sh test`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    with LlamaServer(ensure_smollm2_gguf(cache_dir), log_path=log) as server:
+        yield server

@@ -12,7 +12,7 @@ from markupsafe import Markup
 from pytest_infergate.report import charts
 from pytest_infergate.report.diagnosis import diagnose
 
-METRICS_HIGHER = ("tokens_per_s", "requests_per_s")
+METRICS_HIGHER = ("tokens_per_s", "requests_per_s", "success_rate", "goodput_per_s")
 
 
 def git_commit(where: Path | None = None) -> str | None:
@@ -38,8 +38,15 @@ def _perf_rows(records: list[dict]) -> list[dict]:
                 budget_text[key] = f"≥ {value:.4g}"
             elif value is not None and key != "max_regression":
                 budget_text[key] = f"≤ {value:.4g}"
-        rows.append({"test": r["test"], "precision": r.get("precision"), "batching": r["engine_config"]["batching"],
-                     "cache": r["engine_config"]["cache_mode"], "status": r.get("status", "pass"),
+        config = r.get("engine_config") or {}
+        endpoint = r.get("backend") == "endpoint"
+        engine = r.get("measurement", {}).get("engine", {})
+        rows.append({"test": r["test"], "precision": r.get("precision"), "endpoint": endpoint,
+                     # an endpoint run's "batching" is its load pattern; its cache is the server's business
+                     "batching": config.get("pattern") if endpoint else config.get("batching"),
+                     "cache": "server" if endpoint else config.get("cache_mode"), "status": r.get("status", "pass"),
+                     "errors": engine.get("errors") or {}, "slo": engine.get("slo") or {},
+                     "requests": r.get("measurement", {}).get("num_requests"),
                      "fallback": r.get("fallback"), "s": s, "memory": memory, "verdicts": verdicts,
                      "violated": violated, "budget": budget_text, "notes": r.get("notes", [])})
     return rows
@@ -62,7 +69,9 @@ def build_context(data: dict, commit: str | None = None) -> dict:
     golden = [r for r in records if r.get("kind") == "golden"]
 
     models = data.get("models", {})
-    precisions = list(models) or sorted({r["precision"] for r in perf})
+    precisions = list(models) or sorted({r["precision"] for r in perf if not r["endpoint"]})
+    if any(r["endpoint"] for r in perf):  # the server beside the local precisions
+        precisions.append("endpoint")
     figures = []
     # tokens/s and peak memory by precision (best run of each precision)
     tps = {p: max((r["s"].get("tokens_per_s", 0) for r in perf if r["precision"] == p), default=None) for p in precisions}
@@ -70,6 +79,7 @@ def build_context(data: dict, commit: str | None = None) -> dict:
         figures.append(charts.bar_chart("Tokens/s by precision", precisions, {"tokens/s": [tps[p] for p in precisions]},
                                         "tok/s"))
     if models:
+        precisions = [p for p in precisions if p in models]  # a remote server's memory is not measured here
         series = {"weights": [models[p]["weight_bytes"] / 2**20 for p in precisions]}
         kv = {p: max((r["memory"].get("kv_allocated_mb", 0) for r in perf if r["precision"] == p), default=None)
               for p in precisions}
@@ -86,7 +96,7 @@ def build_context(data: dict, commit: str | None = None) -> dict:
     if ttft:
         figures.append(charts.histogram("TTFT distribution", ttft, "ms"))
     timeline_record = next((r for r in records if r.get("kind") == "perf" and r["measurement"].get("steps")
-                            and r["engine_config"]["batching"] == "continuous"), None) or next(
+                            and r["engine_config"].get("batching") == "continuous"), None) or next(
         (r for r in records if r.get("kind") == "perf" and r["measurement"].get("steps")), None)
     if timeline_record:
         name = timeline_record["test"].split("::")[-1]
@@ -125,7 +135,7 @@ def build_context(data: dict, commit: str | None = None) -> dict:
     return {
         "started": dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else "?",
         "commit": commit, "environment": env, "models": models, "perf": perf, "quality": quality,
-        "golden": golden, "figures": [Markup(f) for f in figures if f], "changed_samples": changed_samples,
+        "golden": golden, "endpoint_perf": [r for r in perf if r["endpoint"]], "figures": [Markup(f) for f in figures if f], "changed_samples": changed_samples,
         "notes": diagnose(records, reference), "counts": counts,
         "tests": {"passed": sum(1 for o in outcomes.values() if o == "passed"),
                   "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),

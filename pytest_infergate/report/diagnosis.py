@@ -15,7 +15,12 @@ class Note:
 
 
 def _perf(records):
-    return [r for r in records if r.get("kind") == "perf" and r.get("summary")]
+    """Measurements of the reference engine (the engine-level pitfalls are about it, not a remote server)."""
+    return [r for r in records if r.get("kind") == "perf" and r.get("summary") and r.get("backend") != "endpoint"]
+
+
+def _endpoint(records):
+    return [r for r in records if r.get("kind") == "perf" and r.get("backend") == "endpoint"]
 
 
 def _base_test(record) -> str:
@@ -139,6 +144,42 @@ def phase_balance(records) -> list[Note]:
     return notes
 
 
+def endpoint_errors(records) -> list[Note]:
+    """Guide, "timeouts, rate limits, fallback": a load run whose requests failed says which way they failed."""
+    failing = [(r, r["measurement"].get("engine", {}).get("errors") or {}) for r in _endpoint(records)]
+    failing = [(r, errors) for r, errors in failing if errors]
+    if not failing:
+        return []
+    total: dict[str, int] = {}
+    for _, errors in failing:
+        for kind, count in errors.items():
+            total[kind] = total.get(kind, 0) + count
+    worst = min(failing, key=lambda f: f[0]["summary"].get("success_rate", 1.0))[0]
+    kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(total.items(), key=lambda kv: -kv[1]))
+    advice = ("raise --infergate-endpoint-timeout or lower the load" if "timeout" in total else
+              "read the server's log for the failing status codes")
+    return [Note("warn", "endpoint requests failed",
+                 f"{len(failing)} endpoint load run(s) lost requests ({kinds}); worst: {worst['test']} at "
+                 f"{worst['summary'].get('success_rate', 0):.0%} success. Failed requests are excluded from the "
+                 f"latency figures; {advice}.")]
+
+
+def endpoint_goodput(records) -> list[Note]:
+    """Throughput that misses the SLO is not capacity: compare goodput with the request rate achieved."""
+    notes = []
+    for r in _endpoint(records):
+        s = r["summary"]
+        if "goodput_per_s" in s and s.get("requests_per_s") and s["goodput_per_s"] < 0.9 * s["requests_per_s"]:
+            notes.append(Note("warn", "SLO misses under load",
+                              f"{r['test']}: goodput {s['goodput_per_s']:.3g} req/s of {s['requests_per_s']:.3g} "
+                              f"req/s served ({s['goodput_per_s'] / s['requests_per_s']:.0%} met the SLO "
+                              f"{r['measurement'].get('engine', {}).get('slo')}). Lower the load or relax the SLO; "
+                              "the sweep shows where goodput stops growing."))
+            break
+    return notes
+
+
 def diagnose(records: list[dict], reference: str) -> list[Note]:
     return (kv_cache_gain(records) + quantized_slower(records, reference) + dynamic_ttft(records)
-            + padding_waste(records) + kv_pressure(records) + phase_balance(records))
+            + padding_waste(records) + kv_pressure(records) + phase_balance(records) + endpoint_errors(records)
+            + endpoint_goodput(records))

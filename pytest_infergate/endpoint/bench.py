@@ -1,0 +1,55 @@
+"""Measure a workload against an endpoint under a load pattern and turn it into a Measurement, the same shape the
+reference engine's bench produces, so budgets, baselines and the report treat both alike."""
+
+from __future__ import annotations
+
+from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest
+from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, add_to_measurement, discover_model, run_load
+from pytest_infergate.perf import Measurement
+
+
+def endpoint_requests(requests: list, api: str) -> list[EndpointRequest]:
+    """Engine `Request`s (the workloads module makes them) or EndpointRequests, as EndpointRequests."""
+    out = []
+    for index, request in enumerate(requests):
+        if not isinstance(request, EndpointRequest):
+            request = EndpointRequest.from_engine_request(request, api)
+        request.request_id = request.request_id or f"r{index}"
+        out.append(request)
+    return out
+
+
+class EndpointBench:
+    """Measurements of one endpoint. The served model name is looked up once (GET /v1/models)."""
+
+    def __init__(self, config: EndpointConfig):
+        self.config = config
+        self._model = config.model
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = discover_model(self.config)
+        return self._model
+
+    def fingerprint(self) -> dict:
+        """What an endpoint measurement depends on, as far as the client can see."""
+        return {"backend": "endpoint", "url": self.config.base_url, "served_model": self.model,
+                "api": self.config.api}
+
+    def run_once(self, requests: list, pattern: LoadPattern, slo: Slo, warmup: int, into: Measurement) -> LoadRun:
+        from dataclasses import replace
+
+        config = replace(self.config, model=self.model)
+        run = run_load(config, endpoint_requests(requests, self.config.api), pattern, slo, warmup=warmup)
+        add_to_measurement(run, into)
+        into.engine.update(backend="endpoint", url=self.config.base_url, served_model=self.model,
+                           api=self.config.api, usage_reported=run.summary()["usage_reported"])
+        return run
+
+    def measure(self, requests: list, pattern: LoadPattern = LoadPattern(), slo: Slo = Slo(), *, warmup: int = 1,
+                repeats: int = 1, label: str = "") -> Measurement:
+        measurement = Measurement(label=label)
+        for _ in range(repeats):
+            self.run_once(requests, pattern, slo, warmup, measurement)
+        return measurement

@@ -1,0 +1,211 @@
+"""Load patterns against an endpoint, as `vllm bench serve` and guidellm drive them: a fixed number of requests
+in flight (closed loop), or a request rate with Poisson or gamma-bursty arrivals (open loop, optionally capped
+in flight), and sweeps over either. Goodput counts the requests that met every SLO."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
+from pytest_infergate.errors import OptionError
+from pytest_infergate.perf import Measurement
+
+
+@dataclass(frozen=True)
+class LoadPattern:
+    """`concurrency` alone: closed loop, that many requests in flight. `rate_per_s`: open loop, arrivals with
+    gamma-distributed gaps (burstiness 1 = Poisson, < 1 burstier), at most `concurrency` in flight if given.
+    Neither: every request at once, capped by the client's max concurrency."""
+
+    concurrency: int | None = None
+    rate_per_s: float | None = None
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.concurrency is not None and self.concurrency < 1:
+            raise OptionError(f"load pattern concurrency must be at least 1, got {self.concurrency}")
+        if self.rate_per_s is not None and not self.rate_per_s > 0:
+            raise OptionError(f"load pattern rate_per_s must be positive (requests per second), got {self.rate_per_s}")
+        if not self.burstiness > 0:
+            raise OptionError(f"load pattern burstiness must be positive (1 is Poisson), got {self.burstiness}")
+
+    def describe(self) -> str:
+        parts = []
+        if self.rate_per_s is not None:
+            kind = "poisson" if self.burstiness == 1 else f"gamma(burstiness={self.burstiness:g})"
+            parts.append(f"rate={self.rate_per_s:g}/s {kind}")
+        if self.concurrency is not None:
+            parts.append(f"concurrency={self.concurrency}")
+        return ", ".join(parts) or "all at once"
+
+    def arrival_offsets(self, count: int) -> list[float]:
+        if self.rate_per_s is None:
+            return [0.0] * count
+        rng = random.Random(self.seed)
+        clock, out = 0.0, []
+        for _ in range(count):
+            out.append(clock)
+            clock += rng.gammavariate(self.burstiness, 1.0 / (self.rate_per_s * self.burstiness))
+        return out
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives per request, in milliseconds; a request counts for goodput if it succeeded and
+    met every objective given (vLLM's `--goodput ttft:... tpot:... e2el:...`)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self):
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise OptionError(f"SLO {name}={value!r} must be a positive number of milliseconds")
+
+    @classmethod
+    def parse(cls, values: dict | None) -> "Slo":
+        values = dict(values or {})
+        unknown = set(values) - {"ttft_ms", "tpot_ms", "e2e_ms"}
+        if unknown:
+            raise OptionError(f"unknown SLO key(s) {sorted(unknown)}; allowed: ttft_ms, tpot_ms, e2e_ms")
+        return cls(**values)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None
+
+    def met(self, result: EndpointResult) -> bool:
+        if not result.ok:
+            return False
+        checks = ((self.ttft_ms, result.ttft_s), (self.tpot_ms, result.tpot_s), (self.e2e_ms, result.e2e_s))
+        # a one-token answer has no TPOT; that objective does not apply to it
+        return all(limit is None or value is None or value * 1000 <= limit for limit, value in checks)
+
+
+@dataclass
+class LoadRun:
+    pattern: LoadPattern
+    results: list[EndpointResult]
+    duration_s: float
+    slo: Slo = field(default_factory=Slo)
+
+    @property
+    def succeeded(self) -> list[EndpointResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def errors(self) -> dict[str, int]:
+        return dict(Counter(r.error for r in self.results if not r.ok))
+
+    @property
+    def success_rate(self) -> float:
+        return len(self.succeeded) / len(self.results) if self.results else 0.0
+
+    @property
+    def goodput_per_s(self) -> float:
+        return sum(self.slo.met(r) for r in self.results) / self.duration_s if self.duration_s else 0.0
+
+    def summary(self) -> dict:
+        ok = self.succeeded
+        out_tokens = sum(r.output_tokens or 0 for r in ok)
+        return {"pattern": self.pattern.describe(), "requests": len(self.results), "succeeded": len(ok),
+                "errors": self.errors, "duration_s": self.duration_s, "output_tokens": out_tokens,
+                "tokens_per_s": out_tokens / self.duration_s if self.duration_s else 0.0,
+                "success_rate": self.success_rate, "goodput_per_s": self.goodput_per_s, "slo": asdict(self.slo),
+                "usage_reported": all(r.usage_reported for r in ok) if ok else False}
+
+
+def add_to_measurement(run: LoadRun, into: Measurement) -> None:
+    """One repetition: per-request latencies of the successful requests, throughput figures once."""
+    samples = into.samples
+    for r in run.succeeded:
+        if r.ttft_s is not None:
+            samples.setdefault("ttft_ms", []).append(r.ttft_s * 1000)
+        if r.tpot_s is not None:
+            samples.setdefault("tpot_ms", []).append(r.tpot_s * 1000)
+        samples.setdefault("itl_ms", []).extend(x * 1000 for x in r.itl_s)
+        samples.setdefault("e2e_ms", []).append(r.e2e_s * 1000)
+    summary = run.summary()
+    samples.setdefault("tokens_per_s", []).append(summary["tokens_per_s"])
+    samples.setdefault("requests_per_s", []).append(len(run.succeeded) / run.duration_s if run.duration_s else 0.0)
+    samples.setdefault("success_rate", []).append(run.success_rate)
+    if not run.slo.is_empty:
+        samples.setdefault("goodput_per_s", []).append(run.goodput_per_s)
+    into.num_requests += len(run.results)
+    into.num_failed += len(run.results) - len(run.succeeded)
+    into.repetitions += 1
+    errors = Counter(into.engine.get("errors", {}))
+    errors.update(run.errors)
+    into.engine.update(errors=dict(errors), pattern=run.pattern.describe(), slo=asdict(run.slo))
+    into.engine.setdefault("failures", [])
+    into.engine["failures"] += [{"request_id": r.request_id, "error": r.error, "detail": r.error_detail}
+                                for r in run.results if not r.ok][:20 - len(into.engine["failures"])]
+
+
+async def run_load_async(client: EndpointClient, requests: list[EndpointRequest], pattern: LoadPattern,
+                         slo: Slo = Slo(), stream: bool = True) -> LoadRun:
+    gate = asyncio.Semaphore(pattern.concurrency or client.config.max_concurrency)
+    offsets = pattern.arrival_offsets(len(requests))
+    start = time.perf_counter()
+
+    async def one(request: EndpointRequest, offset: float) -> EndpointResult:
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            return await client.send(request, stream)
+
+    results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
+    return LoadRun(pattern, list(results), time.perf_counter() - start, slo)
+
+
+def run_load(config: EndpointConfig, requests: list[EndpointRequest], pattern: LoadPattern = LoadPattern(),
+             slo: Slo = Slo(), stream: bool = True, warmup: int = 0) -> LoadRun:
+    """Drive `requests` through the endpoint in `pattern` and return every request's result. `warmup` requests
+    (the first ones, shortened) go first, one at a time, and are not counted."""
+
+    async def main() -> LoadRun:
+        async with EndpointClient(config) as client:
+            await client.discover_model()
+            for request in requests[:warmup]:
+                await client.send(EndpointRequest(**{**asdict(request), "max_tokens": min(request.max_tokens, 8)}))
+            return await run_load_async(client, requests, pattern, slo, stream)
+
+    return _run(main())
+
+
+def discover_model(config: EndpointConfig) -> str:
+    async def main() -> str:
+        async with EndpointClient(config) as client:
+            return await client.discover_model()
+
+    return _run(main())
+
+
+def sweep_patterns(rates: list[float] | None = None, concurrencies: list[int] | None = None,
+                   burstiness: float = 1.0, seed: int = 0) -> list[LoadPattern]:
+    if bool(rates) == bool(concurrencies):
+        raise OptionError("a sweep takes either rates=[...] (requests per second) or concurrencies=[...]")
+    if rates:
+        return [LoadPattern(rate_per_s=r, burstiness=burstiness, seed=seed) for r in rates]
+    return [LoadPattern(concurrency=c) for c in concurrencies]
+
+
+def _run(coroutine):
+    """asyncio.run, also from inside a running event loop (then on a helper thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+

@@ -1,0 +1,152 @@
+"""Servers the endpoint tests talk to: the real llama.cpp server (llama-cpp-python) serving the embedded model's
+GGUF, and a small stdlib HTTP server that misbehaves on purpose (500s, stalls, malformed SSE) - the failures a
+real server cannot be asked to produce."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FaultyHandler(BaseHTTPRequestHandler):
+    """Behaviour chosen by the server's `mode`: ok, error500, flaky (every second request a 500), stall (sleeps
+    before answering), malformed (a non-JSON data line mid-stream), no_done (stream cut before finish_reason)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path.rstrip("/") == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [{"id": "faulty", "object": "model"}]}).encode())
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        mode = self.server.mode
+        if self.server.api_key and self.headers.get("Authorization") != f"Bearer {self.server.api_key}":
+            return self._send(401, b'{"error": {"message": "invalid API key"}}')
+        self.server.requests += 1
+        if mode == "error500" or (mode == "flaky" and self.server.requests % 2 == 0):
+            return self._send(500, b'{"error": {"message": "injected failure"}}')
+        if mode == "stall":
+            time.sleep(self.server.stall_s)
+        tokens = [f"tok{i} " for i in range(min(body.get("max_tokens", 8), self.server.max_tokens))]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for index, token in enumerate(tokens):
+            if mode == "malformed" and index == 2:
+                self.wfile.write(b"data: {this is not json\n\n")
+                break
+            chunk = {"choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            if self.server.token_delay_s:
+                time.sleep(self.server.token_delay_s)
+        if mode in ("ok", "flaky"):
+            last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens)}}
+            self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a client that hangs up mid-stream is expected here
+        pass
+
+
+class FaultyServer:
+    def __init__(self, mode: str = "ok", token_delay_s: float = 0.0, stall_s: float = 5.0, max_tokens: int = 1000,
+                 api_key: str | None = None):
+        self.httpd = _QuietServer(("127.0.0.1", 0), FaultyHandler)
+        self.httpd.mode, self.httpd.token_delay_s, self.httpd.stall_s = mode, token_delay_s, stall_s
+        self.httpd.max_tokens, self.httpd.requests, self.httpd.api_key = max_tokens, 0, api_key
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FaultyServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` on 127.0.0.1 at a free port, serving `gguf`; waits until /v1/models answers."""
+
+    def __init__(self, gguf: Path, model_alias: str = "smollm2-135m", n_ctx: int = 2048, n_parallel: int = 1,
+                 log_path: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.model_alias = model_alias
+        self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", model_alias,
+                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(n_ctx),
+                    "--n_threads", str(max(1, (os.cpu_count() or 2) // 2)), "--interrupt_requests", "false"]
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LlamaServer":
+        import httpx
+
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self.process.returncode}: {' '.join(self.cmd)}"
+                                   + (f" (log: {self.log_path})" if self.log_path else ""))
+            try:
+                if httpx.get(self.url + "/models", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        self.__exit__()
+        raise RuntimeError(f"llama_cpp.server did not answer on {self.url} within 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

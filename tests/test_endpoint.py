@@ -1,0 +1,261 @@
+"""The endpoint backend: the OpenAI-compatible client and its load patterns against llama.cpp's real server
+(llama-cpp-python serving the embedded model's GGUF), failures from a server that misbehaves on purpose, and the
+plugin with --infergate-endpoint."""
+
+import json
+import statistics
+
+import pytest
+
+from openai_servers import FaultyServer, free_port
+from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
+from pytest_infergate.engine import Request
+from pytest_infergate.errors import OptionError
+
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def _requests(count: int, max_tokens: int = 8) -> list[EndpointRequest]:
+    return [EndpointRequest(messages=CHAT, max_tokens=max_tokens, request_id=f"r{i}") for i in range(count)]
+
+
+# --- configuration and inputs --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"url": "localhost:8000"}, r"is not an http\(s\) URL"),
+    ({"url": "http://x", "timeout_s": 0}, "--infergate-endpoint-timeout must be positive"),
+    ({"url": "http://x", "max_concurrency": 0}, "--infergate-endpoint-concurrency must be at least 1"),
+    ({"url": "http://x", "api": "responses"}, "is not one of chat, completions"),
+])
+def test_bad_endpoint_config_names_the_option(kwargs, message):
+    with pytest.raises(OptionError, match=message):
+        EndpointConfig(**kwargs)
+
+
+def test_base_url_gets_v1_once():
+    assert EndpointConfig("http://h:1").base_url == "http://h:1/v1"
+    assert EndpointConfig("http://h:1/v1/").base_url == "http://h:1/v1"
+
+
+def test_engine_requests_translate_to_the_api():
+    chat = EndpointRequest.from_engine_request(Request(messages=CHAT, max_new_tokens=5, stop_strings=("\n",)))
+    assert chat.body("m", True) | {} == {"model": "m", "max_tokens": 5, "temperature": 0.0, "top_p": 1.0,
+                                          "stream": True, "messages": CHAT, "stream_options": {"include_usage": True},
+                                          "stop": ["\n"]}
+    assert chat.path == "/chat/completions"
+    ids = EndpointRequest.from_engine_request(Request(prompt_token_ids=[1, 2, 3]), api="completions")
+    assert ids.body("m", False)["prompt"] == [1, 2, 3] and ids.path == "/completions"
+    with pytest.raises(OptionError, match="needs --infergate-endpoint-api completions"):
+        EndpointRequest.from_engine_request(Request(prompt_token_ids=[1, 2, 3]), api="chat")
+    with pytest.raises(OptionError, match="needs --infergate-endpoint-api chat"):
+        EndpointRequest.from_engine_request(Request(messages=CHAT), api="completions")
+
+
+def test_slo_and_pattern_validation():
+    with pytest.raises(OptionError, match=r"unknown SLO key\(s\) \['ttft'\]"):
+        Slo.parse({"ttft": 5})
+    with pytest.raises(OptionError, match="must be a positive number of milliseconds"):
+        Slo.parse({"ttft_ms": -1})
+    with pytest.raises(OptionError, match="rate_per_s must be positive"):
+        LoadPattern(rate_per_s=0)
+
+
+def test_arrivals_have_the_requested_rate_and_burstiness():
+    def gaps(burstiness):
+        offsets = LoadPattern(rate_per_s=10, burstiness=burstiness, seed=1).arrival_offsets(4000)
+        return [b - a for a, b in zip(offsets, offsets[1:])]
+
+    poisson, bursty = gaps(1.0), gaps(0.25)
+    assert statistics.mean(poisson) == pytest.approx(0.1, rel=0.08)
+    assert statistics.mean(bursty) == pytest.approx(0.1, rel=0.15)
+    cv = lambda xs: statistics.pstdev(xs) / statistics.mean(xs)  # noqa: E731
+    assert cv(poisson) == pytest.approx(1.0, rel=0.1)  # exponential gaps
+    assert cv(bursty) == pytest.approx(2.0, rel=0.15)  # gamma(k): cv = 1/sqrt(k)
+    assert LoadPattern(concurrency=4).arrival_offsets(3) == [0.0, 0.0, 0.0]
+
+
+# --- failures are classified and counted, never raised --------------------------------------------------------
+
+@pytest.mark.parametrize("mode, kind", [("error500", "http_500"), ("stall", "timeout"),
+                                        ("malformed", "malformed_stream"), ("no_done", "incomplete_stream")])
+def test_failures_are_classified_and_every_request_accounted(mode, kind):
+    with FaultyServer(mode, stall_s=3.0) as server:
+        run = run_load(EndpointConfig(server.url, timeout_s=0.5), _requests(6), LoadPattern(concurrency=3))
+    assert [r.request_id for r in run.results] == [f"r{i}" for i in range(6)]
+    assert run.errors == {kind: 6} and run.success_rate == 0
+    assert all(r.error_detail for r in run.results)
+
+
+def test_partial_failures_give_success_rate_and_goodput():
+    with FaultyServer("flaky", token_delay_s=0.001) as server:
+        run = run_load(EndpointConfig(server.url), _requests(10, 5), LoadPattern(concurrency=1), Slo(e2e_ms=60_000))
+    summary = run.summary()
+    assert run.errors == {"http_500": 5} and summary["succeeded"] == 5 and run.success_rate == 0.5
+    assert summary["goodput_per_s"] == pytest.approx(5 / run.duration_s)
+    assert summary["usage_reported"] and summary["output_tokens"] == 25
+
+
+def test_unmet_slo_counts_against_goodput_only():
+    with FaultyServer("ok", token_delay_s=0.02) as server:
+        run = run_load(EndpointConfig(server.url), _requests(4, 5), LoadPattern(concurrency=4), Slo(e2e_ms=1))
+    assert run.success_rate == 1 and run.goodput_per_s == 0
+
+
+# --- the plugin with --infergate-endpoint ---------------------------------------------------------------------
+
+ENDPOINT_TEST = """
+import pytest
+
+@pytest.mark.infergate_budget({budget})
+@pytest.mark.infergate_slo(e2e_ms=60000)
+def test_load(infergate_endpoint):
+    from pytest_infergate.engine import Request
+    reqs = [Request(messages=[{{"role": "user", "content": "hi"}}], max_new_tokens=6) for _ in range(6)]
+    m = infergate_endpoint.load(reqs, {{"concurrency": 3}}, label="c3")
+    assert m.num_requests == 6
+"""
+
+
+@pytest.fixture
+def run_plugin(pytester, cache_dir):
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "-p", "no:cacheprovider", *args)
+
+    return run
+
+
+def test_server_down_at_start_is_one_clear_usage_error(pytester, run_plugin):
+    pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
+    result = run_plugin(f"--infergate-endpoint=http://127.0.0.1:{free_port()}/v1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*infergate: endpoint http://127.0.0.1:*/v1 is not reachable*start the server*"])
+
+
+def test_bad_endpoint_option_is_a_usage_error(pytester, run_plugin):
+    pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
+    result = run_plugin("--infergate-endpoint=127.0.0.1:8000", "--infergate-endpoint-timeout=soon")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--infergate-endpoint-timeout / infergate_endpoint_timeout = 'soon' is not a number*"])
+
+
+def test_endpoint_fixture_skips_without_the_option(pytester, run_plugin):
+    pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
+    result = run_plugin("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs a live server: pass --infergate-endpoint URL*"])
+
+
+def test_failed_requests_fail_the_success_budget_with_their_kinds(pytester, run_plugin):
+    pytester.makepyfile(ENDPOINT_TEST.format(budget="success_rate=1"))
+    with FaultyServer("flaky") as server:
+        result = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-json=out.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*infergate perf gate failed*test_load*concurrency=3*",
+                                 "*success_rate: measured 0.5* budget >= 1*", "*failed requests*http_500*"])
+    records = json.loads((pytester.path / "out.json").read_text())["records"]
+    assert records[0]["backend"] == "endpoint" and records[0]["measurement"]["engine"]["errors"] == {"http_500": 3}
+
+
+def test_api_key_comes_from_the_named_environment_variable(pytester, run_plugin, monkeypatch):
+    pytester.makepyfile(ENDPOINT_TEST.format(budget="success_rate=1"))
+    with FaultyServer("ok", api_key="s3cret") as server:
+        missing = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-api-key-env=INFERGATE_TEST_KEY")
+        assert missing.ret == pytest.ExitCode.USAGE_ERROR
+        missing.stderr.fnmatch_lines(["*'INFERGATE_TEST_KEY', but that environment variable is not set*"])
+        monkeypatch.setenv("INFERGATE_TEST_KEY", "s3cret")
+        ok = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-api-key-env=INFERGATE_TEST_KEY")
+    ok.assert_outcomes(passed=1)
+
+
+def test_bad_slo_marker_fails_collection(pytester, run_plugin):
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.infergate_slo(ttft=5)
+def test_x(infergate_endpoint):
+    pass
+""")
+    result = run_plugin()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_x: infergate_slo: unknown SLO key(s)*'ttft'*allowed: ttft_ms*"])
+
+
+# --- a real server: llama.cpp serving the embedded model ------------------------------------------------------
+
+def test_streaming_metrics_from_a_real_server(llama_server):
+    config = EndpointConfig(llama_server.url, timeout_s=120)
+    run = run_load(config, _requests(3, 16), LoadPattern(concurrency=1))
+    assert run.errors == {} and run.success_rate == 1
+    for r in run.results:
+        assert r.text and r.finish_reason in ("length", "stop")
+        assert r.chunk_times == sorted(r.chunk_times) and r.sent < r.first_token <= r.chunk_times[0] <= r.finished
+        assert len(r.itl_s) == len(r.chunk_times) - 1 and all(x >= 0 for x in r.itl_s)
+        assert 1 <= r.output_tokens <= 16
+        if r.output_tokens > 1:
+            assert r.tpot_s == pytest.approx((r.finished - r.first_token) / (r.output_tokens - 1))
+    greedy = {r.text for r in run.results}
+    assert len(greedy) == 1, f"temperature 0 answers differ: {greedy}"
+
+
+def test_200_concurrent_requests_are_all_accounted_for(llama_server):
+    config = EndpointConfig(llama_server.url, timeout_s=300, max_concurrency=200)
+    requests = _requests(200, 3)
+    run = run_load(config, requests, LoadPattern(concurrency=200))
+    assert sorted(r.request_id for r in run.results) == sorted(r.request_id for r in requests)
+    assert run.errors == {} and all(r.output_tokens for r in run.results)
+
+
+SERVER_SUITE = """
+import pytest
+from pytest_infergate.engine import EngineConfig, Request
+
+REQS = [Request(messages=[{"role": "user", "content": f"Count to {i}."}], max_new_tokens=8) for i in range(4)]
+
+@pytest.mark.infergate_budget(success_rate=1, ttft_ms_p95=120000)
+def test_bench_runs_on_the_server(infergate_bench):
+    m = infergate_bench(REQS, EngineConfig(max_batch_size=2), label="c2")
+    assert m.engine["pattern"] == "concurrency=2" and len(m.samples["ttft_ms"]) == 4
+
+def test_engine_experiments_skip(infergate_bench):
+    infergate_bench(REQS, EngineConfig(batching="static"))
+
+def test_local_model_tests_skip(infergate_model):
+    pass
+
+@pytest.mark.infergate_slo(ttft_ms=120000)
+def test_sweep(infergate_endpoint):
+    points = infergate_endpoint.sweep(REQS, concurrencies=[1, 2])
+    assert [p.concurrency for p, _ in points] == [1, 2]
+
+@pytest.mark.infergate_quality(min_rouge_l=0.2)
+def test_quality(infergate_golden):
+    result = infergate_golden.check(limit=6)
+    assert result.precision == "endpoint" and result.summary["samples"] == 6
+"""
+
+
+@pytest.mark.embedded
+def test_suite_against_a_real_server(pytester, cache_dir, llama_server):
+    """Budgets, sweeps and the golden check against the local fp32 reference, through the plugin, to one report."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).parent.parent / "golden", pytester.path / "golden")
+    pytester.makepyfile(SERVER_SUITE)
+    result = pytester.runpytest("--infergate-model=smollm2-135m", f"--infergate-cache-dir={cache_dir}",
+                                f"--infergate-endpoint={llama_server.url}", "--infergate-endpoint-timeout=300",
+                                "--infergate-json=out.json", "--infergate-report=report.html", "-p", "no:cacheprovider",
+                                "-rs")
+    result.assert_outcomes(passed=3, skipped=2)
+    result.stdout.fnmatch_lines(["*endpoint: http://127.0.0.1:*/v1 serving 'smollm2-135m' (chat API)*"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    perf = [r for r in data["records"] if r["kind"] == "perf"]
+    assert {r["label"] for r in perf} == {"c2", "sweep-c1", "sweep-c2"}
+    assert all(r["backend"] == "endpoint" and r["precision"] == "endpoint" for r in perf)
+    quality = next(r for r in data["records"] if r["kind"] == "quality")
+    assert quality["precision"] == "endpoint" and quality["reference_precision"] == "fp32"
+    assert 0 <= quality["summary"]["top1"] <= 1, "llama.cpp returns logprobs: top-1 agreement must be computed"
+    assert data["environment"]["endpoint"]["served_model"] == "smollm2-135m"
+    html = (pytester.path / "report.html").read_text()
+    assert "Endpoint load runs" in html and "concurrency=2" in html
