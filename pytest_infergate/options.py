@@ -38,7 +38,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama), a local Hugging Face "
                "directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)", "smollm2-135m", "MODEL"),
     OptionSpec("precisions", "str", "comma list of precisions to test, from fp32, fp16, bf16, int8, nf4 "
-               "(default: the reference precision, int8, nf4)", None, "LIST"),
+               "(default: the reference precision, int8, nf4; with --infergate-endpoint: none, only the server, unless "
+               "given - then they run beside it)", None, "LIST"),
     OptionSpec("reference_precision", "str", "precision the others are compared with "
                "(default: fp16 with --infergate-gpu, fp32 on the CPU)", None, "PRECISION"),
     OptionSpec("cache_dir", "path", "where converted models and built-in models are kept "
@@ -120,6 +121,7 @@ class Options:
     endpoint_timeout: float = 60.0
     endpoint_concurrency: int = 64
     endpoint_api: str = "chat"
+    precisions_given: bool = False  # --infergate-precisions / ini set explicitly (with an endpoint: run them too)
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
     cpu_threads: int | None = None  # set per pytest-xdist worker on the CPU: its share of the cores
 
@@ -165,6 +167,7 @@ class Options:
                 values[spec.name] = str(raw)
         if "precisions" in values:
             values["precisions"] = parse_precisions(values["precisions"])
+            values["precisions_given"] = True
         return cls(**values)
 
 

@@ -180,11 +180,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "infergate_precision" not in metafunc.fixturenames:
         return
     options = metafunc.config.stash[OPTIONS_KEY]
-    if options.endpoint is not None:  # the server serves one model in its own precision
-        metafunc.parametrize("infergate_precision", [ENDPOINT_PRECISION], ids=[ENDPOINT_PRECISION], indirect=True)
-        return
     # one xdist group per precision: with `--dist loadgroup` each worker loads one model
     params = [pytest.param(p, id=p, marks=pytest.mark.xdist_group(f"infergate-{p}")) for p in options.precisions]
+    if options.endpoint is not None:
+        # the server serves one model in its own precision; local precisions run beside it only when asked for
+        endpoint = pytest.param(ENDPOINT_PRECISION, id=ENDPOINT_PRECISION,
+                                marks=pytest.mark.xdist_group(f"infergate-{ENDPOINT_PRECISION}"))
+        params = [endpoint] + (params if options.precisions_given else [])
     metafunc.parametrize("infergate_precision", params, indirect=True)
 
 

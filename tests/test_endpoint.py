@@ -259,3 +259,57 @@ def test_suite_against_a_real_server(pytester, cache_dir, llama_server):
     assert data["environment"]["endpoint"]["served_model"] == "smollm2-135m"
     html = (pytester.path / "report.html").read_text()
     assert "Endpoint load runs" in html and "concurrency=2" in html
+
+
+def test_local_precisions_run_beside_the_endpoint_when_asked(pytester, run_plugin):
+    pytester.makepyfile("""
+from pytest_infergate.engine import EngineConfig, Request
+
+def test_speed(infergate_bench, infergate_precision):
+    m = infergate_bench([Request(prompt="hello there", max_new_tokens=4)], EngineConfig(max_model_len=256,
+                        kv_budget_bytes=8 << 20), repeats=1, warmup=0)
+    assert m.num_requests == 1
+""")
+    with FaultyServer("ok") as server:
+        only = run_plugin(f"--infergate-endpoint={server.url}", "-v")
+        both = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-precisions=fp32", "-v",
+                          "--infergate-report=report.html")
+    only.stdout.fnmatch_lines(["*test_speed?endpoint? PASSED*"])
+    only.assert_outcomes(passed=1)
+    both.stdout.fnmatch_lines(["*test_speed?endpoint? PASSED*", "*test_speed?fp32? PASSED*"])
+    html = (pytester.path / "report.html").read_text()
+    assert "<td>endpoint</td>" in html and "<td>fp32</td>" in html
+
+
+@pytest.mark.embedded
+def test_endpoint_golden_regression_round_trip(pytester, cache_dir, llama_server):
+    """--infergate-update-golden writes the server's accepted outputs; an unchanged server passes against them;
+    a changed answer fails, naming the sample."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).parent.parent / "golden", pytester.path / "golden",
+                    ignore=shutil.ignore_patterns("SmolLM2-135M-Instruct"))
+    pytester.makepyfile("def test_regression(infergate_golden):\n    infergate_golden.check_regression(limit=4)\n")
+    args = ["--infergate-model=smollm2-135m", f"--infergate-cache-dir={cache_dir}", "-p", "no:cacheprovider",
+            f"--infergate-endpoint={llama_server.url}", "--infergate-endpoint-timeout=300"]
+    pytester.runpytest(*args, "--infergate-update-golden").assert_outcomes(passed=1)
+    accepted = pytester.path / "golden" / "SmolLM2-135M-Instruct" / "endpoint" / "smollm2-135m.jsonl"
+    lines = accepted.read_text().splitlines()
+    assert json.loads(lines[0])["served_model"] == "smollm2-135m" and len(lines) == 5
+    pytester.runpytest(*args).assert_outcomes(passed=1)
+    changed = json.loads(lines[1])
+    changed["token_ids"], changed["text"] = changed["token_ids"][:-1] + [42], changed["text"] + "?"
+    accepted.write_text("\n".join([lines[0], json.dumps(changed)] + lines[2:]) + "\n")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*1 of 4 golden outputs of endpoint changed*", f"*{changed['id']}*"])
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_both_apis_stream_from_a_real_server(llama_server, api):
+    request = EndpointRequest.from_engine_request(Request(prompt="The capital of France is", max_new_tokens=6), api)
+    run = run_load(EndpointConfig(llama_server.url, timeout_s=120, api=api), [request])
+    result = run.results[0]
+    assert result.ok, result.error_detail
+    assert result.text and result.output_tokens >= 1 and result.ttft_s > 0
