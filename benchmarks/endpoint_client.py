@@ -124,5 +124,6 @@ def main() -> None:
         print(f"overhead over the raw floor: {ours - floor:.1f} us/token (x{ours / floor:.2f}); "
               f"target < 1000 us/token: {'met' if ours < 1000 else 'MISSED'}")
 
+
 if __name__ == "__main__":
     main()

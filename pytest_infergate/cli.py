@@ -8,9 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from pytest_infergate.errors import InfergateError
+
 
 def _load_results(path: str) -> dict:
-    from pytest_infergate.errors import InfergateError
     from pytest_infergate.results import RunResults
 
     try:
@@ -26,6 +27,13 @@ def _load_results(path: str) -> dict:
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
     from pytest_infergate.models import resolve_model
 
+    if args.gguf:  # the original file, for a llama.cpp server; printed alone so `$(...)` can use it
+        from pytest_infergate.builtin_models import ensure_smollm2_gguf
+
+        if args.model != "smollm2-135m":
+            raise InfergateError(f"--gguf is for the embedded model smollm2-135m; {args.model!r} has no built-in GGUF")
+        print(ensure_smollm2_gguf(Path(args.cache_dir).expanduser()))
+        return 0
     source = resolve_model(args.model, Path(args.cache_dir).expanduser())
     print(f"{args.model}: {source.path}")
     return 0
@@ -146,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch-model", help="resolve (download/convert once) a model into the cache and print its path")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
     fetch.add_argument("--cache-dir", default=str(default_cache_dir()))
+    fetch.add_argument("--gguf", action="store_true", help="print the path of the embedded model's original GGUF "
+                       "file (for llama.cpp's server) instead of the converted directory")
     fetch.set_defaults(func=_cmd_fetch_model)
     report = sub.add_parser("report", help="render the HTML report of a results file (pytest --infergate-json)")
     report.add_argument("results")
@@ -165,8 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pytest_infergate.errors import InfergateError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
