@@ -8,7 +8,7 @@ from typing import Callable
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.memory import PeakMemory
-from pytest_infergate.perf import Measurement
+from pytest_infergate.perf import Measurement, add_request_latencies
 
 MIB = 1024 * 1024
 
@@ -51,6 +51,7 @@ class Bench:
             engine.generate(warmup_requests(requests, warmup))
         engine.steps.clear()
         engine.peak_kv_blocks = 0
+        engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
         workload = fresh_copies(requests)
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
@@ -62,13 +63,7 @@ class Bench:
         into.num_failed += len(results) - len(ok)
         for r in ok:
             t = r.timings
-            if t.ttft_s is not None:
-                samples.setdefault("ttft_ms", []).append(t.ttft_s * 1000)
-            if t.tpot_s is not None:
-                samples.setdefault("tpot_ms", []).append(t.tpot_s * 1000)
-            samples.setdefault("itl_ms", []).extend(x * 1000 for x in t.itl_s)
-            samples.setdefault("e2e_ms", []).append(t.e2e_s * 1000)
-            samples.setdefault("queue_ms", []).append((t.queue_wait_s or 0.0) * 1000)
+            add_request_latencies(samples, t.ttft_s, t.tpot_s, t.itl_s, t.e2e_s, t.queue_wait_s or 0.0)
         samples.setdefault("tokens_per_s", []).append(sum(r.num_output_tokens for r in ok) / wall)
         samples.setdefault("requests_per_s", []).append(len(ok) / wall)
         # Memory attributable to this model: weights + KV cache + what the process peak rose by while serving.

@@ -185,6 +185,19 @@ class Measurement:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+def add_request_latencies(samples: dict[str, list[float]], ttft_s: float | None, tpot_s: float | None,
+                          itl_s: list[float], e2e_s: float, queue_s: float | None = None) -> None:
+    """One finished request's latencies, in ms, into a Measurement's samples (engine and endpoint alike)."""
+    if ttft_s is not None:
+        samples.setdefault("ttft_ms", []).append(ttft_s * 1000)
+    if tpot_s is not None:
+        samples.setdefault("tpot_ms", []).append(tpot_s * 1000)
+    samples.setdefault("itl_ms", []).extend(x * 1000 for x in itl_s)
+    samples.setdefault("e2e_ms", []).append(e2e_s * 1000)
+    if queue_s is not None:
+        samples.setdefault("queue_ms", []).append(queue_s * 1000)
+
+
 @dataclass
 class Violation:
     key: str

@@ -54,6 +54,32 @@ def test_chunked_prefill_is_exact_and_respects_token_budget(tiny_fp32, tiny_refe
         assert any(s.num_prefill_tokens and s.num_decode_tokens for s in engine.steps), "prefill and decode never mixed"
 
 
+def test_prefix_caching_reuses_shared_prompts_exactly(tiny_fp32):
+    shared = "You are a careful assistant who answers briefly. " * 4
+    prompts = [shared + p for p in PROMPTS[:10]]
+    reference = hf_greedy(tiny_fp32, prompts, MAX_NEW)
+    with make_engine(tiny_fp32, prefix_caching=True, max_batch_size=3, prefill_chunk_size=32) as engine:
+        results = engine.generate(requests(prompts))
+        assert [r.token_ids for r in results] == reference
+        assert results[0].num_cached_tokens == 0
+        assert all(r.num_cached_tokens >= 16 * (len(shared) // 16 - 2) for r in results[3:]), \
+            [r.num_cached_tokens for r in results]
+        engine.check_drained()
+        again = engine.generate(requests(prompts[:2]))  # the whole prompts are cached now, but for the last block
+        assert [r.token_ids for r in again] == reference[:2]
+        assert all(r.num_cached_tokens > r.num_prompt_tokens - 2 * 16 for r in again)
+        engine.reset_prefix_cache()
+        assert engine.generate(requests(prompts[:1]))[0].num_cached_tokens == 0
+        engine.check_drained()
+
+
+def test_prefix_caching_needs_the_paged_cache_and_continuous_batching():
+    with pytest.raises(OptionError, match="prefix_caching needs cache_mode='paged' and continuous or sequential"):
+        EngineConfig(prefix_caching=True, batching="static")
+    with pytest.raises(OptionError, match="prefix_caching needs"):
+        EngineConfig(prefix_caching=True, cache_mode="contiguous")
+
+
 def test_kv_exhaustion_preempts_and_loses_nothing(tiny_fp32, tiny_reference):
     # 16 blocks of 16 tokens: far less than 16 requests need at once
     with make_engine(tiny_fp32, kv_budget_blocks=16, block_size=16, max_model_len=256) as engine:

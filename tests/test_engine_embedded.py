@@ -14,17 +14,20 @@ def reference(smollm2_fp32):
     return hf_greedy(smollm2_fp32, PROMPTS, MAX_NEW)
 
 
-@pytest.mark.parametrize("cache_mode,batching", [
-    ("paged", "continuous"), ("paged", "static"), ("paged", "dynamic"), ("paged", "sequential"),
-    ("contiguous", "continuous"), ("none", "continuous"),
+@pytest.mark.parametrize("cache_mode,batching,prefix_caching", [
+    ("paged", "continuous", False), ("paged", "static", False), ("paged", "dynamic", False),
+    ("paged", "sequential", False), ("contiguous", "continuous", False), ("none", "continuous", False),
+    ("paged", "continuous", True),
 ])
-def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, batching):
+def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, batching, prefix_caching):
     config = EngineConfig(cache_mode=cache_mode, batching=batching, max_batch_size=8, prefill_chunk_size=32,
-                          max_model_len=1024, kv_budget_bytes=256 << 20)
+                          max_model_len=1024, kv_budget_bytes=256 << 20, prefix_caching=prefix_caching)
     with Engine(smollm2_fp32.model, smollm2_fp32.tokenizer, config) as engine:
         results = engine.generate([Request(messages=messages(p), max_new_tokens=MAX_NEW) for p in PROMPTS])
         mismatches = [(p, r.text) for p, r, ref in zip(PROMPTS, results, reference) if r.token_ids != ref]
         assert not mismatches
+        if prefix_caching:  # the chat template's system prompt is shared by every request
+            assert sum(r.num_cached_tokens > 0 for r in results) >= len(PROMPTS) - 8
         engine.check_drained()
     assert "Paris" in results[0].text
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf import Measurement
+from pytest_infergate.perf import Measurement, add_request_latencies
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,7 @@ def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     """One repetition: per-request latencies of the successful requests, throughput figures once."""
     samples = into.samples
     for r in run.succeeded:
-        if r.ttft_s is not None:
-            samples.setdefault("ttft_ms", []).append(r.ttft_s * 1000)
-        if r.tpot_s is not None:
-            samples.setdefault("tpot_ms", []).append(r.tpot_s * 1000)
-        samples.setdefault("itl_ms", []).extend(x * 1000 for x in r.itl_s)
-        samples.setdefault("e2e_ms", []).append(r.e2e_s * 1000)
+        add_request_latencies(samples, r.ttft_s, r.tpot_s, r.itl_s, r.e2e_s)
     summary = run.summary()
     samples.setdefault("tokens_per_s", []).append(summary["tokens_per_s"])
     samples.setdefault("requests_per_s", []).append(len(run.succeeded) / run.duration_s if run.duration_s else 0.0)

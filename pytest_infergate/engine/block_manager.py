@@ -2,6 +2,13 @@
 
 A block holds `block_size` consecutive token positions of one sequence. The contiguous cache mode is the same
 manager with one block per sequence, sized to the longest sequence the engine accepts.
+
+Prefix caching (vLLM's automatic prefix caching, nano-vllm's block hashes): a block whose positions are all
+computed is registered under a hash of its tokens chained to the hash of the block before it, so the key names
+the whole prefix up to the block's end. A new sequence whose prompt starts with registered blocks takes them
+instead of computing them again; blocks are reference-counted, and a block nobody holds goes back to the free
+list still registered, so it can be reused until the space is needed (it is evicted when it is allocated anew).
+Only full, computed blocks are shared, and a sequence writes only past its shared blocks.
 """
 
 from __future__ import annotations
@@ -10,13 +17,17 @@ from collections import deque
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self._free: deque[int] = deque(range(num_blocks))
-        self._owner: dict[int, int] = {}  # block id -> sequence id, for accounting checks
+        self._holders: dict[int, set[int]] = {}  # block id -> sequence ids holding it, for accounting checks
+        self._by_key: dict[tuple, int] = {}  # (parent key, tokens) -> block
+        self._key_of: dict[int, tuple] = {}  # block -> its key while registered
+        self.num_reused_blocks = 0  # prefix-cache hits, counted per block taken
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,15 +54,64 @@ class BlockManager:
             raise MemoryError(f"sequence {seq_id} needs {needed} KV blocks, {len(self._free)} free")
         for _ in range(needed):
             block = self._free.popleft()
-            self._owner[block] = seq_id
+            self._unregister(block)  # its old contents are about to be overwritten
+            self._holders[block] = {seq_id}
             block_table.append(block)
 
     def free(self, seq_id: int, block_table: list[int]) -> None:
         for block in block_table:
-            if self._owner.pop(block, None) != seq_id:
-                raise RuntimeError(f"block {block} freed by sequence {seq_id}, which does not own it")
-            self._free.append(block)
+            holders = self._holders.get(block)
+            if holders is None or seq_id not in holders:
+                raise RuntimeError(f"block {block} freed by sequence {seq_id}, which does not hold it")
+            holders.discard(seq_id)
+            if not holders:
+                del self._holders[block]
+                self._free.append(block)  # still registered: reusable until allocated anew
         block_table.clear()
 
     def slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    # ---- prefix caching -----------------------------------------------------------------------------------
+    def register(self, block: int, parent_key: tuple | None, tokens: tuple[int, ...]) -> tuple:
+        """Record that `block` holds the computed K/V of `tokens` after the prefix named by `parent_key`.
+        Returns the block's key (the parent of the next block). A prefix registered already keeps its block."""
+        key = (parent_key, tokens)
+        if self.prefix_caching and key not in self._by_key and block not in self._key_of:
+            self._by_key[key] = block
+            self._key_of[block] = key
+        return key
+
+    def take_prefix(self, seq_id: int, token_ids: list[int], max_tokens: int) -> tuple[list[int], list[tuple]]:
+        """The registered blocks that hold the longest prefix of `token_ids` (at most `max_tokens` positions, in
+        whole blocks), taken for `seq_id`; and their keys. Empty when prefix caching is off."""
+        blocks: list[int] = []
+        keys: list[tuple] = []
+        if not self.prefix_caching:
+            return blocks, keys
+        parent = None
+        size = self.block_size
+        for start in range(0, max_tokens - size + 1, size):
+            key = (parent, tuple(token_ids[start:start + size]))
+            block = self._by_key.get(key)
+            if block is None:
+                break
+            if block not in self._holders:  # cached but free: take it off the free list
+                self._free.remove(block)
+                self._holders[block] = set()
+            self._holders[block].add(seq_id)
+            blocks.append(block)
+            keys.append(key)
+            parent = key
+        self.num_reused_blocks += len(blocks)
+        return blocks, keys
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every registered prefix (e.g. between repetitions of a measured workload)."""
+        self._by_key.clear()
+        self._key_of.clear()
+
+    def _unregister(self, block: int) -> None:
+        key = self._key_of.pop(block, None)
+        if key is not None and self._by_key.get(key) == block:
+            del self._by_key[key]

@@ -21,6 +21,9 @@ class EngineConfig:
         as a static batch; `continuous` schedules every step: finished sequences leave, waiting ones join, prefill
         and decode share one forward under `max_batched_tokens`, long prompts are prefilled in chunks.
     kv_budget_bytes / kv_budget_blocks: the KV memory the engine may allocate (one of them; default 1 GiB).
+    prefix_caching: reuse the KV blocks of prompt prefixes computed before (a shared system prompt, few-shot
+        examples, a document asked several questions) instead of computing them again; paged cache with
+        continuous or sequential batching. Off by default, so measurements of repeated prompts stay comparable.
     """
 
     cache_mode: str = "paged"
@@ -40,6 +43,7 @@ class EngineConfig:
     length_bucketing: bool = False  # static/dynamic: group requests of similar prompt length
     max_length_spread: int | None = None  # static/dynamic: max prompt-length difference inside one batch
     schedule_by_tokens: bool = False  # static/dynamic: cap a batch by prompt tokens (max_batched_tokens) too
+    prefix_caching: bool = False
     record_steps: bool = True
 
     def __post_init__(self):
@@ -59,6 +63,9 @@ class EngineConfig:
             raise OptionError("EngineConfig: give kv_budget_bytes or kv_budget_blocks, not both")
         if self.window_ms < 0:
             raise OptionError(f"EngineConfig.window_ms must be >= 0, got {self.window_ms}")
+        if self.prefix_caching and (self.cache_mode != "paged" or self.batching not in ("continuous", "sequential")):
+            raise OptionError("EngineConfig.prefix_caching needs cache_mode='paged' and continuous or sequential "
+                              f"batching, got cache_mode={self.cache_mode!r}, batching={self.batching!r}")
         if self.batching == "sequential":
             self.max_batch_size = 1
 

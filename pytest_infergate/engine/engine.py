@@ -117,7 +117,7 @@ class Engine:
         num_kv_heads, head_dim = kv_geometry(self.model_config)
         cache = KVCache(self.model_config.num_hidden_layers, num_blocks * block_size, num_kv_heads, head_dim,
                         self.dtype, self.device)
-        return BlockManager(num_blocks, block_size), cache
+        return BlockManager(num_blocks, block_size, self.config.prefix_caching), cache
 
     def _install_attention(self) -> None:
         # engines on one model may overlap and close in any order: the first one remembers the model's own
@@ -271,7 +271,7 @@ class Engine:
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
             self._results[seq.request_id] = Result(
                 seq.request_id, reason, detail, seq.prompt_token_ids, list(seq.output_token_ids), text,
-                seq.timings, seq.num_preemptions, bool(seq.request.metadata.get("warmup")))
+                seq.timings, seq.num_preemptions, bool(seq.request.metadata.get("warmup")), seq.num_cached_tokens)
         return seq.request_id
 
     def _expire(self) -> None:
@@ -318,6 +318,8 @@ class Engine:
         tokens = sample(logits, sampling) if sampling else []
         for chunk in plan.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            if self.config.prefix_caching:
+                self._register_full_blocks(chunk.seq)
         ended = []
         for seq, token in zip(sampling, tokens):
             seq.output_token_ids.append(token)
@@ -338,6 +340,22 @@ class Engine:
                 kv_blocks_used=self.blocks.num_used_blocks if self.blocks is not None else 0,
                 forward_s=forward_s, step_s=time.perf_counter() - step_start, num_preempted=len(plan.preempted)))
         return ended
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Blocks whose every position is now computed become reusable prefixes for later sequences."""
+        size = self.blocks.block_size
+        tokens = seq.all_token_ids
+        while len(seq.block_keys) < seq.num_computed_tokens // size:
+            index = len(seq.block_keys)
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.blocks.register(seq.block_table[index], parent,
+                                                       tuple(tokens[index * size:(index + 1) * size])))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached prefixes: the next requests compute their prompts in full (between repetitions of a
+        measured workload, so each repetition sees the same cache state)."""
+        if self.blocks is not None:
+            self.blocks.reset_prefix_cache()
 
     def _degrade(self, plan: StepPlan, exc: Exception) -> list[str]:
         """Out of device memory in a step: halve the running batch (newest out, recomputed later) and go on."""

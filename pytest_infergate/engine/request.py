@@ -125,6 +125,7 @@ class Result:
     timings: RequestTimings
     num_preemptions: int = 0
     is_warmup: bool = False
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)
 
     @property
     def ok(self) -> bool:
@@ -161,6 +162,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
+        self.block_keys: list[tuple] = []  # prefix-cache keys of its full, computed blocks, in order
+        self.num_cached_tokens = 0  # prompt tokens taken from the prefix cache instead of computed
         self.timings = RequestTimings(arrival=arrival)
         self.finish_reason: FinishReason | None = None
         self.reason = ""

@@ -76,6 +76,7 @@ class Scheduler:
     def release(self, seq: Sequence) -> None:
         if self.blocks is not None:
             self.blocks.free(seq.seq_id, seq.block_table)
+        seq.block_keys.clear()
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks and put it first in line; its tokens are recomputed when it returns."""
@@ -147,10 +148,27 @@ class Scheduler:
         return plan
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> Chunk | None:
+        reused = not seq.block_table and self._reuse_prefix(seq)
         size = min(seq.num_uncomputed_tokens, self.config.prefill_chunk_size, budget)
         if size <= 0 or not self._try_grow(seq, seq.num_computed_tokens + size):
+            if reused:  # not admitted after all: hold no blocks while waiting
+                self.release(seq)
+                seq.num_computed_tokens = seq.num_cached_tokens = 0
             return None
         return Chunk(seq, size)
+
+    def _reuse_prefix(self, seq: Sequence) -> bool:
+        """Take the cached blocks of the longest registered prefix of the sequence's tokens. At least one token
+        is left to compute: its logits give the next token."""
+        blocks, keys = self.blocks.take_prefix(seq.seq_id, seq.all_token_ids, seq.num_tokens - 1) \
+            if self.blocks is not None else ([], [])
+        if not blocks:
+            return False
+        seq.block_table.extend(blocks)
+        seq.block_keys.extend(keys)
+        seq.num_computed_tokens = len(blocks) * self.blocks.block_size
+        seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed_tokens)
+        return True
 
     def _schedule_recompute(self) -> StepPlan:
         """cache_mode 'none': every running sequence feeds all its tokens again, every step."""
