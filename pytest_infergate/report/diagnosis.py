@@ -164,6 +164,10 @@ def endpoint_errors(records) -> list[Note]:
                  f"latency figures; {advice}.")]
 
 
+def _describe_slo(slo: dict) -> str:
+    return ", ".join(f"{key} <= {value:g}" for key, value in slo.items() if value is not None) or "(none)"
+
+
 def endpoint_goodput(records) -> list[Note]:
     """Throughput that misses the SLO is not capacity: compare goodput with the request rate achieved."""
     notes = []
@@ -173,7 +177,8 @@ def endpoint_goodput(records) -> list[Note]:
             notes.append(Note("warn", "SLO misses under load",
                               f"{r['test']}: goodput {s['goodput_per_s']:.3g} req/s of {s['requests_per_s']:.3g} "
                               f"req/s served ({s['goodput_per_s'] / s['requests_per_s']:.0%} met the SLO "
-                              f"{r['measurement'].get('engine', {}).get('slo')}). Lower the load or relax the SLO; "
+                              f"{_describe_slo(r['measurement'].get('engine', {}).get('slo') or {})}). Lower the "
+                              "load or relax the SLO; "
                               "the sweep shows where goodput stops growing."))
             break
     return notes
