@@ -168,7 +168,8 @@ def run_load(config: EndpointConfig, requests: list[EndpointRequest], pattern: L
 
     async def main() -> LoadRun:
         async with EndpointClient(config) as client:
-            await client.discover_model()
+            if client.model is None:  # the session probe names it once; a busy server need not be asked again
+                await client.discover_model()
             for request in requests[:warmup]:
                 await client.send(EndpointRequest(**{**asdict(request), "max_tokens": min(request.max_tokens, 8)}))
             return await run_load_async(client, requests, pattern, slo, stream)
