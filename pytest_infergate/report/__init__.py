@@ -90,7 +90,8 @@ def build_context(data: dict, commit: str | None = None) -> dict:
         if any(run_peak.values()):
             series["peak while serving"] = [run_peak[p] for p in precisions]
         figures.append(charts.bar_chart("Memory by precision", precisions, series, "MiB"))
-    ttft = {f"{r['precision']} {r['batching']}": r_full["measurement"]["samples"].get("ttft_ms", [])
+    ttft = {(r["batching"] if r["endpoint"] else f"{r['precision']} {r['batching']}"):
+            r_full["measurement"]["samples"].get("ttft_ms", [])
             for r, r_full in zip(perf, [x for x in records if x.get("kind") == "perf"])}
     ttft = {k: v for k, v in list(ttft.items())[:6] if v}
     if ttft:

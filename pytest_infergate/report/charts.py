@@ -10,8 +10,14 @@ W, H, PAD_L, PAD_B, PAD_T, PAD_R = 560, 240, 56, 40, 28, 12
 
 def _frame(title: str, body: str, legend: list[tuple[str, str]] = (), height: int = H) -> str:
     step = (W - PAD_L) / max(1, len(legend))
+    fits = max(4, int((step - 18) / 5.5))  # characters of legend text per slot (about 5.5 px each)
+
+    def label(name: str) -> str:  # long names are cut to their slot; the full name is the tooltip
+        short = name if len(name) <= fits else name[:fits - 1] + "…"
+        return f"<title>{escape(name)}</title>{escape(short)}"
+
     items = "".join(f'<rect x="{PAD_L + i * step:.0f}" y="{height - 12}" width="10" height="10" fill="{color}"/>'
-                    f'<text x="{PAD_L + 14 + i * step:.0f}" y="{height - 3}" class="lg">{escape(name)}</text>'
+                    f'<text x="{PAD_L + 14 + i * step:.0f}" y="{height - 3}" class="lg">{label(name)}</text>'
                     for i, (name, color) in enumerate(legend))
     return (f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {W} {height}" '
             f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>'
