@@ -20,14 +20,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.engine import Engine, EngineConfig, Request  # noqa: E402
+from pytest_infergate.engine.request import render_prompt  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.workloads import chat_workload, with_poisson_arrivals  # noqa: E402
 
 
-def prompt_ids(tokenizer, request: Request) -> list[int]:
-    ids = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
-    return ids if isinstance(ids, list) else ids["input_ids"]
 
 
 def useful(tokens: list[int], max_new: int, eos: set[int]) -> int:
@@ -53,7 +51,7 @@ def run_hf_static(loaded, requests, batch_size, eos) -> tuple[float, int]:
     start = time.perf_counter()
     for first in range(0, len(requests), batch_size):
         batch = requests[first:first + batch_size]
-        encoded = [prompt_ids(tok, r) for r in batch]
+        encoded = [render_prompt(tok, r) for r in batch]
         width = max(map(len, encoded))
         ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded])
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
@@ -70,7 +68,7 @@ def run_hf_sequential(loaded, requests, eos) -> tuple[float, int]:
     total_useful = 0
     start = time.perf_counter()
     for request in requests:
-        ids = torch.tensor([prompt_ids(tok, request)])
+        ids = torch.tensor([render_prompt(tok, request)])
         out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                     pad_token_id=tok.pad_token_id, max_new_tokens=request.max_new_tokens)
         total_useful += useful(out[0, ids.shape[1]:].tolist(), request.max_new_tokens, eos)
@@ -89,7 +87,7 @@ def run_hf_generate_batch(loaded, requests, eos, max_batch) -> tuple[float, int]
     start = time.perf_counter()
     outputs = {}
     with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30) as manager:
-        ids = [manager.add_request(prompt_ids(tok, r), max_new_tokens=r.max_new_tokens) for r in requests]
+        ids = [manager.add_request(render_prompt(tok, r), max_new_tokens=r.max_new_tokens) for r in requests]
         while len(outputs) < len(ids):
             result = manager.get_result(timeout=1)
             if result is not None and result.is_finished():
@@ -118,7 +116,7 @@ def main() -> int:
     eos = {tok.eos_token_id, loaded.model.generation_config.eos_token_id} - {None}
     requests = chat_workload(tok, args.requests)
     print(f"model {args.model} fp32, torch threads {torch.get_num_threads()}, {args.requests} chat requests, "
-          f"prompts {min(len(prompt_ids(tok, r)) for r in requests)}-{max(len(prompt_ids(tok, r)) for r in requests)} "
+          f"prompts {min(len(render_prompt(tok, r)) for r in requests)}-{max(len(render_prompt(tok, r)) for r in requests)} "
           f"tokens, max_new_tokens {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}")
 
     # warm-up: one short request through each path, not measured
@@ -160,7 +158,7 @@ def main() -> int:
         print(f"HF generate, sequential: {tokens:5d} useful tokens in {wall:7.1f} s = {tokens / wall:6.1f} tok/s")
 
     # batch-1 decode: same prompt, 128 tokens, engine vs model.generate, alternated 3 times, best of each
-    one = Request(prompt_token_ids=prompt_ids(tok, requests[0])[:32], max_new_tokens=128, ignore_eos=True)
+    one = Request(prompt_token_ids=render_prompt(tok, requests[0])[:32], max_new_tokens=128, ignore_eos=True)
     engine_times, hf_times = [], []
     for _ in range(3):
         engine_times.append(run_engine(loaded, [one], max_batch_size=1)[0])

@@ -142,11 +142,11 @@ def quantization_flags(reference, candidate, samples: list[SampleQuality]) -> li
     return []
 
 
-def golden_outputs(loaded, samples: list[GoldenSample], generated: list[Generated],
-                   with_logprobs: bool) -> list[GoldenOutput]:
+def golden_outputs(samples: list[GoldenSample], generated: list[Generated], model=None) -> list[GoldenOutput]:
+    """Outputs to accept; with `model`, each token's top-k log-probabilities under it are stored too."""
     topks: list = [[] for _ in generated]
-    if with_logprobs:
-        _, topks = teacher_forced(loaded.model, loaded.model, [(g.prompt_ids, g.token_ids) for g in generated])
+    if model is not None:
+        _, topks = teacher_forced(model, model, [(g.prompt_ids, g.token_ids) for g in generated])
     return [GoldenOutput(g.id, g.token_ids, g.text, topk) for g, topk in zip(generated, topks)]
 
 
@@ -163,13 +163,12 @@ class GoldenRegression:
         return not self.changed and not self.missing
 
 
-def compare_with_golden(loaded, samples: list[GoldenSample], current: list[Generated],
-                        accepted: GoldenOutputs, precision: str | None = None) -> GoldenRegression:
-    """Current outputs of a precision against its own accepted golden outputs (token for token). `loaded`
-    decodes tokens and, where the accepted file stores top-k logprobs, scores them; `precision` names what is
-    compared when that is not `loaded` itself (an endpoint)."""
+def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Generated], accepted: GoldenOutputs,
+                        precision: str, model=None) -> GoldenRegression:
+    """Current outputs of `precision` against its own accepted golden outputs (token for token). With `model`
+    (the one that produced them), the accepted top-k log-probabilities are scored too."""
     changed, missing, kls = [], [], []
-    decode = loaded.tokenizer.decode
+    decode = tokenizer.decode
     for sample, now in zip(samples, current):
         old = accepted.outputs.get(sample.id)
         if old is None:
@@ -177,11 +176,11 @@ def compare_with_golden(loaded, samples: list[GoldenSample], current: list[Gener
             continue
         quality = compare_sample(sample, old.token_ids, old.text, now.token_ids, now.text, None,
                                  decode=lambda ids: decode(ids, skip_special_tokens=True))
-        if old.top_logprobs and old.token_ids:
-            lp = _continuation_logprobs(loaded.model, [(now.prompt_ids, old.token_ids)])[0]
+        if model is not None and old.top_logprobs and old.token_ids:
+            lp = _continuation_logprobs(model, [(now.prompt_ids, old.token_ids)])[0]
             quality.mean_kl = sum(topk_kl(old.top_logprobs, lp)) / len(old.token_ids)
             kls.append(quality.mean_kl)
         if not quality.exact_match:
             changed.append(quality)
-    return GoldenRegression(precision or loaded.record.requested_precision, changed, missing, len(samples) - len(missing),
+    return GoldenRegression(precision, changed, missing, len(samples) - len(missing),
                             sum(kls) / len(kls) if kls else None)

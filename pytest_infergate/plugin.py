@@ -126,7 +126,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if options is None or options.endpoint is None:
         return
     from pytest_infergate.endpoint.bench import EndpointBench
-    from pytest_infergate.endpoint.client import EndpointConfig, EndpointError
+    from pytest_infergate.endpoint.client import EndpointConfig
 
     try:
         bench = EndpointBench(EndpointConfig.from_options(options))
@@ -267,7 +267,7 @@ class PerfBench:
         config = config or EngineConfig()
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
-        key = self.item.nodeid + (f"::{label}" if label else "")
+        key = _measurement_key(self.item, label)
         fingerprint = perf_fingerprint(self.loaded.record, config.to_dict(), self.options.device)
         record = {"precision": self.loaded.record.requested_precision, "fallback": self.loaded.record.fallback,
                   "engine_config": config.to_dict(), "tags": tags or {}}
@@ -293,7 +293,7 @@ class PerfBench:
         other = baseline_model or self._compare_side()
         other_bench = self.bench if other is self.loaded else Bench(other, self.options.device)
         other_config = baseline_config or config
-        key = f"{self.item.nodeid}::{label}"
+        key = _measurement_key(self.item, label)
         budget = _budget_for(self.item, self.loaded.record.requested_precision, key)
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": 0.10}))
@@ -361,27 +361,32 @@ class EndpointPerfBench:
         return self.load(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label, tags=tags)
 
     def load(self, requests=None, pattern=None, slo=None, *, warmup: int = 1, repeats: int = 1, label: str = "",
-             tags: dict | None = None, fail: bool = True):
+             tags: dict | None = None):
         """Run `requests` (default: 16 chat requests) against the endpoint in `pattern` (a LoadPattern, or a dict
         such as {"rate_per_s": 4, "burstiness": 0.5} or {"concurrency": 8}) `repeats` times, and gate the result
         with the test's budgets. `slo` (or the `infergate_slo` marker) defines goodput. Returns the Measurement."""
         from pytest_infergate.endpoint.load import LoadPattern
 
-        requests = requests if requests is not None else self.default_workload()
         pattern = LoadPattern(**pattern) if isinstance(pattern, dict) else (pattern or LoadPattern())
+        measurement, outcome = self._measure_and_gate(requests, pattern, slo, warmup, repeats, label, tags)
+        if outcome.failed:
+            pytest.fail(f"infergate perf gate failed for {_measurement_key(self.item, label)} (endpoint, "
+                        f"{pattern.describe()}):\n{outcome.message()}" + _failure_sample(measurement), pytrace=False)
+        return measurement
+
+    def _measure_and_gate(self, requests, pattern, slo, warmup: int, repeats: int, label: str, tags: dict | None):
+        """(Measurement, PerfOutcome) of one load run, recorded with the test's result; failing is the caller's."""
+        requests = requests if requests is not None else self.default_workload()
         slo = self._slo(slo)
         measurement = self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label)
-        key = self.item.nodeid + (f"::{label}" if label else "")
+        key = _measurement_key(self.item, label)
         record = {"precision": ENDPOINT_PRECISION, "backend": "endpoint", "fallback": False,
                   "engine_config": {"backend": "endpoint", "url": self.bench.config.base_url,
                                     "served_model": self.bench.model, "pattern": pattern.describe()},
                   "tags": {"pattern": pattern.describe(), **(tags or {})}}
         outcome = _gate_measurement(self.item, key, label, measurement, self.bench.fingerprint(), record,
                                     remeasure=lambda: self.bench.run_once(requests, pattern, slo, warmup, measurement))
-        if fail and outcome.failed:
-            pytest.fail(f"infergate perf gate failed for {key} (endpoint, {pattern.describe()}):\n"
-                        f"{outcome.message()}" + _failure_sample(measurement), pytrace=False)
-        return measurement if fail else (measurement, outcome)
+        return measurement, outcome
 
     def sweep(self, requests=None, *, rates=None, concurrencies=None, burstiness: float = 1.0, slo=None,
               warmup: int = 1, label: str = "sweep"):
@@ -394,8 +399,8 @@ class EndpointPerfBench:
         points, failures = [], []
         for index, pattern in enumerate(sweep_patterns(rates, concurrencies, burstiness)):
             point = f"{label}-rate{pattern.rate_per_s:g}" if rates else f"{label}-c{pattern.concurrency}"
-            measurement, outcome = self.load(requests, pattern, slo, warmup=warmup if index == 0 else 0,
-                                             label=point, tags={"experiment": label}, fail=False)
+            measurement, outcome = self._measure_and_gate(requests, pattern, slo, warmup if index == 0 else 0, 1,
+                                                          point, {"experiment": label})
             points.append((pattern, measurement))
             if outcome.failed:
                 failures.append(f"{point}:\n{outcome.message()}")
@@ -421,9 +426,6 @@ class EndpointPerfBench:
         except InfergateError as exc:
             pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
 
-    def close(self) -> None:
-        pass
-
 
 def _failure_sample(measurement) -> str:
     failures = measurement.engine.get("failures") or []
@@ -433,13 +435,18 @@ def _failure_sample(measurement) -> str:
                                                           for f in failures[:3])
 
 
+def _measurement_key(item: pytest.Item, label: str) -> str:
+    """The test id, plus `::label` when a test measures several workloads; baselines and budgets key on it."""
+    return item.nodeid + (f"::{label}" if label else "")
+
+
 def _gate_measurement(item: pytest.Item, key: str, label: str, measurement, fingerprint: dict, record: dict,
                       remeasure=None):
     """Budgets (markers + ini) and the baseline comparison of one measurement; records the result and the key
     figures as JUnit properties. Returns the PerfOutcome; the caller fails the test."""
-    from pytest_infergate.gate import evaluate_perf
-
     from dataclasses import replace
+
+    from pytest_infergate.gate import evaluate_perf
 
     options = item.config.stash[OPTIONS_KEY]
     budget = _budget_for(item, record["precision"], key)
@@ -550,16 +557,13 @@ class GoldenGate:
 
     def _endpoint_generated(self, samples):
         """The endpoint's greedy answers (with top logprobs where it gives them) and notes; once per session."""
-        from dataclasses import replace
-
         from pytest_infergate.endpoint.golden import EndpointGenerationError, generate
 
         cache = self.item.config.stash[GENERATED_KEY]
         key = (ENDPOINT_PRECISION, tuple(s.id for s in samples))
         if key not in cache:
             try:
-                cache[key] = generate(replace(self.endpoint.config, model=self.endpoint.model), self.pool.tokenizer,
-                                      samples)
+                cache[key] = generate(self.endpoint.config, self.pool.tokenizer, samples)
             except EndpointGenerationError as exc:
                 cache[key] = exc
         if isinstance(cache[key], EndpointGenerationError):  # failed once: every golden test says so at once
@@ -621,13 +625,15 @@ class GoldenGate:
         if self.endpoint is not None:  # the endpoint's own accepted outputs, keyed by the name it serves
             from pytest_infergate.golden import endpoint_outputs_path
 
-            loaded = _get_model(self.pool, self.options.reference_precision)  # decodes tokens, nothing else
+            # an endpoint's logits are not a local model's: its files store tokens and text, scored by no model
+            model, tokenizer = None, self.pool.tokenizer
             current, _ = self._endpoint_generated(samples)
             path = endpoint_outputs_path(self.golden_dir, self.pool.source.name, self.endpoint.model)
             header = {"model": self.pool.source.name, "endpoint": self.endpoint.config.base_url,
                       "served_model": self.endpoint.model, "precision": ENDPOINT_PRECISION}
         else:
             loaded = self.candidate
+            model, tokenizer = loaded.model, loaded.tokenizer
             current = self._generated(loaded, samples)
             path = outputs_path(self.golden_dir, self.pool.source.name, loaded.record.fingerprint,
                                 self.options.device, loaded.record.requested_precision)
@@ -642,8 +648,7 @@ class GoldenGate:
                 if not self.options.update_golden:
                     pytest.fail(str(exc), pytrace=False)
         if self.options.update_golden:
-            # an endpoint's logits are not the local model's: its file stores tokens and text only
-            outputs = golden_outputs(loaded, samples, current, with_logprobs=self.endpoint is None)
+            outputs = golden_outputs(samples, current, model)
             changes = diff_outputs(old, outputs)
             write_outputs(path, header, outputs)
             _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": "pass", "updated": str(path),
@@ -652,7 +657,7 @@ class GoldenGate:
         if old is None:
             pytest.skip(f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
                         "commit the file")
-        regression = compare_with_golden(loaded, samples, current, old, precision=self.precision)
+        regression = compare_with_golden(tokenizer, samples, current, old, self.precision, model)
         status = "pass" if regression.ok else "fail"
         _record(self.item, {"kind": "golden", "test": self.item.nodeid, "status": status, "path": str(path),
                             "precision": regression.precision, "compared": regression.compared,

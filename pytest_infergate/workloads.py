@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from pytest_infergate.engine.request import Request
+from pytest_infergate.engine.request import Request, render_prompt
 
 QUESTIONS = [
     "Summarize the text above in two sentences.",
@@ -35,9 +35,7 @@ PASSAGE = (
 
 
 def _render(tokenizer, text: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True)
-    return ids if isinstance(ids, list) else ids["input_ids"]
+    return render_prompt(tokenizer, Request(messages=[{"role": "user", "content": text}]))
 
 
 def chat_prompt_with_length(tokenizer, target_tokens: int, question: str) -> str:

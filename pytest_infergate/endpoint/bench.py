@@ -3,6 +3,8 @@ reference engine's bench produces, so budgets, baselines and the report treat bo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, add_to_measurement, discover_model, run_load
 from pytest_infergate.perf import Measurement
@@ -20,17 +22,17 @@ def endpoint_requests(requests: list, api: str) -> list[EndpointRequest]:
 
 
 class EndpointBench:
-    """Measurements of one endpoint. The served model name is looked up once (GET /v1/models)."""
+    """Measurements of one endpoint. The served model name is looked up once (GET /v1/models) and kept in
+    `config`, so every later request names it without asking the server again."""
 
     def __init__(self, config: EndpointConfig):
         self.config = config
-        self._model = config.model
 
     @property
     def model(self) -> str:
-        if self._model is None:
-            self._model = discover_model(self.config)
-        return self._model
+        if self.config.model is None:
+            self.config = replace(self.config, model=discover_model(self.config))
+        return self.config.model
 
     def fingerprint(self) -> dict:
         """What an endpoint measurement depends on, as far as the client can see."""
@@ -38,13 +40,10 @@ class EndpointBench:
                 "api": self.config.api}
 
     def run_once(self, requests: list, pattern: LoadPattern, slo: Slo, warmup: int, into: Measurement) -> LoadRun:
-        from dataclasses import replace
-
-        config = replace(self.config, model=self.model)
-        run = run_load(config, endpoint_requests(requests, self.config.api), pattern, slo, warmup=warmup)
+        served = self.model
+        run = run_load(self.config, endpoint_requests(requests, self.config.api), pattern, slo, warmup=warmup)
         add_to_measurement(run, into)
-        into.engine.update(backend="endpoint", url=self.config.base_url, served_model=self.model,
-                           api=self.config.api, usage_reported=run.summary()["usage_reported"])
+        into.engine.update(backend="endpoint", url=self.config.base_url, served_model=served, api=self.config.api)
         return run
 
     def measure(self, requests: list, pattern: LoadPattern = LoadPattern(), slo: Slo = Slo(), *, warmup: int = 1,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.load import LoadPattern, run_load
+from pytest_infergate.engine.request import Request, render_prompt
 from pytest_infergate.golden import GoldenSample
 from pytest_infergate.quality import TokenStats
 
@@ -28,14 +29,6 @@ class EndpointGenerated:
     token_ids: list[int]
     text: str
     logprobs: list[dict] = field(default_factory=list)
-
-
-def _prompt_ids(tokenizer, sample: GoldenSample) -> list[int]:
-    if sample.messages is not None:
-        ids = tokenizer.apply_chat_template([dict(m) for m in sample.messages], add_generation_prompt=True,
-                                            tokenize=True)
-        return ids if isinstance(ids, list) else ids["input_ids"]
-    return tokenizer(sample.prompt, add_special_tokens=True)["input_ids"]
 
 
 def generate(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
@@ -67,7 +60,8 @@ def generate(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
 
 def _generated(tokenizer, sample: GoldenSample, result: EndpointResult) -> EndpointGenerated:
     token_ids = tokenizer(result.text, add_special_tokens=False)["input_ids"] if result.text else []
-    return EndpointGenerated(sample.id, _prompt_ids(tokenizer, sample), token_ids, result.text, result.logprobs)
+    prompt_ids = render_prompt(tokenizer, Request(**sample.request_kwargs()))
+    return EndpointGenerated(sample.id, prompt_ids, token_ids, result.text, result.logprobs)
 
 
 class PieceIndex:

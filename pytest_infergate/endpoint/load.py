@@ -125,20 +125,22 @@ class LoadRun:
 def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     """One repetition: per-request latencies of the successful requests, throughput figures once."""
     samples = into.samples
-    for r in run.succeeded:
+    ok = run.succeeded
+    for r in ok:
         add_request_latencies(samples, r.ttft_s, r.tpot_s, r.itl_s, r.e2e_s)
     summary = run.summary()
     samples.setdefault("tokens_per_s", []).append(summary["tokens_per_s"])
-    samples.setdefault("requests_per_s", []).append(len(run.succeeded) / run.duration_s if run.duration_s else 0.0)
-    samples.setdefault("success_rate", []).append(run.success_rate)
+    samples.setdefault("requests_per_s", []).append(len(ok) / run.duration_s if run.duration_s else 0.0)
+    samples.setdefault("success_rate", []).append(summary["success_rate"])
     if not run.slo.is_empty:
-        samples.setdefault("goodput_per_s", []).append(run.goodput_per_s)
+        samples.setdefault("goodput_per_s", []).append(summary["goodput_per_s"])
     into.num_requests += len(run.results)
-    into.num_failed += len(run.results) - len(run.succeeded)
+    into.num_failed += len(run.results) - len(ok)
     into.repetitions += 1
     errors = Counter(into.engine.get("errors", {}))
-    errors.update(run.errors)
-    into.engine.update(errors=dict(errors), pattern=run.pattern.describe(), slo=asdict(run.slo))
+    errors.update(summary["errors"])
+    into.engine.update(errors=dict(errors), pattern=summary["pattern"], slo=summary["slo"],
+                       usage_reported=summary["usage_reported"])
     into.engine.setdefault("failures", [])
     into.engine["failures"] += [{"request_id": r.request_id, "error": r.error, "detail": r.error_detail}
                                 for r in run.results if not r.ok][:20 - len(into.engine["failures"])]

@@ -84,11 +84,9 @@ class BlockManager:
 
     def take_prefix(self, seq_id: int, token_ids: list[int], max_tokens: int) -> tuple[list[int], list[tuple]]:
         """The registered blocks that hold the longest prefix of `token_ids` (at most `max_tokens` positions, in
-        whole blocks), taken for `seq_id`; and their keys. Empty when prefix caching is off."""
+        whole blocks), taken for `seq_id`; and their keys."""
         blocks: list[int] = []
         keys: list[tuple] = []
-        if not self.prefix_caching:
-            return blocks, keys
         parent = None
         size = self.block_size
         for start in range(0, max_tokens - size + 1, size):

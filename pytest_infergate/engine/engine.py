@@ -12,7 +12,8 @@ import torch
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
 from pytest_infergate.engine.kv_cache import ATTENTION_NAME, KVCache, kv_bytes_per_token, kv_geometry, register_attention
-from pytest_infergate.engine.request import FinishReason, Request, RequestError, Result, Sequence, SequenceStatus
+from pytest_infergate.engine.request import (FinishReason, Request, RequestError, Result, Sequence, SequenceStatus,
+                                             render_prompt)
 from pytest_infergate.engine.runner import ModelRunner, sample
 from pytest_infergate.engine.scheduler import Scheduler, StepPlan
 from pytest_infergate.errors import InfergateError, OptionError
@@ -199,22 +200,7 @@ class Engine:
 
     # ---- submitting ---------------------------------------------------------------------------------------
     def _tokenize(self, request: Request) -> list[int]:
-        if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-        elif request.messages is not None:
-            if not request.messages:
-                raise RequestError("request.messages is empty: give at least one chat message")
-            if getattr(self.tokenizer, "chat_template", None) is None:
-                raise RequestError("the tokenizer has no chat template: send `prompt` text instead of `messages`")
-            ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):
-                ids = ids["input_ids"]
-        else:
-            if not request.prompt:
-                raise RequestError("request.prompt is empty: give some text, messages or prompt_token_ids")
-            ids = self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
-        if not ids:
-            raise RequestError("the prompt tokenized to zero tokens: give a non-empty prompt")
+        ids = render_prompt(self.tokenizer, request)
         vocab = self.model_config.vocab_size
         bad = [t for t in set(ids) | set(request.stop_token_ids) if not 0 <= t < vocab]
         if bad:
@@ -344,6 +330,8 @@ class Engine:
     def _register_full_blocks(self, seq: Sequence) -> None:
         """Blocks whose every position is now computed become reusable prefixes for later sequences."""
         size = self.blocks.block_size
+        if len(seq.block_keys) >= seq.num_computed_tokens // size:
+            return  # most decode steps complete no block; skip building the token list
         tokens = seq.all_token_ids
         while len(seq.block_keys) < seq.num_computed_tokens // size:
             index = len(seq.block_keys)

@@ -76,6 +76,28 @@ class Request:
         return self.temperature == 0
 
 
+def render_prompt(tokenizer, request: Request) -> list[int]:
+    """The prompt as the model sees it: token ids as given, chat messages rendered with the tokenizer's chat
+    template (and the generation prompt), or text with the tokenizer's special tokens."""
+    if request.prompt_token_ids is not None:
+        ids = list(request.prompt_token_ids)
+    elif request.messages is not None:
+        if not request.messages:
+            raise RequestError("request.messages is empty: give at least one chat message")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise RequestError("the tokenizer has no chat template: send `prompt` text instead of `messages`")
+        ids = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):
+            ids = ids["input_ids"]
+    else:
+        if not request.prompt:
+            raise RequestError("request.prompt is empty: give some text, messages or prompt_token_ids")
+        ids = tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+    if not ids:
+        raise RequestError("the prompt tokenized to zero tokens: give a non-empty prompt")
+    return ids
+
+
 @dataclass
 class RequestTimings:
     """Wall-clock instants (perf_counter seconds) and the derived latencies of one request."""

@@ -160,8 +160,9 @@ class Scheduler:
     def _reuse_prefix(self, seq: Sequence) -> bool:
         """Take the cached blocks of the longest registered prefix of the sequence's tokens. At least one token
         is left to compute: its logits give the next token."""
-        blocks, keys = self.blocks.take_prefix(seq.seq_id, seq.all_token_ids, seq.num_tokens - 1) \
-            if self.blocks is not None else ([], [])
+        if self.blocks is None or not self.blocks.prefix_caching:
+            return False
+        blocks, keys = self.blocks.take_prefix(seq.seq_id, seq.all_token_ids, seq.num_tokens - 1)
         if not blocks:
             return False
         seq.block_table.extend(blocks)

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from markupsafe import Markup
 
+from pytest_infergate.perf import METRICS
 from pytest_infergate.report import charts
 from pytest_infergate.report.diagnosis import diagnose
 
-METRICS_HIGHER = ("tokens_per_s", "requests_per_s", "success_rate", "goodput_per_s")
+# budgets on these are lower bounds (">="); on every other metric upper bounds
+METRICS_HIGHER = tuple(metric for metric, (_, higher_is_better, _) in METRICS.items() if higher_is_better)
 
 
 def git_commit(where: Path | None = None) -> str | None:
