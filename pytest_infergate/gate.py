@@ -95,13 +95,13 @@ def evaluate_ab(run_a: Callable, run_b: Callable, budget: Budget, rounds: int, s
     from pytest_infergate.bench import measure_interleaved
 
     a, b = measure_interleaved(run_a, run_b, rounds)
-    verdicts = compare_measurements(b, a, budget)
+    verdicts = compare_measurements(b, a, budget, paired=True)
     remeasured = 0
     while remeasured < max_remeasure and any(v.status == "inconclusive" for v in verdicts):
         run_a(a)
         run_b(b)
         remeasured += 1
-        verdicts = compare_measurements(b, a, budget)
+        verdicts = compare_measurements(b, a, budget, paired=True)
     status = ("fail" if any(v.status == "fail" for v in verdicts) else
               "inconclusive" if any(v.status == "inconclusive" for v in verdicts) else "pass")
     if status == "inconclusive" and strict:

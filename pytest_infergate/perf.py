@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_infergate.errors import InfergateError, OptionError
-from pytest_infergate.stats import bootstrap_ratio_ci, percentile
+from pytest_infergate.stats import bootstrap_ratio_ci, paired_bootstrap_ci, percentile
 
 # metric -> (unit, higher_is_better, is a per-request distribution)
 METRICS: dict[str, tuple[str, bool, bool]] = {
@@ -250,12 +250,14 @@ class Verdict:
     candidate: float
     baseline: float
     samples: tuple[int, int]
+    paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
 
     def describe(self) -> str:
         where = f"p{self.percentile} " if self.percentile else ""
+        pairing = ", paired by round" if self.paired else ""
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
-                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]})")
+                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{pairing})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -275,14 +277,35 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
     else:
         point, low, high = bootstrap_ratio_ci(candidate, baseline, stat, confidence, resamples)
     threshold = 1.0 + max_regression
-    status = "fail" if low > threshold else "pass" if high <= threshold else "inconclusive"
-    return Verdict(metric, status, point, low, high, threshold, pct if METRICS[metric][2] else None,
-                   stat(candidate), stat(baseline), (len(candidate), len(baseline)))
+    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold,
+                   pct if METRICS[metric][2] else None, stat(candidate), stat(baseline),
+                   (len(candidate), len(baseline)))
+
+
+def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
+                   confidence: float = 0.95, resamples: int = 2000) -> Verdict:
+    """Like compare_samples for a per-repetition metric of an interleaved A/B run, where candidate[i] and
+    baseline[i] were measured back to back: the ratio is taken within each round, so drift of the machine
+    between rounds cancels instead of widening the interval; the CI bootstraps the median over rounds."""
+    higher_is_better = METRICS[metric][1]
+    ratios = [(b / c if higher_is_better else c / b) for c, b in zip(candidate, baseline) if c > 0 and b > 0]
+    if len(ratios) != len(candidate):
+        return compare_samples(metric, candidate, baseline, max_regression)
+    point, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), confidence, resamples)
+    threshold = 1.0 + max_regression
+    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold, None,
+                   percentile(candidate, 50), percentile(baseline, 50), (len(candidate), len(baseline)),
+                   paired=True)
+
+
+def _decide(low: float, high: float, threshold: float) -> str:
+    return "fail" if low > threshold else "pass" if high <= threshold else "inconclusive"
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
-                         metrics: list[str] | None = None) -> list[Verdict]:
-    """Verdicts for every metric the budget names (or `metrics`), present in both measurements."""
+                         metrics: list[str] | None = None, paired: bool = False) -> list[Verdict]:
+    """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
+    the two were measured in interleaved rounds, so per-repetition metrics compare round by round."""
     if budget.max_regression is None:
         return []
     names = metrics or sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
@@ -290,6 +313,9 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
     for metric in names:
         a, b = candidate.samples.get(metric), baseline.samples.get(metric)
         if not a or not b or metric in ("load_s",):
+            continue
+        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
+            verdicts.append(compare_paired(metric, a, b, budget.max_regression))
             continue
         pct = next((l.percentile for l in budget.limits if l.metric == metric), budget.percentile)
         verdicts.append(compare_samples(metric, a, b, budget.max_regression, pct))

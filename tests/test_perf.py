@@ -5,8 +5,8 @@ import pytest
 
 from pytest_infergate.baseline import BaselineError, load_baseline, save_baseline
 from pytest_infergate.gate import evaluate_perf
-from pytest_infergate.perf import (BudgetError, Measurement, check_budget, compare_samples, merge_budgets,
-                                   parse_budget, parse_ini_budgets)
+from pytest_infergate.perf import (BudgetError, Measurement, check_budget, compare_measurements, compare_samples,
+                                   merge_budgets, parse_budget, parse_ini_budgets)
 from pytest_infergate.stats import percentile
 
 
@@ -82,6 +82,23 @@ def test_throughput_direction_is_oriented():
     # tokens/s dropping by a third is a regression even though the number got smaller
     verdict = compare_samples("tokens_per_s", noisy(66.0, 30, 0.02, 5), noisy(100.0, 30, 0.02, 6), 0.10)
     assert verdict.status == "fail" and verdict.ratio == pytest.approx(1.5, rel=0.05)
+
+
+def test_interleaved_rounds_compare_pairwise_so_drift_cancels():
+    # the machine slows down round by round (a shared CI box); B is 2x slower than A within every round
+    drift = [1.0, 0.5, 1.3, 0.4, 0.9]
+    a = Measurement(samples={"tokens_per_s": [100.0 * d for d in drift], "ttft_ms": [10.0] * 5})
+    b = Measurement(samples={"tokens_per_s": [50.0 * d * (1 + 0.03 * (-1) ** i) for i, d in enumerate(drift)],
+                             "ttft_ms": [10.0] * 5})
+    budget = parse_budget({"tokens_per_s": 1e-9, "max_regression": 0.5})
+    independent = compare_measurements(b, a, budget)[0]
+    paired = compare_measurements(b, a, budget, paired=True)[0]
+    assert independent.status == "inconclusive"  # the drift swamps the 2x effect between runs
+    assert paired.paired and paired.status == "fail" and paired.ratio == pytest.approx(2.0, rel=0.05)
+    assert "paired by round" in paired.describe()
+    # per-request latencies are not paired: they are many samples per round
+    ttft = compare_measurements(b, a, parse_budget({"ttft_ms": 100, "max_regression": 0.5}), paired=True)[0]
+    assert not ttft.paired
 
 
 def test_percentile_matches_numpy_linear():
