@@ -115,6 +115,7 @@ class LlamaServer:
     def __init__(self, gguf: Path, model_alias: str = "smollm2-135m", n_ctx: int = 2048, n_parallel: int = 1,
                  log_path: Path | None = None):
         self.port = free_port()
+        self.n_ctx = n_ctx
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.model_alias = model_alias
         self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", model_alias,

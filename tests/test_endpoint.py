@@ -313,3 +313,22 @@ def test_both_apis_stream_from_a_real_server(llama_server, api):
     result = run.results[0]
     assert result.ok, result.error_detail
     assert result.text and result.output_tokens >= 1 and result.ttft_s > 0
+
+
+def test_a_prompt_past_the_servers_context_is_counted_and_the_run_goes_on(llama_server):
+    # llama.cpp's server answers 200, fails inside the stream and then drops the keep-alive connection: the long
+    # request is an incomplete stream, and the requests after it still get answers (on a fresh connection)
+    too_long = Request(prompt="word " * (llama_server.n_ctx + 200), max_new_tokens=4, request_id="too-long")
+    short = [Request(prompt="The capital of France is", max_new_tokens=4, request_id=f"ok{i}") for i in range(3)]
+    config = EndpointConfig(llama_server.url, timeout_s=120, api="completions")
+    run = run_load(config, [short[0], too_long, *short[1:]], LoadPattern(concurrency=1))
+    by_id = {r.request_id: r for r in run.results}
+    assert set(by_id) == {"ok0", "too-long", "ok1", "ok2"}
+    assert by_id["too-long"].error == "incomplete_stream" and by_id["too-long"].status == 200
+    assert run.errors == {"incomplete_stream": 1} and run.success_rate == pytest.approx(0.75)
+    assert all(by_id[f"ok{i}"].ok and by_id[f"ok{i}"].text for i in range(3))
+
+
+def test_a_load_run_takes_only_requests():
+    with pytest.raises(TypeError, match="takes EndpointRequest or engine Request objects, not str"):
+        run_load(EndpointConfig("http://127.0.0.1:9"), ["hello"])

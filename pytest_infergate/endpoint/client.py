@@ -101,6 +101,16 @@ class EndpointRequest:
             return cls(messages=[{"role": "user", "content": prompt}], **common)
         return cls(prompt=prompt, **common)
 
+    @classmethod
+    def coerce(cls, request, api: str = "chat") -> "EndpointRequest":
+        """An EndpointRequest as is; the reference engine's `Request` translated; anything else a clear error."""
+        if isinstance(request, cls):
+            return request
+        if hasattr(request, "max_new_tokens") and hasattr(request, "prompt_token_ids"):
+            return cls.from_engine_request(request, api)
+        raise TypeError(f"an endpoint load run takes EndpointRequest or engine Request objects, not "
+                        f"{type(request).__name__}")
+
     def body(self, model: str, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature,
                                 "top_p": self.top_p, "stream": stream}
@@ -137,10 +147,12 @@ class EndpointResult:
     finished: float | None = None
     text: str = ""
     finish_reason: str | None = None
+    status: int | None = None  # HTTP status of the answer; None when none came
     prompt_tokens: int | None = None
     output_tokens: int | None = None  # from the server's usage; else the number of text chunks
     usage_reported: bool = False
-    error: str | None = None  # error kind: http_<status>, timeout, connect, malformed_stream, incomplete_stream
+    error: str | None = None  # http_<status>, timeout, connect, transport, malformed_stream, incomplete_stream,
+    # server_error
     error_detail: str = ""
     logprobs: list[dict] = field(default_factory=list)  # [{"token": str, "logprob": float, "top": {str: float}}]
 
@@ -251,10 +263,12 @@ class EndpointClient:
         """Send one request; never raises for a server-side problem (the result says what went wrong)."""
         import asyncio
 
+        body = request.body(self.model or "", stream)  # outside the try: a bad request is our bug, not the server's
         result = EndpointResult(request.request_id)
         result.sent = time.perf_counter()
         try:
-            await asyncio.wait_for(self._exchange(request, stream, result), timeout=self.config.timeout_s)
+            await asyncio.wait_for(self._exchange_once_more_if_stale(request.path, body, stream, result),
+                                   timeout=self.config.timeout_s)
         except (asyncio.TimeoutError, httpx.TimeoutException):
             self._fail(result, "timeout", f"no complete answer within {self.config.timeout_s:g}s "
                                           "(--infergate-endpoint-timeout)")
@@ -270,10 +284,22 @@ class EndpointClient:
         result.error, result.error_detail = kind, detail
         result.finished = time.perf_counter()
 
-    async def _exchange(self, request: EndpointRequest, stream: bool, result: EndpointResult) -> None:
-        body = request.body(self.model or "", stream)
+    async def _exchange_once_more_if_stale(self, path: str, body: dict, stream: bool,
+                                           result: EndpointResult) -> None:
+        try:
+            await self._exchange(path, body, stream, result)
+        except httpx.RemoteProtocolError:
+            if result.status is not None:
+                raise
+            # The server closed a pooled keep-alive connection before any answer began (llama.cpp's server does
+            # so after a request that failed mid-stream): that is no verdict on this request, so it goes once
+            # more, on a fresh connection. `sent` stays: the client-side latency includes the lost attempt.
+            await self._exchange(path, body, stream, result)
+
+    async def _exchange(self, path: str, body: dict, stream: bool, result: EndpointResult) -> None:
         if not stream:
-            response = await self._http.post(request.path, json=body)
+            response = await self._http.post(path, json=body)
+            result.status = response.status_code
             if response.status_code != 200:
                 return self._fail(result, f"http_{response.status_code}", response.text[:300])
             data = response.json()
@@ -285,8 +311,9 @@ class EndpointClient:
             if result.output_tokens is None:
                 result.output_tokens = len(result.logprobs) or None
             return None
-        async with aconnect_sse(self._http, "POST", request.path, json=body) as source:
+        async with aconnect_sse(self._http, "POST", path, json=body) as source:
             response = source.response
+            result.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
                 return self._fail(result, f"http_{response.status_code}", response.text[:300])

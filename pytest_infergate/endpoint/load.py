@@ -165,8 +165,10 @@ async def run_load_async(client: EndpointClient, requests: list[EndpointRequest]
 
 def run_load(config: EndpointConfig, requests: list[EndpointRequest], pattern: LoadPattern = LoadPattern(),
              slo: Slo = Slo(), stream: bool = True, warmup: int = 0) -> LoadRun:
-    """Drive `requests` through the endpoint in `pattern` and return every request's result. `warmup` requests
-    (the first ones, shortened) go first, one at a time, and are not counted."""
+    """Drive `requests` (EndpointRequest, or the engine's Request in the configured API) through the endpoint in
+    `pattern` and return every request's result. `warmup` requests (the first ones, shortened) go first, one at
+    a time, and are not counted."""
+    requests = [EndpointRequest.coerce(r, config.api) for r in requests]
 
     async def main() -> LoadRun:
         async with EndpointClient(config) as client:
