@@ -3,11 +3,15 @@
     python benchmarks/gate_power.py            # 10 trials per condition on the embedded model
     python benchmarks/gate_power.py --trials 3 # a quicker look
 
-One baseline is measured first (as `--infergate-save-baseline` would), after a discarded warm-up measurement. Then the same budgeted measurement runs
-`--trials` times unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook that sleeps after
-every model forward for that fraction of the forward's own time. Each trial is decided exactly as the pytest gate
-decides it (evaluate_perf: bootstrap CI of the candidate/baseline ratio against max_regression, re-measured up
-to twice while inconclusive). Prints verdict counts, false-alarm rate, detection rate and time per trial.
+Each trial measures the same workload unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook
+that sleeps after every model forward for that fraction of the forward's own time, and decides it exactly as the
+pytest gate does:
+- `--mode ab` (default, as `infergate_bench.ab()`): the unchanged model (A) and the candidate (B) alternate for
+  `--rounds` rounds (evaluate_ab: per-request latencies by a bootstrap CI of the ratio of percentiles, per-
+  repetition throughput by the median of per-round ratios; one more round at a time while inconclusive, up to two);
+- `--mode baseline` (as `--infergate-baseline`): one baseline measured first, after a discarded warm-up, then
+  each trial against it (evaluate_perf, re-measured up to twice while inconclusive).
+Prints verdict counts, false-alarm rate, detection rate and time per trial.
 """
 
 from __future__ import annotations
