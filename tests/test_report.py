@@ -81,6 +81,20 @@ def test_model_output_is_shown_as_text(results):
     assert "&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in html
 
 
+def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
+    data = copy.deepcopy(results)
+    perf = [r for r in data["records"] if r["kind"] == "perf"][:2]
+    perf[0]["verdicts"] = [{"metric": "tokens_per_s", "status": "fail", "ratio": 2.5, "low": 2.1, "high": 2.9,
+                            "threshold": 1.5, "percentile": None, "candidate": 40, "baseline": 100,
+                            "samples": [5, 5], "paired": True}]
+    perf[1]["verdicts"] = [{"metric": "tokens_per_s", "status": "pass", "ratio": 1.01, "low": 0.9, "high": 1.1,
+                            "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
+                            "samples": [5, 5]}]  # written before verdicts said whether they were paired
+    html = render(data)
+    assert "×2.5 vs baseline (CI 2.1–2.9) fail (paired by round)" in html
+    assert "×1.01 vs baseline (CI 0.9–1.1) pass<" in html
+
+
 def test_render_is_fast(results):
     data = copy.deepcopy(results)
     data["records"] = data["records"] * 10  # a larger run than the suites produce
