@@ -288,12 +288,14 @@ class EndpointClient:
                                            result: EndpointResult) -> None:
         try:
             await self._exchange(path, body, stream, result)
-        except httpx.RemoteProtocolError:
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
             if result.status is not None:
                 raise
-            # The server closed a pooled keep-alive connection before any answer began (llama.cpp's server does
-            # so after a request that failed mid-stream): that is no verdict on this request, so it goes once
-            # more, on a fresh connection. `sent` stays: the client-side latency includes the lost attempt.
+            # The server closed or reset a pooled keep-alive connection before any answer began (llama.cpp's
+            # server does so after a request that failed mid-stream; which error the client sees depends on the
+            # race): that is no verdict on this request, so it goes once more, on a fresh connection. Timeouts
+            # and refused connections are verdicts and are not retried. `sent` stays: the client-side latency
+            # includes the lost attempt.
             await self._exchange(path, body, stream, result)
 
     async def _exchange(self, path: str, body: dict, stream: bool, result: EndpointResult) -> None:
