@@ -145,14 +145,17 @@ class GoldenOutputs:
 
 
 def outputs_path(golden_dir: Path, model_name: str, fingerprint: str, device: str, precision: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)
-    return Path(golden_dir) / safe / fingerprint / f"{device.split(':')[0]}-{precision}.jsonl"
+    return Path(golden_dir) / _path_safe(model_name) / fingerprint / f"{device.split(':')[0]}-{precision}.jsonl"
 
 
 def endpoint_outputs_path(golden_dir: Path, model_name: str, served_model: str) -> Path:
     """Accepted outputs of an endpoint: per local model name and the model name the server reports."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)
-    return Path(golden_dir) / safe / "endpoint" / (re.sub(r"[^A-Za-z0-9._-]+", "_", served_model) + ".jsonl")
+    return Path(golden_dir) / _path_safe(model_name) / "endpoint" / f"{_path_safe(served_model)}.jsonl"
+
+
+def _path_safe(name: str) -> str:
+    """A model name as one path component (hub ids have slashes, served names anything)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 def read_outputs(path: Path) -> GoldenOutputs:

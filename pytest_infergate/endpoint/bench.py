@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest
+from pytest_infergate.endpoint.client import EndpointConfig
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, add_to_measurement, discover_model, run_load
 from pytest_infergate.perf import Measurement
-
-
-def endpoint_requests(requests: list, api: str) -> list[EndpointRequest]:
-    """Engine `Request`s (the workloads module makes them) or EndpointRequests, as EndpointRequests."""
-    out = []
-    for index, request in enumerate(requests):
-        if not isinstance(request, EndpointRequest):
-            request = EndpointRequest.from_engine_request(request, api)
-        request.request_id = request.request_id or f"r{index}"
-        out.append(request)
-    return out
 
 
 class EndpointBench:
@@ -41,7 +30,7 @@ class EndpointBench:
 
     def run_once(self, requests: list, pattern: LoadPattern, slo: Slo, warmup: int, into: Measurement) -> LoadRun:
         served = self.model
-        run = run_load(self.config, endpoint_requests(requests, self.config.api), pattern, slo, warmup=warmup)
+        run = run_load(self.config, requests, pattern, slo, warmup=warmup)
         add_to_measurement(run, into)
         into.engine.update(backend="endpoint", url=self.config.base_url, served_model=served, api=self.config.api)
         return run

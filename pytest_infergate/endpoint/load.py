@@ -8,7 +8,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.errors import OptionError
@@ -166,16 +166,18 @@ async def run_load_async(client: EndpointClient, requests: list[EndpointRequest]
 def run_load(config: EndpointConfig, requests: list[EndpointRequest], pattern: LoadPattern = LoadPattern(),
              slo: Slo = Slo(), stream: bool = True, warmup: int = 0) -> LoadRun:
     """Drive `requests` (EndpointRequest, or the engine's Request in the configured API) through the endpoint in
-    `pattern` and return every request's result. `warmup` requests (the first ones, shortened) go first, one at
-    a time, and are not counted."""
-    requests = [EndpointRequest.coerce(r, config.api) for r in requests]
+    `pattern` and return every request's result. A request without an id is named `r<index>` (failures are
+    reported by id); the caller's objects are not changed. `warmup` requests (the first ones, shortened) go
+    first, one at a time, and are not counted."""
+    requests = [replace(request, request_id=request.request_id or f"r{index}")
+                for index, request in enumerate(EndpointRequest.coerce(r, config.api) for r in requests)]
 
     async def main() -> LoadRun:
         async with EndpointClient(config) as client:
             if client.model is None:  # the session probe names it once; a busy server need not be asked again
                 await client.discover_model()
             for request in requests[:warmup]:
-                await client.send(EndpointRequest(**{**asdict(request), "max_tokens": min(request.max_tokens, 8)}))
+                await client.send(replace(request, max_tokens=min(request.max_tokens, 8)))
             return await run_load_async(client, requests, pattern, slo, stream)
 
     return _run(main())
