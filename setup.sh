@@ -17,8 +17,10 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "${INFERGATE_TORCH:-torch==2.13.0}"
-# llama.cpp's own tests and examples are not needed to serve a model; skipping them halves the build
-export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}"
+# llama.cpp's own tests and examples are not needed to serve a model; skipping them halves the build. A portable
+# AVX2 build, not -march=native: a native build on a VM whose CPUID shows AVX-512/AMX that the hypervisor does not
+# enable dies with "invalid opcode" on its first request (seen on a Sapphire Rapids guest)
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
 python -m pip install --quiet -e "$target"
 echo "pytest-infergate installed in $(pwd)/.venv"

@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_infergate.bench import Bench  # noqa: E402
+from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.gate import evaluate_ab, evaluate_perf  # noqa: E402
-from pytest_infergate.models import load_model, resolve_model  # noqa: E402
+from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf  # noqa: E402
+from pytest_infergate.models.load import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
-from pytest_infergate.perf import injected_slowdown, parse_budget  # noqa: E402
+from pytest_infergate.perf.metrics import injected_slowdown, parse_budget  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 

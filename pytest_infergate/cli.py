@@ -9,26 +9,25 @@ import sys
 from pathlib import Path
 
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.results.records import RunResults
+from pytest_infergate.results.summary import QUALITY_KEYS, summary_lines, summary_markdown
 
 
-def _load_results(path: str) -> dict:
-    from pytest_infergate.results import RunResults
-
+def _load_results(path: str) -> RunResults:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise InfergateError(f"{path} does not exist: write one with pytest --infergate-json {path}") from None
+        raise InfergateError(f"{path} does not exist: write one with pytest --infergate-json={path}") from None
     except (OSError, ValueError) as exc:
         raise InfergateError(f"{path} is not a JSON results file ({exc})") from None
-    RunResults.from_dict(data)  # validates the schema version
-    return data
+    return RunResults.from_dict(data, source=path)
 
 
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
     from pytest_infergate.models import resolve_model
 
     if args.gguf:  # the original file, for a llama.cpp server; printed alone so `$(...)` can use it
-        from pytest_infergate.builtin_models import ensure_smollm2_gguf
+        from pytest_infergate.models.builtin import ensure_smollm2_gguf
 
         if args.model != "smollm2-135m":
             raise InfergateError(f"--gguf is for the embedded model smollm2-135m; {args.model!r} has no built-in GGUF")
@@ -41,30 +40,28 @@ def _cmd_fetch_model(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     """Re-render the HTML report of a results file."""
+    from pytest_infergate.options import check_output_path
     from pytest_infergate.report import write_report
 
+    check_output_path(Path(args.output), "infergate report -o")
     write_report(_load_results(args.results), Path(args.output))
     print(f"wrote {args.output}")
     return 0
 
 
-def _perf_index(data: dict) -> dict[str, dict]:
-    return {r["test"]: r for r in data.get("records", []) if r.get("kind") == "perf"}
-
-
-def compare_runs(a: dict, b: dict, max_regression: float) -> tuple[list[list[str]], bool]:
+def compare_runs(a: RunResults, b: RunResults, max_regression: float) -> tuple[list[list[str]], bool]:
     """Rows of (test, metric, A, B, change, verdict) for every perf metric both runs measured; True if any
     metric regressed beyond max_regression with confidence."""
-    from pytest_infergate.perf import compare_samples
+    from pytest_infergate.perf.verdict import compare_samples
 
     rows, regressed = [], False
-    old, new = _perf_index(a), _perf_index(b)
+    old, new = {r.test: r for r in a.perf}, {r.test: r for r in b.perf}
     for test in sorted(set(old) | set(new)):
         if test not in old or test not in new:
             rows.append([test, "-", "present" if test in old else "missing", "present" if test in new else "missing",
                          "", "not compared"])
             continue
-        sa, sb = old[test]["measurement"]["samples"], new[test]["measurement"]["samples"]
+        sa, sb = old[test].measurement.samples, new[test].measurement.samples
         for metric in ("ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s", "peak_mem_mb"):
             if not sa.get(metric) or not sb.get(metric):
                 continue
@@ -73,15 +70,14 @@ def compare_runs(a: dict, b: dict, max_regression: float) -> tuple[list[list[str
             change = verdict.candidate / verdict.baseline - 1 if verdict.baseline else 0.0
             rows.append([test, metric, f"{verdict.baseline:.4g}", f"{verdict.candidate:.4g}", f"{change:+.1%}",
                          f"{verdict.status} (x{verdict.ratio:.3f}, CI {verdict.low:.3f}-{verdict.high:.3f})"])
-    qa = {r["precision"]: r for r in a.get("records", []) if r.get("kind") == "quality"}
-    qb = {r["precision"]: r for r in b.get("records", []) if r.get("kind") == "quality"}
+    qa, qb = {r.precision: r for r in a.quality}, {r.precision: r for r in b.quality}
     for precision in sorted(set(qa) & set(qb)):
-        for metric in ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio"):
-            va, vb = qa[precision]["summary"].get(metric), qb[precision]["summary"].get(metric)
+        for metric in QUALITY_KEYS:
+            va, vb = qa[precision].summary.get(metric), qb[precision].summary.get(metric)
             if va is not None and vb is not None:
                 rows.append([f"quality {precision}", metric, f"{va:.4g}", f"{vb:.4g}", f"{vb - va:+.4g}",
-                             qb[precision]["status"]])
-                regressed |= qb[precision]["status"] == "fail"
+                             qb[precision].status.value])
+                regressed |= qb[precision].status == "fail"
     return rows, regressed
 
 
@@ -99,50 +95,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 1 if regressed else 0
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Header, alignment row (text columns left, figures right) and rows."""
-    align = ["---" if i < 3 else "---:" for i in range(len(header))]
-    return ["", "| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + [
-        "| " + " | ".join(row) + " |" for row in rows]
-
-
-def _figures(summary: dict, keys: tuple[str, ...], digits: int) -> list[str]:
-    return [f"{summary[k]:.{digits}g}" if k in summary else "–" for k in keys]
-
-
-def summary_markdown(data: dict) -> str:
-    lines = ["## pytest-infergate", ""]
-    for gate, c in data.get("gate_counts", {}).items():
-        lines.append(f"- **{gate}**: {c.get('pass', 0)} pass, {c.get('fail', 0)} fail, "
-                     f"{c.get('inconclusive', 0)} inconclusive")
-    records = data.get("records", [])
-    perf = [r for r in records if r.get("kind") == "perf"]
-    if perf:
-        keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
-        lines += _markdown_table(["test", "precision", "verdict", "TTFT p50 ms", "TPOT p50 ms", "tok/s", "peak MiB"],
-                                 [[f"`{r['test']}`", r["precision"], r["status"], *_figures(r["summary"], keys, 4)]
-                                  for r in perf])
-    quality = [r for r in records if r.get("kind") == "quality"]
-    if quality:
-        keys = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
-        lines += _markdown_table(["precision", "vs", "verdict", "ROUGE-L", "exact match", "mean KL", "top-1",
-                                  "task ratio"],
-                                 [[r["precision"], r["reference_precision"], r["status"],
-                                   *_figures(r["summary"], keys, 3)] for r in quality])
-    return "\n".join(lines) + "\n"
-
-
 def _cmd_summary(args: argparse.Namespace) -> int:
     """Print a summary of a results file (Markdown with --markdown; also appended to $GITHUB_STEP_SUMMARY)."""
-    data = _load_results(args.results)
-    text = summary_markdown(data)
-    if not args.markdown:
-        text = "\n".join(line for line in text.splitlines() if not line.startswith("|---"))
-    print(text)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary and args.markdown:
-        with open(step_summary, "a", encoding="utf-8") as out:
-            out.write(summary_markdown(data))
+    results = _load_results(args.results)
+    if args.markdown:
+        text = summary_markdown(results)
+        print(text)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            with open(step_summary, "a", encoding="utf-8") as out:
+                out.write(text)
+    else:
+        print("\n".join(line.text for line in summary_lines(results)))
     return 0
 
 
@@ -178,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except InfergateError as exc:
+    except (InfergateError, OSError) as exc:
         print(f"infergate: error: {exc}", file=sys.stderr)
         return 2
 

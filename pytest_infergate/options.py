@@ -6,19 +6,21 @@ A command-line value wins over the ini key, which wins over the default.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.precision import check_precision, default_reference, parse_precisions
+from pytest_infergate.models.precision import check_precision, default_reference, parse_precisions
 
 
 @dataclass(frozen=True)
 class OptionSpec:
     name: str  # dest and ini key suffix: `--infergate-<name with dashes>`, ini `infergate_<name>`
-    kind: str  # "bool", "str", "path", "float", "int"
+    kind: str  # "bool", "str", "path" (read), "output" (written at the end of the run), "float", "int"
     help: str
     default: Any = None
     metavar: str | None = None
@@ -31,6 +33,8 @@ class OptionSpec:
     def ini_key(self) -> str:
         return "infergate_" + self.name
 
+
+ENDPOINT_APIS = ("chat", "completions")
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
@@ -46,7 +50,7 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default: $INFERGATE_CACHE_DIR or ~/.cache/infergate)", None, "DIR"),
     OptionSpec("fallback", "bool", "if a precision fails to load, load the reference precision instead and mark "
                "every result of the run as 'fallback' (off by default: a failed load is a test error)", False),
-    OptionSpec("save_baseline", "path", "write every perf measurement of this run, with an environment "
+    OptionSpec("save_baseline", "output", "write every perf measurement of this run, with an environment "
                "fingerprint, to PATH as the new accepted baseline", None, "PATH"),
     OptionSpec("baseline", "path", "compare perf measurements with the baseline file PATH "
                "(noise-aware: bootstrap confidence interval of the ratio against max_regression)", None, "PATH"),
@@ -70,11 +74,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "say (default 64)", 64, "N"),
     OptionSpec("endpoint_api", "str", "OpenAI API to call: chat (/v1/chat/completions) or completions "
                "(/v1/completions) (default chat)", "chat", "API"),
-    OptionSpec("report", "path", "write the HTML regression report of this run to PATH", None, "PATH"),
-    OptionSpec("json", "path", "write the machine-readable results of this run to PATH", None, "PATH"),
+    OptionSpec("report", "output", "write the HTML regression report of this run to PATH", None, "PATH"),
+    OptionSpec("json", "output", "write the machine-readable results of this run to PATH", None, "PATH"),
 )
-
-BUILTIN_ALIASES = ("smollm2-135m", "tiny-random-llama")
 
 
 def _parse_bool(name: str, value: Any) -> bool:
@@ -130,11 +132,8 @@ class Options:
         object.__setattr__(self, "reference_precision", ref)
         if not self.precisions:
             object.__setattr__(self, "precisions", tuple(dict.fromkeys((ref, "int8", "nf4"))))
-        if self.endpoint is not None:
-            from pytest_infergate.endpoint.client import EndpointConfig
-
-            EndpointConfig(self.endpoint, timeout_s=self.endpoint_timeout, max_concurrency=self.endpoint_concurrency,
-                           api=self.endpoint_api)  # validates the URL and limits now, before any test runs
+        if self.endpoint is not None:  # validated now, before any test runs
+            check_endpoint_settings(self.endpoint, self.endpoint_timeout, self.endpoint_concurrency, self.endpoint_api)
         if not str(self.model).strip():
             raise OptionError("--infergate-model is empty: give an alias (smollm2-135m, tiny-random-llama), "
                               "a directory, a .gguf file or a hub id")
@@ -159,7 +158,7 @@ class Options:
                 continue
             if spec.kind == "bool":
                 values[spec.name] = _parse_bool(spec.name, raw)
-            elif spec.kind == "path":
+            elif spec.kind in ("path", "output"):
                 values[spec.name] = Path(os.path.expanduser(str(raw)))
             elif spec.kind in ("int", "float"):
                 values[spec.name] = _parse_number(spec, raw)
@@ -169,6 +168,66 @@ class Options:
             values["precisions"] = parse_precisions(values["precisions"])
             values["precisions_given"] = True
         return cls(**values)
+
+
+def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, api: str) -> None:
+    """The endpoint options (also EndpointConfig's fields), each with the option that sets it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise OptionError(f"--infergate-endpoint {url!r} is not an http(s) URL; give the server's base URL, e.g. "
+                          "http://127.0.0.1:8000/v1")
+    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise OptionError(f"--infergate-endpoint-timeout must be a positive finite number of seconds, got {timeout_s}")
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise OptionError(f"--infergate-endpoint-concurrency must be an integer of at least 1, got {max_concurrency}")
+    if api not in ENDPOINT_APIS:
+        raise OptionError(f"--infergate-endpoint-api {api!r} is not one of {', '.join(ENDPOINT_APIS)}")
+
+
+def check_output_path(path: Path, flag: str) -> None:
+    """An output written at the end of the run must be writable now: its folder exists or can be created, and
+    nothing in the way is a regular file. Checked before any test runs, so no run ends without its outputs."""
+    path = Path(path)
+    if path.is_dir():
+        raise OptionError(f"{flag} {path} is a directory; give a file path, e.g. {path / 'infergate.out'}")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OptionError(f"{flag} {path}: {folder} is a file, so the folder for {path.name} cannot be created; "
+                          "choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(f"{flag} {path}: {folder} is not writable; choose another path")
+
+
+def check_path_arguments(config) -> None:
+    """`--infergate-baseline PATH` (a space, not `=`) puts PATH among the arguments pytest reads to choose its
+    rootdir and ini file before it knows our options: a path outside the project moves the rootdir, which
+    renames every test id (baseline keys) and can lose the ini file (budgets, policies). Where it did, say so."""
+    args = list(config.invocation_params.args)
+    takes_value = {spec.flag for spec in OPTION_SPECS if spec.kind != "bool"}
+    values = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in takes_value]
+    suspects = [v for v in values if os.path.exists(os.path.join(str(config.invocation_params.dir), v))]
+    if not suspects:
+        return
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        cleaned = [a for i, a in enumerate(args) if not (a in suspects and i > 0 and args[i - 1] in takes_value)]
+        positional = [a for a in cleaned if not a.startswith("-") and os.path.exists(
+            os.path.join(str(config.invocation_params.dir), a))]
+        rootpath, inipath, *_ = determine_setup(inifile=config.option.inifilename, override_ini=config.option.override_ini,
+                                                args=positional, rootdir_cmd_arg=config.option.rootdir or None,
+                                                invocation_dir=config.invocation_params.dir)
+    except Exception:  # pytest's private API changed: nothing to compare with, say nothing
+        return
+    if rootpath != config.rootpath or inipath != config.inipath:
+        flags = ", ".join(f"{args[i]} {args[i + 1]}" for i in range(len(args) - 1)
+                          if args[i] in takes_value and args[i + 1] in suspects)
+        raise OptionError(f"{flags}: pytest read the path as a test path when it chose its rootdir "
+                          f"({config.rootpath} instead of {rootpath}), which changes every test id and baseline "
+                          "key; write the option with '=' instead, e.g. "
+                          f"{flags.split(' ')[0]}={flags.split(' ')[1]}")
 
 
 def default_cache_dir() -> Path:

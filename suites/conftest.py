@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_infergate.engine import EngineConfig
+from pytest_infergate.session import add_defaults
 
 # Budgets per scope ("test id substring" or precision), as ini lines. CPU numbers are for a 2-core machine and a
 # 135M model: generous, because they gate gross regressions on noisy shared runners; the relative gate
@@ -46,20 +47,10 @@ DEFAULT_QUALITY_POLICY = [
 KV_LENGTHS = {"cpu": (32, 64, 128), "cuda": (64, 128, 256)}
 
 
-def _scopes(lines):
-    return {line.split(":", 1)[0].strip() for line in lines if ":" in line}
-
-
 def pytest_configure(config):
     device = "cuda" if config.getoption("infergate_gpu") else "cpu"
-    user_budgets = _scopes(config.getini("infergate_budgets"))
-    for line in DEFAULT_BUDGETS[device]:
-        if line.split(":", 1)[0].strip() not in user_budgets:
-            config.addinivalue_line("infergate_budgets", line)
-    user_policy = _scopes(config.getini("infergate_quality_policy"))
-    for line in DEFAULT_QUALITY_POLICY:
-        if line.split(":", 1)[0].strip() not in user_policy:
-            config.addinivalue_line("infergate_quality_policy", line)
+    # used for every scope the user's own ini lines do not set
+    add_defaults(config, budgets=DEFAULT_BUDGETS[device], quality_policy=DEFAULT_QUALITY_POLICY)
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def llama_server(cache_dir, tmp_path_factory):
     """llama-cpp-python's OpenAI-compatible server serving the embedded model's GGUF on 127.0.0.1 at a free port
     (`bash setup.sh test` installs it). Missing, it fails the tests under CI and skips them elsewhere."""
     from openai_servers import LlamaServer, llama_cpp_available
-    from pytest_infergate.builtin_models import ensure_smollm2_gguf
+    from pytest_infergate.models.builtin import ensure_smollm2_gguf
 
     if not llama_cpp_available():
         message = "llama-cpp-python[server] is not installed: run `bash setup.sh test`"

@@ -235,7 +235,7 @@ def test_bad_engine_config_names_the_field():
 
 
 def test_unsupported_model_family_is_named(tiny_source):
-    from pytest_infergate.models import load_model
+    from pytest_infergate.models.load import load_model
 
     loaded = load_model(tiny_source, "fp32")
     for layer in loaded.model.model.layers:  # attention that never reaches the attention interface

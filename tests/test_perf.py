@@ -3,10 +3,9 @@ import random
 
 import pytest
 
-from pytest_infergate.baseline import BaselineError, load_baseline, save_baseline
-from pytest_infergate.gate import evaluate_perf
-from pytest_infergate.perf import (BudgetError, Measurement, check_budget, compare_measurements, compare_samples,
-                                   merge_budgets, parse_budget, parse_ini_budgets)
+from pytest_infergate.perf import (BaselineEntry, BaselineError, BudgetError, Measurement, check_budget,
+                                   compare_measurements, compare_samples, evaluate_perf, load_baseline, merge_budgets,
+                                   parse_budget, parse_ini_budgets, save_baseline)
 from pytest_infergate.stats import percentile
 
 
@@ -110,9 +109,9 @@ def test_percentile_matches_numpy_linear():
 def test_baseline_round_trip_and_errors(tmp_path):
     m = Measurement(samples={"ttft_ms": [1.0, 2.0]}, repetitions=2)
     path = tmp_path / "b.json"
-    save_baseline(path, {"t::x": {"fingerprint": {"cpu": "x"}, "measurement": m.to_dict()}})
+    save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, m)})
     entries = load_baseline(path)
-    assert Measurement.from_dict(entries["t::x"]["measurement"]) == m
+    assert entries["t::x"].measurement == m
     path.write_text("{not json")
     with pytest.raises(BaselineError, match=r"b.json is not valid JSON"):
         load_baseline(path)
@@ -125,7 +124,7 @@ def test_baseline_round_trip_and_errors(tmp_path):
 
 def test_gate_skips_relative_check_on_fingerprint_mismatch():
     m = Measurement(samples={"ttft_ms": noisy(100, 50)})
-    entry = {"fingerprint": {"cpu": "other", "torch": "2.0"}, "measurement": Measurement(samples={"ttft_ms": noisy(50, 50)}).to_dict()}
+    entry = BaselineEntry({"cpu": "other", "torch": "2.0"}, Measurement(samples={"ttft_ms": noisy(50, 50)}))
     budget = parse_budget({"max_regression": 0.1, "ttft_ms": 1000})
     lenient = evaluate_perf(m, budget, {"cpu": "this", "torch": "2.0"}, entry)
     assert lenient.status == "pass" and lenient.verdicts == []
@@ -138,7 +137,7 @@ def test_gate_skips_relative_check_on_fingerprint_mismatch():
 def test_inconclusive_remeasures_then_decides():
     base = noisy(100.0, 30, 0.1, 7)
     m = Measurement(samples={"ttft_ms": noisy(108.0, 6, 0.1, 8)})
-    entry = {"fingerprint": {}, "measurement": Measurement(samples={"ttft_ms": base}).to_dict()}
+    entry = BaselineEntry({}, Measurement(samples={"ttft_ms": base}))
     calls = []
 
     def remeasure():

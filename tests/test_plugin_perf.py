@@ -61,7 +61,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.5"))
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "base.json").read_text())
-    assert saved["schema_version"] == 1
+    assert saved["schema_version"] == 2 and saved["kind"] == "baseline"  # version 2 added the kind
     (entry,) = saved["entries"].values()
     assert entry["fingerprint"]["precision"] == "fp32" and entry["measurement"]["samples"]["ttft_ms"]
 

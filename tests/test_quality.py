@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-from pytest_infergate.golden import (GoldenError, GoldenOutput, diff_outputs, load_samples, outputs_path,
-                                     read_outputs, write_outputs)
-from pytest_infergate.quality import (CJKAwareTokenizer, QualityPolicyError, aggregate, compare_sample,
-                                      first_divergence, parse_ini_policies, parse_policy, policy_violations, rouge,
-                                      task_checks, task_score)
-from pytest_infergate.golden import GoldenSample
+from pytest_infergate.quality.golden_files import (GoldenError, GoldenOutput, GoldenSample, diff_outputs,
+                                                   load_samples, outputs_path, read_outputs, write_outputs)
+from pytest_infergate.quality.metrics import (CJKAwareTokenizer, aggregate, compare_sample, first_divergence, rouge,
+                                              task_checks, task_score)
+from pytest_infergate.quality.policy import (QualityPolicyError, parse_ini_policies, parse_policy,
+                                             policy_violations)
 
 
 def sample(**kw):
@@ -115,17 +115,18 @@ def test_golden_outputs_round_trip_and_diff(tmp_path):
 
 
 def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
-    from pytest_infergate.golden_check import compare_with_reference, generate
     from pytest_infergate.models import load_model
+    from pytest_infergate.quality.compare import compare_precision
+    from pytest_infergate.quality.generation import generate_golden_outputs as generate
 
     samples = [sample(id=f"s{i}", messages=({"role": "user", "content": f"question {i}?"},), max_new_tokens=12)
                for i in range(4)]
     nf4 = load_model(tiny_source, "nf4", tokenizer=tiny_fp32.tokenizer)
     ref_out = generate(tiny_fp32, samples)
-    same = compare_with_reference(tiny_fp32, tiny_fp32, samples, ref_out, ref_out)
+    same = compare_precision(tiny_fp32, tiny_fp32, samples, ref_out, ref_out)
     assert same.summary["exact_match"] == 1.0 and same.summary["mean_kl"] == pytest.approx(0, abs=1e-6)
     assert same.summary["top1"] == 1.0 and same.summary["delta_ppl"] == pytest.approx(0, abs=1e-6)
-    result = compare_with_reference(tiny_fp32, nf4, samples, ref_out, generate(nf4, samples))
+    result = compare_precision(tiny_fp32, nf4, samples, ref_out, generate(nf4, samples))
     assert result.summary["mean_kl"] > 0 and result.summary["p99_kl"] >= result.summary["mean_kl"] * 0.5
     assert 0 <= result.summary["top1"] <= 1
     assert set(result.categories) == {"factual"}
@@ -135,8 +136,8 @@ def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
 def test_unquantized_precision_is_flagged(tiny_fp32):
     from dataclasses import replace
 
-    from pytest_infergate.golden_check import quantization_flags
     from pytest_infergate.models import LoadedModel
+    from pytest_infergate.quality.compare import quantization_flags
 
     fake = LoadedModel(tiny_fp32.model, tiny_fp32.tokenizer, tiny_fp32.source,
                        replace(tiny_fp32.record, precision="int8", requested_precision="int8"))

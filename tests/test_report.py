@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.cli import compare_runs, main as cli_main, summary_markdown
-from pytest_infergate.report import render
+from pytest_infergate.cli import compare_runs, main as cli_main
+from pytest_infergate.report import render as render_results
+from pytest_infergate.results import RunResults
+from pytest_infergate.results.summary import summary_markdown as summary_of_results
+
+
+def render(data: dict) -> str:
+    return render_results(RunResults.from_dict(data))
+
+
+def summary_markdown(data: dict) -> str:
+    return summary_of_results(RunResults.from_dict(data))
 
 RUN = '''
 import pytest
@@ -132,7 +142,7 @@ def test_cli_report_compare_summary(results, tmp_path, monkeypatch, capsys):
 def test_compare_lists_tests_present_in_one_run_only(results):
     fewer = copy.deepcopy(results)
     fewer["records"] = [r for r in fewer["records"] if "too_slow" not in r["test"]]
-    rows, _ = compare_runs(results, fewer, 0.1)
+    rows, _ = compare_runs(RunResults.from_dict(results), RunResults.from_dict(fewer), 0.1)
     assert any(row[3] == "missing" for row in rows)
     assert "## pytest-infergate" in summary_markdown(results)
 

@@ -12,14 +12,13 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
 from pytest_infergate.errors import InfergateError, OptionError
+from pytest_infergate.options import check_endpoint_settings
 
-APIS = ("chat", "completions")
 
 
 class EndpointError(InfergateError):
@@ -36,33 +35,12 @@ class EndpointConfig:
     api: str = "chat"
 
     def __post_init__(self):
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise OptionError(f"--infergate-endpoint {self.url!r} is not an http(s) URL; give the server's base "
-                              "URL, e.g. http://127.0.0.1:8000/v1")
-        if self.timeout_s <= 0:
-            raise OptionError(f"--infergate-endpoint-timeout must be positive seconds, got {self.timeout_s}")
-        if self.max_concurrency < 1:
-            raise OptionError(f"--infergate-endpoint-concurrency must be at least 1, got {self.max_concurrency}")
-        if self.api not in APIS:
-            raise OptionError(f"--infergate-endpoint-api {self.api!r} is not one of {', '.join(APIS)}")
+        check_endpoint_settings(self.url, self.timeout_s, self.max_concurrency, self.api)
 
     @property
     def base_url(self) -> str:
         url = self.url.rstrip("/")
         return url if url.endswith("/v1") else url + "/v1"
-
-    @classmethod
-    def from_options(cls, options) -> "EndpointConfig":
-        api_key = None
-        if options.api_key_env:
-            api_key = os.environ.get(options.api_key_env)
-            if not api_key:
-                raise OptionError(f"--infergate-api-key-env names {options.api_key_env!r}, but that environment "
-                                  "variable is not set or empty: export it, or drop the option for a server "
-                                  "without authentication")
-        return cls(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
-                   options.endpoint_concurrency, options.endpoint_api)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -6,19 +6,24 @@ computed too: along the endpoint's own continuation, where the contexts of both 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
+from pytest_infergate.errors import InfergateError
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.load import LoadPattern, run_load
 from pytest_infergate.engine.request import Request, render_prompt
-from pytest_infergate.golden import GoldenSample
-from pytest_infergate.quality import TokenStats
+from pytest_infergate.quality.compare import QualityResult, compare_with_reference
+from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
+from pytest_infergate.quality.metrics import TokenStats
+from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
+from pytest_infergate.quality.scoring import continuation_logprobs, topk_kl
 
 TOP_LOGPROBS = 5
 GOLDEN_CONCURRENCY = 4
 
 
-class EndpointGenerationError(Exception):
+class EndpointGenerationError(InfergateError):
     """Golden samples that the endpoint did not answer; the message lists them with the error kinds."""
 
 
@@ -31,7 +36,7 @@ class EndpointGenerated:
     logprobs: list[dict] = field(default_factory=list)
 
 
-def generate(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
+def request_golden_answers(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
              top_logprobs: int = TOP_LOGPROBS) -> tuple[list[EndpointGenerated], list[str]]:
     """Greedy answers of the endpoint to every sample. Returns the outputs and notes (e.g. no logprobs)."""
     notes = []
@@ -93,7 +98,6 @@ def aligned_positions(generated: EndpointGenerated, pieces: PieceIndex) -> int:
 def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: PieceIndex) -> list[TokenStats | None]:
     """Per sample: KL(endpoint top-k || reference) and top-1 agreement at every aligned position of the endpoint's
     continuation, and the NLL of the chosen tokens under both. None where the server gave no logprobs."""
-    from pytest_infergate.golden_check import _continuation_logprobs, topk_kl
 
     out: list[TokenStats | None] = []
     for g in generated:
@@ -101,7 +105,7 @@ def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: 
         if not aligned:
             out.append(None)
             continue
-        ref = _continuation_logprobs(reference_model, [(g.prompt_ids, g.token_ids[:aligned])])[0]
+        ref = continuation_logprobs(reference_model, [(g.prompt_ids, g.token_ids[:aligned])])[0]
         stored = []
         for entry in g.logprobs[:aligned]:
             top = [[pieces.id(p), lp] for p, lp in sorted(entry["top"].items(), key=lambda kv: -kv[1])]
@@ -116,26 +120,59 @@ def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: 
     return out
 
 
-def compare_with_reference(reference, samples: list[GoldenSample], reference_outputs: list,
-                           endpoint_outputs: list[EndpointGenerated], notes: list[str]):
-    """The endpoint's greedy outputs against the local reference precision's, as a QualityResult."""
-    import time
-
-    from pytest_infergate.golden_check import QualityResult
-    from pytest_infergate.quality import aggregate, by_category, compare_sample
-
-    start = time.perf_counter()
+def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: list,
+                     endpoint_outputs: list[EndpointGenerated], notes: list[str]) -> QualityResult:
+    """The endpoint's greedy outputs against the local reference precision's (the one comparison of
+    quality.compare), with KL and top-1 along the endpoint's own continuation where it returned logprobs."""
+    started = time.perf_counter()
     stats = endpoint_stats(reference.model, endpoint_outputs, PieceIndex(reference.tokenizer)) \
         if any(g.logprobs for g in endpoint_outputs) else [None] * len(endpoint_outputs)
-    decode = reference.tokenizer.decode
-    per_sample = [compare_sample(s, r.token_ids, r.text, c.token_ids, c.text, st,
-                                 decode=lambda ids: decode(ids, skip_special_tokens=True))
-                  for s, r, c, st in zip(samples, reference_outputs, endpoint_outputs, stats)]
-    token_kl = [kl for st in stats if st is not None for kl in st.kl]
-    result = QualityResult("endpoint", reference.record.precision, per_sample, aggregate(per_sample, token_kl),
-                           by_category(per_sample), time.perf_counter() - start)
-    if token_kl:
+    result = compare_with_reference(reference, samples, reference_outputs, endpoint_outputs, stats, "endpoint",
+                                    started)
+    if any(st is not None and st.kl for st in stats):
         notes = notes + ["KL is KL(endpoint top-k || reference) along the endpoint's own continuation; top-1 is "
                          "agreement of the endpoint's top token with the reference's argmax there"]
     result.notes = notes
     return result
+
+
+class EndpointCandidate:
+    """The server as the candidate of a golden gate (see quality.fixture.Candidate): its greedy answers, asked
+    once per session, compared with the local reference precision; its accepted outputs are keyed by the name
+    it serves and store tokens and text only (an endpoint's logits are not a local model's)."""
+
+    precision = "endpoint"
+
+    def __init__(self, bench, tokenizer_source, answers: dict):
+        self.bench = bench  # EndpointBench
+        self._tokenizer_source = tokenizer_source  # the local tokenizer, loaded on demand
+        self.answers = answers  # the session's cache: sample ids -> (outputs, notes), or the error
+
+    def _answers(self, samples: list[GoldenSample]) -> tuple[list[EndpointGenerated], list[str]]:
+        key = tuple(s.id for s in samples)
+        if key not in self.answers:
+            try:
+                self.answers[key] = request_golden_answers(self.bench.config, self._tokenizer_source(), samples)
+            except EndpointGenerationError as exc:
+                self.answers[key] = exc
+        if isinstance(self.answers[key], EndpointGenerationError):  # failed once: every golden test says so
+            raise self.answers[key]
+        return self.answers[key]
+
+    def outputs(self, samples: list[GoldenSample]) -> list[EndpointGenerated]:
+        return self._answers(samples)[0]
+
+    def compare(self, reference, samples, reference_outputs) -> QualityResult:
+        outputs, notes = self._answers(samples)
+        return compare_endpoint(reference, samples, reference_outputs, outputs, notes)
+
+    def accepted(self, golden_dir, model_name: str):
+        path = endpoint_outputs_path(golden_dir, model_name, self.bench.model)
+        return path, {"model": model_name, "endpoint": self.bench.config.base_url,
+                      "served_model": self.bench.model, "precision": self.precision}
+
+    def regression(self, samples, current, accepted):
+        return compare_with_golden(self._tokenizer_source(), samples, current, accepted, self.precision)
+
+    def to_accept(self, samples, current):
+        return outputs_to_accept(samples, current)

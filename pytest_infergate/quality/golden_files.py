@@ -28,10 +28,6 @@ class GoldenError(InfergateError):
     """A golden sample set or golden output file that is malformed; the message names file and line."""
 
 
-class GoldenMismatch(InfergateError, AssertionError):
-    """Current outputs differ from the accepted golden outputs beyond policy."""
-
-
 @dataclass(frozen=True)
 class GoldenSample:
     id: str

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pytest_infergate.errors import ModelLoadError
-from pytest_infergate.models import LoadedModel, ModelSource, load_model, load_tokenizer, resolve_model
-from pytest_infergate.options import Options
+from pytest_infergate.models.load import LoadedModel, ModelSource, load_model, load_tokenizer, resolve_model
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_infergate.options import Options
 
 
 class ModelPool:

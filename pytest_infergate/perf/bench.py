@@ -8,7 +8,7 @@ from typing import Callable
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.memory import PeakMemory
-from pytest_infergate.perf import Measurement, add_request_latencies
+from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 
 MIB = 1024 * 1024
 

@@ -1,0 +1,125 @@
+"""The infergate fixtures: thin, each hands its test's context to an object that does not know pytest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_infergate.context import ENDPOINT_PRECISION
+from pytest_infergate.options import Options
+from pytest_infergate.session import session_of
+
+
+@pytest.fixture(scope="session")
+def infergate_options(pytestconfig: pytest.Config) -> Options:
+    """The resolved `--infergate-*` settings of this run (command line over ini over defaults)."""
+    return session_of(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def infergate_device(infergate_options: Options) -> str:
+    """'cuda' with --infergate-gpu, else 'cpu'."""
+    return infergate_options.device
+
+
+@pytest.fixture
+def infergate_precision(request: pytest.FixtureRequest) -> str:
+    """The precision under test. Tests that use it are parametrized over --infergate-precisions (ids: fp32, int8, ...)."""
+    return getattr(request, "param", session_of(request.config).options.reference_precision)
+
+
+@pytest.fixture
+def infergate_model(request: pytest.FixtureRequest, infergate_precision: str):
+    """The model under test in `infergate_precision`, as a LoadedModel (`.model`, `.tokenizer`, `.record` with load
+    time, weight bytes, peak memory, fingerprint, versions). Loaded once per session per precision and device.
+    With --infergate-endpoint, tests that need it are skipped: the server's model is under test, not a local one."""
+    if infergate_precision == ENDPOINT_PRECISION:
+        pytest.skip("measures a local model; with --infergate-endpoint the server's model is under test")
+    return session_of(request.config).model(infergate_precision)
+
+
+@pytest.fixture
+def infergate_reference_model(request: pytest.FixtureRequest):
+    """The model in the reference precision (--infergate-reference-precision), loaded once per session."""
+    session = session_of(request.config)
+    return session.model(session.options.reference_precision)
+
+
+@pytest.fixture(scope="session")
+def infergate_tokenizer(pytestconfig: pytest.Config):
+    """The tokenizer of --infergate-model (shared by every precision; pads on the left)."""
+    from pytest_infergate.errors import ModelLoadError
+
+    try:
+        return session_of(pytestconfig).pool.tokenizer
+    except ModelLoadError as exc:
+        pytest.fail(f"infergate could not load the tokenizer: {exc}", pytrace=False)
+
+
+def _endpoint_bench(request: pytest.FixtureRequest):
+    from pytest_infergate.endpoint.fixture import EndpointPerfBench
+
+    session = session_of(request.config)
+    if session.endpoint is None:
+        pytest.skip("needs a live server: pass --infergate-endpoint URL")
+    return EndpointPerfBench(session.context(request.node), session.endpoint, lambda: session.pool.tokenizer)
+
+
+@pytest.fixture
+def infergate_endpoint(request: pytest.FixtureRequest):
+    """The live server given with --infergate-endpoint (skipped without it). `infergate_endpoint.load(requests,
+    pattern, slo)` measures a load run - fixed concurrency ({"concurrency": 8}) or a request rate with Poisson or
+    gamma-bursty arrivals ({"rate_per_s": 4, "burstiness": 0.5}) - client-side TTFT, ITL, TPOT, e2e, tokens/s,
+    success rate and goodput against the SLO (`infergate_slo` marker), gated by the test's budgets;
+    `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point. Errors (HTTP status, timeout,
+    malformed stream) are counted per kind, never raised."""
+    return _endpoint_bench(request)
+
+
+@pytest.fixture
+def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
+    """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
+    warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are not
+    counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
+    Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
+    re-measured when inconclusive). Every violated metric is listed in the failure. `infergate_bench.ab(...)` runs
+    an interleaved A/B against the reference precision or --infergate-compare-model. With --infergate-endpoint the
+    same call measures the server instead (see `infergate_endpoint`)."""
+    if infergate_precision == ENDPOINT_PRECISION:
+        yield _endpoint_bench(request)
+        return
+    from pytest_infergate.perf.fixture import PerfBench
+
+    session = session_of(request.config)
+    loaded = request.getfixturevalue("infergate_model")
+    bench = PerfBench(session.context(request.node), loaded,
+                      lambda: session.compare_side(loaded.record.requested_precision))
+    yield bench
+    bench.close()
+
+
+@pytest.fixture
+def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
+    """Golden-sample quality gates for the precision under test: `infergate_golden.check()` compares it with the
+    reference precision (ROUGE, exact match, teacher-forced KL / top-1 / perplexity, task score ratio) under the
+    `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
+    outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
+    candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
+    (policy scope `endpoint`), `check_regression()` with its own accepted outputs."""
+    from pytest_infergate.quality.fixture import GoldenGate, LocalCandidate
+
+    session = session_of(request.config)
+    options = session.options
+    if infergate_precision == ENDPOINT_PRECISION:
+        from pytest_infergate.endpoint.golden import EndpointCandidate
+
+        if session.endpoint is None:
+            pytest.skip("needs a live server: pass --infergate-endpoint URL")
+        candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
+    else:
+        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated)
+    golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
+    return GoldenGate(session.context(request.node), candidate,
+                      lambda: session.model(options.reference_precision), golden_dir, lambda: session.pool.source.name,
+                      session.comparisons, session.generated)

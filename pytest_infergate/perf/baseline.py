@@ -1,0 +1,96 @@
+"""Baseline files: accepted measurements with the environment they were taken in.
+
+Written atomically (temp file + rename) with a `kind` and a schema version; a file that is not a baseline (a
+results file, a golden file, another version) is an error that says what it is and what to pass instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_infergate.atomic import write_json_atomic
+from pytest_infergate.errors import InfergateError
+from pytest_infergate.perf.metrics import Measurement
+
+KIND = "baseline"
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had no `kind`
+# fingerprint fields whose change makes a relative comparison meaningless
+COMPARED_FIELDS = ("cpu", "cpu_count", "torch_threads", "gpu", "cuda", "device", "torch", "transformers",
+                   "bitsandbytes", "model_fingerprint", "precision", "engine_config")
+
+
+class BaselineError(InfergateError):
+    """A baseline file that cannot be read or written."""
+
+
+@dataclass
+class BaselineEntry:
+    fingerprint: dict
+    measurement: Measurement
+
+    def to_dict(self) -> dict:
+        return {"fingerprint": self.fingerprint, "measurement": self.measurement.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BaselineEntry":
+        return cls(dict(data["fingerprint"]), Measurement.from_dict(data["measurement"]))
+
+
+def save_baseline(path: Path, entries: dict[str, BaselineEntry]) -> None:
+    """entries: measurement key (test id, plus ::label) -> BaselineEntry."""
+    write_json_atomic(path, {"kind": KIND, "schema_version": SCHEMA_VERSION, "created": time.time(),
+                             "entries": {key: entry.to_dict() for key, entry in entries.items()}})
+
+
+def file_kind(data: object) -> str:
+    """What an infergate JSON file is: its `kind`, or what its shape says for files written before kinds."""
+    if not isinstance(data, dict):
+        return type(data).__name__
+    if isinstance(data.get("kind"), str):
+        return data["kind"]
+    if "entries" in data:
+        return KIND
+    if "records" in data:
+        return "results"
+    return "unknown"
+
+
+def load_baseline(path: Path) -> dict[str, BaselineEntry]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BaselineError(f"baseline file {path} does not exist: create it with "
+                            f"--infergate-save-baseline={path}") from None
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"baseline file {path} is not valid JSON ({exc}); re-create it with "
+                            "--infergate-save-baseline") from None
+    kind = file_kind(data)
+    if kind != KIND:
+        hint = (" (written by --infergate-json); a baseline is written by --infergate-save-baseline"
+                if kind == "results" else "; create a baseline with --infergate-save-baseline")
+        raise BaselineError(f"--infergate-baseline {path} is a {kind} file, not a baseline file{hint}")
+    if data.get("schema_version") not in READABLE_VERSIONS or not isinstance(data.get("entries"), dict):
+        raise BaselineError(f"baseline file {path} has schema version {data.get('schema_version')!r}, this "
+                            f"pytest-infergate reads {', '.join(map(str, READABLE_VERSIONS))}; re-create it with "
+                            "--infergate-save-baseline")
+    entries = {}
+    for key, entry in data["entries"].items():
+        try:
+            entries[key] = BaselineEntry.from_dict(entry)
+        except (KeyError, TypeError, ValueError):
+            raise BaselineError(f"baseline file {path}: entry {key!r} lacks a measurement or fingerprint; "
+                                "re-create the file with --infergate-save-baseline") from None
+    return entries
+
+
+def fingerprint_mismatches(current: dict, accepted: dict) -> list[str]:
+    out = []
+    for name in COMPARED_FIELDS:
+        if current.get(name) != accepted.get(name):
+            out.append(f"{name}: baseline {accepted.get(name)!r}, now {current.get(name)!r}")
+    return out

@@ -1,0 +1,158 @@
+"""Perf budgets: what a test promises (`ttft_ms_p95=200, tokens_per_s=10, max_regression=0.1`), where the promise
+comes from (ini lines by scope, then the test's markers), and which limits a Measurement broke.
+
+A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_ms_p95`, `tokens_per_s`...
+Distribution metrics (latencies) use the key's percentile, else the budget's `percentile` (default 50).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pytest_infergate.errors import OptionError
+from pytest_infergate.perf.metrics import METRICS, PERCENTILES, Measurement
+from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
+
+_KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")
+_OPTION_KEYS = {"percentile": int, "max_regression": float}
+
+
+class BudgetError(OptionError):
+    """An infergate_budget marker or ini budget that names an unknown key or has a wrong value."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    key: str  # as written, e.g. "ttft_ms_p95"
+    metric: str
+    percentile: int | None  # None for non-distribution metrics
+    value: float
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric][1]
+
+
+@dataclass(frozen=True)
+class Budget:
+    limits: tuple[Limit, ...] = ()
+    percentile: int = 50
+    max_regression: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.limits and self.max_regression is None
+
+
+def allowed_keys() -> list[str]:
+    keys = list(METRICS)
+    keys += [f"{m}_p{p}" for m, (_, _, dist) in METRICS.items() if dist for p in PERCENTILES]
+    return keys + list(_OPTION_KEYS)
+
+
+def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Budget:
+    """Validate budget keys and values; raise BudgetError naming the key and the allowed ones."""
+    percentile_default = values.get("percentile", 50)
+    if (not isinstance(percentile_default, int) or isinstance(percentile_default, bool)
+            or percentile_default not in PERCENTILES):
+        raise BudgetError(f"{where}: percentile={percentile_default!r} must be one of {PERCENTILES}")
+    max_regression = values.get("max_regression")
+    if max_regression is not None:
+        if (isinstance(max_regression, bool) or not isinstance(max_regression, (int, float))
+                or not 0 <= max_regression < 10):  # nan fails the range test too
+            raise BudgetError(f"{where}: max_regression={max_regression!r} must be a fraction such as 0.10 (10%)")
+        max_regression = float(max_regression)
+    limits = []
+    for key, value in values.items():
+        if key in _OPTION_KEYS:
+            continue
+        match = _KEY.match(key)
+        metric, pct = (match.group("metric"), match.group("pct")) if match else (key, None)
+        if metric not in METRICS and key in METRICS:
+            metric, pct = key, None
+        if metric not in METRICS or (pct is not None and (int(pct) not in PERCENTILES or not METRICS[metric][2])):
+            raise BudgetError(f"{where}: unknown budget key {key!r}; allowed: {', '.join(allowed_keys())}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            finite = "" if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isfinite(value) \
+                else "; a limit of nan or inf would never be checked"
+            raise BudgetError(f"{where}: {key}={value!r} must be a positive number ({METRICS[metric][0]}){finite}")
+        pct_value = (int(pct) if pct else percentile_default) if METRICS[metric][2] else None
+        limits.append(Limit(key, metric, pct_value, float(value)))
+    return Budget(tuple(limits), percentile_default, max_regression)
+
+
+def parse_ini_budgets(lines: list[str]) -> dict[str, Budget]:
+    """ini `infergate_budgets`, one line per scope: `SCOPE: key=value, key=value`. SCOPE is a precision,
+    a substring of the test id (and measurement label), or `*`. Example: `int8: tokens_per_s=5, peak_mem_mb=900`."""
+    return {scope: parse_budget(line.values, f"{line.where} ({scope})")
+            for scope, line in parse_scoped_lines(lines, "infergate_budgets", BudgetError).items()}
+
+
+def resolve_budget(ini_lines: list[str], marker_kwargs: list[dict[str, Any]], precision: str, key: str
+                   ) -> tuple[Budget, list[str]]:
+    """The budget of one measurement: ini lines whose scope applies (see scopes.py), then the test's markers
+    (outermost first, so the marker closest to the test wins). Returns it with the ini scopes that applied."""
+    scoped = parse_ini_budgets(ini_lines)
+    scopes = applicable_scopes(scoped, precision, key)
+    layers = [scoped[scope] for scope in scopes] + [parse_budget(kwargs) for kwargs in marker_kwargs]
+    return merge_budgets(*layers), scopes
+
+
+def merge_budgets(*budgets: Budget) -> Budget:
+    """Later budgets override earlier ones key by key (marker over ini)."""
+    limits: dict[str, Limit] = {}
+    percentile_, max_regression = 50, None
+    for budget in budgets:
+        for limit in budget.limits:
+            limits[limit.key] = limit
+        percentile_ = budget.percentile if budget.percentile != 50 else percentile_
+        max_regression = budget.max_regression if budget.max_regression is not None else max_regression
+    return Budget(tuple(limits.values()), percentile_, max_regression)
+
+
+@dataclass
+class Violation:
+    key: str
+    measured: float
+    limit: float
+    unit: str
+    percentile: int | None
+    samples: int
+    higher_is_better: bool
+
+    @property
+    def margin(self) -> float:
+        """How far past the limit, as a fraction of the limit (positive = violated)."""
+        if self.higher_is_better:
+            return (self.limit - self.measured) / self.limit
+        return (self.measured - self.limit) / self.limit
+
+    def describe(self) -> str:
+        bound = ">=" if self.higher_is_better else "<="
+        where = f"p{self.percentile} " if self.percentile else ""
+        return (f"{self.key}: measured {where}{self.measured:.4g} {self.unit}, budget {bound} {self.limit:.4g} "
+                f"{self.unit} (off by {self.margin:+.1%}, n={self.samples})")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "margin": self.margin}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Violation":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def check_budget(measurement: Measurement, budget: Budget) -> list[Violation]:
+    violations = []
+    for limit in budget.limits:
+        if limit.metric not in measurement.samples or not measurement.samples[limit.metric]:
+            raise BudgetError(f"budget key {limit.key!r} cannot be checked: this measurement has no "
+                              f"{limit.metric} samples")
+        measured = measurement.value(limit.metric, limit.percentile)
+        bad = measured < limit.value if limit.higher_is_better else measured > limit.value
+        if bad:
+            violations.append(Violation(limit.key, measured, limit.value, METRICS[limit.metric][0], limit.percentile,
+                                        len(measurement.samples[limit.metric]), limit.higher_is_better))
+    return violations

@@ -1,0 +1,155 @@
+"""PerfBench, the object behind the `infergate_bench` fixture, and the gate step every perf measurement goes
+through (budgets, baseline, record). No pytest here: the test is reached through a TestContext."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.results.records import PerfRecord
+
+DEFAULT_AB_REGRESSION = 0.10
+
+
+def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
+    budget, scopes = resolve_budget(ctx.scoped_lines("infergate_budgets"), ctx.markers("infergate_budget"),
+                                    precision, key)
+    ctx.note_scopes("infergate_budgets", scopes)
+    return budget
+
+
+def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None
+                     ) -> PerfOutcome:
+    """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement`; fills in the record's
+    verdict, attaches it to the test and its key figures as JUnit properties. The caller fails the test."""
+    measurement, key = record.measurement, record.test
+    budget = budget_for(ctx, record.precision, key)
+    unmeasured = [limit.key for limit in budget.limits if not measurement.samples.get(limit.metric)]
+    if unmeasured:  # e.g. peak_mem_mb of a remote server, goodput_per_s of the local engine
+        budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
+        what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
+        ctx.warn(f"{key}: budget key(s) {', '.join(unmeasured)} not checked: this {what} measurement has no such "
+                 "figure")
+    entry = ctx.baseline.get(key) if ctx.baseline is not None else None
+    outcome = evaluate_perf(measurement, budget, record.fingerprint, entry, ctx.options.strict, remeasure=remeasure,
+                            baseline_given=ctx.baseline is not None)
+    if unmeasured:
+        outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
+    _warn_about(ctx, key, outcome)
+    record.budget = {limit.key: limit.value for limit in budget.limits} | {"max_regression": budget.max_regression}
+    _finish(ctx, record, outcome)
+    return outcome
+
+
+def _warn_about(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
+    if outcome.fingerprint_mismatch and not ctx.options.strict:
+        ctx.warn(f"{key}: baseline from another environment, relative check skipped: "
+                 + "; ".join(outcome.fingerprint_mismatch))
+    if outcome.relative_check_missing and not ctx.options.strict:
+        ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
+    if outcome.status == "inconclusive":
+        ctx.warn(f"{key}: inconclusive against the baseline after {outcome.remeasured} re-measurements:\n"
+                 f"{outcome.message()}")
+
+
+def _finish(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
+    record.status = outcome.status
+    record.violations, record.verdicts = outcome.violations, outcome.verdicts
+    record.notes = record.notes + outcome.notes
+    record.fingerprint_mismatch, record.remeasured = outcome.fingerprint_mismatch, outcome.remeasured
+    record.relative_check_missing = outcome.relative_check_missing
+    ctx.record(record)
+    for name, value in record.summary.items():
+        ctx.add_property(f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4))
+
+
+class PerfBench:
+    """Callable returned by the `infergate_bench` fixture; see its docstring in the plugin's fixtures."""
+
+    def __init__(self, ctx: TestContext, loaded, compare_side: Callable[[], object]):
+        from pytest_infergate.perf.bench import Bench
+
+        self.ctx = ctx
+        self.loaded = loaded
+        self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
+        self.bench = Bench(loaded, ctx.options.device)
+        self.measurements: list[Measurement] = []
+
+    @property
+    def precision(self) -> str:
+        return self.loaded.record.requested_precision
+
+    def default_workload(self, num_requests: int = 8):
+        from pytest_infergate.workloads import chat_workload
+
+        return chat_workload(self.loaded.tokenizer, num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
+
+    def _record(self, key: str, label: str, measurement: Measurement, config, tags: dict | None) -> PerfRecord:
+        from pytest_infergate.environment import perf_fingerprint
+
+        return PerfRecord(test=key, label=label, precision=self.precision, status=PerfOutcome().status,
+                          measurement=measurement, fallback=self.loaded.record.fallback,
+                          engine_config=config.to_dict(), tags=dict(tags or {}),
+                          fingerprint=perf_fingerprint(self.loaded.record, config.to_dict(), self.ctx.options.device))
+
+    def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
+                 label: str = "", tags: dict | None = None) -> Measurement:
+        from pytest_infergate.engine import EngineConfig
+
+        requests = requests if requests is not None else self.default_workload()
+        config = config or EngineConfig()
+        measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
+                                         label=label)
+        key = self.ctx.measurement_key(label)
+        outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),
+                                   remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
+        self.measurements.append(measurement)
+        if outcome.failed:
+            self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")
+        return measurement
+
+    def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
+           warmup: int = 1, label: str = "ab"):
+        """Interleaved A/B: the baseline side and this test's model are measured alternately, A B A B ..., so
+        drift of the machine hits both alike. The baseline side is `baseline_model`, else --infergate-compare-model
+        in this precision, else the reference precision; `baseline_config` defaults to `config`. The verdict of
+        B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
+        from pytest_infergate.engine import EngineConfig
+        from pytest_infergate.perf.bench import Bench
+
+        requests = requests if requests is not None else self.default_workload()
+        config = config or EngineConfig()
+        other = baseline_model or self.compare_side()
+        other_bench = self.bench if other is self.loaded else Bench(other, self.ctx.options.device)
+        other_config = baseline_config or config
+        key = self.ctx.measurement_key(label)
+        budget = budget_for(self.ctx, self.precision, key)
+        if budget.max_regression is None:
+            budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
+        try:
+            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m),
+                                     lambda m: self.bench.run_once(requests, config, warmup, m), budget, rounds,
+                                     self.ctx.options.strict)
+        finally:
+            if other_bench is not self.bench:
+                other_bench.close()
+        a = outcome.baseline
+        other_precision = other.record.requested_precision
+        record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
+        record.fingerprint = {}
+        record.budget = {"max_regression": budget.max_regression}
+        record.baseline_summary = a.summary()
+        record.notes = [f"interleaved A/B against {other_precision}, {rounds} rounds"]
+        _warn_about(self.ctx, key, outcome)
+        _finish(self.ctx, record, outcome)
+        if outcome.failed:
+            self.ctx.fail(f"infergate A/B gate failed for {key} ({self.precision} vs {other_precision}):\n  "
+                          + "\n  ".join(v.describe() for v in outcome.verdicts))
+        return a, b
+
+    def close(self) -> None:
+        self.bench.close()

@@ -1,0 +1,114 @@
+"""The perf gate's decision for one measurement: absolute budgets, then the noise-aware comparison with a baseline
+(a stored baseline entry, or side A of an interleaved A/B run). Both modes return one PerfOutcome."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
+from pytest_infergate.perf.budget import Budget, Violation, check_budget
+from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.perf.verdict import Verdict, compare_measurements
+from pytest_infergate.status import Status
+
+
+@dataclass
+class PerfOutcome:
+    violations: list[Violation] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    remeasured: int = 0
+    strict: bool = False
+    fingerprint_mismatch: list[str] = field(default_factory=list)
+    # a relative check was asked for (max_regression) but could not run; a warning, a failure under strict
+    relative_check_missing: str = ""
+    baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run)
+
+    @property
+    def status(self) -> Status:
+        if self.violations or any(v.status == Status.FAIL for v in self.verdicts):
+            return Status.FAIL
+        if self.strict and (self.fingerprint_mismatch or self.relative_check_missing):
+            return Status.FAIL
+        if any(v.status == Status.INCONCLUSIVE for v in self.verdicts):
+            return Status.FAIL if self.strict else Status.INCONCLUSIVE
+        return Status.PASS
+
+    @property
+    def failed(self) -> bool:
+        return self.status == Status.FAIL
+
+    def message(self) -> str:
+        lines = []
+        if self.violations:
+            lines.append(f"{len(self.violations)} budget(s) exceeded:")
+            lines += ["  " + v.describe() for v in self.violations]
+        bad = [v for v in self.verdicts if v.status != Status.PASS]
+        if bad:
+            lines.append("regression against the baseline:")
+            lines += ["  " + v.describe() for v in bad]
+            if self.remeasured:
+                lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
+        if self.fingerprint_mismatch:
+            lines.append("environment differs from the baseline's: " + "; ".join(self.fingerprint_mismatch))
+        if self.relative_check_missing and self.strict:
+            lines.append(f"relative check not run (a failure under --infergate-strict): {self.relative_check_missing}")
+        lines += self.notes
+        return "\n".join(lines)
+
+
+def normalize_fingerprint(fingerprint: dict) -> dict:
+    """Engine configs and nested values compare as canonical JSON strings."""
+    return {k: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for k, v in fingerprint.items()}
+
+
+def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,
+                  strict: bool = False, remeasure: Callable[[], None] | None = None, max_remeasure: int = 2,
+                  baseline_given: bool = True) -> PerfOutcome:
+    """Budgets, then the stored baseline's entry for this measurement (re-measuring while inconclusive).
+    `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run."""
+    outcome = PerfOutcome(violations=check_budget(measurement, budget), strict=strict)
+    if baseline_entry is None:
+        if budget.max_regression is not None:
+            outcome.relative_check_missing = (
+                "the baseline file has no entry for this measurement (record one with --infergate-save-baseline)"
+                if baseline_given else "no baseline was given (--infergate-baseline PATH)")
+            outcome.notes.append(f"relative check skipped: {outcome.relative_check_missing}")
+            if not baseline_given:  # budgets alone were asked for: nothing was silently skipped
+                outcome.relative_check_missing = ""
+        return outcome
+    mismatch = fingerprint_mismatches(normalize_fingerprint(fingerprint),
+                                      normalize_fingerprint(baseline_entry.fingerprint))
+    if mismatch:
+        outcome.fingerprint_mismatch = mismatch
+        outcome.notes.append("relative check skipped: the baseline was measured in another environment")
+        return outcome
+    if budget.max_regression is None:
+        return outcome
+    outcome.baseline = baseline_entry.measurement
+    outcome.verdicts = compare_measurements(measurement, outcome.baseline, budget)
+    while (remeasure is not None and outcome.remeasured < max_remeasure
+           and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)):
+        remeasure()
+        outcome.remeasured += 1
+        outcome.verdicts = compare_measurements(measurement, outcome.baseline, budget)
+    return outcome
+
+
+def evaluate_ab(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None], budget: Budget,
+                rounds: int, strict: bool = False, max_remeasure: int = 2) -> tuple[Measurement, PerfOutcome]:
+    """Interleaved A/B gate: `rounds` of A then B (each `run_x(measurement)` adds one repetition), then one more
+    round at a time while a verdict is inconclusive, up to `max_remeasure`. Returns B's Measurement and the
+    outcome, whose `baseline` is A's."""
+    from pytest_infergate.perf.bench import measure_interleaved
+
+    a, b = measure_interleaved(run_a, run_b, rounds)
+    outcome = PerfOutcome(strict=strict, baseline=a, verdicts=compare_measurements(b, a, budget, paired=True))
+    while outcome.remeasured < max_remeasure and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts):
+        run_a(a)
+        run_b(b)
+        outcome.remeasured += 1
+        outcome.verdicts = compare_measurements(b, a, budget, paired=True)
+    return b, outcome

@@ -1,0 +1,80 @@
+"""The metrics a perf gate knows, and the Measurement that holds their samples. No pytest here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_infergate.stats import percentile
+
+# metric -> (unit, higher_is_better, is a per-request distribution)
+METRICS: dict[str, tuple[str, bool, bool]] = {
+    "ttft_ms": ("ms", False, True),
+    "tpot_ms": ("ms", False, True),
+    "itl_ms": ("ms", False, True),
+    "e2e_ms": ("ms", False, True),
+    "queue_ms": ("ms", False, True),
+    "tokens_per_s": ("tok/s", True, False),
+    "requests_per_s": ("req/s", True, False),
+    "peak_mem_mb": ("MiB", False, False),
+    "kv_mem_mb": ("MiB", False, False),
+    "load_s": ("s", False, False),
+    "success_rate": ("fraction", True, False),  # endpoint runs: requests answered / requests sent
+    "goodput_per_s": ("req/s", True, False),  # endpoint runs: requests that met every SLO, per second
+}
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class Measurement:
+    """Samples of each metric from one measured workload. Latency metrics hold one value per request (warm-up
+    requests excluded); throughput and memory hold one value per repetition."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    repetitions: int = 0
+    num_requests: int = 0
+    num_failed: int = 0
+    memory: dict[str, float] = field(default_factory=dict)  # weights / kv / other split, MiB
+    engine: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)  # per-step timeline of the last repetition
+    label: str = ""
+
+    def value(self, metric: str, pct: int | None = 50) -> float:
+        values = self.samples.get(metric)
+        if not values:
+            raise KeyError(f"no samples of {metric} in this measurement")
+        if METRICS[metric][2]:
+            return percentile(values, pct or 50)
+        return percentile(values, 50)
+
+    def summary(self) -> dict[str, float]:
+        out = {}
+        for metric, values in self.samples.items():
+            if not values:
+                continue
+            if METRICS[metric][2]:
+                for pct in (50, 95, 99):
+                    out[f"{metric}_p{pct}"] = percentile(values, pct)
+            else:
+                out[metric] = percentile(values, 50)
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Measurement":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def add_request_latencies(samples: dict[str, list[float]], ttft_s: float | None, tpot_s: float | None,
+                          itl_s: list[float], e2e_s: float, queue_s: float | None = None) -> None:
+    """One finished request's latencies, in ms, into a Measurement's samples (engine and endpoint alike)."""
+    if ttft_s is not None:
+        samples.setdefault("ttft_ms", []).append(ttft_s * 1000)
+    if tpot_s is not None:
+        samples.setdefault("tpot_ms", []).append(tpot_s * 1000)
+    samples.setdefault("itl_ms", []).extend(x * 1000 for x in itl_s)
+    samples.setdefault("e2e_ms", []).append(e2e_s * 1000)
+    if queue_s is not None:
+        samples.setdefault("queue_ms", []).append(queue_s * 1000)

@@ -1,0 +1,105 @@
+"""Noise-aware verdicts: is a candidate measurement worse than a baseline by more than `max_regression`?
+
+A bootstrap confidence interval of the candidate/baseline ratio decides: pass when the whole interval lies at or
+below the threshold, fail when it lies above, inconclusive when it straddles it (more samples would decide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from pytest_infergate.perf.budget import Budget
+from pytest_infergate.perf.metrics import METRICS, Measurement
+from pytest_infergate.stats import bootstrap_ratio_ci, paired_bootstrap_ci, percentile
+from pytest_infergate.status import Status
+
+
+@dataclass
+class Verdict:
+    """Candidate vs baseline for one metric. `ratio` > 1 means the candidate is worse, whatever the direction."""
+
+    metric: str
+    status: Status
+    ratio: float
+    low: float
+    high: float
+    threshold: float  # 1 + max_regression
+    percentile: int | None
+    candidate: float
+    baseline: float
+    samples: tuple[int, int]
+    paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
+
+    def describe(self) -> str:
+        where = f"p{self.percentile} " if self.percentile else ""
+        pairing = ", paired by round" if self.paired else ""
+        return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
+                f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
+                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{pairing})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "status": Status(data["status"]), "samples": tuple(data.get("samples", (0, 0)))})
+
+
+def compare_samples(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
+                    pct: int | None = 50, confidence: float = 0.95, resamples: int = 2000) -> Verdict:
+    """Bootstrap CI of the candidate/baseline ratio of the chosen percentile, oriented so that > 1 is worse.
+
+    pass: the whole CI lies at or below 1 + max_regression; fail: the whole CI lies above it;
+    inconclusive: the CI straddles it (more samples would decide).
+    """
+    higher_is_better = METRICS[metric][1]
+    stat = (lambda xs: percentile(xs, pct)) if METRICS[metric][2] else (lambda xs: percentile(xs, 50))
+    if higher_is_better:  # worse = smaller, so take baseline/candidate
+        point, low, high = bootstrap_ratio_ci(baseline, candidate, stat, confidence, resamples)
+    else:
+        point, low, high = bootstrap_ratio_ci(candidate, baseline, stat, confidence, resamples)
+    threshold = 1.0 + max_regression
+    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold,
+                   pct if METRICS[metric][2] else None, stat(candidate), stat(baseline),
+                   (len(candidate), len(baseline)))
+
+
+def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
+                   confidence: float = 0.95, resamples: int = 2000) -> Verdict:
+    """Like compare_samples for a per-repetition metric of an interleaved A/B run, where candidate[i] and
+    baseline[i] were measured back to back: the ratio is taken within each round, so drift of the machine
+    between rounds cancels instead of widening the interval; the CI bootstraps the median over rounds."""
+    higher_is_better = METRICS[metric][1]
+    ratios = [(b / c if higher_is_better else c / b) for c, b in zip(candidate, baseline) if c > 0 and b > 0]
+    if len(ratios) != len(candidate):
+        return compare_samples(metric, candidate, baseline, max_regression)
+    point, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), confidence, resamples)
+    threshold = 1.0 + max_regression
+    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold, None,
+                   percentile(candidate, 50), percentile(baseline, 50), (len(candidate), len(baseline)),
+                   paired=True)
+
+
+def _decide(low: float, high: float, threshold: float) -> Status:
+    return Status.FAIL if low > threshold else Status.PASS if high <= threshold else Status.INCONCLUSIVE
+
+
+def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
+                         metrics: list[str] | None = None, paired: bool = False) -> list[Verdict]:
+    """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
+    the two were measured in interleaved rounds, so per-repetition metrics compare round by round."""
+    if budget.max_regression is None:
+        return []
+    names = metrics or sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
+    verdicts = []
+    for metric in names:
+        a, b = candidate.samples.get(metric), baseline.samples.get(metric)
+        if not a or not b or metric in ("load_s",):
+            continue
+        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
+            verdicts.append(compare_paired(metric, a, b, budget.max_regression))
+            continue
+        pct = next((l.percentile for l in budget.limits if l.metric == metric), budget.percentile)
+        verdicts.append(compare_samples(metric, a, b, budget.max_regression, pct))
+    return verdicts

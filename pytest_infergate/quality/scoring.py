@@ -1,0 +1,74 @@
+"""Teacher-forced scoring: the log-probabilities a model gives a fixed continuation, and the KL / top-1 / NLL
+comparisons built on them. Both sides of a comparison see the same tokens, so the figures measure the models, not
+where their greedy paths happened to part."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_infergate.quality.metrics import TokenStats
+
+TOP_K = 10
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+@torch.inference_mode()
+def continuation_logprobs(model, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """log-softmax [len(continuation), vocab] (float32) predicting each continuation token, for each row."""
+    device = next(model.parameters()).device
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (prompt, cont) in enumerate(rows):
+        seq = prompt + cont
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, :len(seq)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    out = []
+    for i, (prompt, cont) in enumerate(rows):
+        start = len(prompt) - 1
+        out.append(torch.log_softmax(logits[i, start:start + len(cont)].float(), dim=-1).cpu())
+    return out
+
+
+def teacher_forced(reference_model, candidate_model, rows: list[tuple[list[int], list[int]]],
+                   batch_size: int = 8) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
+    """Score the reference continuations under both models. Returns per-row TokenStats and the reference's
+    top-k log-probabilities per token (what golden files store)."""
+    stats, topks = [], []
+    for batch in _batches(rows, batch_size):
+        ref_lp = continuation_logprobs(reference_model, batch)
+        cand_lp = ref_lp if candidate_model is reference_model else continuation_logprobs(candidate_model, batch)
+        for (prompt, cont), ref, cand in zip(batch, ref_lp, cand_lp):
+            s = TokenStats()
+            if cont:
+                target = torch.tensor(cont)
+                p = ref.exp()
+                s.kl = (p * (ref - cand)).sum(-1).clamp_min(0).tolist()
+                s.top1_agree = (ref.argmax(-1) == cand.argmax(-1)).tolist()
+                s.ref_nll = (-ref.gather(1, target[:, None])[:, 0]).tolist()
+                s.cand_nll = (-cand.gather(1, target[:, None])[:, 0]).tolist()
+                values, indices = ref.topk(TOP_K, dim=-1)
+                topks.append([[[int(t), round(float(v), 6)] for t, v in zip(ti, tv)]
+                              for ti, tv in zip(indices.tolist(), values.tolist())])
+            else:
+                topks.append([])
+            stats.append(s)
+    return stats, topks
+
+
+def topk_kl(stored: list[list[list[float]]], candidate: torch.Tensor) -> list[float]:
+    """KL(stored || candidate) per token from the stored top-k, with the rest of the mass as one bucket."""
+    out = []
+    for row, cand in zip(stored, candidate):
+        ids = torch.tensor([int(t) for t, _ in row])
+        p = torch.tensor([v for _, v in row]).exp()
+        q = cand[ids].exp()
+        p_tail, q_tail = (1 - p.sum()).clamp_min(1e-12), (1 - q.sum()).clamp_min(1e-12)
+        kl = float((p * (p.log() - q.clamp_min(1e-12).log())).sum() + p_tail * (p_tail.log() - q_tail.log()))
+        out.append(max(0.0, kl))
+    return out

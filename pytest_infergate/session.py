@@ -1,0 +1,267 @@
+"""InfergateSession: the state of one pytest session (options, model pool, results, baseline, shared caches) and
+the session-level hooks, registered as the plugin `infergate-session` (pytest-xdist's DSession pattern).
+
+On an xdist worker it measures and hands its records, models, warnings and used scopes to the controller; on the
+controller (or in a run without xdist) it collects records, writes the outputs and prints the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.errors import InfergateError, ModelLoadError
+from pytest_infergate.models import PRECISIONS, ModelPool
+from pytest_infergate.options import Options
+from pytest_infergate.results.records import RESULT_PROPERTY, RunResults, record_from_dict
+from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
+
+SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
+_DEFAULTS = pytest.StashKey[dict]()
+PLUGIN_NAME = "infergate-session"
+WORKER_OUTPUT = "infergate"
+
+
+class InfergateWarning(pytest.PytestWarning):
+    """Something the gate could not check as asked (e.g. the baseline is from another environment)."""
+
+
+def add_defaults(config: pytest.Config, budgets: list[str] = (), quality_policy: list[str] = ()) -> None:
+    """Default budget / policy lines (e.g. a suite's), used for every scope the user's own ini lines do not set.
+    Unlike user lines, a default that applies to no test in a run is not reported: a suite's defaults cover
+    tests that a run may not select."""
+    defaults = config.stash.setdefault(_DEFAULTS, {option: [] for option in SCOPED_OPTIONS})
+    defaults["infergate_budgets"] += list(budgets)
+    defaults["infergate_quality_policy"] += list(quality_policy)
+
+
+class InfergateSession:
+    def __init__(self, config: pytest.Config, options: Options):
+        self.config = config
+        self.options = options
+        self.is_worker = hasattr(config, "workerinput")
+        self.pool = ModelPool(options)
+        self.results = RunResults()
+        self.baseline = None  # measurement key -> BaselineEntry, with --infergate-baseline
+        self.generated: dict = {}  # local models' golden outputs, shared by every gate that needs them
+        self.comparisons: dict = {}  # one quality comparison per precision and sample set
+        self.endpoint_answers: dict = {}  # the endpoint's golden answers
+        self.compare_pools: list[ModelPool] = []
+        self.endpoint = None  # EndpointBench, with --infergate-endpoint
+        self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
+        self.output_errors: list[str] = []
+        if options.baseline is not None:
+            from pytest_infergate.perf.baseline import load_baseline
+
+            self.baseline = load_baseline(options.baseline)
+
+    # ---- scoped ini lines ---------------------------------------------------------------------------------
+    def user_lines(self, option: str) -> list[str]:
+        return list(self.config.getini(option))
+
+    def scoped_lines(self, option: str) -> list[str]:
+        """The user's lines, then the defaults for scopes the user does not set."""
+        user = self.user_lines(option)
+        user_scopes = set(parse_scoped_lines(user, option))
+        defaults = self.config.stash.get(_DEFAULTS, {}).get(option, [])
+        return user + [line for line in defaults if line.split(":", 1)[0].strip() not in user_scopes]
+
+    def unused_scope_warnings(self) -> list[str]:
+        """The user's scopes that applied to no measurement of a run that measured something (typos like
+        `fp23`, or a test id that no longer exists); scopes naming a precision merely not run are fine."""
+        kinds = {"infergate_budgets": self.results.perf, "infergate_quality_policy": self.results.quality}
+        out = []
+        for option, scoped in ((o, parse_scoped_lines(self.user_lines(o), o)) for o in SCOPED_OPTIONS):
+            if not kinds[option]:
+                continue
+            for scope, line in scoped.items():
+                known = scope == WILDCARD or scope in PRECISIONS or scope == ENDPOINT_PRECISION
+                if not known and scope not in self.used_scopes[option]:
+                    out.append(f"{option}: scope {scope!r} ({line.where}) matched no test in this run, so its "
+                               f"limits were never checked; fix the scope (a precision, *, or part of a test id)")
+        return out
+
+    # ---- what fixtures get --------------------------------------------------------------------------------
+    def context(self, item: pytest.Item) -> TestContext:
+        def record(result) -> None:
+            item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
+
+        def fail(message: str):
+            pytest.fail(message, pytrace=False)
+
+        def warn(message: str) -> None:
+            warnings.warn(InfergateWarning(message))
+            self.results.warnings.append(message)
+
+        def markers(name: str) -> list[dict[str, Any]]:
+            return [dict(m.kwargs) for m in reversed(list(item.iter_markers(name)))]
+
+        def note_scopes(option: str, scopes: list[str]) -> None:
+            self.used_scopes[option].update(scopes)
+
+        return TestContext(test_id=item.nodeid, options=self.options, record=record, fail=fail, skip=pytest.skip,
+                           warn=warn, add_property=lambda name, value: item.user_properties.append((name, value)),
+                           markers=markers, scoped_lines=self.scoped_lines, note_scopes=note_scopes,
+                           baseline=self.baseline)
+
+    def model(self, precision: str):
+        try:
+            return self.pool.get(precision)
+        except ModelLoadError as exc:
+            pytest.fail(f"infergate could not load the model: {exc}", pytrace=False)
+
+    def compare_side(self, precision: str):
+        """The A side of an interleaved A/B run: --infergate-compare-model in `precision`, else the reference."""
+        if not self.options.compare_model:
+            return self.model(self.options.reference_precision)
+        if not self.compare_pools:
+            self.compare_pools.append(ModelPool(replace(self.options, model=self.options.compare_model)))
+        try:
+            return self.compare_pools[0].get(precision)
+        except ModelLoadError as exc:
+            pytest.fail(f"infergate could not load the compare model: {exc}", pytrace=False)
+
+    # ---- hooks --------------------------------------------------------------------------------------------
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """With --infergate-endpoint, the server must answer before any test runs: a server that is down is one
+        clear usage error, not a hang or a failure per test."""
+        if self.options.endpoint is None:
+            return
+        from pytest_infergate.endpoint.bench import EndpointBench
+
+        try:
+            bench = EndpointBench(endpoint_config(self.options))
+            bench.model  # GET /v1/models once; the served name is reused by every test
+        except InfergateError as exc:
+            raise pytest.UsageError(f"infergate: {exc}") from None
+        self.endpoint = bench
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """On the controller: take the records out of the report (JUnit XML keeps only the key figures)."""
+        if self.is_worker:  # the records must travel to the controller inside the report
+            return
+        kept = []
+        for name, value in report.user_properties:
+            if name != RESULT_PROPERTY:
+                kept.append((name, value))
+            elif report.when == "call":  # the teardown report carries the same properties again
+                self.results.add(record_from_dict(json.loads(value)))
+        report.user_properties = kept
+        if report.when == "call" or report.outcome != "passed":
+            outcomes = self.results.outcomes
+            if report.nodeid not in outcomes or report.outcome != "passed":
+                outcomes[report.nodeid] = "error" if report.when != "call" and report.failed else report.outcome
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """xdist: a worker's models, environment, warnings and used scopes join the controller's."""
+        output = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT)
+        if not output:
+            return
+        data = json.loads(output)
+        self.results.models.update(data["models"])
+        for key, value in data["environment"].items():
+            self.results.environment.setdefault(key, value)
+        self.results.warnings += [w for w in data["warnings"] if w not in self.results.warnings]
+        for option, scopes in data["used_scopes"].items():
+            self.used_scopes[option].update(scopes)
+
+    def _describe_run(self) -> None:
+        if self.pool.loaded:
+            from pytest_infergate.environment import library_versions, machine_fingerprint
+
+            self.results.environment.update(
+                machine=machine_fingerprint(self.options.device), versions=library_versions(),
+                model=self.options.model, model_name=self.pool.source.name, device=self.options.device,
+                reference_precision=self.options.reference_precision)
+        for loaded in self.pool.loaded:
+            self.results.models[loaded.record.requested_precision] = loaded.record.to_dict()
+        if self.endpoint is not None:
+            self.results.environment["endpoint"] = self.endpoint.fingerprint()
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self._describe_run()
+        if self.is_worker:
+            self.config.workeroutput[WORKER_OUTPUT] = json.dumps({
+                "models": self.results.models, "environment": self.results.environment,
+                "warnings": self.results.warnings,
+                "used_scopes": {option: sorted(scopes) for option, scopes in self.used_scopes.items()}}, default=str)
+            return
+        self.results.warnings += self.unused_scope_warnings()
+        if self.options.strict and self.results.warnings and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # under strict a check that did not run fails the run
+        self._write_outputs(session)
+
+    def _write_outputs(self, session: pytest.Session) -> None:
+        """Each output on its own: one that cannot be written is reported and does not stop the others."""
+        from pytest_infergate.atomic import write_json_atomic
+
+        outputs = []
+        if self.options.save_baseline is not None:
+            outputs.append(("--infergate-save-baseline", self.options.save_baseline, self._save_baseline))
+        if self.options.json is not None:
+            outputs.append(("--infergate-json", self.options.json,
+                            lambda path: write_json_atomic(path, self.results.to_dict())))
+        if self.options.report is not None:
+            outputs.append(("--infergate-report", self.options.report, self._write_report))
+        for option, path, write in outputs:
+            try:
+                write(path)
+            except (OSError, InfergateError) as exc:
+                self.output_errors.append(f"{option} {path} was not written: {exc}")
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _save_baseline(self, path: Path) -> None:
+        from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
+
+        save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in self.results.perf})
+
+    def _write_report(self, path: Path) -> None:
+        from pytest_infergate.report import git_commit, write_report
+
+        write_report(self.results, path, git_commit(self.config.rootpath))
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+        from pytest_infergate.results.summary import summary_lines
+
+        if not self.results.models and not self.results.records and not self.results.warnings \
+                and not self.output_errors:
+            return
+        terminalreporter.section("infergate")
+        for line in summary_lines(self.results):
+            terminalreporter.write_line(line.text, **line.markup)
+        if self.options.report is not None and not self.output_errors:
+            terminalreporter.write_line(f"report: {self.options.report}")
+        for error in self.output_errors:
+            terminalreporter.write_line(f"ERROR {error}", red=True)
+
+
+def endpoint_config(options: Options):
+    """The EndpointConfig of --infergate-endpoint and its companion options (the API key read from the named
+    environment variable, never from the command line)."""
+    import os
+
+    from pytest_infergate.endpoint.client import EndpointConfig
+    from pytest_infergate.errors import OptionError
+
+    api_key = None
+    if options.api_key_env:
+        api_key = os.environ.get(options.api_key_env)
+        if not api_key:
+            raise OptionError(f"--infergate-api-key-env names {options.api_key_env!r}, but that environment "
+                              "variable is not set or empty: export it, or drop the option for a server "
+                              "without authentication")
+    return EndpointConfig(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
+                          options.endpoint_concurrency, options.endpoint_api)
+
+
+def session_of(config: pytest.Config) -> InfergateSession:
+    return config.pluginmanager.get_plugin(PLUGIN_NAME)
