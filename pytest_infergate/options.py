@@ -177,9 +177,9 @@ def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, ap
         raise OptionError(f"--infergate-endpoint {url!r} is not an http(s) URL; give the server's base URL, e.g. "
                           "http://127.0.0.1:8000/v1")
     if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise OptionError(f"--infergate-endpoint-timeout must be a positive finite number of seconds, got {timeout_s}")
+        raise OptionError(f"--infergate-endpoint-timeout must be positive (a finite number of seconds), got {timeout_s}")
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-        raise OptionError(f"--infergate-endpoint-concurrency must be an integer of at least 1, got {max_concurrency}")
+        raise OptionError(f"--infergate-endpoint-concurrency must be at least 1 (an integer), got {max_concurrency}")
     if api not in ENDPOINT_APIS:
         raise OptionError(f"--infergate-endpoint-api {api!r} is not one of {', '.join(ENDPOINT_APIS)}")
 
