@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf  # noqa: E402
 from pytest_infergate.models.load import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
+from pytest_infergate.perf.bench import Bench  # noqa: E402
+from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf  # noqa: E402
 from pytest_infergate.perf.metrics import injected_slowdown, parse_budget  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
@@ -80,10 +80,11 @@ def main() -> int:
                 with injected_slowdown(loaded.model, slowdown):
                     m = bench.measure(requests, config, warmup=2, repeats=args.repeats)
                     outcome = evaluate_perf(m, budget, {}, entry,
-                                            remeasure=lambda: bench.extend(m, requests, config, warmup=1))
+                                            remeasure=lambda m=m: bench.extend(m, requests, config, warmup=1))
                 status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
             else:
-                _, _, verdicts, status, remeasured = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
+                _, outcome = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
+                status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
             durations.append(time.perf_counter() - start)
             outcomes[slowdown][status] += 1
             ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in verdicts)

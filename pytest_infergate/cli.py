@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="infergate", description="pytest-infergate utilities")
     sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch-model", help="resolve (download/convert once) a model into the cache and print its path")
+    fetch = sub.add_parser("fetch-model",
+                           help="resolve (download/convert once) a model into the cache and print its path")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
     fetch.add_argument("--cache-dir", default=str(default_cache_dir()))
     fetch.add_argument("--gguf", action="store_true", help="print the path of the embedded model's original GGUF "
@@ -133,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=_cmd_compare)
     summary = sub.add_parser("summary", help="summarize a results file")
     summary.add_argument("results")
-    summary.add_argument("--markdown", action="store_true", help="Markdown tables (also written to $GITHUB_STEP_SUMMARY)")
+    summary.add_argument("--markdown", action="store_true",
+                         help="Markdown tables (also written to $GITHUB_STEP_SUMMARY)")
     summary.set_defaults(func=_cmd_summary)
     return parser
 

@@ -7,8 +7,9 @@ so they can be driven from a REPL or a unit test with plain functions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options
@@ -21,8 +22,8 @@ ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infer
 @dataclass
 class TestContext:
     test_id: str
-    options: "Options"
-    record: Callable[["Record"], None]  # attach a result record to the test (it reaches the xdist controller)
+    options: Options
+    record: Callable[[Record], None]  # attach a result record to the test (it reaches the xdist controller)
     fail: Callable[[str], NoReturn]
     skip: Callable[[str], NoReturn]
     warn: Callable[[str], None]  # a check that did not run as asked: terminal summary, report, JUnit
@@ -30,7 +31,7 @@ class TestContext:
     markers: Callable[[str], list[dict[str, Any]]]  # kwargs of the test's markers of a name, outermost first
     scoped_lines: Callable[[str], list[str]]  # ini lines of infergate_budgets / infergate_quality_policy
     note_scopes: Callable[[str, list[str]], None]  # which of those scopes applied (unused ones are reported)
-    baseline: dict[str, "BaselineEntry"] | None = None  # --infergate-baseline entries by measurement key
+    baseline: dict[str, BaselineEntry] | None = None  # --infergate-baseline entries by measurement key
 
     __test__ = False  # not a test class, whatever its name
 

@@ -25,7 +25,8 @@ def infergate_device(infergate_options: Options) -> str:
 
 @pytest.fixture
 def infergate_precision(request: pytest.FixtureRequest) -> str:
-    """The precision under test. Tests that use it are parametrized over --infergate-precisions (ids: fp32, int8, ...)."""
+    """The precision under test. Tests that use it are parametrized over --infergate-precisions (ids: fp32, int8,
+    ...)."""
     return getattr(request, "param", session_of(request.config).options.reference_precision)
 
 

@@ -59,7 +59,7 @@ class PeakMemory:
         self._stop = threading.Event()
         self._sampled_peak = 0
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.device.startswith("cuda"):
             import torch
 

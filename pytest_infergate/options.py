@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_infergate.errors import OptionError
@@ -39,7 +40,8 @@ ENDPOINT_APIS = ("chat", "completions")
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
                "without it everything runs on the CPU", False),
-    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama), a local Hugging Face "
+    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama), a local Hugging "
+               "Face "
                "directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)", "smollm2-135m", "MODEL"),
     OptionSpec("precisions", "str", "comma list of precisions to test, from fp32, fp16, bf16, int8, nf4 "
                "(default: the reference precision, int8, nf4; with --infergate-endpoint: none, only the server, unless "
@@ -62,7 +64,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default: golden/ under the pytest rootdir)", None, "DIR"),
     OptionSpec("update_golden", "bool", "regenerate the accepted golden outputs of every precision tested, print "
                "what changed, and pass the golden-regression checks (review the diff before committing it)", False),
-    OptionSpec("endpoint", "str", "gate a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) at this base URL "
+    OptionSpec("endpoint", "str", "gate a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) at this "
+               "base URL "
                "instead of the reference engine, e.g. http://127.0.0.1:8000/v1", None, "URL"),
     OptionSpec("endpoint_model", "str", "model name to request from the endpoint (default: the first one its "
                "/v1/models lists)", None, "NAME"),
@@ -95,7 +98,8 @@ def _parse_number(spec: OptionSpec, value: Any) -> int | float:
     try:
         return kind(str(value).strip())
     except ValueError:
-        raise OptionError(f"{spec.flag} / {spec.ini_key} = {value!r} is not {'an integer' if kind is int else 'a number'}"
+        what = "an integer" if kind is int else "a number"
+        raise OptionError(f"{spec.flag} / {spec.ini_key} = {value!r} is not {what}"
                           f" ({spec.metavar})") from None
 
 
@@ -145,7 +149,7 @@ class Options:
         return "cuda" if self.gpu_index is None else f"cuda:{self.gpu_index}"
 
     @classmethod
-    def from_sources(cls, cli: Callable[[str], Any], ini: Callable[[str], Any]) -> "Options":
+    def from_sources(cls, cli: Callable[[str], Any], ini: Callable[[str], Any]) -> Options:
         """Build from two lookups by option name: `cli` (None when not given) and `ini` (None or '' when unset)."""
         values: dict[str, Any] = {}
         for spec in OPTION_SPECS:
@@ -177,7 +181,8 @@ def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, ap
         raise OptionError(f"--infergate-endpoint {url!r} is not an http(s) URL; give the server's base URL, e.g. "
                           "http://127.0.0.1:8000/v1")
     if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise OptionError(f"--infergate-endpoint-timeout must be positive (a finite number of seconds), got {timeout_s}")
+        raise OptionError("--infergate-endpoint-timeout must be positive (a finite number of seconds), got "
+                          f"{timeout_s}")
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
         raise OptionError(f"--infergate-endpoint-concurrency must be at least 1 (an integer), got {max_concurrency}")
     if api not in ENDPOINT_APIS:
@@ -216,9 +221,9 @@ def check_path_arguments(config) -> None:
         cleaned = [a for i, a in enumerate(args) if not (a in suspects and i > 0 and args[i - 1] in takes_value)]
         positional = [a for a in cleaned if not a.startswith("-") and os.path.exists(
             os.path.join(str(config.invocation_params.dir), a))]
-        rootpath, inipath, *_ = determine_setup(inifile=config.option.inifilename, override_ini=config.option.override_ini,
-                                                args=positional, rootdir_cmd_arg=config.option.rootdir or None,
-                                                invocation_dir=config.invocation_params.dir)
+        rootpath, inipath, *_ = determine_setup(
+            inifile=config.option.inifilename, override_ini=config.option.override_ini, args=positional,
+            rootdir_cmd_arg=config.option.rootdir or None, invocation_dir=config.invocation_params.dir)
     except Exception:  # pytest's private API changed: nothing to compare with, say nothing
         return
     if rootpath != config.rootpath or inipath != config.inipath:

@@ -15,9 +15,17 @@ import pytest
 
 from pytest_infergate.context import ENDPOINT_PRECISION
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.fixtures import (infergate_bench, infergate_device, infergate_endpoint,  # noqa: F401
-                                       infergate_golden, infergate_model, infergate_options, infergate_precision,
-                                       infergate_reference_model, infergate_tokenizer)
+from pytest_infergate.fixtures import (  # noqa: F401
+    infergate_bench,
+    infergate_device,
+    infergate_endpoint,
+    infergate_golden,
+    infergate_model,
+    infergate_options,
+    infergate_precision,
+    infergate_reference_model,
+    infergate_tokenizer,
+)
 from pytest_infergate.options import OPTION_SPECS, Options, check_output_path
 from pytest_infergate.session import PLUGIN_NAME, InfergateSession, InfergateWarning, session_of  # noqa: F401
 

@@ -9,8 +9,8 @@ markers come last.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from pytest_infergate.errors import OptionError
 

@@ -96,7 +96,7 @@ class InfergateSession:
             pytest.fail(message, pytrace=False)
 
         def warn(message: str) -> None:
-            warnings.warn(InfergateWarning(message))
+            warnings.warn(InfergateWarning(message), stacklevel=2)
             self.results.warnings.append(message)
 
         def markers(name: str) -> list[dict[str, Any]]:
@@ -137,7 +137,7 @@ class InfergateSession:
 
         try:
             bench = EndpointBench(endpoint_config(self.options))
-            bench.model  # GET /v1/models once; the served name is reused by every test
+            bench.model  # noqa: B018 - GET /v1/models once; the served name is reused by every test
         except InfergateError as exc:
             raise pytest.UsageError(f"infergate: {exc}") from None
         self.endpoint = bench

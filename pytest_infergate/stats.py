@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -22,7 +22,8 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def bootstrap_ratio_ci(candidate: Sequence[float], baseline: Sequence[float], statistic: Callable[[Sequence[float]], float],
+def bootstrap_ratio_ci(candidate: Sequence[float], baseline: Sequence[float],
+                       statistic: Callable[[Sequence[float]], float],
                        confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """(point, low, high) of statistic(candidate) / statistic(baseline), resampling each sample independently."""
     if not candidate or not baseline:

@@ -14,7 +14,7 @@ class Status(str, enum.Enum):
         return self.value
 
     @classmethod
-    def worst(cls, statuses) -> "Status":
+    def worst(cls, statuses) -> Status:
         """fail over inconclusive over pass (an empty list passes)."""
         statuses = set(statuses)
         for status in (cls.FAIL, cls.INCONCLUSIVE):

@@ -70,17 +70,24 @@ def with_poisson_arrivals(requests: list[Request], rate_per_s: float, seed: int 
     return with_gamma_arrivals(requests, rate_per_s, burstiness=1.0, seed=seed)
 
 
-def with_gamma_arrivals(requests: list[Request], rate_per_s: float, burstiness: float = 1.0,
-                        seed: int = 0) -> list[Request]:
-    """Gamma-distributed gaps with mean 1/rate (as `vllm bench serve --burstiness`): 1.0 is Poisson,
-    below 1 burstier, above 1 more regular."""
-    if rate_per_s <= 0 or burstiness <= 0:
+def gamma_arrival_offsets(count: int, rate_per_s: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """`count` arrival times (seconds from the start) with gamma-distributed gaps of mean 1/rate (as
+    `vllm bench serve --burstiness`): 1.0 is Poisson, below 1 burstier, above 1 more regular."""
+    if not rate_per_s > 0 or not burstiness > 0:
         raise ValueError(f"rate_per_s and burstiness must be positive, got {rate_per_s} and {burstiness}")
     rng = random.Random(seed)
-    clock = 0.0
-    for request in requests:
-        request.arrival_s = clock
+    clock, offsets = 0.0, []
+    for _ in range(count):
+        offsets.append(clock)
         clock += rng.gammavariate(burstiness, 1.0 / (rate_per_s * burstiness))
+    return offsets
+
+
+def with_gamma_arrivals(requests: list[Request], rate_per_s: float, burstiness: float = 1.0,
+                        seed: int = 0) -> list[Request]:
+    """Set `arrival_s` from gamma_arrival_offsets."""
+    for request, offset in zip(requests, gamma_arrival_offsets(len(requests), rate_per_s, burstiness, seed)):
+        request.arrival_s = offset
     return requests
 
 

@@ -2,7 +2,6 @@
 does the gap grow with the generation length and with the prompt length, and does the cache cost the memory
 the config says (2 x layers x kv_heads x head_dim x bytes per token)?"""
 
-import pytest
 import torch
 
 from pytest_infergate.engine import Engine, Request

@@ -1,9 +1,8 @@
 import os
 from pathlib import Path
 
-import pytest
-
 import _pytest.pytester
+import pytest
 
 # pytester's in-process runs drop the modules first imported inside them when they end. torch and friends load
 # C extensions and register operators once per process: a second import of them crashes or fails. Keep them.
@@ -58,6 +57,7 @@ def llama_server(cache_dir, tmp_path_factory):
     """llama-cpp-python's OpenAI-compatible server serving the embedded model's GGUF on 127.0.0.1 at a free port
     (`bash setup.sh test` installs it). Missing, it fails the tests under CI and skips them elsewhere."""
     from openai_servers import LlamaServer, llama_cpp_available
+
     from pytest_infergate.models.builtin import ensure_smollm2_gguf
 
     if not llama_cpp_available():

@@ -92,7 +92,7 @@ class FaultyServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FaultyServer":
+    def __enter__(self) -> FaultyServer:
         self._thread.start()
         return self
 
@@ -124,7 +124,7 @@ class LlamaServer:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         import httpx
 
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL

@@ -6,8 +6,8 @@ import json
 import statistics
 
 import pytest
-
 from openai_servers import FaultyServer, free_port
+
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.engine import Request
 from pytest_infergate.errors import OptionError
@@ -136,7 +136,8 @@ def test_bad_endpoint_option_is_a_usage_error(pytester, run_plugin):
     pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
     result = run_plugin("--infergate-endpoint=127.0.0.1:8000", "--infergate-endpoint-timeout=soon")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--infergate-endpoint-timeout / infergate_endpoint_timeout = 'soon' is not a number*"])
+    result.stderr.fnmatch_lines(
+        ["*--infergate-endpoint-timeout / infergate_endpoint_timeout = 'soon' is not a number*"])
 
 
 def test_endpoint_fixture_skips_without_the_option(pytester, run_plugin):
@@ -303,7 +304,7 @@ def test_endpoint_golden_regression_round_trip(pytester, cache_dir, llama_server
     accepted.write_text("\n".join([lines[0], json.dumps(changed)] + lines[2:]) + "\n")
     result = pytester.runpytest(*args)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*1 of 4 golden outputs of endpoint changed*", f"*{changed['id']}*"])
+    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of endpoint changed*", f"*{changed['id']}*"])
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

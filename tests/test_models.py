@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.models.builtin import check_gguf
-from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models import load_model, resolve_model
+from pytest_infergate.models.builtin import check_gguf
+from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
 from pytest_infergate.models.precision import PRECISIONS
 
 
@@ -116,7 +116,7 @@ def test_tiny_tokenizer_round_trips_text_and_chat(tiny_fp32):
 
 
 def test_fingerprint_recorded_in_cache_meta(tiny_source):
-    meta = json.loads((tiny_source.path and open(os.path.join(tiny_source.path, META_NAME)).read()))
+    meta = json.loads(tiny_source.path and open(os.path.join(tiny_source.path, META_NAME)).read())
     assert "model.safetensors" in meta["files"]
     assert len(meta["files"]["model.safetensors"]["sha256"]) == 64
 

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.options import OPTION_SPECS, Options
 from pytest_infergate.models.precision import parse_precisions
+from pytest_infergate.options import OPTION_SPECS, Options
 
 
 def from_dicts(cli=None, ini=None):
@@ -37,7 +37,8 @@ def test_ini_bool_strings():
 
 
 def test_unknown_precision_lists_valid_names():
-    with pytest.raises(OptionError, match=r"unknown precision in --infergate-precisions 'int3'.*fp32, fp16, bf16, int8, nf4"):
+    with pytest.raises(OptionError,
+                       match=r"unknown precision in --infergate-precisions 'int3'.*fp32, fp16, bf16, int8, nf4"):
         parse_precisions("fp32,int3")
 
 

@@ -3,9 +3,21 @@ import random
 
 import pytest
 
-from pytest_infergate.perf import (BaselineEntry, BaselineError, BudgetError, Measurement, check_budget,
-                                   compare_measurements, compare_samples, evaluate_perf, load_baseline, merge_budgets,
-                                   parse_budget, parse_ini_budgets, save_baseline)
+from pytest_infergate.perf import (
+    BaselineEntry,
+    BaselineError,
+    BudgetError,
+    Measurement,
+    check_budget,
+    compare_measurements,
+    compare_samples,
+    evaluate_perf,
+    load_baseline,
+    merge_budgets,
+    parse_budget,
+    parse_ini_budgets,
+    save_baseline,
+)
 from pytest_infergate.stats import percentile
 
 
@@ -17,7 +29,7 @@ def noisy(center, n, noise=0.05, seed=0):
 def test_parse_budget_keys_and_percentiles():
     budget = parse_budget({"ttft_ms_p95": 200, "tokens_per_s": 10, "percentile": 90, "tpot_ms": 50, "e2e_ms_p99": 9,
                            "max_regression": 0.1})
-    by_key = {l.key: l for l in budget.limits}
+    by_key = {limit.key: limit for limit in budget.limits}
     assert by_key["ttft_ms_p95"].percentile == 95
     assert by_key["tpot_ms"].percentile == 90  # the budget's default percentile
     assert by_key["e2e_ms_p99"].metric == "e2e_ms" and by_key["e2e_ms_p99"].percentile == 99
@@ -42,7 +54,7 @@ def test_bad_budgets_name_the_key(kwargs, match):
 def test_ini_budgets_and_merge():
     scoped = parse_ini_budgets(["* : tokens_per_s=1", "int8: tokens_per_s=5, peak_mem_mb=900", "# comment"])
     merged = merge_budgets(scoped["*"], scoped["int8"], parse_budget({"peak_mem_mb": 800}))
-    assert {l.key: l.value for l in merged.limits} == {"tokens_per_s": 5, "peak_mem_mb": 800}
+    assert {limit.key: limit.value for limit in merged.limits} == {"tokens_per_s": 5, "peak_mem_mb": 800}
     with pytest.raises(BudgetError, match="needs the form 'SCOPE: key=value"):
         parse_ini_budgets(["tokens_per_s=5"])
 

@@ -86,7 +86,8 @@ def test_golden_regression_lifecycle(project):
     path.write_text("\n".join([lines[0], lines[1], json.dumps(tampered)] + lines[3:]) + "\n")
     result = run("-k", "test_regression")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*", f"*{tampered['id']}*first divergence at token 0*"])
+    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*",
+                                 f"*{tampered['id']}*first divergence at token 0*"])
 
     path.write_text(lines[0] + "\n{broken\n")
     result = run("-k", "test_regression")

@@ -2,12 +2,26 @@ import json
 
 import pytest
 
-from pytest_infergate.quality.golden_files import (GoldenError, GoldenOutput, GoldenSample, diff_outputs,
-                                                   load_samples, outputs_path, read_outputs, write_outputs)
-from pytest_infergate.quality.metrics import (CJKAwareTokenizer, aggregate, compare_sample, first_divergence, rouge,
-                                              task_checks, task_score)
-from pytest_infergate.quality.policy import (QualityPolicyError, parse_ini_policies, parse_policy,
-                                             policy_violations)
+from pytest_infergate.quality.golden_files import (
+    GoldenError,
+    GoldenOutput,
+    GoldenSample,
+    diff_outputs,
+    load_samples,
+    outputs_path,
+    read_outputs,
+    write_outputs,
+)
+from pytest_infergate.quality.metrics import (
+    CJKAwareTokenizer,
+    aggregate,
+    compare_sample,
+    first_divergence,
+    rouge,
+    task_checks,
+    task_score,
+)
+from pytest_infergate.quality.policy import QualityPolicyError, parse_ini_policies, parse_policy, policy_violations
 
 
 def sample(**kw):
@@ -39,7 +53,8 @@ def test_task_checks():
     assert task_score(sample(), "anything") is None
     json_sample = sample(must_parse_json=True, json_schema={"type": "object", "required": ["name", "age"],
                                                             "properties": {"age": {"type": "integer"}}})
-    assert task_checks(json_sample, 'Sure:\n```json\n{"name": "Alice", "age": 30}\n```') == {"json": True, "json_schema": True}
+    answer = 'Sure:\n```json\n{"name": "Alice", "age": 30}\n```'
+    assert task_checks(json_sample, answer) == {"json": True, "json_schema": True}
     assert task_checks(json_sample, '{"name": "Alice", "age": "30"}')["json_schema"] is False
     assert task_checks(json_sample, "no json here") == {"json": False}
     assert task_score(sample(regex=r"(?i)select \* from users"), "SELECT * FROM users;") == 1.0
@@ -71,16 +86,19 @@ def test_policy_validation():
         parse_policy({"min_rouge": 0.5})
     with pytest.raises(QualityPolicyError, match="must be a non-negative number"):
         parse_policy({"max_mean_kl": "low"})
-    assert parse_ini_policies(["int8: min_rouge_l=0.5, max_mean_kl=0.1"]) == {"int8": {"min_rouge_l": 0.5, "max_mean_kl": 0.1}}
+    assert parse_ini_policies(["int8: min_rouge_l=0.5, max_mean_kl=0.1"]) == {
+        "int8": {"min_rouge_l": 0.5, "max_mean_kl": 0.1}}
 
 
 @pytest.mark.parametrize("line,match", [
     ("{not json", r"bad.jsonl:2: not valid JSON"),
     ('{"id": "x", "category": "c", "max_new_tokens": 4}', r"bad.jsonl:2: give exactly one of 'messages' or 'prompt'"),
     ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 0}', r"bad.jsonl:2: 'max_new_tokens' must be"),
-    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "colour": 1}', r"bad.jsonl:2: unknown keys \['colour'\]"),
+    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "colour": 1}',
+     r"bad.jsonl:2: unknown keys \['colour'\]"),
     ('{"id": "a", "category": "c", "prompt": "p", "max_new_tokens": 4}', r"sample id 'a' appears twice"),
-    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "regex": "("}', r"bad.jsonl:2: 'regex' does not compile"),
+    ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "regex": "("}',
+     r"bad.jsonl:2: 'regex' does not compile"),
 ])
 def test_malformed_golden_names_file_and_line(tmp_path, line, match):
     path = tmp_path / "bad.jsonl"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.cli import compare_runs, main as cli_main
+from pytest_infergate.cli import compare_runs
+from pytest_infergate.cli import main as cli_main
 from pytest_infergate.report import render as render_results
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.summary import summary_markdown as summary_of_results
@@ -50,7 +51,8 @@ def results(tmp_path_factory, cache_dir):
     root = tmp_path_factory.mktemp("run")
     (root / "test_run.py").write_text(RUN)
     shutil.copytree(Path(__file__).parents[1] / "golden", root / "golden", ignore=shutil.ignore_patterns("*/"))
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--infergate-model=tiny-random-llama",
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "--infergate-model=tiny-random-llama",
                     f"--infergate-cache-dir={cache_dir}", "--infergate-precisions=fp32,nf4",
                     "--infergate-json=r.json", "--infergate-report=r.html"], cwd=root, capture_output=True, timeout=600)
     data = json.loads((root / "r.json").read_text())

@@ -35,8 +35,9 @@ class EndpointBench:
         into.engine.update(backend="endpoint", url=self.config.base_url, served_model=served, api=self.config.api)
         return run
 
-    def measure(self, requests: list, pattern: LoadPattern = LoadPattern(), slo: Slo = Slo(), *, warmup: int = 1,
-                repeats: int = 1, label: str = "") -> Measurement:
+    def measure(self, requests: list, pattern: LoadPattern | None = None, slo: Slo | None = None, *,
+                warmup: int = 1, repeats: int = 1, label: str = "") -> Measurement:
+        pattern, slo = pattern or LoadPattern(), slo or Slo()
         measurement = Measurement(label=label)
         for _ in range(repeats):
             self.run_once(requests, pattern, slo, warmup, measurement)

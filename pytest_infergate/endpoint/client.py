@@ -8,7 +8,6 @@ Every request ends in one EndpointResult, successful or with an error kind (`htt
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,7 +17,6 @@ from httpx_sse import SSEError, aconnect_sse
 
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import check_endpoint_settings
-
 
 
 class EndpointError(InfergateError):
@@ -62,7 +60,7 @@ class EndpointRequest:
     arrival_s: float = 0.0  # offset in the arrival schedule of a load run
 
     @classmethod
-    def from_engine_request(cls, request, api: str = "chat") -> "EndpointRequest":
+    def from_engine_request(cls, request, api: str = "chat") -> EndpointRequest:
         """The same request as the reference engine's `Request` (prompt text, chat messages or token ids)."""
         common = dict(max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
                       seed=request.seed, stop=tuple(request.stop_strings), request_id=request.request_id or "",
@@ -80,7 +78,7 @@ class EndpointRequest:
         return cls(prompt=prompt, **common)
 
     @classmethod
-    def coerce(cls, request, api: str = "chat") -> "EndpointRequest":
+    def coerce(cls, request, api: str = "chat") -> EndpointRequest:
         """An EndpointRequest as is; the reference engine's `Request` translated; anything else a clear error."""
         if isinstance(request, cls):
             return request
@@ -185,8 +183,8 @@ def _choice_logprobs(choice: dict) -> list[dict]:
         return [{"token": c["token"], "logprob": c["logprob"],
                  "top": {t["token"]: t["logprob"] for t in c.get("top_logprobs") or []}} for c in lp["content"]]
     tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens", []))
-    return [{"token": t, "logprob": l, "top": dict(top or {})}
-            for t, l, top in zip(lp.get("tokens", []), lp.get("token_logprobs", []), tops)]
+    return [{"token": token, "logprob": logprob, "top": dict(top or {})}
+            for token, logprob, top in zip(lp.get("tokens", []), lp.get("token_logprobs", []), tops)]
 
 
 class EndpointClient:
@@ -202,7 +200,7 @@ class EndpointClient:
         self._http = httpx.AsyncClient(base_url=config.base_url, headers=config.headers(), limits=limits,
                                        timeout=timeout)
 
-    async def __aenter__(self) -> "EndpointClient":
+    async def __aenter__(self) -> EndpointClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

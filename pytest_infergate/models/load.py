@@ -13,10 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models.builtin import BUILTIN_ALIASES, ensure_converted_gguf, ensure_smollm2, ensure_tiny_llama
 from pytest_infergate.models.cache import read_meta, sha256_file
-from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.models.precision import QUANTIZED, check_precision, compute_dtype_name, quantization_config, torch_dtype
+from pytest_infergate.models.precision import (
+    QUANTIZED,
+    check_precision,
+    compute_dtype_name,
+    quantization_config,
+    torch_dtype,
+)
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 

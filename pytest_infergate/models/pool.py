@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from pytest_infergate.errors import ModelLoadError
 from pytest_infergate.models.load import LoadedModel, ModelSource, load_model, load_tokenizer, resolve_model
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options

@@ -3,8 +3,17 @@ decides (one PerfOutcome for a stored baseline and for an interleaved A/B run). 
 engine bench (`perf.bench`) and the fixture object (`perf.fixture`) import the engine when they are used."""
 
 from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline, save_baseline
-from pytest_infergate.perf.budget import (Budget, BudgetError, Limit, Violation, check_budget, merge_budgets,
-                                          parse_budget, parse_ini_budgets, resolve_budget)
+from pytest_infergate.perf.budget import (
+                                          Budget,
+                                          BudgetError,
+                                          Limit,
+                                          Violation,
+                                          check_budget,
+                                          merge_budgets,
+                                          parse_budget,
+                                          parse_ini_budgets,
+                                          resolve_budget,
+)
 from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab, evaluate_perf
 from pytest_infergate.perf.metrics import METRICS, PERCENTILES, Measurement, add_request_latencies
 from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare_paired, compare_samples

@@ -36,7 +36,7 @@ class BaselineEntry:
         return {"fingerprint": self.fingerprint, "measurement": self.measurement.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BaselineEntry":
+    def from_dict(cls, data: dict) -> BaselineEntry:
         return cls(dict(data["fingerprint"]), Measurement.from_dict(data["measurement"]))
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.memory import PeakMemory

@@ -140,7 +140,7 @@ class Violation:
         return {**asdict(self), "margin": self.margin}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Violation":
+    def from_dict(cls, data: dict) -> Violation:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 

@@ -3,8 +3,8 @@ through (budgets, baseline, record). No pytest here: the test is reached through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget

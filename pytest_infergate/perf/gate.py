@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
 from pytest_infergate.perf.budget import Budget, Violation, check_budget

@@ -63,7 +63,7 @@ class Measurement:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Measurement":
+    def from_dict(cls, data: dict) -> Measurement:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 

@@ -41,7 +41,7 @@ class Verdict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Verdict":
+    def from_dict(cls, data: dict) -> Verdict:
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**{**fields, "status": Status(data["status"]), "samples": tuple(data.get("samples", (0, 0)))})
 
@@ -100,6 +100,6 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
         if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
             verdicts.append(compare_paired(metric, a, b, budget.max_regression))
             continue
-        pct = next((l.percentile for l in budget.limits if l.metric == metric), budget.percentile)
+        pct = next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile)
         verdicts.append(compare_samples(metric, a, b, budget.max_regression, pct))
     return verdicts

@@ -9,8 +9,14 @@ import time
 from pytest_infergate.models import QUANTIZED
 from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenSample
-from pytest_infergate.quality.metrics import (QualityResult, SampleQuality, TokenStats, aggregate, by_category,
-                                              compare_sample)
+from pytest_infergate.quality.metrics import (
+    QualityResult,
+    SampleQuality,
+    TokenStats,
+    aggregate,
+    by_category,
+    compare_sample,
+)
 from pytest_infergate.quality.scoring import teacher_forced
 
 
@@ -34,7 +40,8 @@ def compare_precision(reference, candidate, samples: list[GoldenSample], referen
                       candidate_outputs: list[Generated]) -> QualityResult:
     """A local precision against the reference: both models score the reference's continuations."""
     started = time.perf_counter()
-    stats, _ = teacher_forced(reference.model, candidate.model, [(r.prompt_ids, r.token_ids) for r in reference_outputs])
+    rows = [(r.prompt_ids, r.token_ids) for r in reference_outputs]
+    stats, _ = teacher_forced(reference.model, candidate.model, rows)
     result = compare_with_reference(reference, samples, reference_outputs, candidate_outputs, stats,
                                     candidate.record.requested_precision, started)
     result.flags += quantization_flags(reference, candidate, result.samples)

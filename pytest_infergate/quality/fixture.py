@@ -10,9 +10,17 @@ from typing import Protocol
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.quality.golden_files import (GoldenError, GoldenOutputs, GoldenSample, diff_outputs,
-                                                   find_sample_sets, load_samples, outputs_path, read_outputs,
-                                                   write_outputs)
+from pytest_infergate.quality.golden_files import (
+    GoldenError,
+    GoldenOutputs,
+    GoldenSample,
+    diff_outputs,
+    find_sample_sets,
+    load_samples,
+    outputs_path,
+    read_outputs,
+    write_outputs,
+)
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import policy_violations, resolve_policy
 from pytest_infergate.results.records import GoldenRecord, QualityRecord

@@ -64,7 +64,8 @@ def _sample_from(data: Any, where: str) -> GoldenSample:
         raise GoldenError(f"{where}: give exactly one of 'messages' or 'prompt'")
     messages = data.get("messages")
     if messages is not None and (not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)):
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
         raise GoldenError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
     if not isinstance(data["max_new_tokens"], int) or data["max_new_tokens"] <= 0:
         raise GoldenError(f"{where}: 'max_new_tokens' must be a positive integer")
@@ -165,7 +166,8 @@ def read_outputs(path: Path) -> GoldenOutputs:
                           f"{SCHEMA_VERSION}; regenerate with --infergate-update-golden")
     outputs = {}
     for number, data in rows[1:]:
-        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("token_ids"), list):
+        if (not isinstance(data, dict) or not isinstance(data.get("id"), str)
+                or not isinstance(data.get("token_ids"), list)):
             raise GoldenError(f"{path}:{number}: an output line needs 'id' and 'token_ids'")
         outputs[data["id"]] = GoldenOutput(data["id"], list(data["token_ids"]), str(data.get("text", "")),
                                            list(data.get("top_logprobs", [])))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from pytest_infergate.quality.golden_files import GoldenSample
 from pytest_infergate.stats import mean, paired_bootstrap_ci, percentile
@@ -145,7 +146,7 @@ class SampleQuality:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SampleQuality":
+    def from_dict(cls, data: dict) -> SampleQuality:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
@@ -192,7 +193,7 @@ class QualityResult:
                 "flags": self.flags, "notes": self.notes, "samples": [s.to_dict() for s in self.samples]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "QualityResult":
+    def from_dict(cls, data: dict) -> QualityResult:
         return cls(data["precision"], data["reference_precision"],
                    [SampleQuality.from_dict(s) for s in data.get("samples", [])], dict(data.get("summary", {})),
                    dict(data.get("categories", {})), float(data.get("seconds", 0.0)), list(data.get("flags", [])),

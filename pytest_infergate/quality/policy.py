@@ -68,5 +68,6 @@ def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list
         if bad:
             ci = summary.get(name + "_ci")
             ci_text = f" (95% CI {ci[0]:.4g}-{ci[1]:.4g})" if ci else ""
-            problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {'>=' if direction == 'min' else '<='} {threshold:g}")
+            bound = ">=" if direction == "min" else "<="
+            problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {bound} {threshold:g}")
     return problems

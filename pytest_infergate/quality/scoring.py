@@ -43,7 +43,7 @@ def teacher_forced(reference_model, candidate_model, rows: list[tuple[list[int],
     for batch in _batches(rows, batch_size):
         ref_lp = continuation_logprobs(reference_model, batch)
         cand_lp = ref_lp if candidate_model is reference_model else continuation_logprobs(candidate_model, batch)
-        for (prompt, cont), ref, cand in zip(batch, ref_lp, cand_lp):
+        for (_, cont), ref, cand in zip(batch, ref_lp, cand_lp):
             s = TokenStats()
             if cont:
                 target = torch.tensor(cont)

@@ -11,9 +11,9 @@ from markupsafe import Markup
 
 from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.quality.metrics import SampleQuality
-from pytest_infergate.results.records import PerfRecord, RunResults
 from pytest_infergate.report import charts
 from pytest_infergate.report.diagnosis import diagnose
+from pytest_infergate.results.records import PerfRecord, RunResults
 
 # budgets on these are lower bounds (">="); on every other metric upper bounds
 METRICS_HIGHER = tuple(metric for metric, (_, higher_is_better, _) in METRICS.items() if higher_is_better)
@@ -75,7 +75,8 @@ def build_context(results: RunResults, commit: str | None = None) -> dict:
         precisions.append("endpoint")
     figures = []
     # tokens/s and peak memory by precision (best run of each precision)
-    tps = {p: max((r["s"].get("tokens_per_s", 0) for r in perf if r["precision"] == p), default=None) for p in precisions}
+    tps = {p: max((r["s"].get("tokens_per_s", 0) for r in perf if r["precision"] == p), default=None)
+           for p in precisions}
     if any(tps.values()):
         figures.append(charts.bar_chart("Tokens/s by precision", precisions, {"tokens/s": [tps[p] for p in precisions]},
                                         "tok/s"))
@@ -109,8 +110,9 @@ def build_context(results: RunResults, commit: str | None = None) -> dict:
     if len(kv) >= 2:
         xs = sorted({x for series in kv.values() for x in series})
         figures.append(charts.line_chart("KV cache on vs off over generation length", xs,
-                                         {("cache " + mode if mode != "none" else "no cache"): [series.get(x) for x in xs]
-                                          for mode, series in kv.items()}, "tok/s", "max_new_tokens"))
+                                         {("cache " + mode if mode != "none" else "no cache"):
+                                          [series.get(x) for x in xs] for mode, series in kv.items()},
+                                         "tok/s", "max_new_tokens"))
 
     changed_samples = [_changed(q.precision, s) for q in results.quality for s in q.result.samples
                        if not s.exact_match]

@@ -83,7 +83,7 @@ def line_chart(title: str, xs: list[float], series: dict[str, list[float | None]
     for x in sorted(set(xs)):
         body.append(f'<text x="{px(x):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">{x:g}</text>')
     body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 28}" text-anchor="end" class="tk">{escape(x_unit)}</text>')
-    for si, (name, vs) in enumerate(series.items()):
+    for si, vs in enumerate(series.values()):
         color = PALETTE[si % len(PALETTE)]
         points = [(px(x), py(v)) for x, v in zip(xs, vs) if v is not None]
         if len(points) > 1:
@@ -116,7 +116,8 @@ def histogram(title: str, samples: dict[str, list[float]], unit: str, bins: int 
                 h = plot_h * c / ymax
                 body.append(f'<rect x="{PAD_L + bi * bar_w:.1f}" y="{H - PAD_B - h:.1f}" width="{bar_w:.1f}" '
                             f'height="{h:.1f}" fill="{color}" fill-opacity="0.55"><title>{escape(name)}: '
-                            f'{low + bi * width:.4g}-{low + (bi + 1) * width:.4g} {escape(unit)}: {c:.0%}</title></rect>')
+                            f'{low + bi * width:.4g}-{low + (bi + 1) * width:.4g} {escape(unit)}: {c:.0%}'
+                            '</title></rect>')
     for i in range(5):
         x = PAD_L + plot_w * i / 4
         body.append(f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">'
@@ -151,7 +152,8 @@ def timeline(title: str, steps: list[dict]) -> str:
     kv = " ".join(f"{PAD_L + (i + 0.5) * bar_w:.1f},{H - PAD_B - plot_h * s['kv_blocks_used'] / kv_max:.1f}"
                   for i, s in enumerate(steps))
     body.append(f'<polyline fill="none" stroke="{PALETTE[3]}" stroke-width="1.5" points="{batch}"/>')
-    body.append(f'<polyline fill="none" stroke="{PALETTE[4]}" stroke-width="1.5" stroke-dasharray="4 2" points="{kv}"/>')
+    body.append(f'<polyline fill="none" stroke="{PALETTE[4]}" stroke-width="1.5" stroke-dasharray="4 2" '
+                f'points="{kv}"/>')
     body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 14}" text-anchor="end" class="tk">{n} steps</text>')
     legend = [("decode", PALETTE[0]), ("prefill", PALETTE[2]), ("padding", PALETTE[1]),
               ("batch", PALETTE[3]), (f"KV blk ≤{kv_max}", PALETTE[4])]

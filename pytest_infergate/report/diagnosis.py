@@ -8,7 +8,6 @@ from pytest_infergate.models.precision import QUANTIZED
 from pytest_infergate.results.records import PerfRecord, RunResults
 
 
-
 @dataclass
 class Note:
     severity: str  # "warn" or "info"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf.budget import Violation
@@ -68,7 +68,7 @@ class PerfRecord:
                 "relative_check_missing": self.relative_check_missing, "baseline_summary": self.baseline_summary}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PerfRecord":
+    def from_dict(cls, data: dict) -> PerfRecord:
         return cls(test=data["test"], label=data.get("label", ""), precision=data["precision"],
                    status=Status(data["status"]), measurement=Measurement.from_dict(data["measurement"]),
                    backend=data.get("backend") or "engine", backend_reason=data.get("backend_reason", ""),
@@ -111,7 +111,7 @@ class QualityRecord:
                 "problems": self.problems, **self.result.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "QualityRecord":
+    def from_dict(cls, data: dict) -> QualityRecord:
         return cls(data["test"], Status(data["status"]), QualityResult.from_dict(data), dict(data.get("policy", {})),
                    list(data.get("problems", [])))
 
@@ -139,7 +139,7 @@ class GoldenRecord:
                 "changed": [s.to_dict() for s in self.changed]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "GoldenRecord":
+    def from_dict(cls, data: dict) -> GoldenRecord:
         updated = data.get("updated")  # version 1 stored the path of an update here
         return cls(data["test"], Status(data["status"]), data["precision"], str(data.get("path") or updated or ""),
                    bool(updated), list(data.get("changes", [])), int(data.get("compared", 0)),
@@ -147,7 +147,7 @@ class GoldenRecord:
                    [SampleQuality.from_dict(s) for s in data.get("changed", [])])
 
 
-Record = Union[PerfRecord, QualityRecord, GoldenRecord]
+Record = PerfRecord | QualityRecord | GoldenRecord
 RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord)}
 
 
@@ -201,7 +201,7 @@ class RunResults:
                 "warnings": self.warnings, "gate_counts": self.gate_counts()}
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "results file") -> "RunResults":
+    def from_dict(cls, data: dict, source: str = "results file") -> RunResults:
         from pytest_infergate.perf.baseline import file_kind
 
         kind = file_kind(data)
