@@ -123,11 +123,8 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
+        """The precision the model really has (the reference's when it stands in as a fallback)."""
         return self.record.precision
-
-    @property
-    def device(self) -> str:
-        return self.record.device
 
 
 def load_tokenizer(source: ModelSource):
