@@ -50,12 +50,7 @@ def infergate_reference_model(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def infergate_tokenizer(pytestconfig: pytest.Config):
     """The tokenizer of --infergate-model (shared by every precision; pads on the left)."""
-    from pytest_infergate.errors import ModelLoadError
-
-    try:
-        return session_of(pytestconfig).pool.tokenizer
-    except ModelLoadError as exc:
-        pytest.fail(f"infergate could not load the tokenizer: {exc}", pytrace=False)
+    return session_of(pytestconfig).tokenizer()
 
 
 def _endpoint_bench(request: pytest.FixtureRequest):

@@ -195,14 +195,20 @@ def check_output_path(path: Path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise OptionError(f"{flag} {path} is a directory; give a file path, e.g. {path / 'infergate.out'}")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise OptionError(f"{flag} {path}: {folder} is a file, so the folder for {path.name} cannot be created; "
+    check_folder_path(path.parent, flag, of=path)
+
+
+def check_folder_path(folder: Path, flag: str, of: Path | None = None) -> None:
+    """`folder` exists as a writable directory, or can be created (its nearest existing ancestor is one)."""
+    what = of or folder
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OptionError(f"{flag} {what}: {existing} is a file, so the folder {folder} cannot be created; "
                           "choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OptionError(f"{flag} {path}: {folder} is not writable; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OptionError(f"{flag} {what}: {existing} is not writable; choose another path")
 
 
 def check_path_arguments(config) -> None:

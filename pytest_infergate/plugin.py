@@ -26,7 +26,7 @@ from pytest_infergate.fixtures import (  # noqa: F401
     infergate_reference_model,
     infergate_tokenizer,
 )
-from pytest_infergate.options import OPTION_SPECS, Options, check_output_path
+from pytest_infergate.options import OPTION_SPECS, Options, check_folder_path, check_output_path
 from pytest_infergate.session import PLUGIN_NAME, InfergateSession, InfergateWarning, session_of  # noqa: F401
 
 MARKERS = (
@@ -63,6 +63,7 @@ def _options(config: pytest.Config) -> Options:
     for spec in OPTION_SPECS:
         if spec.kind == "output" and getattr(options, spec.name) is not None:
             check_output_path(getattr(options, spec.name), spec.flag)
+    check_folder_path(options.cache_dir, "--infergate-cache-dir")
     workers = getattr(config, "workerinput", {}).get("workercount")
     if options.gpu:
         options = _pin_gpu(config, options)

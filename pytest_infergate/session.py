@@ -111,10 +111,7 @@ class InfergateSession:
                            baseline=self.baseline)
 
     def model(self, precision: str):
-        try:
-            return self.pool.get(precision)
-        except ModelLoadError as exc:
-            pytest.fail(f"infergate could not load the model: {exc}", pytrace=False)
+        return _or_fail(lambda: self.pool.get(precision), "infergate could not load the model")
 
     def compare_side(self, precision: str):
         """The A side of an interleaved A/B run: --infergate-compare-model in `precision`, else the reference."""
@@ -122,10 +119,10 @@ class InfergateSession:
             return self.model(self.options.reference_precision)
         if not self.compare_pools:
             self.compare_pools.append(ModelPool(replace(self.options, model=self.options.compare_model)))
-        try:
-            return self.compare_pools[0].get(precision)
-        except ModelLoadError as exc:
-            pytest.fail(f"infergate could not load the compare model: {exc}", pytrace=False)
+        return _or_fail(lambda: self.compare_pools[0].get(precision), "infergate could not load the compare model")
+
+    def tokenizer(self):
+        return _or_fail(lambda: self.pool.tokenizer, "infergate could not load the tokenizer")
 
     # ---- hooks --------------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -261,6 +258,16 @@ def endpoint_config(options: Options):
                               "without authentication")
     return EndpointConfig(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
                           options.endpoint_concurrency, options.endpoint_api)
+
+
+def _or_fail(load, what: str):
+    """`load()`, or the test fails with the load error's message alone (raised outside the except block, so the
+    error is not printed twice with a "During handling of the above exception" chain)."""
+    try:
+        return load()
+    except ModelLoadError as exc:
+        message = f"{what}: {exc}"
+    pytest.fail(message, pytrace=False)
 
 
 def session_of(config: pytest.Config) -> InfergateSession:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_infergate.errors import CacheCorrupted
+from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 
 META_NAME = "infergate-meta.json"
 META_SCHEMA = 1
@@ -29,6 +29,15 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def make_cache_dir(root: Path) -> None:
+    """Create the cache folder, or say which option to change when it cannot be."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"the model cache {root} cannot be created ({exc.strerror}): set --infergate-cache-dir "
+                             "(or $INFERGATE_CACHE_DIR) to a writable folder") from None
 
 
 def read_meta(entry: Path) -> dict:
@@ -47,13 +56,29 @@ def read_meta(entry: Path) -> dict:
         path = entry / name
         if not path.is_file():
             raise CacheCorrupted(f"{path} is missing")
-        if path.stat().st_size != info["size"]:
-            raise CacheCorrupted(f"{path} is {path.stat().st_size} bytes, expected {info['size']}")
+        stat = path.stat()
+        if stat.st_size != info["size"]:
+            raise CacheCorrupted(f"{path} is {stat.st_size} bytes, expected {info['size']}")
+        if stat.st_mtime_ns != info.get("mtime_ns"):  # written since the entry was built: check its contents
+            _check_digest(path, stat, info["sha256"])
     return meta
 
 
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose digest matched, in this process
+
+
+def _check_digest(path: Path, stat: os.stat_result, expected: str) -> None:
+    """A file changed in place (same size, new mtime) must still have its recorded digest; once per process."""
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key in _VERIFIED:
+        return
+    if sha256_file(path) != expected:
+        raise CacheCorrupted(f"{path} does not match the sha256 recorded when it was built: it was changed in place")
+    _VERIFIED.add(key)
+
+
 def write_meta(entry: Path, extra: dict) -> dict:
-    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    files = {p.name: {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "sha256": sha256_file(p)}
              for p in sorted(entry.iterdir()) if p.is_file() and p.name != META_NAME}
     meta = {"schema": META_SCHEMA, "created": time.time(), "files": files, **extra}
     tmp = entry / (META_NAME + ".tmp")
@@ -64,7 +89,7 @@ def write_meta(entry: Path, extra: dict) -> dict:
 
 def ensure_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict]:
     """Return (directory, meta) of cache entry `key`, building it with `build(tmp_dir) -> extra meta` if needed."""
-    root.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(root)
     entry = root / key
     try:
         return entry, read_meta(entry)

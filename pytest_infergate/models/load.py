@@ -54,14 +54,43 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     if looks_like_path:
         raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
                              "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
-    return ModelSource(spec, spec, "hub", spec)
+    return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
+
+
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
+    """A hub model's local snapshot: the Hugging Face cache first (no network), then a download only if the hub
+    answers within `timeout_s`, so a machine without network fails at once instead of retrying for a minute."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return snapshot_download(repo_id, local_files_only=True, allow_patterns=HUB_FILES)
+    except Exception:  # not cached (the exception type differs between huggingface_hub versions)
+        pass
+    fix = ("copy the model over and pass its directory or a .gguf file, e.g. --infergate-model=/models/NAME "
+           "(or run `infergate fetch-model ORG/NAME` on a machine with network and copy the cache)")
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+                             f"{fix}")
+    import httpx
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and the hub "
+                             f"({constants.ENDPOINT}) cannot be reached ({type(exc).__name__}): {fix}") from None
+    try:
+        return snapshot_download(repo_id, allow_patterns=HUB_FILES)
+    except Exception as exc:
+        raise ModelLoadError(f"could not download {repo_id!r} from the hub ({type(exc).__name__}: {exc}); check the "
+                             f"id and your access, or {fix}") from None
 
 
 def model_fingerprint(source: ModelSource) -> str:
     """First 16 hex digits of a sha256 over config.json and the weight files. Cache entries recorded each
-    file's digest when they were built; plain directories are hashed once per (file, size, mtime)."""
-    if source.kind == "hub":
-        return "hub:" + source.path
+    file's digest when they were built; other directories are hashed once per (file, size, mtime)."""
     directory = Path(source.path)
     try:
         recorded = {name: info["sha256"] for name, info in read_meta(directory)["files"].items()}

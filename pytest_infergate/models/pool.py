@@ -22,15 +22,21 @@ class ModelPool:
 
     def __init__(self, options: Options):
         self.options = options
-        self._source: ModelSource | None = None
+        self._source: ModelSource | ModelLoadError | None = None
         self._tokenizer = None
         self._loaded: dict[tuple[str, str, str], LoadedModel] = {}
         self._failed: dict[tuple[str, str, str], ModelLoadError] = {}
 
     @property
     def source(self) -> ModelSource:
+        if isinstance(self._source, ModelLoadError):  # failed once: every test says so at once, without retrying
+            raise self._source
         if self._source is None:
-            self._source = resolve_model(self.options.model, self.options.cache_dir)
+            try:
+                self._source = resolve_model(self.options.model, self.options.cache_dir)
+            except ModelLoadError as exc:
+                self._source = exc
+                raise
         return self._source
 
     @property
