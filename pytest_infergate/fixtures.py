@@ -114,7 +114,8 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
             pytest.skip("needs a live server: pass --infergate-endpoint URL")
         candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
     else:
-        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated)
+        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,
+                                   options.golden_max_len)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
     return GoldenGate(session.context(request.node), candidate,
                       lambda: session.model(options.reference_precision), golden_dir, lambda: session.pool.source.name,

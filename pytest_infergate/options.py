@@ -62,6 +62,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "measured alternately with --infergate-model in the same run, same precision", None, "MODEL"),
     OptionSpec("golden_dir", "path", "folder of golden sample sets (*.jsonl) and accepted golden outputs "
                "(default: golden/ under the pytest rootdir)", None, "DIR"),
+    OptionSpec("golden_max_len", "int", "context length (prompt + output tokens) of the engine that generates golden "
+               "outputs (default 2048); a sample whose prompt does not fit is an error naming its file and line",
+               2048, "TOKENS"),
     OptionSpec("update_golden", "bool", "regenerate the accepted golden outputs of every precision tested, print "
                "what changed, and pass the golden-regression checks (review the diff before committing it)", False),
     OptionSpec("endpoint", "str", "gate a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) at this "
@@ -119,6 +122,7 @@ class Options:
     compare_model: str | None = None
     golden_dir: Path | None = None
     update_golden: bool = False
+    golden_max_len: int = 2048
     report: Path | None = None
     json: Path | None = None
     endpoint: str | None = None
@@ -138,6 +142,8 @@ class Options:
             object.__setattr__(self, "precisions", tuple(dict.fromkeys((ref, "int8", "nf4"))))
         if self.endpoint is not None:  # validated now, before any test runs
             check_endpoint_settings(self.endpoint, self.endpoint_timeout, self.endpoint_concurrency, self.endpoint_api)
+        if self.golden_max_len < 16:
+            raise OptionError(f"--infergate-golden-max-len must be at least 16 tokens, got {self.golden_max_len}")
         if not str(self.model).strip():
             raise OptionError("--infergate-model is empty: give an alias (smollm2-135m, tiny-random-llama), "
                               "a directory, a .gguf file or a hub id")

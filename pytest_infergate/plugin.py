@@ -112,11 +112,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers are validated at collection time, so a typo fails the run before any model loads."""
-    from pytest_infergate.endpoint.load import Slo
     from pytest_infergate.perf.budget import BudgetError, parse_budget
     from pytest_infergate.quality.policy import QualityPolicyError, parse_policy
 
     def parse_slo(values: dict, where: str) -> None:
+        from pytest_infergate.endpoint.load import Slo  # the endpoint package imports the engine (torch)
+
         try:
             Slo.parse(values)
         except InfergateError as exc:

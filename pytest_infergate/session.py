@@ -93,7 +93,8 @@ class InfergateSession:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
 
         def fail(message: str):
-            pytest.fail(message, pytrace=False)
+            # `from None`: a failure raised while handling an error shows its message once, not the chain
+            raise pytest.fail.Exception(message, pytrace=False) from None
 
         def warn(message: str) -> None:
             warnings.warn(InfergateWarning(message), stacklevel=2)

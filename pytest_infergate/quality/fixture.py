@@ -53,13 +53,14 @@ class LocalCandidate:
     loaded: object
     device: str
     generated: dict
+    max_model_len: int = 2048  # of the engine that generates golden outputs
 
     @property
     def precision(self) -> str:
         return self.loaded.record.requested_precision
 
     def outputs(self, samples: list[GoldenSample]) -> list:
-        return generated_outputs(self.loaded, samples, self.generated)
+        return generated_outputs(self.loaded, samples, self.generated, self.max_model_len)
 
     def compare(self, reference, samples, reference_outputs) -> QualityResult:
         from pytest_infergate.quality.compare import compare_precision
@@ -84,13 +85,13 @@ class LocalCandidate:
         return outputs_to_accept(samples, current, self.loaded.model)
 
 
-def generated_outputs(loaded, samples: list[GoldenSample], cache: dict) -> list:
+def generated_outputs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: int) -> list:
     """The greedy outputs of a local model on `samples`, generated once per session."""
     from pytest_infergate.quality.generation import generate_golden_outputs
 
     key = (loaded.record.requested_precision, tuple(s.id for s in samples))
     if key not in cache:
-        cache[key] = generate_golden_outputs(loaded, samples)
+        cache[key] = generate_golden_outputs(loaded, samples, max_model_len)
     return cache[key]
 
 
@@ -129,8 +130,9 @@ class GoldenGate:
         key = (self.precision, tuple(s.id for s in samples))
         if key not in self.comparisons:  # one comparison per precision and sample set per session
             reference = self._reference()
-            reference_outputs = generated_outputs(reference, samples, self.generated)
             try:
+                reference_outputs = generated_outputs(reference, samples, self.generated,
+                                                      self.ctx.options.golden_max_len)
                 self.comparisons[key] = self.candidate.compare(reference, samples, reference_outputs)
             except InfergateError as exc:  # e.g. an endpoint that did not answer every sample
                 self.ctx.fail(str(exc))

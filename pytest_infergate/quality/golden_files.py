@@ -40,6 +40,7 @@ class GoldenSample:
     json_schema: dict | None = None
     must_parse_json: bool = False
     max_words: int | None = None
+    where: str = field(default="", compare=False)  # "file:line" it was read from, for error messages
 
     @property
     def has_task_checks(self) -> bool:
@@ -67,7 +68,10 @@ def _sample_from(data: Any, where: str) -> GoldenSample:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages)):
         raise GoldenError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    if not isinstance(data["max_new_tokens"], int) or data["max_new_tokens"] <= 0:
+    if data.get("prompt") is not None and (not isinstance(data["prompt"], str) or not data["prompt"].strip()):
+        raise GoldenError(f"{where}: 'prompt' must be non-empty text")
+    if isinstance(data["max_new_tokens"], bool) or not isinstance(data["max_new_tokens"], int) \
+            or data["max_new_tokens"] <= 0:
         raise GoldenError(f"{where}: 'max_new_tokens' must be a positive integer")
     expected = data.get("expected", [])
     if isinstance(expected, str):
@@ -84,7 +88,7 @@ def _sample_from(data: Any, where: str) -> GoldenSample:
                         messages=tuple(messages) if messages is not None else None, prompt=data.get("prompt"),
                         max_new_tokens=data["max_new_tokens"], expected=tuple(expected), regex=regex,
                         json_schema=data.get("json_schema"), must_parse_json=bool(data.get("must_parse_json")),
-                        max_words=data.get("max_words"))
+                        max_words=data.get("max_words"), where=where)
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
