@@ -7,6 +7,7 @@ turned into a local directory first (hub ids excepted), so a model loads the sam
 from __future__ import annotations
 
 import hashlib
+import os
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -71,7 +72,7 @@ def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
         pass
     fix = ("copy the model over and pass its directory or a .gguf file, e.g. --infergate-model=/models/NAME "
            "(or run `infergate fetch-model ORG/NAME` on a machine with network and copy the cache)")
-    if constants.HF_HUB_OFFLINE:
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
                              f"{fix}")
     import httpx

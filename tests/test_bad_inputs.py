@@ -1,0 +1,258 @@
+"""No gate is ever silently off: every input that disables, weakens or breaks a check is a clear error, or a run
+that does exactly what was asked, or a loud warning (a failure under --infergate-strict). Never a silent pass,
+never a traceback. One row per case; the engine's own boundary (Request / EngineConfig) is tabled in
+tests/test_engine.py."""
+
+import json
+import os
+
+import pytest
+
+BENCH = """
+import pytest
+from pytest_infergate.engine import EngineConfig, Request
+
+REQS = [Request(prompt_token_ids=[5 + i] * (8 + i), max_new_tokens=4, ignore_eos=True) for i in range(2)]
+
+@pytest.mark.infergate_budget({budget})
+def test_speed(infergate_bench):
+    infergate_bench(REQS, EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=1, warmup=0)
+"""
+QUALITY = """
+def test_regression(infergate_golden):
+    infergate_golden.check_regression()
+"""
+
+
+@pytest.fixture
+def run(pytester, cache_dir):
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+
+    return run
+
+
+def _baseline(pytester, run, budget="max_regression=0.5"):
+    pytester.makepyfile(BENCH.format(budget=budget))
+    run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
+    return json.loads((pytester.path / "base.json").read_text())
+
+
+# ---- usage errors at configure time: the run stops before any model loads, naming the input and the fix ---------
+USAGE_ERRORS = [
+    # (id, ini lines, extra args, message)
+    ("nan-budget-in-ini", ["infergate_budgets =", "    fp32: tokens_per_s=nan"], [],
+     "*infergate_budgets line 1*tokens_per_s=nan is not a finite number*"),
+    ("inf-policy-in-ini", ["infergate_quality_policy =", "    int8: max_mean_kl=inf"], [],
+     "*infergate_quality_policy line 1*max_mean_kl=inf is not a finite number*"),
+    ("same-scope-twice-conflicting", ["infergate_budgets =", "    fp32: tokens_per_s=5", "    fp32: tokens_per_s=7"],
+     [], "*infergate_budgets line 2 sets tokens_per_s=7 for scope 'fp32', but infergate_budgets line 1*"),
+    ("bool-ini-typo", ["infergate_strict = maybe"], [], "*infergate_strict = 'maybe' is not a boolean*"),
+    ("endpoint-timeout-nan", [], ["--infergate-endpoint=http://127.0.0.1:9/v1", "--infergate-endpoint-timeout=nan"],
+     "*--infergate-endpoint-timeout must be positive (a finite number of seconds), got nan*"),
+    ("report-under-a-file", [], ["--infergate-report=afile/report.html"],
+     "*--infergate-report afile/report.html: afile is a file*"),
+    ("json-under-a-file", [], ["--infergate-json=afile/r.json"], "*--infergate-json afile/r.json: afile is a file*"),
+    ("baseline-out-under-a-file", [], ["--infergate-save-baseline=afile/b.json"],
+     "*--infergate-save-baseline afile/b.json: afile is a file*"),
+    ("cache-dir-under-a-file", [], ["--infergate-cache-dir=afile/cache"], "*--infergate-cache-dir afile/cache*file*"),
+    ("golden-max-len-too-small", [], ["--infergate-golden-max-len=4"], "*--infergate-golden-max-len must be at least*"),
+]
+
+
+@pytest.mark.parametrize("ini,args,message", [row[1:] for row in USAGE_ERRORS], ids=[row[0] for row in USAGE_ERRORS])
+def test_usage_errors_name_the_input(pytester, run, ini, args, message):
+    (pytester.path / "afile").write_text("a regular file in the way")
+    if ini:
+        pytester.makeini("[pytest]\n" + "\n".join(ini) + "\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = run(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def test_nan_in_a_marker_is_a_usage_error(pytester, run):
+    pytester.makepyfile(BENCH.format(budget="tokens_per_s=float('nan')"))
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*tokens_per_s=nan must be a positive number*nan or inf would never be checked*"])
+
+
+def test_same_scope_on_two_lines_merges(pytester, run):
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp32: tokens_per_s=0.001\n    fp32: ttft_ms=0.0001\n")
+    pytester.makepyfile(BENCH.format(budget=""))
+    result = run()
+    result.assert_outcomes(failed=1)  # the second line's key was kept, not dropped
+    result.stdout.fnmatch_lines(["*ttft_ms: measured*budget <= 0.0001 ms*"])
+
+
+# ---- baselines: a relative check that cannot run is never silent ------------------------------------------------
+def test_missing_baseline_entry_warns_and_fails_under_strict(pytester, run):
+    saved = _baseline(pytester, run)
+    saved["entries"] = {"some_other_test.py::test": next(iter(saved["entries"].values()))}
+    (pytester.path / "other.json").write_text(json.dumps(saved))
+    lenient = run("--infergate-baseline=other.json")
+    lenient.assert_outcomes(passed=1)
+    lenient.stdout.fnmatch_lines(["*WARNING*relative check not run: the baseline file has no entry*"])
+    strict = run("--infergate-baseline=other.json", "--infergate-strict")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(["*relative check not run (a failure under --infergate-strict)*no entry*"])
+
+
+def test_baseline_path_with_a_space_outside_the_project_is_a_usage_error(pytester, run, tmp_path_factory):
+    saved = _baseline(pytester, run)
+    outside = tmp_path_factory.mktemp("elsewhere") / "b.json"
+    outside.write_text(json.dumps(saved))
+    pytester.makeini("[pytest]\ninfergate_precisions = fp32\n")
+    result = run("--infergate-baseline", str(outside))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--infergate-baseline *b.json: pytest read the path as a test path*"
+                                 "write the option with '=' instead*"])
+    run(f"--infergate-baseline={outside}").assert_outcomes(passed=1)
+
+
+def test_results_file_as_baseline_says_what_it_is(pytester, run):
+    pytester.makepyfile(BENCH.format(budget=""))
+    run("--infergate-json=r.json").assert_outcomes(passed=1)
+    result = run("--infergate-baseline=r.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--infergate-baseline r.json is a results file, not a baseline file*"
+                                 "--infergate-save-baseline*"])
+
+
+def test_cli_refuses_baselines_and_incomplete_results(pytester, run, capsys):
+    from pytest_infergate.cli import main
+
+    _baseline(pytester, run)
+    base = str(pytester.path / "base.json")
+    assert main(["compare", base, base]) == 2
+    assert "is a baseline file, not a results file" in capsys.readouterr().err
+    assert main(["report", base, "-o", str(pytester.path / "x.html")]) == 2
+    assert "is a baseline file" in capsys.readouterr().err
+    run("--infergate-json=r.json")
+    data = json.loads((pytester.path / "r.json").read_text())
+    del data["records"][0]["measurement"]
+    (pytester.path / "cut.json").write_text(json.dumps(data))
+    assert main(["report", str(pytester.path / "cut.json"), "-o", str(pytester.path / "x.html")]) == 2
+    assert "a record is incomplete" in capsys.readouterr().err
+    (pytester.path / "afile").write_text("x")
+    assert main(["report", str(pytester.path / "r.json"), "-o", str(pytester.path / "afile" / "x.html")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+# ---- scopes that match nothing --------------------------------------------------------------------------------
+def test_scope_matching_no_test_warns_and_fails_under_strict(pytester, run):
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp23: tokens_per_s=1e9\n    int8: tokens_per_s=1e9\n")
+    pytester.makepyfile(BENCH.format(budget=""))
+    lenient = run()
+    lenient.assert_outcomes(passed=1)
+    lenient.stdout.fnmatch_lines(["*WARNING infergate_budgets: scope 'fp23' (infergate_budgets line 1) matched no "
+                                  "test*"])
+    assert "scope 'int8'" not in lenient.stdout.str()  # a precision merely not run this time is fine
+    strict = run("--infergate-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# ---- outputs: written independently, failures reported --------------------------------------------------------
+def test_one_output_failing_does_not_stop_the_others(pytester, run, monkeypatch):
+    from pytest_infergate import report
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report, "write_report", broken)
+    pytester.makepyfile(BENCH.format(budget=""))
+    result = run("--infergate-report=r.html", "--infergate-json=r.json")
+    result.stdout.fnmatch_lines(["*perf PASS*", "*ERROR --infergate-report r.html was not written: disk full*"])
+    assert (pytester.path / "r.json").exists() and result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# ---- golden sets and models -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sample,message", [
+    ({"id": "long", "category": "c", "prompt": "word " * 300, "max_new_tokens": 4},
+     "*default.jsonl:1: sample 'long' has a *-token prompt, over the golden engine's context of 64 tokens*"
+     "--infergate-golden-max-len*"),
+    ({"id": "empty", "category": "c", "prompt": "  ", "max_new_tokens": 4},
+     "*default.jsonl:1: 'prompt' must be non-empty text*"),
+], ids=["too-long-for-the-context", "empty-prompt"])
+def test_golden_sample_errors_name_file_and_line(pytester, run, sample, message):
+    (pytester.path / "golden").mkdir()
+    (pytester.path / "golden" / "default.jsonl").write_text(json.dumps(sample) + "\n")
+    pytester.makepyfile(QUALITY)
+    result = run("--infergate-update-golden", "--infergate-golden-max-len=64")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([message])
+
+
+def test_load_errors_print_once_without_a_chain(pytester, cache_dir):
+    pytester.makepyfile("def test_a(infergate_model): pass\ndef test_b(infergate_model): pass")
+    result = pytester.runpytest("--infergate-model=/nowhere/m.gguf", f"--infergate-cache-dir={cache_dir}",
+                                "--infergate-precisions=fp32")
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    assert out.count("GGUF file /nowhere/m.gguf does not exist") == 2  # once per error (the short summary cuts it)
+    assert "During handling of the above exception" not in out
+
+
+def test_hub_id_without_network_fails_fast_with_the_fix(pytester, cache_dir, monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytester.makepyfile("def test_a(infergate_model): pass")
+    start = time.perf_counter()
+    result = pytester.runpytest("--infergate-model=no-such-org/no-such-model", f"--infergate-cache-dir={cache_dir}",
+                                "--infergate-precisions=fp32")
+    assert time.perf_counter() - start < 60  # no retry loop (a generous bound; it takes seconds)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*'no-such-org/no-such-model' is not in the local Hugging Face cache*"
+                                 "pass its directory or a .gguf file*"])
+
+
+def test_cache_file_changed_in_place_is_rebuilt_not_loaded(tmp_path):
+    from pytest_infergate.models import load_model, resolve_model
+    from pytest_infergate.models.load import model_fingerprint
+
+    source = resolve_model("tiny-random-llama", tmp_path)
+    fingerprint = model_fingerprint(source)
+    weights = os.path.join(source.path, "model.safetensors")
+    size = os.path.getsize(weights)
+    with open(weights, "r+b") as handle:  # same size, different bytes
+        handle.seek(size - 64)
+        handle.write(b"\x7f" * 64)
+    again = resolve_model("tiny-random-llama", tmp_path)
+    assert model_fingerprint(again) == fingerprint
+    assert os.path.getsize(weights) == size
+    load_model(again, "fp32")  # the rebuilt entry loads
+
+
+# ---- xdist: the controller gets everything a serial run has ------------------------------------------------------
+def test_xdist_results_equal_a_serial_run_but_timings(pytester, run):
+    pytester.makepyfile(BENCH.format(budget="tokens_per_s=0.01") + """
+@pytest.mark.parametrize("i", range(2))
+def test_more(infergate_bench, i):
+    infergate_bench(REQS, EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=1, warmup=0,
+                    label=f"n{i}")
+""")
+    run("--infergate-json=serial.json").assert_outcomes(passed=3)
+    run("-n", "2", "--infergate-json=xdist.json").assert_outcomes(passed=3)
+    serial, xdist = (json.loads((pytester.path / name).read_text()) for name in ("serial.json", "xdist.json"))
+    timing = {"load_s", "peak_mem_bytes", "load_mem_delta_bytes", "peak_mem_method"}
+
+    def stable(models):
+        return {p: {k: v for k, v in m.items() if k not in timing} for p, m in models.items()}
+
+    assert stable(xdist["models"]) == stable(serial["models"]) and xdist["models"]
+    threads = "torch_threads"  # xdist workers split the cores between them, by design
+    assert {k: v for k, v in xdist["environment"]["machine"].items() if k != threads} == {
+        k: v for k, v in serial["environment"]["machine"].items() if k != threads}
+    assert {k: v for k, v in xdist["environment"].items() if k != "machine"} == {
+        k: v for k, v in serial["environment"].items() if k != "machine"}
+
+    def records(data):
+        return sorted(((r["test"], r["status"], r["precision"], json.dumps(r["engine_config"], sort_keys=True),
+                        json.dumps(r["budget"], sort_keys=True), sorted(r["summary"])) for r in data["records"]))
+
+    assert records(xdist) == records(serial)
+    assert xdist["outcomes"] == serial["outcomes"] and xdist["gate_counts"] == serial["gate_counts"]
