@@ -251,8 +251,8 @@ def test_more(infergate_bench, i):
         k: v for k, v in serial["environment"].items() if k != "machine"}
 
     def records(data):
-        return sorted(((r["test"], r["status"], r["precision"], json.dumps(r["engine_config"], sort_keys=True),
-                        json.dumps(r["budget"], sort_keys=True), sorted(r["summary"])) for r in data["records"]))
+        return sorted((r["test"], r["status"], r["precision"], json.dumps(r["engine_config"], sort_keys=True),
+                        json.dumps(r["budget"], sort_keys=True), sorted(r["summary"])) for r in data["records"])
 
     assert records(xdist) == records(serial)
     assert xdist["outcomes"] == serial["outcomes"] and xdist["gate_counts"] == serial["gate_counts"]

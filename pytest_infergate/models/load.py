@@ -7,8 +7,8 @@ turned into a local directory first (hub ids excepted), so a model loads the sam
 from __future__ import annotations
 
 import hashlib
-import os
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
