@@ -25,11 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.models.load import load_model, resolve_model  # noqa: E402
+from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
+from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
+from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf  # noqa: E402
-from pytest_infergate.perf.metrics import injected_slowdown, parse_budget  # noqa: E402
+from pytest_infergate.perf.slowdown import injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 
@@ -59,7 +61,7 @@ def main() -> int:
     if args.mode == "baseline":
         with injected_slowdown(loaded.model, 0.0):
             baseline = bench.measure(requests, config, warmup=2, repeats=args.baseline_repeats)
-        entry = {"fingerprint": {}, "measurement": baseline.to_dict()}
+        entry = BaselineEntry({}, baseline)
         print(f"baseline: {baseline.repetitions} repetitions, tpot p50 {baseline.value('tpot_ms'):.1f} ms, "
               f"{baseline.value('tokens_per_s'):.1f} tok/s")
     print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}")
