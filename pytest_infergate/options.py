@@ -40,9 +40,9 @@ ENDPOINT_APIS = ("chat", "completions")
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
                "without it everything runs on the CPU", False),
-    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama, random-llama-0.5b), a local Hugging "
-               "Face "
-               "directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)", "smollm2-135m", "MODEL"),
+    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama, random-llama-0.5b), "
+               "a local Hugging Face directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)",
+               "smollm2-135m", "MODEL"),
     OptionSpec("precisions", "str", "comma list of precisions to test, from fp32, fp16, bf16, int8, nf4 "
                "(default: the reference precision, int8, nf4; with --infergate-endpoint: none, only the server, unless "
                "given - then they run beside it)", None, "LIST"),
