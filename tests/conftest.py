@@ -22,6 +22,19 @@ _pytest.pytester.SysModulesSnapshot.__init__ = _snapshot_init
 
 pytest_plugins = ["pytester"]
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA; elsewhere they are skipped with the reason."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA: run benchmarks/gpu_check.sh on a GPU machine")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
 CACHE_DIR = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))
 
 
