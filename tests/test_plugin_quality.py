@@ -92,3 +92,120 @@ def test_golden_regression_lifecycle(project):
     path.write_text(lines[0] + "\n{broken\n")
     result = run("-k", "test_regression")
     result.stdout.fnmatch_lines(["*cpu-nf4.jsonl:2: not valid JSON*"])
+
+
+# ---- the regression gate: drift vs near-ties, headers, batch invariance ------------------------------------------
+
+CHAT = ["capital?", "def f():", "春天", "hello there", "count to ten", "what is 2+2", "tell me a story", "json please"]
+REGRESSION_FILE = """
+import os
+
+import torch
+
+
+def test_regression(infergate_golden, infergate_model):
+    scale = float(os.environ.get("INFERGATE_TEST_NOISE", "0"))
+    if scale:  # a deliberately changed model: noise on one layer's weights (seeded, relative to their spread)
+        weight = infergate_model.model.model.layers[0].mlp.down_proj.weight
+        noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(1))
+        weight.data += scale * weight.data.std() * noise
+    infergate_golden.check_regression()
+
+
+def test_batch_invariance(infergate_golden):
+    infergate_golden.check_batch_invariance(policy={"max_batch_variant_share": 1})
+"""
+
+
+@pytest.fixture
+def chat_project(pytester, cache_dir):
+    golden = pytester.mkdir("golden")
+    samples = [{"id": f"q{i}", "category": "chat", "messages": [{"role": "user", "content": text}],
+                "max_new_tokens": 24} for i, text in enumerate(CHAT)]
+    (golden / "chat.jsonl").write_text("\n".join(json.dumps(s, ensure_ascii=False) for s in samples) + "\n")
+    pytester.makepyfile(test_gate=REGRESSION_FILE)
+
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+
+    run("-k", "test_regression", "--infergate-update-golden").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "golden").rglob("cpu-fp32.jsonl")
+    return pytester, run, path
+
+
+def test_changed_model_fails_as_drift_and_numerics_pass_as_near_ties(chat_project, monkeypatch):
+    pytester, run, path = chat_project
+    header = json.loads(path.read_text().splitlines()[0])
+    assert {"environment", "method", "compositions"} <= set(header)
+    assert header["environment"]["threads"] >= 1 and "cpu_flags" in header["environment"]
+    assert header["method"]["scoring"].startswith("alone")
+
+    same = run("-k", "test_regression")  # the same model, unchanged
+    same.assert_outcomes(passed=1)
+    same.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 8 outputs changed, 0 drift, 0 near-ties*"])
+    assert "WARNING" not in same.stdout.str()
+
+    monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.3")  # a changed model
+    drift = run("-k", "test_regression")
+    drift.assert_outcomes(failed=1)
+    drift.stdout.fnmatch_lines(["*8 of 8 golden outputs of fp32 changed: 8 drift, 0 near-ties*",
+                                "*drift in 8 of 8 outputs (100.0%), policy max_drift_share 0*",
+                                "*drift (changed beyond numerics):*", "*q0 [[]chat[]] DRIFT (margin *",
+                                "*accepted: *", "*current: *", "*and 3 more: q5, q6, q7*"])
+
+    # last-bit-sized numerics (as on another CPU): tokens flip where the model was undecided, the accepted
+    # continuation keeps its distribution; a tolerance for this toy model's flat distributions
+    monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.01")
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    fp32: max_accepted_kl=0.003\n")
+    ties = run("-k", "test_regression")
+    ties.assert_outcomes(passed=1)
+    ties.stdout.fnmatch_lines(["*golden PASS*fp32: 3 of 8 outputs changed, 0 drift, 3 near-ties (near-ties: q0 "
+                               "margin 0.*"])
+
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    fp32: max_accepted_kl=0.003, exact=1\n")
+    exact = run("-k", "test_regression")
+    exact.assert_outcomes(failed=1)
+    exact.stdout.fnmatch_lines(["*exact=1: 3 of 8 outputs changed (3 of them near-ties)*",
+                                "*near-ties (numerics at a tie; they pass unless exact=1): q0 (token *, margin *"])
+
+
+def test_header_from_another_environment_warns_and_fails_under_same_environment(chat_project):
+    pytester, run, path = chat_project
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["environment"]["cpu_flags"] = ["avx2", "fma"]
+    path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    warned = run("-k", "test_regression", "--infergate-json=out.json")
+    warned.assert_outcomes(passed=1)
+    warned.stdout.fnmatch_lines(["*WARNING *test_regression*recorded in another environment*cpu_flags: accepted "
+                                 "[[]'avx2', 'fma'[]], now *"])
+    results = json.loads((pytester.path / "out.json").read_text())
+    assert any("cpu_flags" in w for w in results["warnings"])
+    (record,) = [r for r in results["records"] if r["kind"] == "golden"]
+    assert record["environment_mismatch"][0].startswith("cpu_flags")
+
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    *: same_environment=1\n")
+    failed = run("-k", "test_regression")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*same_environment=1: the accepted outputs were recorded in another environment: "
+                                 "cpu_flags*"])
+
+
+def test_batch_invariance_is_recorded_and_summarized(chat_project):
+    pytester, run, _ = chat_project
+    result = run("-k", "test_batch_invariance", "--infergate-json=out.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*batch invariance PASS  fp32: * of 8 samples change with the batch (*; batch KL *"])
+    results = json.loads((pytester.path / "out.json").read_text())
+    (record,) = [r for r in results["records"] if r["kind"] == "batch_invariance"]
+    assert record["policy"] == {"max_batch_variant_share": 1.0} and len(record["samples"]) == 8
+    assert [v["name"] for v in record["variants"]] == ["batch", "rotated"]
+
+
+def test_regression_policy_keys_are_checked_at_collection(project):
+    pytester, run = project
+    pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(exact=2)"))
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*exact=2 is a switch: 1 (on) or 0 (off)*"])

@@ -1,6 +1,6 @@
 """GoldenGate, the object behind the `infergate_golden` fixture: a candidate (a local precision, or an endpoint)
-against the reference precision under the quality policy, and against its own accepted golden outputs.
-No pytest here: the test is reached through a TestContext."""
+against the reference precision under the quality policy, against its own accepted golden outputs, and against
+itself in other batches. No pytest here: the test is reached through a TestContext."""
 
 from __future__ import annotations
 
@@ -22,15 +22,17 @@ from pytest_infergate.quality.golden_files import (
     write_outputs,
 )
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
-from pytest_infergate.quality.policy import policy_violations, resolve_policy
-from pytest_infergate.results.records import GoldenRecord, QualityRecord
+from pytest_infergate.quality.policy import RegressionPolicy, parse_policy, policy_violations, resolve_policy
+from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import Status
 
 QUALITY_PROPERTIES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 
 
 class Candidate(Protocol):
-    """What the gate compares: a local precision (LocalCandidate) or a server (endpoint.golden.EndpointCandidate)."""
+    """What the gate compares: a local precision (LocalCandidate) or a server (endpoint.golden.EndpointCandidate).
+    A candidate may also have `provenance(samples) -> dict` (header keys it records and checks: environment,
+    method, compositions) and `batch_invariance(samples)`; a local precision has both."""
 
     precision: str
 
@@ -47,8 +49,9 @@ class Candidate(Protocol):
 
 @dataclass
 class LocalCandidate:
-    """A local precision: outputs generated once per session on the reference engine (`generated` is the
-    session's shared cache, so the reference's outputs are computed once for every precision compared with it)."""
+    """A local precision: outputs generated once per session per sample set in the fixed composition
+    (`generated` is the session's shared cache, so the reference's outputs are computed once for every precision
+    compared with it)."""
 
     loaded: object
     device: str
@@ -60,7 +63,9 @@ class LocalCandidate:
         return self.loaded.record.requested_precision
 
     def outputs(self, samples: list[GoldenSample]) -> list:
-        return generated_outputs(self.loaded, samples, self.generated, self.max_model_len)
+        from pytest_infergate.quality.generation import fixed_outputs
+
+        return fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
 
     def compare(self, reference, samples, reference_outputs) -> QualityResult:
         from pytest_infergate.quality.compare import compare_precision
@@ -73,6 +78,17 @@ class LocalCandidate:
         return path, {"model": model_name, "fingerprint": record.fingerprint, "device": self.device,
                       "precision": self.precision, "versions": record.versions}
 
+    def provenance(self, samples: list[GoldenSample]) -> dict:
+        """What this precision's golden outputs depend on now: environment, method, sample-set compositions."""
+        from pytest_infergate.quality.generation import composition_id, fixed_runs, golden_method, sample_sets_of
+        from pytest_infergate.quality.provenance import golden_environment
+
+        runs = fixed_runs(self.loaded, samples, self.generated, self.max_model_len)
+        compositions = {Path(source).name or "(in code)": composition_id(whole)
+                        for source, whole in sample_sets_of(samples).items()}
+        return {"environment": golden_environment(self.loaded, runs[0].threads if runs else None),
+                "method": golden_method(), "compositions": compositions}
+
     def regression(self, samples, current, accepted):
         from pytest_infergate.quality.regression import compare_with_golden
 
@@ -84,15 +100,12 @@ class LocalCandidate:
 
         return outputs_to_accept(samples, current, self.loaded.model)
 
+    def batch_invariance(self, samples):
+        from pytest_infergate.quality.batch_invariance import check_variants
+        from pytest_infergate.quality.generation import fixed_outputs
 
-def generated_outputs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: int) -> list:
-    """The greedy outputs of a local model on `samples`, generated once per session."""
-    from pytest_infergate.quality.generation import generate_golden_outputs
-
-    key = (loaded.record.requested_precision, tuple(s.id for s in samples))
-    if key not in cache:
-        cache[key] = generate_golden_outputs(loaded, samples, max_model_len)
-    return cache[key]
+        return check_variants(self.loaded, samples, fixed_outputs(self.loaded, samples, self.generated,
+                                                                  self.max_model_len), self.max_model_len)
 
 
 class GoldenGate:
@@ -106,7 +119,7 @@ class GoldenGate:
         self.golden_dir = Path(golden_dir)
         self._model_name = model_name  # callable: the local model's name (golden files are kept under it)
         self.comparisons = comparisons  # the session's: one comparison per precision and sample set
-        self.generated = generated  # the session's: local models' golden outputs
+        self.generated = generated  # the session's: local models' fixed-composition golden runs
 
     @property
     def precision(self) -> str:
@@ -121,28 +134,31 @@ class GoldenGate:
             samples = [s for s in samples if s.category in set(categories)]
         return samples[:limit] if limit else samples
 
+    def policy(self, policy: dict | None) -> dict[str, float]:
+        """`policy` if given, else the marker `infergate_quality` over the ini `infergate_quality_policy`."""
+        if policy is not None:
+            return parse_policy(policy)
+        rules, scopes = resolve_policy(self.ctx.scoped_lines("infergate_quality_policy"),
+                                       self.ctx.markers("infergate_quality"), self.precision, self.ctx.test_id)
+        self.ctx.note_scopes("infergate_quality_policy", scopes)
+        return rules
+
     def check(self, limit: int | None = None, categories=None, policy: dict | None = None) -> QualityResult:
         """Candidate vs the reference precision on the golden samples, decided by the policy (marker
         `infergate_quality`, ini `infergate_quality_policy`, or `policy`). Returns the QualityResult."""
-        from pytest_infergate.quality.policy import parse_policy
+        from pytest_infergate.quality.generation import fixed_outputs
 
         samples = self.samples(limit, categories)
         key = (self.precision, tuple(s.id for s in samples))
         if key not in self.comparisons:  # one comparison per precision and sample set per session
             reference = self._reference()
             try:
-                reference_outputs = generated_outputs(reference, samples, self.generated,
-                                                      self.ctx.options.golden_max_len)
+                reference_outputs = fixed_outputs(reference, samples, self.generated, self.ctx.options.golden_max_len)
                 self.comparisons[key] = self.candidate.compare(reference, samples, reference_outputs)
             except InfergateError as exc:  # e.g. an endpoint that did not answer every sample
                 self.ctx.fail(str(exc))
         result = self.comparisons[key]
-        if policy is None:
-            rules, scopes = resolve_policy(self.ctx.scoped_lines("infergate_quality_policy"),
-                                           self.ctx.markers("infergate_quality"), self.precision, self.ctx.test_id)
-            self.ctx.note_scopes("infergate_quality_policy", scopes)
-        else:
-            rules = parse_policy(policy)
+        rules = self.policy(policy)
         problems = policy_violations(result.summary, rules) + result.flags
         status = Status.FAIL if problems else Status.PASS
         self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems))
@@ -155,15 +171,21 @@ class GoldenGate:
                           + "\n  ".join(problems) + f"\nworst samples:\n{worst}")
         return result
 
-    def check_regression(self, limit: int | None = None, categories=None):
-        """This precision's current outputs vs its own accepted golden outputs, token for token. With
-        --infergate-update-golden the accepted outputs are rewritten instead (and the changes printed)."""
+    def check_regression(self, limit: int | None = None, categories=None, policy: dict | None = None):
+        """This precision's current outputs vs its own accepted golden outputs, token for token. Each changed sample
+        is a near-tie (numerics at a tie: reported, passes) or drift (fails beyond `max_drift_share`); `exact=1`
+        fails on any change. With --infergate-update-golden the accepted outputs are rewritten instead (and the
+        changes printed). Returns the GoldenRegression (None after an update)."""
+        from pytest_infergate.quality.golden_report import regression_failure
+
         samples = self.samples(limit, categories)
         try:
             current = self.candidate.outputs(samples)
+            provenance = self.candidate.provenance(samples) if hasattr(self.candidate, "provenance") else {}
         except InfergateError as exc:
             self.ctx.fail(str(exc))
         path, header = self.candidate.accepted(self.golden_dir, self._model_name())
+        header = {**header, **provenance}
         update = self.ctx.options.update_golden
         old = None
         if path.exists():
@@ -185,16 +207,56 @@ class GoldenGate:
             if self.ctx.options.strict:  # under strict a check that cannot run fails
                 self.ctx.fail(message)
             self.ctx.skip(message)
-        regression = self.candidate.regression(samples, current, old)
-        status = Status.PASS if regression.ok else Status.FAIL
-        self.ctx.record(GoldenRecord(self.ctx.test_id, status, regression.precision, str(path),
-                                     compared=regression.compared, missing=regression.missing,
-                                     mean_topk_kl=regression.mean_topk_kl, changed=regression.changed))
-        if not regression.ok:
-            lines = [describe_sample(s) for s in regression.changed[:5]]
-            if regression.missing:
-                lines.append(f"samples without accepted output: {', '.join(regression.missing)}")
-            self.ctx.fail(f"{len(regression.changed)} of {regression.compared} golden outputs of "
-                          f"{regression.precision} changed (accepted: {path}; library versions then: "
-                          f"{old.header.get('versions')}):\n  " + "\n  ".join(lines))
+        mismatch = self._environment_mismatch(old.header, provenance, path)
+        rules = RegressionPolicy.of(self.policy(policy), self.precision)
+        regression = self.candidate.regression(samples, current, old).classify(rules, mismatch)
+        problems = regression.problems()
+        self.ctx.record(GoldenRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, regression.precision,
+                                     str(path), compared=regression.compared, missing=regression.missing,
+                                     mean_topk_kl=regression.mean_topk_kl, changed=regression.changed,
+                                     policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch))
+        self.ctx.add_property("infergate.golden.changed", len(regression.changed))
+        self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
+        if problems:
+            self.ctx.fail(regression_failure(regression, problems, path, old.header))
         return regression
+
+    def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
+        if not provenance:  # the candidate records no environment (an endpoint)
+            return []
+        from pytest_infergate.quality.provenance import environment_mismatch
+
+        mismatch = environment_mismatch(accepted, provenance)
+        if mismatch:
+            self.ctx.warn(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
+                          "environment; changed outputs may come from it: " + "; ".join(mismatch))
+        return mismatch
+
+    def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None):
+        """Does this precision's greedy answer to a sample change with the batch it runs in? Each sample runs
+        alone, inside the fixed-composition batch (the whole sample file), and rotated in half-size batches;
+        records the share of samples whose tokens change and the KL between the variants, and fails above the
+        policy's `max_batch_variant_share` (no gate unless set). Returns the BatchInvariance."""
+        from pytest_infergate.quality.golden_report import batch_invariance_failure
+
+        if not hasattr(self.candidate, "batch_invariance"):
+            self.ctx.skip(f"batch invariance needs a local model; the {self.precision} candidate batches requests "
+                          "its own way (a server's scheduler is not ours to vary)")
+        samples = self.samples(limit, categories)
+        try:
+            result = self.candidate.batch_invariance(samples)
+        except InfergateError as exc:
+            self.ctx.fail(str(exc))
+        rules = self.policy(policy)
+        problems = []
+        limit_share = rules.get("max_batch_variant_share")
+        if limit_share is not None and result.variant_share > limit_share:
+            problems.append(f"max_batch_variant_share: {len(result.variant_ids)} of {len(result.samples)} samples "
+                            f"({result.variant_share:.1%}) change with the batch, policy <= {limit_share:g}")
+        gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
+        self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, result,
+                                              gate, problems))
+        self.ctx.add_property("infergate.batch_variant_share", round(result.variant_share, 4))
+        if problems:
+            self.ctx.fail(batch_invariance_failure(result, problems))
+        return result

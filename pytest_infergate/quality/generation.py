@@ -1,14 +1,27 @@
-"""Golden samples through a local model on the reference engine: the greedy outputs the quality gates compare."""
+"""Golden samples through a local model on the reference engine: the greedy outputs the quality gates compare.
+
+A sample's greedy tokens depend on which samples share its forwards (int8's LLM.int8 picks outlier columns over
+every row of a matmul; fp32 kernels block by the row count): so golden outputs are always generated in one fixed
+composition, the WHOLE sample file in file order in one engine run with GOLDEN_BATCHING, whatever subset a test
+asks for (`limit`, `categories`), whatever ran before, whatever `-n`; a subset is selected from that run.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.engine.request import RequestError, render_prompt
-from pytest_infergate.quality.golden_files import GoldenError, GoldenSample
+from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 
 DEFAULT_MAX_MODEL_LEN = 2048
+# the engine settings that decide which tokens share a forward (max_model_len only caps lengths)
+GOLDEN_BATCHING = {"batching": "continuous", "cache_mode": "paged", "max_batch_size": 64, "max_batched_tokens": 2048,
+                   "prefill_chunk_size": 512, "block_size": 16, "kv_budget_bytes": 512 << 20}
 
 
 @dataclass
@@ -19,8 +32,35 @@ class Generated:
     text: str
 
 
-def golden_engine_config(max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> EngineConfig:
-    return EngineConfig(max_batch_size=64, max_model_len=max_model_len, kv_budget_bytes=512 << 20)
+@dataclass
+class GenerationRun:
+    """One engine run over a composition of samples, with what it cost."""
+
+    outputs: list[Generated]
+    wall_s: float
+    cpu_s: float  # process CPU time: on a shared machine the honest figure beside the wall time
+    threads: int
+    composition: str = ""  # composition_id of the samples, in the order they ran
+    by_id: dict[str, Generated] = field(init=False)
+
+    def __post_init__(self):
+        self.by_id = {g.id: g for g in self.outputs}
+
+
+def golden_engine_config(max_model_len: int = DEFAULT_MAX_MODEL_LEN, **overrides) -> EngineConfig:
+    return EngineConfig(**{**GOLDEN_BATCHING, "max_model_len": max_model_len, "record_steps": False, **overrides})
+
+
+def golden_method() -> dict:
+    """How accepted outputs are made, written into their header: a file made another way is not comparable."""
+    return {"generation": "whole sample file, file order, one engine run", "engine": dict(GOLDEN_BATCHING),
+            "scoring": "alone (one row per forward)"}
+
+
+def composition_id(samples: list[GoldenSample]) -> str:
+    """A hash of what decides the generation of a composition: each sample's id and request, in order."""
+    payload = json.dumps([[s.id, s.request_kwargs()] for s in samples], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) -> list[Request]:
@@ -40,10 +80,60 @@ def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) 
     return requests
 
 
+def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+                config: EngineConfig | None = None) -> GenerationRun:
+    """Greedy outputs of `samples`, all submitted at once in this order to one engine (GOLDEN_BATCHING unless
+    `config`): the composition is exactly this list."""
+    import torch
+
+    requests = golden_requests(samples, loaded.tokenizer, max_model_len)
+    wall, cpu = time.perf_counter(), time.process_time()
+    with Engine(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len)) as engine:
+        results = engine.generate(requests)
+    outputs = [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text) for s, r in zip(samples, results)]
+    return GenerationRun(outputs, time.perf_counter() - wall, time.process_time() - cpu, torch.get_num_threads(),
+                         composition_id(samples))
+
+
 def generate_golden_outputs(loaded, samples: list[GoldenSample], max_model_len: int = DEFAULT_MAX_MODEL_LEN
                             ) -> list[Generated]:
-    """Greedy outputs of every sample through the reference engine (continuous batching)."""
-    requests = golden_requests(samples, loaded.tokenizer, max_model_len)
-    with Engine(loaded.model, loaded.tokenizer, golden_engine_config(max_model_len)) as engine:
-        results = engine.generate(requests)
-    return [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text) for s, r in zip(samples, results)]
+    """Greedy outputs of exactly `samples` in one run (their own composition; the gates use `fixed_outputs`)."""
+    return run_samples(loaded, samples, max_model_len).outputs
+
+
+def sample_sets_of(samples: list[GoldenSample]) -> dict[str, list[GoldenSample]]:
+    """The whole sample set (file order) of every requested sample. Samples built in code (no source file) form
+    one set of their own, in the order given."""
+    sets: dict[str, list[GoldenSample]] = {}
+    for sample in samples:
+        if sample.source not in sets:
+            sets[sample.source] = load_samples(Path(sample.source)) if sample.source else [
+                s for s in samples if not s.source]
+    for source, whole in sets.items():
+        missing = {s.id for s in samples if s.source == source} - {s.id for s in whole}
+        if missing:
+            raise GoldenError(f"{source}: samples {sorted(missing)} are no longer in the file (it changed during "
+                              "the run?)")
+    return sets
+
+
+def fixed_runs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: int = DEFAULT_MAX_MODEL_LEN
+               ) -> list[GenerationRun]:
+    """The fixed-composition run of each sample set the requested samples belong to, once per session and
+    precision (`cache` is the session's)."""
+    runs = []
+    for source, whole in sample_sets_of(samples).items():
+        key = (loaded.record.requested_precision, source, composition_id(whole), max_model_len)
+        if key not in cache:
+            cache[key] = run_samples(loaded, whole, max_model_len)
+        runs.append(cache[key])
+    return runs
+
+
+def fixed_outputs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: int = DEFAULT_MAX_MODEL_LEN
+                  ) -> list[Generated]:
+    """The greedy outputs of `samples`, selected from their sample sets' fixed-composition runs."""
+    by_id = {}
+    for run in fixed_runs(loaded, samples, cache, max_model_len):
+        by_id.update(run.by_id)
+    return [by_id[s.id] for s in samples]

@@ -41,6 +41,7 @@ class GoldenSample:
     must_parse_json: bool = False
     max_words: int | None = None
     where: str = field(default="", compare=False)  # "file:line" it was read from, for error messages
+    source: str = field(default="", compare=False)  # the sample set file; golden outputs are generated per file
 
     @property
     def has_task_checks(self) -> bool:
@@ -52,7 +53,7 @@ class GoldenSample:
         return {"prompt": self.prompt, "max_new_tokens": self.max_new_tokens}
 
 
-def _sample_from(data: Any, where: str) -> GoldenSample:
+def _sample_from(data: Any, where: str, source: str = "") -> GoldenSample:
     if not isinstance(data, dict):
         raise GoldenError(f"{where}: a sample must be a JSON object, got {type(data).__name__}")
     unknown = set(data) - _SAMPLE_KEYS
@@ -88,7 +89,7 @@ def _sample_from(data: Any, where: str) -> GoldenSample:
                         messages=tuple(messages) if messages is not None else None, prompt=data.get("prompt"),
                         max_new_tokens=data["max_new_tokens"], expected=tuple(expected), regex=regex,
                         json_schema=data.get("json_schema"), must_parse_json=bool(data.get("must_parse_json")),
-                        max_words=data.get("max_words"), where=where)
+                        max_words=data.get("max_words"), where=where, source=source)
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
@@ -108,7 +109,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
 
 
 def load_samples(path: Path) -> list[GoldenSample]:
-    samples = [_sample_from(data, f"{path}:{number}") for number, data in _read_jsonl(path)]
+    samples = [_sample_from(data, f"{path}:{number}", str(path)) for number, data in _read_jsonl(path)]
     seen = set()
     for sample in samples:
         if sample.id in seen:

@@ -141,6 +141,11 @@ class SampleQuality:
     reference_task: float | None = None
     candidate_task: float | None = None
     candidate_checks: dict[str, bool] = field(default_factory=dict)
+    # against accepted golden outputs (the accepted output is the "reference" side): near-tie or drift, why,
+    # and log p(current top token) - log p(accepted token) at the first divergence, in nats
+    regression: str | None = None
+    regression_reason: str | None = None
+    divergence_margin: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -243,10 +248,15 @@ def worst_samples(samples: list[SampleQuality], count: int = 5) -> list[SampleQu
     return sorted(changed, key=lambda s: (s.rougeL, -(s.mean_kl or 0)))[:count]
 
 
-def describe_sample(sample: SampleQuality) -> str:
+def describe_sample(sample: SampleQuality, labels: tuple[str, str] = ("reference", "candidate")) -> str:
+    """One changed sample: its scores (or near-tie / drift verdict) and both texts from the first divergence."""
     where = sample.first_divergence_char or 0
-    return (f"{sample.id} [{sample.category}] ROUGE-L {sample.rougeL:.2f}"
-            + (f", mean KL {sample.mean_kl:.3f}" if sample.mean_kl is not None else "")
-            + f", first divergence at token {sample.first_divergence}:\n"
-            f"      reference: {sample.reference_text[:where]!r} + {sample.reference_text[where:where + 50]!r}\n"
-            f"      candidate: {sample.candidate_text[:where]!r} + {sample.candidate_text[where:where + 50]!r}")
+    ref, cand = (f"{label}:".ljust(11) for label in labels)
+    if sample.regression:
+        figures = f" {sample.regression.upper()} ({sample.regression_reason})"
+    else:
+        figures = f" ROUGE-L {sample.rougeL:.2f}" + (f", mean KL {sample.mean_kl:.3f}" if sample.mean_kl is not None
+                                                     else "")
+    return (f"{sample.id} [{sample.category}]{figures}, first divergence at token {sample.first_divergence}:\n"
+            f"      {ref}{sample.reference_text[:where]!r} + {sample.reference_text[where:where + 50]!r}\n"
+            f"      {cand}{sample.candidate_text[:where]!r} + {sample.candidate_text[where:where + 50]!r}")

@@ -1,22 +1,43 @@
-"""Quality policy: the thresholds a precision's outputs must meet against the reference (`min_top1=0.9,
-max_mean_kl=0.05`), where they come from (ini lines by scope, then the test's markers), and which ones a comparison
-broke."""
+"""Quality policy: the thresholds of the golden gates, where they come from (ini lines by scope, then the test's
+markers), and which ones a result broke.
+
+Three gates read the same policy (ini `infergate_quality_policy`, marker `infergate_quality`); each uses its keys:
+- against the reference precision (`check()`): aggregate thresholds, `min_top1=0.9, max_mean_kl=0.05`;
+- against the accepted golden outputs (`check_regression()`): `REGRESSION_KEYS`, with per-precision defaults;
+- batch invariance (`check_batch_invariance()`): `max_batch_variant_share`, no gate unless set.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_infergate.errors import OptionError
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
 
-# key -> (aggregate name, "min" or "max")
-POLICY_KEYS = {
+# key -> (aggregate name, "min" or "max"): thresholds of a comparison with the reference precision
+AGGREGATE_KEYS = {
     "min_rouge_l": ("rougeL", "min"), "min_rouge_1": ("rouge1", "min"), "min_rouge_2": ("rouge2", "min"),
     "min_exact_match": ("exact_match", "min"), "max_mean_kl": ("mean_kl", "max"), "max_p99_kl": ("p99_kl", "max"),
     "min_top1": ("top1", "min"), "max_delta_ppl": ("delta_ppl_rel", "max"), "min_task_ratio": ("task_ratio", "min"),
     "min_length_ratio": ("length_ratio", "min"), "max_length_ratio": ("length_ratio", "max"),
 }
+# the regression gate against accepted outputs (see RegressionPolicy)
+REGRESSION_KEYS = ("exact", "max_drift_share", "max_accepted_kl", "near_tie_margin", "same_environment")
+BATCH_KEYS = ("max_batch_variant_share",)
+FLAG_KEYS = ("exact", "same_environment")  # 0 or 1
+SHARE_KEYS = ("max_drift_share", "max_batch_variant_share")  # 0..1
+POLICY_KEYS = (*AGGREGATE_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
+
+# Defaults of the regression gate, from the measurements in the README ("Golden regression gate"): a changed sample
+# is a near-tie when, at its first divergence, the current model puts the accepted token within NEAR_TIE_MARGIN
+# nats of its top token, and its mean top-k KL against the accepted log-probabilities over the whole accepted
+# continuation stays within max_accepted_kl. Numerics measured (another CPU's kernels) stay below these KLs; a
+# weight change that alters outputs scores above them.
+NEAR_TIE_MARGIN = 0.25
+MAX_ACCEPTED_KL = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 5e-3, "int8": 1e-2, "nf4": 5e-3}
+MAX_ACCEPTED_KL_OTHER = 1e-2  # precisions not listed (e.g. an endpoint: never scored, so never a near-tie)
 
 
 class QualityPolicyError(OptionError):
@@ -32,6 +53,10 @@ def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> di
             finite = "" if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isfinite(value) \
                 else "; a threshold of nan or inf would never be checked"
             raise QualityPolicyError(f"{where}: {key}={value!r} must be a non-negative number{finite}")
+        if key in FLAG_KEYS and value not in (0, 1):
+            raise QualityPolicyError(f"{where}: {key}={value!r} is a switch: 1 (on) or 0 (off)")
+        if key in SHARE_KEYS and value > 1:
+            raise QualityPolicyError(f"{where}: {key}={value!r} is a share of the samples, between 0 and 1")
         policy[key] = float(value)
     return policy
 
@@ -57,9 +82,12 @@ def resolve_policy(ini_lines: list[str], marker_kwargs: list[dict[str, Any]], pr
 
 
 def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list[str]:
+    """The aggregate thresholds a comparison with the reference broke (other gates' keys are theirs)."""
     problems = []
     for key, threshold in policy.items():
-        name, direction = POLICY_KEYS[key]
+        if key not in AGGREGATE_KEYS:
+            continue
+        name, direction = AGGREGATE_KEYS[key]
         if name not in summary:
             problems.append(f"{key}: {name} was not measured")
             continue
@@ -71,3 +99,32 @@ def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list
             bound = ">=" if direction == "min" else "<="
             problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {bound} {threshold:g}")
     return problems
+
+
+@dataclass(frozen=True)
+class RegressionPolicy:
+    """The regression gate's rules for one precision, defaults filled in.
+
+    exact: any changed output fails (teams with deterministic hardware); otherwise near-ties pass as information.
+    max_drift_share: the share of compared samples that may change by drift (not a near-tie) before the gate fails.
+    max_accepted_kl / near_tie_margin: the near-tie test (see NEAR_TIE_MARGIN).
+    same_environment: a header that records another environment (CPU flags, GPU, libraries, kernels) fails the gate
+    instead of only warning."""
+
+    exact: bool = False
+    max_drift_share: float = 0.0
+    max_accepted_kl: float = MAX_ACCEPTED_KL_OTHER
+    near_tie_margin: float = NEAR_TIE_MARGIN
+    same_environment: bool = False
+
+    @classmethod
+    def of(cls, rules: dict[str, float], precision: str) -> RegressionPolicy:
+        return cls(exact=bool(rules.get("exact", 0)), max_drift_share=rules.get("max_drift_share", 0.0),
+                   max_accepted_kl=rules.get("max_accepted_kl", MAX_ACCEPTED_KL.get(precision, MAX_ACCEPTED_KL_OTHER)),
+                   near_tie_margin=rules.get("near_tie_margin", NEAR_TIE_MARGIN),
+                   same_environment=bool(rules.get("same_environment", 0)))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"exact": float(self.exact), "max_drift_share": self.max_drift_share,
+                "max_accepted_kl": self.max_accepted_kl, "near_tie_margin": self.near_tie_margin,
+                "same_environment": float(self.same_environment)}

@@ -1,41 +1,122 @@
-"""A precision's current golden outputs against its own accepted ones, token for token; and the accepted outputs an
-update writes."""
+"""A precision's current golden outputs against its own accepted ones, token for token; each changed sample
+classified as a near-tie (numerics broke a tie the model was undecided about) or drift (the model changed); and the
+accepted outputs an update writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, GoldenSample
-from pytest_infergate.quality.metrics import SampleQuality, compare_sample
-from pytest_infergate.quality.scoring import continuation_logprobs, teacher_forced, topk_kl
+from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
+from pytest_infergate.quality.policy import RegressionPolicy
+from pytest_infergate.quality.scoring import score_rows, teacher_forced, topk_kl
+
+NEAR_TIE = "near-tie"
+DRIFT = "drift"
 
 
 def outputs_to_accept(samples: list[GoldenSample], generated: list[Generated], model=None) -> list[GoldenOutput]:
-    """Outputs to accept; with `model`, each token's top-k log-probabilities under it are stored too."""
+    """Outputs to accept; with `model`, each token's top-k log-probabilities under it are stored too (scored
+    alone, as `compare_with_golden` scores them)."""
     topks: list = [[] for _ in generated]
     if model is not None:
         _, topks = teacher_forced(model, model, [(g.prompt_ids, g.token_ids) for g in generated])
     return [GoldenOutput(g.id, g.token_ids, g.text, topk) for g, topk in zip(generated, topks)]
 
 
+@dataclass(frozen=True)
+class Classification:
+    verdict: str  # NEAR_TIE or DRIFT
+    reason: str
+
+
+def divergence_margin(accepted_tokens: list[int], current_tokens: list[int], logprobs) -> float | None:
+    """log p(top token) - log p(accepted token) at the first divergence, under the current model's log-probabilities
+    over the accepted continuation (teacher-forced, alone); None where one output is a prefix of the other."""
+    index = first_divergence(accepted_tokens, current_tokens)
+    if index is None or index >= min(len(accepted_tokens), len(current_tokens)):
+        return None
+    row = logprobs[index]
+    return float(row.max() - row[accepted_tokens[index]])
+
+
+def classify_change(margin: float | None, accepted_kl: float | None, policy: RegressionPolicy) -> Classification:
+    """Near-tie: the accepted token was within `near_tie_margin` of the top token where the outputs part, AND the
+    current model's distribution over the whole accepted continuation stays within `max_accepted_kl` of the
+    accepted one (mean top-k KL). Anything else is drift."""
+    if accepted_kl is None:
+        return Classification(DRIFT, "not scored: no accepted log-probabilities to tell numerics from drift")
+    if margin is None:
+        return Classification(DRIFT, "one output is a prefix of the other: a length limit or a stop changed")
+    if margin > policy.near_tie_margin:
+        return Classification(DRIFT, f"margin {margin:.3f} > near_tie_margin {policy.near_tie_margin:g}, "
+                                     f"accepted KL {accepted_kl:.1e}")
+    if accepted_kl > policy.max_accepted_kl:
+        return Classification(DRIFT, f"margin {margin:.3f}, accepted KL {accepted_kl:.1e} > max_accepted_kl "
+                                     f"{policy.max_accepted_kl:g}")
+    return Classification(NEAR_TIE, f"margin {margin:.3f}, accepted KL {accepted_kl:.1e}")
+
+
 @dataclass
 class GoldenRegression:
     precision: str
-    changed: list[SampleQuality]
+    changed: list[SampleQuality]  # each with `regression` (near-tie / drift), its reason and margin
     missing: list[str]
     compared: int
-    mean_topk_kl: float | None
+    mean_topk_kl: float | None  # over the changed samples that could be scored (unchanged ones are not scored)
+    policy: RegressionPolicy = field(default_factory=RegressionPolicy)
+    environment_mismatch: list[str] = field(default_factory=list)
+
+    def classify(self, policy: RegressionPolicy, environment_mismatch: list[str] | None = None) -> GoldenRegression:
+        """(Re)classify every changed sample under `policy`; returns self."""
+        self.policy = policy
+        if environment_mismatch is not None:
+            self.environment_mismatch = list(environment_mismatch)
+        for sample in self.changed:
+            verdict = classify_change(sample.divergence_margin, sample.mean_kl, policy)
+            sample.regression, sample.regression_reason = verdict.verdict, verdict.reason
+        return self
+
+    @property
+    def near_ties(self) -> list[SampleQuality]:
+        return [s for s in self.changed if s.regression == NEAR_TIE]
+
+    @property
+    def drift(self) -> list[SampleQuality]:
+        return [s for s in self.changed if s.regression != NEAR_TIE]
+
+    @property
+    def drift_share(self) -> float:
+        return len(self.drift) / self.compared if self.compared else 0.0
+
+    def problems(self) -> list[str]:
+        """Why the gate fails (empty: it passes)."""
+        out = []
+        if self.missing:
+            out.append(f"{len(self.missing)} samples have no accepted output: {', '.join(self.missing[:10])}")
+        if self.policy.exact and self.changed:
+            out.append(f"exact=1: {len(self.changed)} of {self.compared} outputs changed "
+                       f"({len(self.near_ties)} of them near-ties)")
+        elif self.drift and self.drift_share > self.policy.max_drift_share:
+            out.append(f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}), policy "
+                       f"max_drift_share {self.policy.max_drift_share:g}")
+        if self.policy.same_environment and self.environment_mismatch:
+            out.append("same_environment=1: the accepted outputs were recorded in another environment: "
+                       + "; ".join(self.environment_mismatch))
+        return out
 
     @property
     def ok(self) -> bool:
-        return not self.changed and not self.missing
+        return not self.problems()
 
 
 def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Generated], accepted: GoldenOutputs,
-                        precision: str, model=None) -> GoldenRegression:
+                        precision: str, model=None, policy: RegressionPolicy | None = None) -> GoldenRegression:
     """Current outputs of `precision` against its own accepted golden outputs (token for token). With `model`
-    (the one that produced them), the accepted top-k log-probabilities are scored too."""
+    (the one that produced them) each changed sample's accepted continuation is scored under it, alone as it was
+    recorded (margin at the first divergence, mean top-k KL against the accepted log-probabilities), and
+    classified under `policy` (`classify_change`); without, every change counts as drift."""
     changed, missing, kls = [], [], []
     decode = tokenizer.decode
     for sample, now in zip(samples, current):
@@ -45,11 +126,14 @@ def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Ge
             continue
         quality = compare_sample(sample, old.token_ids, old.text, now.token_ids, now.text, None,
                                  decode=lambda ids: decode(ids, skip_special_tokens=True))
+        if quality.exact_match:
+            continue  # same tokens from the same composition: nothing to classify, nothing scored
         if model is not None and old.top_logprobs and old.token_ids:
-            lp = continuation_logprobs(model, [(now.prompt_ids, old.token_ids)])[0]
-            quality.mean_kl = sum(topk_kl(old.top_logprobs, lp)) / len(old.token_ids)
+            logprobs = score_rows(model, [(now.prompt_ids, old.token_ids)])[0]
+            quality.mean_kl = sum(topk_kl(old.top_logprobs, logprobs)) / len(old.token_ids)
+            quality.divergence_margin = divergence_margin(old.token_ids, now.token_ids, logprobs)
             kls.append(quality.mean_kl)
-        if not quality.exact_match:
-            changed.append(quality)
-    return GoldenRegression(precision, changed, missing, len(samples) - len(missing),
-                            sum(kls) / len(kls) if kls else None)
+        changed.append(quality)
+    regression = GoldenRegression(precision, changed, missing, len(samples) - len(missing),
+                                  sum(kls) / len(kls) if kls else None)
+    return regression.classify(policy or RegressionPolicy.of({}, precision))

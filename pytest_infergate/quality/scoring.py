@@ -1,6 +1,10 @@
 """Teacher-forced scoring: the log-probabilities a model gives a fixed continuation, and the KL / top-1 / NLL
 comparisons built on them. Both sides of a comparison see the same tokens, so the figures measure the models, not
-where their greedy paths happened to part."""
+where their greedy paths happened to part.
+
+Golden scoring is always ALONE, one row per forward: a row's log-probabilities in a padded batch depend on the other
+rows (int8's outlier columns, the GEMM's row count), so accepted log-probabilities are recorded and checked with the
+same computation, whatever the batch neighbours."""
 
 from __future__ import annotations
 
@@ -35,30 +39,42 @@ def continuation_logprobs(model, rows: list[tuple[list[int], list[int]]]) -> lis
     return out
 
 
+def score_rows(model, rows: list[tuple[list[int], list[int]]], batch_size: int = 1) -> list[torch.Tensor]:
+    """`continuation_logprobs` of each row, `batch_size` rows per forward (1: alone, the golden scoring)."""
+    return [lp for batch in _batches(rows, batch_size) for lp in continuation_logprobs(model, batch)]
+
+
 def teacher_forced(reference_model, candidate_model, rows: list[tuple[list[int], list[int]]],
-                   batch_size: int = 8) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
-    """Score the reference continuations under both models. Returns per-row TokenStats and the reference's
-    top-k log-probabilities per token (what golden files store)."""
+                   batch_size: int = 1) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
+    """Score the reference continuations under both models, `batch_size` rows per forward (1: alone). Returns
+    per-row TokenStats and the reference's top-k log-probabilities per token (what golden files store)."""
     stats, topks = [], []
     for batch in _batches(rows, batch_size):
         ref_lp = continuation_logprobs(reference_model, batch)
         cand_lp = ref_lp if candidate_model is reference_model else continuation_logprobs(candidate_model, batch)
         for (_, cont), ref, cand in zip(batch, ref_lp, cand_lp):
-            s = TokenStats()
-            if cont:
-                target = torch.tensor(cont)
-                p = ref.exp()
-                s.kl = (p * (ref - cand)).sum(-1).clamp_min(0).tolist()
-                s.top1_agree = (ref.argmax(-1) == cand.argmax(-1)).tolist()
-                s.ref_nll = (-ref.gather(1, target[:, None])[:, 0]).tolist()
-                s.cand_nll = (-cand.gather(1, target[:, None])[:, 0]).tolist()
-                values, indices = ref.topk(TOP_K, dim=-1)
-                topks.append([[[int(t), round(float(v), 6)] for t, v in zip(ti, tv)]
-                              for ti, tv in zip(indices.tolist(), values.tolist())])
-            else:
-                topks.append([])
-            stats.append(s)
+            stats.append(token_stats(ref, cand, cont))
+            topks.append(top_logprobs(ref) if cont else [])
     return stats, topks
+
+
+def token_stats(ref: torch.Tensor, cand: torch.Tensor, continuation: list[int]) -> TokenStats:
+    """KL(ref || cand), top-1 agreement and both NLLs of `continuation`, per token."""
+    s = TokenStats()
+    if continuation:
+        target = torch.tensor(continuation)
+        s.kl = (ref.exp() * (ref - cand)).sum(-1).clamp_min(0).tolist()
+        s.top1_agree = (ref.argmax(-1) == cand.argmax(-1)).tolist()
+        s.ref_nll = (-ref.gather(1, target[:, None])[:, 0]).tolist()
+        s.cand_nll = (-cand.gather(1, target[:, None])[:, 0]).tolist()
+    return s
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int = TOP_K) -> list[list[list[float]]]:
+    """Per token, [[token id, log-prob], ...] of the k most likely tokens (what accepted files store, 6 decimals)."""
+    values, indices = logprobs.topk(k, dim=-1)
+    return [[[int(t), round(float(v), 6)] for t, v in zip(ti, tv)] for ti, tv in zip(indices.tolist(),
+                                                                                     values.tolist())]
 
 
 def topk_kl(stored: list[list[list[float]]], candidate: torch.Tensor) -> list[float]:

@@ -15,6 +15,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf.budget import Violation
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.perf.verdict import Verdict
+from pytest_infergate.quality.batch_invariance import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Status
 
@@ -118,7 +119,8 @@ class QualityRecord:
 
 @dataclass
 class GoldenRecord:
-    """A precision's outputs against its own accepted golden outputs, or an update of them."""
+    """A precision's outputs against its own accepted golden outputs, or an update of them. Each changed sample
+    carries its verdict (`regression`: near-tie or drift), why, and the log-prob margin at its first divergence."""
 
     kind: ClassVar[str] = "golden"
     test: str
@@ -129,14 +131,27 @@ class GoldenRecord:
     changes: list[str] = field(default_factory=list)  # what an update changed
     compared: int = 0
     missing: list[str] = field(default_factory=list)
-    mean_topk_kl: float | None = None
+    mean_topk_kl: float | None = None  # over the changed samples (unchanged ones are not scored)
     changed: list[SampleQuality] = field(default_factory=list)
+    policy: dict[str, float] = field(default_factory=dict)  # the regression policy applied, defaults filled in
+    problems: list[str] = field(default_factory=list)  # why it failed
+    environment_mismatch: list[str] = field(default_factory=list)  # accepted file's header vs this run
+
+    @property
+    def near_ties(self) -> list[SampleQuality]:
+        return [s for s in self.changed if s.regression == "near-tie"]
+
+    @property
+    def drift(self) -> list[SampleQuality]:
+        return [s for s in self.changed if s.regression != "near-tie"]
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "precision": self.precision,
                 "path": self.path, "updated": self.updated, "changes": self.changes, "compared": self.compared,
                 "missing": self.missing, "mean_topk_kl": self.mean_topk_kl,
-                "changed": [s.to_dict() for s in self.changed]}
+                "near_ties": len(self.near_ties), "drift": len(self.drift),  # counts, derived from `changed`
+                "changed": [s.to_dict() for s in self.changed], "policy": self.policy, "problems": self.problems,
+                "environment_mismatch": self.environment_mismatch}
 
     @classmethod
     def from_dict(cls, data: dict) -> GoldenRecord:
@@ -144,11 +159,37 @@ class GoldenRecord:
         return cls(data["test"], Status(data["status"]), data["precision"], str(data.get("path") or updated or ""),
                    bool(updated), list(data.get("changes", [])), int(data.get("compared", 0)),
                    list(data.get("missing", [])), data.get("mean_topk_kl"),
-                   [SampleQuality.from_dict(s) for s in data.get("changed", [])])
+                   [SampleQuality.from_dict(s) for s in data.get("changed", [])], dict(data.get("policy", {})),
+                   list(data.get("problems", [])), list(data.get("environment_mismatch", [])))
 
 
-Record = PerfRecord | QualityRecord | GoldenRecord
-RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord)}
+@dataclass
+class BatchInvarianceRecord:
+    """Whether a precision's greedy answers change with the batch they run in (see quality.batch_invariance)."""
+
+    kind: ClassVar[str] = "batch_invariance"
+    test: str
+    status: Status
+    result: BatchInvariance
+    policy: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def precision(self) -> str:
+        return self.result.precision
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
+                "problems": self.problems, **self.result.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BatchInvarianceRecord:
+        return cls(data["test"], Status(data["status"]), BatchInvariance.from_dict(data), dict(data.get("policy", {})),
+                   list(data.get("problems", [])))
+
+
+Record = PerfRecord | QualityRecord | GoldenRecord | BatchInvarianceRecord
+RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord, BatchInvarianceRecord)}
 
 
 def record_from_dict(data: dict) -> Record:
@@ -185,6 +226,10 @@ class RunResults:
     @property
     def golden(self) -> list[GoldenRecord]:
         return self.of_type(GoldenRecord)
+
+    @property
+    def batch_invariance(self) -> list[BatchInvarianceRecord]:
+        return self.of_type(BatchInvarianceRecord)
 
     def gate_counts(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {}

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord, RunResults
+from pytest_infergate.results.records import (
+    BatchInvarianceRecord,
+    GoldenRecord,
+    PerfRecord,
+    QualityRecord,
+    RunResults,
+)
 from pytest_infergate.status import Status
 
 PERF_KEYS = ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb", "success_rate",
@@ -71,8 +77,22 @@ def golden_lines(record: GoldenRecord) -> list[Line]:
     if record.updated:
         return [Line(f"  golden UPDATED {record.precision}: {record.path}")] + [
             Line(f"      {change}") for change in record.changes[:20]]
+    near = record.near_ties
+    ties = (" (near-ties: " + ", ".join(f"{s.id} margin {s.divergence_margin:.2f}" for s in near[:3])
+            + (", ..." if len(near) > 3 else "") + ")") if near else ""
     return [Line(f"  golden {record.status.value.upper():10s} {record.precision}: {len(record.changed)} of "
-                 f"{record.compared} outputs changed", _color(record.status))]
+                 f"{record.compared} outputs changed, {len(record.drift)} drift, {len(near)} near-ties{ties}",
+                 _color(record.status))]
+
+
+def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
+    result = record.result
+    kls = ", ".join(f"{v.name} KL {v.mean_kl:.1e}" for v in result.variants if v.mean_kl is not None)
+    example = result.example()
+    shown = f"; e.g. {example.id} at token {example.token}" if example else ""
+    return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}: {len(result.variant_ids)} "
+                f"of {len(result.samples)} samples change with the batch ({result.variant_share:.0%}; {kls}){shown}",
+                _color(record.status))
 
 
 def gate_counts_line(results: RunResults) -> Line | None:
@@ -91,6 +111,7 @@ def summary_lines(results: RunResults) -> list[Line]:
     lines += [quality_line(record) for record in results.quality]
     for record in results.golden:
         lines += golden_lines(record)
+    lines += [batch_invariance_line(record) for record in results.batch_invariance]
     counts = gate_counts_line(results)
     if counts:
         lines.append(counts)

@@ -1,0 +1,205 @@
+"""The golden regression gate's parts: near-tie / drift classification, policy keys, header provenance, the fixed
+generation composition and batch invariance (tiny-random-llama where a model is needed)."""
+
+import json
+
+import pytest
+import torch
+
+from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
+from pytest_infergate.quality.generation import composition_id, fixed_outputs, run_samples
+from pytest_infergate.quality.golden_files import GoldenSample, load_samples
+from pytest_infergate.quality.metrics import compare_sample
+from pytest_infergate.quality.policy import (
+    MAX_ACCEPTED_KL,
+    NEAR_TIE_MARGIN,
+    QualityPolicyError,
+    RegressionPolicy,
+    parse_ini_policies,
+    parse_policy,
+    policy_violations,
+)
+from pytest_infergate.quality.provenance import environment_mismatch
+from pytest_infergate.quality.regression import (
+    DRIFT,
+    NEAR_TIE,
+    GoldenRegression,
+    classify_change,
+    divergence_margin,
+)
+from pytest_infergate.quality.scoring import topk_kl
+from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, record_from_dict
+from pytest_infergate.status import Status
+
+TEXTS = ["capital?", "def f():", "春天", "hello there", "count to ten", "what is 2+2", "tell me a story", "json please"]
+
+
+def chat(i: int, text: str, category: str = "chat", max_new_tokens: int = 16) -> dict:
+    return {"id": f"q{i}", "category": category, "messages": [{"role": "user", "content": text}],
+            "max_new_tokens": max_new_tokens}
+
+
+@pytest.fixture
+def sample_file(tmp_path):
+    path = tmp_path / "set.jsonl"
+    categories = ["chat", "code"] * 4
+    path.write_text("\n".join(json.dumps(chat(i, t, categories[i]), ensure_ascii=False)
+                              for i, t in enumerate(TEXTS)) + "\n")
+    return path
+
+
+# ---- classification --------------------------------------------------------------------------------------------
+
+def test_margin_at_the_first_divergence():
+    logprobs = torch.log_softmax(torch.tensor([[2.0, 1.9, -1.0], [0.0, 3.0, 0.0]]), dim=-1)
+    assert divergence_margin([1, 1], [0, 1], logprobs) == pytest.approx(0.1, abs=1e-5)  # accepted 1, top 0
+    assert divergence_margin([0, 0], [0, 1], logprobs) == pytest.approx(3.0, abs=1e-5)  # accepted 0 at token 1
+    assert divergence_margin([0, 1], [0, 1, 2], logprobs) is None  # a prefix: no token to compare
+
+
+def test_near_tie_needs_a_small_margin_and_a_small_accepted_kl():
+    policy = RegressionPolicy(max_accepted_kl=0.01, near_tie_margin=0.25)
+    assert classify_change(0.1, 0.001, policy).verdict == NEAR_TIE
+    assert classify_change(0.25, 0.01, policy).verdict == NEAR_TIE  # the bounds are inclusive
+    wide = classify_change(0.3, 0.001, policy)
+    assert wide.verdict == DRIFT and "margin 0.300 > near_tie_margin 0.25" in wide.reason
+    moved = classify_change(0.0, 0.02, policy)
+    assert moved.verdict == DRIFT and "> max_accepted_kl 0.01" in moved.reason
+    assert "prefix" in classify_change(None, 0.001, policy).reason
+    assert "not scored" in classify_change(0.1, None, policy).reason
+
+
+def test_topk_kl_is_zero_against_itself_and_grows_with_a_shift():
+    logprobs = torch.log_softmax(torch.randn(5, 50, generator=torch.Generator().manual_seed(0)), dim=-1)
+    values, indices = logprobs.topk(10, dim=-1)
+    stored = [[[int(t), float(v)] for t, v in zip(ti, tv)] for ti, tv in zip(indices.tolist(), values.tolist())]
+    assert max(topk_kl(stored, logprobs)) < 1e-6
+    shifted = torch.log_softmax(logprobs + 0.3 * torch.randn(5, 50, generator=torch.Generator().manual_seed(1)), -1)
+    assert min(topk_kl(stored, shifted)) > 1e-4
+
+
+def changed(id_: str, margin, kl):
+    quality = compare_sample(GoldenSample(id_, "chat", None, "p", 4), [1, 2], "a b", [1, 3], "a c", None)
+    quality.divergence_margin, quality.mean_kl = margin, kl
+    return quality
+
+
+def test_the_gate_fails_on_drift_beyond_policy_and_on_any_change_when_exact():
+    regression = GoldenRegression("int8", [changed("tie", 0.05, 0.001), changed("moved", 1.2, 0.05)], [], 10, None)
+    regression.classify(RegressionPolicy.of({}, "int8"))
+    assert [s.id for s in regression.near_ties] == ["tie"] and [s.id for s in regression.drift] == ["moved"]
+    assert "drift in 1 of 10 outputs (10.0%), policy max_drift_share 0" in regression.problems()[0]
+    assert regression.classify(RegressionPolicy.of({"max_drift_share": 0.1}, "int8")).ok
+    ties_only = GoldenRegression("int8", [changed("tie", 0.05, 0.001)], [], 10, None)
+    assert ties_only.classify(RegressionPolicy.of({}, "int8")).ok
+    assert "exact=1: 1 of 10 outputs changed (1 of them near-ties)" in ties_only.classify(
+        RegressionPolicy.of({"exact": 1}, "int8")).problems()[0]
+    missing = GoldenRegression("int8", [], ["gone"], 9, None).classify(RegressionPolicy())
+    assert "1 samples have no accepted output: gone" in missing.problems()[0]
+    elsewhere = GoldenRegression("int8", [], [], 10, None)
+    assert elsewhere.classify(RegressionPolicy.of({}, "int8"), ["cpu_flags: ..."]).ok
+    assert "same_environment=1" in elsewhere.classify(RegressionPolicy.of({"same_environment": 1}, "int8"),
+                                                      ["cpu_flags: ..."]).problems()[0]
+
+
+# ---- policy keys -------------------------------------------------------------------------------------------------
+
+def test_regression_policy_keys_are_validated():
+    assert parse_policy({"exact": 1, "max_drift_share": 0.1, "max_accepted_kl": 0.02, "near_tie_margin": 0.5,
+                         "same_environment": 0, "max_batch_variant_share": 1}) == {
+        "exact": 1.0, "max_drift_share": 0.1, "max_accepted_kl": 0.02, "near_tie_margin": 0.5,
+        "same_environment": 0.0, "max_batch_variant_share": 1.0}
+    with pytest.raises(QualityPolicyError, match=r"exact=2 is a switch: 1 \(on\) or 0 \(off\)"):
+        parse_policy({"exact": 2})
+    with pytest.raises(QualityPolicyError, match="max_drift_share=1.5 is a share of the samples"):
+        parse_policy({"max_drift_share": 1.5})
+    with pytest.raises(QualityPolicyError, match="near_tie_margin=-0.1 must be a non-negative number"):
+        parse_policy({"near_tie_margin": -0.1})
+    with pytest.raises(QualityPolicyError, match="unknown quality key 'max_drift'.*max_drift_share"):
+        parse_policy({"max_drift": 0})
+    scoped = parse_ini_policies(["int8: max_drift_share=0, max_accepted_kl=0.01", "*: exact=1"])
+    assert scoped["int8"] == {"max_drift_share": 0.0, "max_accepted_kl": 0.01} and scoped["*"] == {"exact": 1.0}
+    # the comparison with the reference ignores the other gates' keys
+    assert policy_violations({"top1": 0.5}, {"exact": 1.0, "max_drift_share": 0.0}) == []
+
+
+def test_regression_policy_defaults_per_precision():
+    assert RegressionPolicy.of({}, "int8").max_accepted_kl == MAX_ACCEPTED_KL["int8"]
+    assert RegressionPolicy.of({}, "fp32").max_accepted_kl == MAX_ACCEPTED_KL["fp32"]
+    default = RegressionPolicy.of({}, "nf4")
+    assert (default.exact, default.max_drift_share, default.near_tie_margin, default.same_environment) == (
+        False, 0.0, NEAR_TIE_MARGIN, False)
+    assert RegressionPolicy.of({"max_accepted_kl": 0.5}, "nf4").max_accepted_kl == 0.5
+
+
+# ---- header provenance -------------------------------------------------------------------------------------------
+
+def test_environment_mismatch_names_what_differs():
+    env = {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "gpu": None, "torch": "2.13.0",
+           "transformers": "5.24.0", "bitsandbytes": "0.50.2", "kernels": {"bnb_nf4": "avx512-bf16"}, "threads": 2}
+    header = {"environment": env, "method": {"generation": "whole file"}, "compositions": {"default.jsonl": "abc"}}
+    assert environment_mismatch(header, header) == []
+    assert environment_mismatch(header, {**header, "environment": {**env, "threads": 1}}) == []  # informational
+    other_cpu = {**env, "cpu_flags": ["avx2"], "kernels": {"bnb_nf4": "dequantize"}}
+    assert environment_mismatch(header, {**header, "environment": other_cpu}) == [
+        "cpu_flags: accepted ['avx2', 'avx512f', 'avx512_bf16'], now ['avx2']",
+        "kernels: accepted {'bnb_nf4': 'avx512-bf16'}, now {'bnb_nf4': 'dequantize'}"]
+    edited = environment_mismatch(header, {**header, "compositions": {"default.jsonl": "def"}})
+    assert len(edited) == 1 and "sample set default.jsonl changed" in edited[0]
+    assert "record no environment" in environment_mismatch({"versions": {}}, header)[0]
+
+
+# ---- fixed composition -------------------------------------------------------------------------------------------
+
+def test_subsets_are_selected_from_the_whole_file_run(tiny_fp32, sample_file):
+    samples = load_samples(sample_file)
+    whole = run_samples(tiny_fp32, samples).outputs
+    cache: dict = {}
+    subset = [s for s in samples if s.category == "code"][::-1]  # categories, in another order
+    picked = fixed_outputs(tiny_fp32, subset, cache)
+    assert [g.id for g in picked] == [s.id for s in subset]
+    assert {g.id: g.token_ids for g in picked} == {g.id: g.token_ids for g in whole if g.id in {s.id for s in subset}}
+    assert fixed_outputs(tiny_fp32, samples[:2], cache) == whole[:2]
+    assert len(cache) == 1  # one run per sample set and precision, whatever the subsets asked
+    assert composition_id(samples) != composition_id(samples[::-1])
+
+
+def test_samples_built_in_code_are_their_own_composition(tiny_fp32):
+    samples = [GoldenSample(f"c{i}", "chat", ({"role": "user", "content": t},), None, 8) for i, t in enumerate(TEXTS)]
+    assert fixed_outputs(tiny_fp32, samples, {}) == run_samples(tiny_fp32, samples).outputs
+
+
+# ---- batch invariance --------------------------------------------------------------------------------------------
+
+def test_batch_invariance_variants_on_tiny(tiny_fp32, sample_file):
+    samples = load_samples(sample_file)
+    result = check_variants(tiny_fp32, samples, fixed_outputs(tiny_fp32, samples, {}), 2048)
+    assert [v.name for v in result.variants] == ["batch", "rotated"]
+    assert all(v.samples == len(samples) and 0 <= v.share <= 1 for v in result.variants)
+    assert all(v.mean_kl is not None and 0 <= v.mean_kl < 1e-3 for v in result.variants)
+    assert result.samples == [s.id for s in samples] and 0 <= result.variant_share <= 1
+    assert rotate([1, 2, 3, 4, 5]) == [3, 4, 5, 1, 2]
+    record = BatchInvarianceRecord("t::x[fp32]", Status.PASS, result, {"max_batch_variant_share": 0.0})
+    back = record_from_dict(json.loads(json.dumps(record.to_dict())))
+    assert isinstance(back, BatchInvarianceRecord) and back.to_dict() == record.to_dict()
+
+
+def test_batch_invariance_reports_a_changed_sample():
+    from pytest_infergate.quality.batch_invariance import Divergence, VariantResult
+
+    variant = VariantResult("batch", "whole file", [Divergence("q3", 5, 0.04, "alone text", "batched text")], 4,
+                            0.02, 0.05)
+    result = BatchInvariance("int8", ["q1", "q2", "q3", "q4"], [variant, VariantResult("rotated", "", [], 4)])
+    assert result.variant_ids == ["q3"] and result.variant_share == 0.25 and result.example().id == "q3"
+    assert BatchInvariance.from_dict(result.to_dict()).to_dict() == result.to_dict()
+
+
+def test_golden_record_keeps_near_ties_and_policy():
+    tie = changed("tie", 0.05, 0.001)
+    tie.regression = NEAR_TIE
+    record = GoldenRecord("t", Status.PASS, "int8", "p", compared=10, changed=[tie],
+                          policy=RegressionPolicy.of({}, "int8").to_dict(), environment_mismatch=["cpu: x"])
+    data = json.loads(json.dumps(record.to_dict()))
+    assert data["near_ties"] == 1 and data["drift"] == 0 and data["changed"][0]["divergence_margin"] == 0.05
+    back = GoldenRecord.from_dict(data)
+    assert back.near_ties[0].id == "tie" and back.policy == record.policy and back.environment_mismatch == ["cpu: x"]
