@@ -52,6 +52,10 @@ class FaultyHandler(BaseHTTPRequestHandler):
         self.server.requests += 1
         if mode == "error500" or (mode == "flaky" and self.server.requests % 2 == 0):
             return self._send(500, b'{"error": {"message": "injected failure"}}')
+        with self.server.slots:  # a server with N slots serves N requests at once; the others wait their turn
+            self._answer(body, mode)
+
+    def _answer(self, body: dict, mode: str) -> None:
         if mode == "stall":
             time.sleep(self.server.stall_s)
         tokens = [f"tok{i} " for i in range(min(body.get("max_tokens", 8), self.server.max_tokens))]
@@ -85,8 +89,9 @@ class _QuietServer(ThreadingHTTPServer):
 
 class FaultyServer:
     def __init__(self, mode: str = "ok", token_delay_s: float = 0.0, stall_s: float = 5.0, max_tokens: int = 1000,
-                 api_key: str | None = None):
+                 api_key: str | None = None, slots: int = 1000):
         self.httpd = _QuietServer(("127.0.0.1", 0), FaultyHandler)
+        self.httpd.slots = threading.Semaphore(slots)
         self.httpd.mode, self.httpd.token_delay_s, self.httpd.stall_s = mode, token_delay_s, stall_s
         self.httpd.max_tokens, self.httpd.requests, self.httpd.api_key = max_tokens, 0, api_key
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
