@@ -1,6 +1,7 @@
 """The endpoint backend: the OpenAI-compatible client and its load patterns against llama.cpp's real server
-(llama-cpp-python serving the embedded model's GGUF), failures from a server that misbehaves on purpose, and the
-plugin with --infergate-endpoint."""
+(`llama-server` serving the embedded model's GGUF), failures from a server that misbehaves on purpose, and the
+plugin with --infergate-endpoint. Capacity, /metrics, traffic files and two-server gates: test_endpoint_serving.py
+(misbehaving server) and test_endpoint_llama.py (llama-server)."""
 
 import json
 import statistics

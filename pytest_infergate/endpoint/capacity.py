@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
-from pytest_infergate.endpoint.driver import NOT_SENT
+from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.metrics import PERCENTILES, Measurement, add_request_latencies, percentile_suffix
@@ -128,8 +128,10 @@ class CapacityResult:
         point = self.best
         return (f"capacity {self.capacity:.4g} {unit} ({self.capacity_rps:.4g} req/s): SLO met by "
                 f"{point.attainment:.1%} (95% CI {point.ci[0]:.1%}-{point.ci[1]:.1%}) of {point.requests} requests, "
-                f"target {self.spec.target_goodput:.1%}; knee between {self.bracket[0]:.4g} and "
-                f"{self.bracket[1] if self.bracket[1] is not None else '?'}; {self.reason}; "
+                f"target {self.spec.target_goodput:.1%}; "
+                + (f"knee between {self.bracket[0]:.4g} and {self.bracket[1]:.4g}" if self.bracket[1] is not None
+                   else "no knee within the bounds")
+                + f"; {self.reason}; "
                 f"{len(self.points)} points in {self.elapsed_s:.1f}s")
 
     def to_dict(self) -> dict:
@@ -178,7 +180,7 @@ def search_capacity(config: EndpointConfig, requests: list, spec: CapacitySpec, 
             if client.model is None:
                 await client.discover_model()
             for item in items[:warmup]:
-                await client.send(item)
+                await client.send(warmup_request(item))
             return await _search(client, items, spec, on_point)
 
     return _run(main())
@@ -193,7 +195,8 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
     async def measure(load: float) -> CapacityPoint:
         count = spec.num_requests(load)
         batch = [_renamed(items[i % len(items)], f"c{len(points)}-{i}") for i in range(count)]
-        allowed = math.floor((1 - spec.target_goodput) * count + 1e-9)
+        planned = sum(len(item_ids(item)) for item in batch)  # a session sends one request per turn
+        allowed = math.floor((1 - spec.target_goodput) * planned + 1e-9)
 
         def clearly_over(done) -> bool:
             return sum(1 for r in done if not spec.slo.met(r)) > allowed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_infergate.endpoint.client import EndpointClient
 from pytest_infergate.endpoint.request import EndpointRequest, EndpointResult
@@ -31,6 +31,13 @@ def session_request(session: Session, index: int, answers: list[str], api: str) 
                           "chat API: drop --infergate-endpoint-api completions")
     return EndpointRequest(messages=session.messages(index, answers), max_tokens=session.turns[index].max_new_tokens,
                            request_id=session.turn_id(index))
+
+
+def warmup_request(item: EndpointRequest | Session) -> EndpointRequest:
+    """A short request like `item` (a session's first turn), sent before a run and not counted."""
+    first = item if isinstance(item, EndpointRequest) else EndpointRequest(messages=item.messages(0, []),
+                                                                          request_id=item.turn_id(0))
+    return replace(first, max_tokens=min(first.max_tokens, 8))
 
 
 @dataclass

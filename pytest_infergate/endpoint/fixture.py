@@ -41,6 +41,8 @@ class EndpointPerfBench:
                          tags=tags)
 
     def _pattern(self, pattern, config=None) -> LoadPattern:
+        if pattern is None and isinstance(config, (dict, LoadPattern)):  # ab(requests, {"concurrency": 4})
+            pattern, config = config, None
         if isinstance(pattern, LoadPattern):
             return pattern
         if isinstance(pattern, dict):

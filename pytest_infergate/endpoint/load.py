@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
-from pytest_infergate.endpoint.driver import NOT_SENT, drive
+from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
@@ -233,9 +233,7 @@ def run_load(config: EndpointConfig, requests: list, pattern: LoadPattern = Load
             if client.model is None:  # the session probe names it once; a busy server need not be asked again
                 await client.discover_model()
             for item in items[:warmup]:
-                first = item if isinstance(item, EndpointRequest) else EndpointRequest(
-                    messages=item.messages(0, []), request_id=item.turn_id(0))
-                await client.send(replace(first, max_tokens=min(first.max_tokens, 8)))
+                await client.send(warmup_request(item))
             return await run_load_async(client, items, pattern, slo, stream, scrape=scrape, **drive_options)
 
     return _run(main())
