@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=16)
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None, help="llama-server threads (default: half the cores)")
     args = parser.parse_args()
 
     cache = default_cache_dir()
@@ -50,8 +51,9 @@ def main() -> None:
     spec = CapacitySpec(Slo(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms), args.target, args.search,
                         (args.low, args.high), args.budget_s, args.point_s, args.min_requests)
     print(f"SLO: TTFT <= {args.ttft_ms:g} ms and TPOT <= {args.tpot_ms:g} ms for {args.target:.0%} of requests; "
-          f"chat prompts of 20-200 tokens, 16-48 new tokens; llama-server with {args.slots} slots")
-    with LlamaServer(ensure_smollm2_gguf(cache), n_parallel=args.slots) as server:
+          f"chat prompts of 20-200 tokens, 16-48 new tokens; llama-server with {args.slots} slots, "
+          f"{args.threads or 'default'} threads")
+    with LlamaServer(ensure_smollm2_gguf(cache), n_parallel=args.slots, threads=args.threads) as server:
         result = search_capacity(EndpointConfig(server.url, timeout_s=120), workload, spec)
     unit = "req/s" if args.search == "rate" else "in flight"
     print(f"{'load':>8} {'sent':>5} {'SLO met':>8} {'95% CI':>13} {'goodput':>8} {'TTFT p50/p99 ms':>17} "

@@ -126,7 +126,8 @@ class CapacityResult:
         if self.capacity is None:
             return f"capacity: none within bounds {self.spec.bounds} ({self.reason})"
         point = self.best
-        return (f"capacity {self.capacity:.4g} {unit} ({self.capacity_rps:.4g} req/s): SLO met by "
+        rps = "" if self.spec.search == "rate" else f" ({self.capacity_rps:.4g} req/s)"
+        return (f"capacity {self.capacity:.4g} {unit}{rps}: SLO met by "
                 f"{point.attainment:.1%} (95% CI {point.ci[0]:.1%}-{point.ci[1]:.1%}) of {point.requests} requests, "
                 f"target {self.spec.target_goodput:.1%}; "
                 + (f"knee between {self.bracket[0]:.4g} and {self.bracket[1]:.4g}" if self.bracket[1] is not None
