@@ -211,38 +211,36 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
             on_point(point, run)
         return point
 
-    passing, failing, reason = None, None, ""
-    for load in spec.grid():
+    async def verdict(load: float) -> bool | None:
+        """Whether `load` passed; None when the time budget ran out before it decided."""
         if time.perf_counter() >= deadline:
+            return None
+        return (await measure(load)).passed
+
+    passing, failing, reason = None, None, ""
+    for load in spec.grid():  # coarse: doubling up to the first failing point
+        passed = await verdict(load)
+        if passed is None:
             reason = "time budget spent"
             break
-        point = await measure(load)
-        if point.passed is None:
-            reason = "time budget spent"
-            break
-        if not point.passed:
+        if not passed:
             failing = load
             break
         passing = load
     else:
         reason = f"the upper bound {spec.bounds[1]:g} passed: the capacity is at least that"
-    if passing is not None and failing is not None and not reason:
-        while (load := spec.between(passing, failing)) is not None:
-            if time.perf_counter() >= deadline:
-                reason = "time budget spent"
-                break
-            point = await measure(load)
-            if point.passed is None:
-                reason = "time budget spent"
-                break
-            passing, failing = (load, failing) if point.passed else (passing, load)
+    while not reason and passing is not None:  # bisection between the last pass and the first failure
+        load = spec.between(passing, failing)
+        passed = None if load is None else await verdict(load)
+        if passed is None:
+            reason = "bracket resolved" if load is None else "time budget spent"
         else:
-            reason = "bracket resolved"
-    if passing is None and not reason:
+            passing, failing = (load, failing) if passed else (passing, load)
+    if not reason:
         reason = f"the lowest load {spec.bounds[0]:g} already misses the SLO"
     best = next((p for p in points if p.load == passing and p.passed), None)
     capacity_rps = None if best is None else (passing if spec.search == "rate" else best.throughput_rps)
-    return CapacityResult(spec, points, passing, capacity_rps, (passing, failing), reason or "time budget spent",
+    return CapacityResult(spec, points, passing, capacity_rps, (passing, failing), reason,
                           time.perf_counter() - start, runs.get(passing) if best is not None else None)
 
 

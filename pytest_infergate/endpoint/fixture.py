@@ -152,6 +152,8 @@ class EndpointPerfBench:
         record.fingerprint = {}
         record.budget = {"max_regression": budget.max_regression}
         record.baseline_summary = a.summary()
+        b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
+                                 "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
         record.notes = [f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
                         f"{rounds} rounds ({pattern.describe()})"]
         _warn_about(self.ctx, key, outcome)
