@@ -322,3 +322,37 @@ def test_compare_servers_uses_the_servers_tokens_up_to_the_first_difference():
     words = compare_servers([sample], [EndpointResult("x", text="Paris is big")],
                             [EndpointResult("x", text="Paris is small")], [])
     assert words.samples[0].first_divergence == 2 and "compared in words" in words.notes[0]
+
+
+# --- the reference endpoint's options -------------------------------------------------------------------------
+
+def test_reference_endpoint_options_are_checked_before_any_test(pytester, cache_dir):
+    from openai_servers import free_port
+
+    pytester.makepyfile("def test_x(infergate_endpoint):\n    pass\n")
+    args = ["--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}", "-p", "no:cacheprovider"]
+    alone = pytester.runpytest(*args, "--infergate-reference-endpoint=http://127.0.0.1:9/v1")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    alone.stderr.fnmatch_lines(["*--infergate-reference-endpoint is the reference of --infergate-endpoint: give the "
+                                "candidate server with --infergate-endpoint URL too*"])
+    with FaultyServer("ok") as server:
+        down = pytester.runpytest(*args, f"--infergate-endpoint={server.url}",
+                                  f"--infergate-reference-endpoint=http://127.0.0.1:{free_port()}/v1")
+        bad = pytester.runpytest(*args, f"--infergate-endpoint={server.url}", "--infergate-reference-endpoint=x:1")
+    assert down.ret == bad.ret == pytest.ExitCode.USAGE_ERROR
+    down.stderr.fnmatch_lines(["*endpoint http://127.0.0.1:*/v1 is not reachable*fix --infergate-reference-endpoint*"])
+    bad.stderr.fnmatch_lines(["*--infergate-reference-endpoint 'x:1' is not an http(s) URL*"])
+
+
+def test_ab_without_a_reference_endpoint_skips_with_the_option(pytester, cache_dir):
+    pytester.makepyfile("""
+from pytest_infergate.endpoint import EndpointRequest
+
+def test_ab(infergate_endpoint):
+    infergate_endpoint.ab([EndpointRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=2)])
+""")
+    with FaultyServer("ok") as server:
+        result = pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                    f"--infergate-endpoint={server.url}", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs the other deployment: pass --infergate-reference-endpoint URL*"])
