@@ -250,7 +250,8 @@ def _renamed(item, name: str):
 
 def capacity_measurement(result: CapacityResult, label: str = "capacity") -> Measurement:
     """The search as a Measurement: `capacity_rps` (and `capacity_concurrency`) for budgets such as
-    min_capacity_rps, 0 when no load passed; the latencies of the highest passing point; the whole search in
+    min_capacity_rps, 0 when no load passed; the latencies, goodput and server figures of the highest passing
+    point (its success rate, or the lowest point's when none passed); the whole search in
     `engine["capacity"]` (every point: load, attainment and its CI, goodput, latency percentiles, server figures)
     for the report's goodput / latency vs load chart with the knee marked."""
     measurement = Measurement(label=label)
@@ -261,11 +262,12 @@ def capacity_measurement(result: CapacityResult, label: str = "capacity") -> Mea
     if result.best_run is not None:
         for r in result.best_run.succeeded:
             add_request_latencies(measurement.samples, r.ttft_s, r.tpot_s, r.itl_s, r.e2e_s)
+    shown = best or (result.points[0] if result.points else None)  # no passing load: the lowest one tried
+    if shown is not None and shown.requests:
+        measurement.samples["success_rate"] = [(shown.requests - sum(shown.errors.values())) / shown.requests]
     if best is not None:
         measurement.samples["goodput_per_s"] = [best.goodput_rps]
         measurement.samples["requests_per_s"] = [best.throughput_rps]
-        measurement.samples["success_rate"] = [(best.requests - sum(best.errors.values())) / best.requests
-                                               if best.requests else 0.0]
         for name, value in best.server.items():
             measurement.samples[name] = [value]
     measurement.repetitions = 1
