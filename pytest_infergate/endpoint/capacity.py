@@ -144,7 +144,7 @@ class CapacityResult:
 
 
 def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
-    sent = [r for r in run.results if r.error not in NOT_SENT]
+    sent = run.sent
     met = sum(spec.slo.met(r) for r in sent)
     attainment = met / len(sent) if sent else 0.0
     clearly_over = run.stopped == "stopped early"

@@ -125,12 +125,6 @@ class LoadRun:
         """The requests the run did not cancel itself (an early stop or a deadline cancels the rest)."""
         return [r for r in self.results if r.error not in NOT_SENT]
 
-    @property
-    def slo_attainment(self) -> float:
-        """Requests that succeeded and met the SLO, of those sent."""
-        sent = self.sent
-        return sum(self.slo.met(r) for r in sent) / len(sent) if sent else 0.0
-
     def cached_prompt_share(self) -> float | None:
         """usage.prompt_tokens_details.cached_tokens / prompt_tokens over the answered requests that report it."""
         reported = [r for r in self.succeeded if r.cached_tokens is not None and r.prompt_tokens]
