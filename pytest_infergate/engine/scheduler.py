@@ -41,6 +41,11 @@ class StepPlan:
     def chunks(self) -> list[Chunk]:
         return self.decodes + self.prefills
 
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The sequences that get a next token from this step, in the order of the forward's logits."""
+        return [c.seq for c in self.chunks if c.samples]
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager | None):
@@ -97,13 +102,38 @@ class Scheduler:
             self.waiting.remove(seq)
         self.release(seq)
 
+    # ---- after a forward ---------------------------------------------------------------------------------------
+    def advance(self, plan: StepPlan) -> None:
+        """The plan's tokens now have cached K/V; with prefix caching, blocks they completed become reusable."""
+        for chunk in plan.chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+            if self.blocks is not None and self.blocks.prefix_caching:
+                self._register_full_blocks(chunk.seq)
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Blocks whose every position is now computed become reusable prefixes for later sequences."""
+        size = self.blocks.block_size
+        if len(seq.block_keys) >= seq.num_computed_tokens // size:
+            return  # most decode steps complete no block; skip building the token list
+        tokens = seq.all_token_ids
+        while len(seq.block_keys) < seq.num_computed_tokens // size:
+            index = len(seq.block_keys)
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.blocks.register(seq.block_table[index], parent,
+                                                       tuple(tokens[index * size:(index + 1) * size])))
+
     # ---- scheduling ---------------------------------------------------------------------------------------
     def schedule(self, now: float, more_arrivals: bool) -> StepPlan:
         if self.config.cache_mode == "none":
-            return self._schedule_recompute()
-        if self.config.batching in ("static", "dynamic"):
-            return self._schedule_batch(now, more_arrivals)
-        return self._schedule_continuous()
+            plan = self._schedule_recompute()
+        elif self.config.batching in ("static", "dynamic"):
+            plan = self._schedule_batch(now, more_arrivals)
+        else:
+            plan = self._schedule_continuous()
+        for chunk in plan.chunks:
+            if chunk.seq.timings.first_scheduled is None:
+                chunk.seq.timings.first_scheduled = now
+        return plan
 
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
