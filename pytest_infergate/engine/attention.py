@@ -44,11 +44,17 @@ class LayerSpec:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    value_head_dim: int
     scaling: float | None = None
     sliding_window: int | None = None
     softcap: float | None = None
     has_sinks: bool = False
     other_kwargs: list[str] = field(default_factory=list)  # further non-None kwargs it passed (for messages)
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(kv heads, key head dim, value head dim): the shape of this layer's KV cache per token."""
+        return self.num_kv_heads, self.head_dim, self.value_head_dim
 
     def features(self) -> list[str]:
         found = []
@@ -77,10 +83,10 @@ def sdpa(q, k, v, mask, is_causal: bool, scale: float | None) -> torch.Tensor:
 
 def masked_softmax_attention(q, k, v, mask, is_causal: bool, scale: float | None, softcap: float | None,
                              sinks: torch.Tensor | None) -> torch.Tensor:
-    """The eager path for softcapping and sinks. q: [B, H, T, D]; k, v: [B, KvH, S, D]; mask [B|1, 1, T|1, S] or
-    [T, S] -> [B, H, T, D]. The heads sharing a KV head are folded into the query axis (no repeated K/V)."""
+    """The eager path for softcapping and sinks. q: [B, H, T, D]; k: [B, KvH, S, D]; v: [B, KvH, S, Dv]; mask
+    [B|1, 1, T|1, S] or [T, S] -> [B, H, T, Dv]. The heads sharing a KV head are folded into the query axis (no repeated K/V)."""
     batch, num_heads, length, head_dim = q.shape
-    num_kv, keys = k.shape[1], k.shape[2]
+    num_kv, keys, value_dim = k.shape[1], k.shape[2], v.shape[-1]
     groups = num_heads // num_kv
     scale = head_dim ** -0.5 if scale is None else scale
     scores = (q.reshape(batch, num_kv, groups * length, head_dim) @ k.transpose(-1, -2)) * scale
@@ -100,7 +106,7 @@ def masked_softmax_attention(q, k, v, mask, is_causal: bool, scale: float | None
         combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
     out = probs.to(v.dtype).view(batch, num_kv, groups * length, keys) @ v
-    return out.view(batch, num_heads, length, head_dim)
+    return out.view(batch, num_heads, length, value_dim)
 
 
 # ---- the attention function -------------------------------------------------------------------------------------
@@ -113,12 +119,12 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                            "infergate engine's attention but called outside the engine. Restore the previous "
                            "attention implementation (Engine.close()) before using the model directly")
     if batch.observer is not None:
-        batch.observer(module, query, key, scaling, kwargs)
+        batch.observer(module, query, key, value, scaling, kwargs)
     window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
     q, k, v = query[0], key[0], value[0]  # [H, T, D], [KvH, T, D]
     num_heads, total, head_dim = q.shape
-    num_kv = k.shape[0]
-    out = q.new_empty(total, num_heads, head_dim)
+    num_kv, value_dim = k.shape[0], v.shape[-1]
+    out = q.new_empty(total, num_heads, value_dim)
     layer = module.layer_idx
     cache = batch.cache
     real = batch.num_real_tokens
@@ -135,7 +141,7 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
     for group in layout.decode_groups:
         n, length = group.count, group.length
         ck = cache.k[layer].index_select(0, group.slots).view(n, length, num_kv, head_dim).transpose(1, 2)
-        cv = cache.v[layer].index_select(0, group.slots).view(n, length, num_kv, head_dim).transpose(1, 2)
+        cv = cache.v[layer].index_select(0, group.slots).view(n, length, num_kv, value_dim).transpose(1, 2)
         qd = q[:, group.start:group.start + n].transpose(0, 1)  # [n, H, D]
         if eager:
             od = attend(qd.unsqueeze(2), ck, cv, group.mask, False)
@@ -143,7 +149,7 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
             # one query token per sequence: fold the query heads of each KV group into the query-length axis, so
             # attention runs on the KV heads without repeating K/V (transformers' pack_gqa trick)
             od = sdpa(qd.reshape(n, num_kv, num_heads // num_kv, head_dim), ck, cv, group.mask, False, scaling)
-        out[group.start:group.start + n] = od.reshape(n, num_heads, head_dim)
+        out[group.start:group.start + n] = od.reshape(n, num_heads, value_dim)
 
     for seg in layout.prefills:
         chunk = slice(seg.q_start, seg.q_start + seg.q_len)
@@ -153,7 +159,7 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         else:
             keys = len(seg.slots)
             ks = cache.k[layer].index_select(0, seg.slots).view(1, keys, num_kv, head_dim).transpose(1, 2)
-            vs = cache.v[layer].index_select(0, seg.slots).view(1, keys, num_kv, head_dim).transpose(1, 2)
+            vs = cache.v[layer].index_select(0, seg.slots).view(1, keys, num_kv, value_dim).transpose(1, 2)
         out[chunk] = attend(qs, ks, vs, seg.mask, seg.is_causal)[0].transpose(0, 1)
 
     if batch.num_padding:
@@ -197,24 +203,26 @@ def uninstall(model) -> None:
 
 
 class ShapeProbe:
-    """Records, per attention layer, what one forward handed to the attention function: the layout of its
-    tensors (for the cache) and the features it asks for (for the self-check's messages)."""
+    """Watches one forward on the engine's attention: per attention layer, the layout of the tensors it hands
+    over (each layer's cache is allocated the first time it is seen) and the features it asks for."""
 
-    def __init__(self):
+    def __init__(self, cache=None):
+        self.cache = cache  # KVCache that gets each layer as it appears, or None
         self.specs: dict[int, LayerSpec] = {}
         self.modules: dict[int, torch.nn.Module] = {}
         self.problems: list[str] = []
 
-    def __call__(self, module, query, key, scaling, kwargs) -> None:
+    def __call__(self, module, query, key, value, scaling, kwargs) -> None:
         layer = getattr(module, "layer_idx", None)
         name = type(module).__name__
         if not isinstance(layer, int):
             self.problems.append(f"its attention module {name} has no integer layer_idx to key a KV cache by")
             return
-        if query.dim() != 4 or key.dim() != 4 or query.shape[0] != 1 or query.shape[-1] != key.shape[-1] \
-                or query.shape[1] % key.shape[1]:
-            self.problems.append(f"{name} passes query {tuple(query.shape)} and key {tuple(key.shape)}, not the "
-                                 "[batch, heads, tokens, head_dim] layout of transformers' attention interface")
+        if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1 \
+                or query.shape[-1] != key.shape[-1] or key.shape[1] != value.shape[1] or query.shape[1] % key.shape[1]:
+            self.problems.append(f"{name} passes query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                                 f"{tuple(value.shape)}: not the [batch, heads, tokens, head_dim] layout of "
+                                 "transformers' attention interface")
             return
         for kwarg, feature in UNSUPPORTED_KWARGS.items():
             if kwargs.get(kwarg) is not None:
@@ -224,8 +232,10 @@ class ShapeProbe:
             self.problems.append(f"layer {layer} ({name}) is not causal (bidirectional attention)")
         others = sorted(k for k, v in kwargs.items() if v is not None and k not in QUIET_KWARGS)
         window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
-        self.specs[layer] = LayerSpec(layer, name, query.shape[1], key.shape[1], key.shape[-1],
-                                      scaling, int(window) if window is not None else None,
-                                      float(softcap) if softcap is not None else None,
-                                      kwargs.get("s_aux") is not None, others)
+        spec = LayerSpec(layer, name, query.shape[1], key.shape[1], key.shape[-1], value.shape[-1], scaling,
+                         int(window) if window is not None else None, float(softcap) if softcap is not None else None,
+                         kwargs.get("s_aux") is not None, others)
+        if layer not in self.specs and self.cache is not None:
+            self.cache.add_layer(layer, spec.geometry)
+        self.specs[layer] = spec
         self.modules[layer] = module

@@ -58,7 +58,7 @@ class Engine:
         self.layers, self.self_check = attach(model, runner, self.dtype)  # the model now runs on our attention
         self.self_check_s = self.self_check.seconds
         self._closed = False
-        geometry = {layer: (spec.num_kv_heads, spec.head_dim) for layer, spec in self.layers.items()}
+        geometry = {layer: spec.geometry for layer, spec in self.layers.items()}
         self.kv_bytes_per_token = kv_bytes_per_token(geometry, self.dtype)
         try:
             self.blocks, self.cache = self._allocate_cache(geometry)

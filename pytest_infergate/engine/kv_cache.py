@@ -13,16 +13,25 @@ DEFAULT_KV_BUDGET_BYTES = 1 << 30
 
 
 class KVCache:
-    def __init__(self, geometry: dict[int, tuple[int, int]], num_slots: int, dtype: torch.dtype,
+    def __init__(self, geometry: dict[int, tuple[int, int, int]], num_slots: int, dtype: torch.dtype,
                  device: torch.device | str):
-        """geometry: layer index -> (kv heads, head dim)."""
-        size = max(geometry) + 1 if geometry else 0
-        self.k: list[torch.Tensor | None] = [None] * size
-        self.v: list[torch.Tensor | None] = [None] * size
-        for layer, (num_kv_heads, head_dim) in geometry.items():
-            self.k[layer] = torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device)
-            self.v[layer] = torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device)
+        """geometry: layer index -> (kv heads, key head dim, value head dim)."""
         self.num_slots = num_slots
+        self.dtype = dtype
+        self.device = device
+        self.k: list[torch.Tensor | None] = []
+        self.v: list[torch.Tensor | None] = []
+        for layer, shape in geometry.items():
+            self.add_layer(layer, shape)
+
+    def add_layer(self, layer: int, geometry: tuple[int, int, int]) -> None:
+        num_kv_heads, head_dim, value_head_dim = geometry
+        while len(self.k) <= layer:
+            self.k.append(None)
+            self.v.append(None)
+        self.k[layer] = torch.zeros((self.num_slots, num_kv_heads, head_dim), dtype=self.dtype, device=self.device)
+        self.v[layer] = torch.zeros((self.num_slots, num_kv_heads, value_head_dim), dtype=self.dtype,
+                                    device=self.device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [T]; k, v: [T, kv_heads, head_dim]."""
@@ -43,12 +52,13 @@ def kv_geometry(config) -> tuple[int, int]:
 
 
 def kv_bytes_per_token(geometry, dtype: torch.dtype) -> int:
-    """2 (K and V) x sum over layers of kv_heads x head_dim x bytes per element. `geometry`: layer index ->
-    (kv heads, head dim), or a model config (every layer as the config states it)."""
+    """Sum over layers of kv_heads x (key + value head dims) x bytes per element. `geometry`: layer index ->
+    (kv heads, key head dim, value head dim), or a model config (every layer as the config states it)."""
     if not isinstance(geometry, dict):
-        geometry = dict.fromkeys(range(geometry.num_hidden_layers), kv_geometry(geometry))
+        heads, dim = kv_geometry(geometry)
+        geometry = dict.fromkeys(range(geometry.num_hidden_layers), (heads, dim, dim))
     element = torch.tensor([], dtype=dtype).element_size()
-    return 2 * element * sum(heads * dim for heads, dim in geometry.values())
+    return element * sum(heads * (k_dim + v_dim) for heads, k_dim, v_dim in geometry.values())
 
 
 def num_blocks_for(config, bytes_per_token: int) -> int:

@@ -1,13 +1,17 @@
 """The engine checks itself on every model it is given: a short probe through the engine's attention, compared
-with the model's own attention implementation (eager or sdpa) on the same tokens.
+with the model's own attention implementation (sdpa or eager) on the same tokens.
 
-The probe runs three sequences of fixed random tokens in five forwards, as the engine would schedule them:
-chunked prefill (a chunk after cached context), a whole prefill, decodes of different context lengths in one
-group, prefill and decode in one forward. It is long enough to cross a KV block boundary and, where the model
-has one, its smallest sliding window (capped at PROBE_MAX_SPAN tokens: a huge window is not crossed). Every
-logit the engine computes is compared with the model's own forward over the whole sequence. Beyond a tolerance
-set per dtype, the check names the first attention layer whose output differs and the features that layer
-uses, and the engine refuses the model (UnsupportedModelError) instead of computing something else.
+The probe runs three sequences of fixed random tokens in three forwards, as the engine would schedule them:
+(1) the first chunk of A and all of B; (2) A's next chunk after its cached context, all of C, and B's first
+decode; (3) one decode each of A, B and C, of different context lengths, in one group. The first forward also
+learns the model's attention layers (which call the interface, with what tensors and features); the probe's
+cache gets each layer as it appears. A is long enough to cross KV block boundaries and, where the model has one,
+its smallest sliding window (up to PROBE_MAX_SPAN tokens: a larger window is not crossed). Every logit the
+engine computes is compared with the model's own forward over the whole sequences (one batched forward).
+
+Beyond a tolerance set per dtype the engine refuses the model (UnsupportedModelError): the probe runs again
+with hooks on the attention layers to name the first layer whose output differs, and the message names the
+family, that layer, the features it uses (from what it passed and from the config) and the difference seen.
 """
 
 from __future__ import annotations
@@ -26,12 +30,11 @@ from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
 # max |engine - reference| over the probe's logits, relative to the largest reference logit (at least 1)
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-PROBE_BLOCK_SIZE = 8
+PROBE_BLOCK_SIZE = 4  # small blocks: a short probe crosses several boundaries
 PROBE_MAX_SPAN = 48
-NUM_DECODES = 3
+FIRST_CHUNK = PROBE_BLOCK_SIZE + 1  # A's first chunk, prefilled before the windows are known
 CONFIG_FEATURES = ("sliding_window", "use_sliding_window", "attn_logit_softcapping", "query_pre_attn_scalar",
-                   "attention_multiplier", "use_bidirectional_attention", "attention_chunk_size", "alibi",
-                   "position_embedding_type", "rope_scaling")
+                   "attention_multiplier", "use_bidirectional_attention", "attention_chunk_size", "alibi")
 HF_ADVICE = ("The gates still run on it through transformers' own generate: choose the HF backend "
              "(--infergate-backend hf; `auto` falls back to it), or run the engine on another family.")
 
@@ -43,7 +46,7 @@ class SelfCheckReport:
     num_tokens: int  # probe tokens the engine computed
     max_diff: float  # max |engine - reference| over the probe's logits
     logit_scale: float  # max |reference logit|
-    tolerance: float  # the relative tolerance for this dtype
+    tolerance: float  # relative, for this dtype
     window_crossed: bool | None  # None: the model has no sliding window
 
     def to_dict(self) -> dict:
@@ -54,43 +57,8 @@ def family(model) -> str:
     return f"model family {getattr(model.config, 'model_type', '?')!r}"
 
 
-def probe_sequences(specs: dict[int, LayerSpec], vocab_size: int) -> tuple[list[list[int]], list[int], bool | None]:
-    """Token ids of the three probe sequences, the length each is prefilled to, and whether they cross the
-    smallest sliding window."""
-    windows = [s.sliding_window for s in specs.values() if s.sliding_window is not None]
-    window = min(windows) if windows else None
-    span = min(max(PROBE_BLOCK_SIZE, window or 0) + 4, PROBE_MAX_SPAN)  # past a block and the window
-    prefill = [span, PROBE_BLOCK_SIZE // 2 + 1, min((window or 1) + 2, PROBE_MAX_SPAN)]
-    generator = torch.Generator().manual_seed(1234)
-    total = [prefill[0] + NUM_DECODES, prefill[1] + NUM_DECODES + 1, prefill[2] + NUM_DECODES]
-    ids = [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in total]
-    return ids, prefill, None if window is None else span > window
-
-
-def _chunk(seq: Sequence, ids: list[int], blocks: BlockManager, count: int) -> Chunk:
-    """The next `count` tokens of `seq`, its blocks grown to hold them."""
-    seq.prompt_token_ids = ids[:seq.num_computed_tokens + count]
-    blocks.grow(seq.seq_id, seq.block_table, seq.num_computed_tokens + count)
-    return Chunk(seq, count)
-
-
-def probe_plans(seqs: list[Sequence], ids: list[list[int]], prefill: list[int], blocks: BlockManager):
-    """Yield the probe's five step plans (each advanced once the caller has run it)."""
-    a, b, c = seqs
-    half = prefill[0] // 2 + 1
-    steps = [([], [(a, half), (b, prefill[1])]),
-             ([b], [(a, prefill[0] - half), (c, prefill[2])])]
-    steps += [([a, b, c], [])] * NUM_DECODES
-    for decodes, prefills in steps:
-        plan = StepPlan(decodes=[_chunk(s, ids[seqs.index(s)], blocks, 1) for s in decodes],
-                        prefills=[_chunk(s, ids[seqs.index(s)], blocks, n) for s, n in prefills])
-        yield plan
-        for chunk in plan.chunks:
-            chunk.seq.num_computed_tokens += chunk.num_tokens
-
-
 class LayerRecorder:
-    """Forward hooks on the attention modules: each call's output [1, T, hidden], per layer."""
+    """Forward hooks on the attention modules: each call's output [batch, T, hidden], per layer."""
 
     def __init__(self, modules: dict[int, torch.nn.Module]):
         self.outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in modules}
@@ -99,7 +67,7 @@ class LayerRecorder:
     def _hook(self, layer):
         def hook(module, args, output):
             out = output[0] if isinstance(output, tuple) else output
-            self.outputs[layer].append(out.detach()[0].float())
+            self.outputs[layer].append(out.detach().float())
         return hook
 
     def close(self) -> None:
@@ -107,21 +75,92 @@ class LayerRecorder:
             handle.remove()
 
 
+class Probe:
+    """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
+
+    def __init__(self, model, runner_factory, dtype: torch.dtype, specs: dict[int, LayerSpec] | None = None):
+        vocab = model.config.get_text_config().vocab_size
+        generator = torch.Generator().manual_seed(1234)
+        lengths = [PROBE_MAX_SPAN + 2, PROBE_BLOCK_SIZE + 1, PROBE_MAX_SPAN + 1]  # the longest each may need
+        self.ids = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+        self.blocks = BlockManager(sum(-(-n // PROBE_BLOCK_SIZE) for n in lengths), PROBE_BLOCK_SIZE)
+        geometry = {layer: spec.geometry for layer, spec in (specs or {}).items()}
+        self.cache = KVCache(geometry, self.blocks.num_blocks * PROBE_BLOCK_SIZE, dtype, next(model.parameters()).device)
+        self.runner = runner_factory(self.cache, PROBE_BLOCK_SIZE)
+        self.seqs = [Sequence(Request(prompt_token_ids=row[:1], max_new_tokens=1), row[:1], 0.0, f"probe-{i}")
+                     for i, row in enumerate(self.ids)]
+        self.rows: list[tuple[int, int]] = []  # (sequence, position) of every logit computed, in order
+        self.logits: list[torch.Tensor] = []
+
+    def chunk(self, index: int, count: int) -> Chunk:
+        """The next `count` tokens of sequence `index`, its blocks grown to hold them."""
+        seq = self.seqs[index]
+        seq.prompt_token_ids = self.ids[index][:seq.num_computed_tokens + count]
+        self.blocks.grow(seq.seq_id, seq.block_table, seq.num_computed_tokens + count)
+        return Chunk(seq, count)
+
+    def run(self, decodes: list[int], prefills: list[tuple[int, int]], observer=None) -> None:
+        plan = StepPlan(decodes=[self.chunk(i, 1) for i in decodes], prefills=[self.chunk(i, n) for i, n in prefills])
+        inputs = self.runner.prepare(plan, observer=observer)  # sorts the decodes: plan order is forward order
+        self.logits.append(self.runner.run_model(inputs, all_logits=True)[0])
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            self.rows += [(self.seqs.index(seq), seq.num_computed_tokens + i) for i in range(chunk.num_tokens)]
+            seq.num_computed_tokens += chunk.num_tokens
+
+    def run_rest(self, span: int, c_len: int) -> None:
+        self.run([1], [(0, span - FIRST_CHUNK), (2, c_len)])
+        self.run([0, 1, 2], [])
+
+    def sequences(self) -> list[list[int]]:
+        """Each sequence's tokens as far as the probe runs them."""
+        return [ids[:seq.num_computed_tokens] for ids, seq in zip(self.ids, self.seqs)]
+
+
+def probe_lengths(specs: dict[int, LayerSpec]) -> tuple[int, int, bool | None]:
+    """How far A is prefilled, how long C is, and whether A crosses the smallest sliding window (None: none)."""
+    windows = [s.sliding_window for s in specs.values() if s.sliding_window is not None]
+    window = min(windows) if windows else None
+    crosses = window is not None and window + 4 <= PROBE_MAX_SPAN
+    span = window + 4 if crosses else 2 * PROBE_BLOCK_SIZE
+    return span, window + 2 if crosses else 3, None if window is None else crosses
+
+
+def check_shapes(model, shapes: ShapeProbe, error: Exception | None) -> None:
+    if shapes.problems:
+        raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
+                                    f"{'; '.join(dict.fromkeys(shapes.problems))}. " + HF_ADVICE) from error
+    if error is not None:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: its forward failed on the engine's attention "
+            f"({type(error).__name__}: {error}). " + HF_ADVICE) from error
+    if not shapes.specs:
+        raise UnsupportedModelError(
+            f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
+            f"{type(model).__name__} computes attention its own way, so the engine's KV cache cannot plug in. "
+            + HF_ADVICE)
+
+
 @torch.inference_mode()
-def reference_outputs(model, ids: list[list[int]], modules, device) -> tuple[str, list, dict]:
-    """The model's own logits [L, vocab] per probe sequence, and its attention layers' outputs, with its own
-    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping)."""
+def reference_logits(model, sequences: list[list[int]], recorder_modules=None):
+    """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
+    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping). Returns
+    (implementation name, logits, per-layer outputs when `recorder_modules` are given)."""
     own = original_attention(model)
     candidates = [own] if own and own != ATTENTION_NAME else []
     candidates += [name for name in ("sdpa", "eager") if name not in candidates]
+    device = next(model.parameters()).device
+    width = max(map(len, sequences))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in sequences], device=device)
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in sequences], device=device)
+    positions = torch.arange(width, device=device).expand(len(sequences), -1)
     error = None
     for name in candidates:
-        recorder = LayerRecorder(modules)
+        recorder = LayerRecorder(recorder_modules or {})
         try:
             model.set_attn_implementation(name)
-            logits = [model(input_ids=torch.tensor([row], device=device), use_cache=False).logits[0].float()
-                      for row in ids]
-            return name, logits, recorder.outputs
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+            return name, out.logits.float(), {k: v[0] for k, v in recorder.outputs.items() if v}
         except Exception as exc:  # the next implementation may support what this one refused
             error = exc
         finally:
@@ -130,6 +169,80 @@ def reference_outputs(model, ids: list[list[int]], modules, device) -> tuple[str
     raise UnsupportedModelError(f"{family(model)}: its own attention implementations {candidates} all failed on the "
                                 f"engine's self-check probe ({error}), so the engine cannot be checked against it. "
                                 + HF_ADVICE) from error
+
+
+def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
+    """Switch the model to the engine's attention, learn its attention layers, and check the engine against the
+    model's own attention. On any failure the model's attention is switched back and UnsupportedModelError
+    raised. `runner_factory(cache, block_size)` makes a ModelRunner."""
+    start = time.perf_counter()
+    install(model)
+    try:
+        probe = Probe(model, runner_factory, dtype)
+        shapes = ShapeProbe(probe.cache)
+        try:
+            probe.run([], [(0, FIRST_CHUNK), (1, PROBE_BLOCK_SIZE - 1)], observer=shapes)
+            error = None
+        except Exception as exc:
+            error = exc
+        check_shapes(model, shapes, error)
+        span, c_len, crossed = probe_lengths(shapes.specs)
+        probe.run_rest(span, c_len)
+        reference, logits, _ = reference_logits(model, probe.sequences())
+        engine = torch.cat(probe.logits)
+        expected = torch.stack([logits[s, p] for s, p in probe.rows])
+        scale = max(1.0, float(expected.abs().max()))
+        max_diff = float((engine - expected).abs().max())
+        tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float16])
+        if not max_diff <= tolerance * scale:  # also catches nan
+            raise refusal(model, runner_factory, dtype, shapes, (span, c_len), reference, max_diff, tolerance, scale)
+    except BaseException:
+        uninstall(model)
+        raise
+    report = SelfCheckReport(reference, time.perf_counter() - start, len(probe.rows), max_diff, scale, tolerance,
+                             crossed)
+    return shapes.specs, report
+
+
+def refusal(model, runner_factory, dtype, shapes: ShapeProbe, lengths, reference: str, max_diff: float,
+            tolerance: float, scale: float) -> UnsupportedModelError:
+    """The self-check's error: the probe again, with hooks on every attention layer, to name the first one whose
+    output differs."""
+    probe = Probe(model, runner_factory, dtype, shapes.specs)
+    recorder = LayerRecorder(shapes.modules)
+    try:
+        probe.run([], [(0, FIRST_CHUNK), (1, PROBE_BLOCK_SIZE - 1)])
+        probe.run_rest(*lengths)
+    finally:
+        recorder.close()
+    _, _, ref_layers = reference_logits(model, probe.sequences(), shapes.modules)
+    layer, detail = first_diverging_layer(recorder.outputs, ref_layers, probe.rows, tolerance)
+    spec = shapes.specs.get(layer)
+    where = (f"first at layer {layer} ({spec.module_type}: {detail})" if spec is not None
+             else "in no attention layer's output (so after them: the engine's inputs or the model's head)")
+    return UnsupportedModelError(
+        f"{family(model)} ({type(model).__name__}) fails the engine's self-check: the engine's logits differ from "
+        f"the model's own {reference!r} attention by up to {max_diff:.3g} (tolerance {tolerance:g} x logit scale "
+        f"{scale:.3g} for {str(dtype).replace('torch.', '')}), {where}. Suspected feature: {suspects(model, spec)}. "
+        "The engine would compute something other than this model, so it refuses to run it. " + HF_ADVICE)
+
+
+def first_diverging_layer(engine_layers: dict, ref_layers: dict, rows: list[tuple[int, int]],
+                          tolerance: float) -> tuple[int | None, str]:
+    """The first attention layer whose outputs differ beyond the tolerance (relative to that layer's scale); the
+    one that differs most when none does on its own."""
+    worst = (None, -1.0, "")
+    for layer in sorted(engine_layers):
+        engine = torch.cat([out[0] for out in engine_layers[layer]])  # [rows, hidden]: the forwards in order
+        expected = torch.stack([ref_layers[layer][s, p] for s, p in rows])
+        diff = float((engine - expected).abs().max())
+        relative = diff / max(float(expected.abs().max()), 1e-6)
+        detail = f"max diff {diff:.3g}, {relative:.2g} of its scale"
+        if not relative <= tolerance:
+            return layer, detail
+        if relative > worst[1]:
+            worst = (layer, relative, detail)
+    return worst[0], worst[2]
 
 
 def suspects(model, spec: LayerSpec | None) -> str:
@@ -144,100 +257,3 @@ def suspects(model, spec: LayerSpec | None) -> str:
     if spec is not None and layer_types and spec.layer_idx < len(layer_types):
         found.append(f"config layer_types[{spec.layer_idx}]={layer_types[spec.layer_idx]!r}")
     return ", ".join(found) or "nothing the engine knows of (an attention variant it does not recognise)"
-
-
-def run_self_check(model, runner, specs: dict[int, LayerSpec], modules, dtype: torch.dtype) -> SelfCheckReport:
-    """Compare the engine's logits with the model's own on the probe; raise UnsupportedModelError beyond the
-    tolerance. `runner` is a ModelRunner of its own: this function gives it the probe's cache."""
-    start = time.perf_counter()
-    device = runner.device
-    ids, prefill, crossed = probe_sequences(specs, model.config.get_text_config().vocab_size)
-    reference, ref_logits, ref_layers = reference_outputs(model, ids, modules, device)
-    blocks = BlockManager(sum(-(-len(row) // PROBE_BLOCK_SIZE) for row in ids), PROBE_BLOCK_SIZE)
-    runner.cache = KVCache({layer: (s.num_kv_heads, s.head_dim) for layer, s in specs.items()}, blocks.num_blocks *
-                           PROBE_BLOCK_SIZE, dtype, device)
-    runner.block_size = PROBE_BLOCK_SIZE
-    seqs = [Sequence(Request(prompt_token_ids=row[:1], max_new_tokens=1), row[:1], 0.0, f"probe-{i}")
-            for i, row in enumerate(ids)]
-    recorder = LayerRecorder(modules)
-    rows: list[tuple[int, int]] = []  # (probe sequence, position) of every engine logit, in order
-    logits = []
-    try:
-        for plan in probe_plans(seqs, ids, prefill, blocks):
-            inputs = runner.prepare(plan)  # sorts the decodes: rows follow plan order afterwards
-            rows += [(seqs.index(c.seq), c.seq.num_computed_tokens + i)
-                     for c in plan.chunks for i in range(c.num_tokens)]
-            logits.append(runner.run_model(inputs, all_logits=True)[0])
-    finally:
-        recorder.close()
-    engine = torch.cat(logits)
-    expected = torch.stack([ref_logits[s][p] for s, p in rows])
-    scale = max(1.0, float(expected.abs().max()))
-    max_diff = float((engine - expected).abs().max())
-    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float16])
-    report = SelfCheckReport(reference, time.perf_counter() - start, len(rows), max_diff, scale, tolerance, crossed)
-    if not max_diff <= tolerance * scale:  # also catches nan
-        layer, detail = first_diverging_layer(recorder.outputs, ref_layers, rows, tolerance)
-        spec = specs.get(layer)
-        where = f"first at layer {layer} ({spec.module_type if spec else '?'}; {detail})" if layer is not None \
-            else "in no attention layer's output (so after them: the engine's inputs or the model's head)"
-        raise UnsupportedModelError(
-            f"{family(model)} ({type(model).__name__}) fails the engine's self-check: the engine's logits differ from the model's own "
-            f"{reference!r} attention by up to {max_diff:.3g} (tolerance {tolerance:g} x logit scale {scale:.3g} "
-            f"for {str(dtype).replace('torch.', '')}), {where}. Suspected feature: {suspects(model, spec)}. "
-            "The engine would compute something other than this model, so it refuses to run it. " + HF_ADVICE)
-    return report
-
-
-def first_diverging_layer(engine_layers: dict, ref_layers: dict, rows: list[tuple[int, int]],
-                          tolerance: float) -> tuple[int | None, str]:
-    """The first attention layer whose outputs differ beyond the tolerance (relative to that layer's scale); the
-    one that differs most when none does on its own."""
-    worst = (None, -1.0, "")
-    for layer in sorted(engine_layers):
-        engine = torch.cat(engine_layers[layer])  # [rows, hidden], one tensor per engine step
-        expected = torch.stack([ref_layers[layer][s][p] for s, p in rows])
-        diff = float((engine - expected).abs().max())
-        relative = diff / max(float(expected.abs().max()), 1e-6)
-        detail = f"max diff {diff:.3g}, {relative:.2g} of its scale"
-        if not relative <= tolerance:
-            return layer, detail
-        if relative > worst[1]:
-            worst = (layer, relative, detail)
-    return worst[0], worst[2]
-
-
-def probe_shapes(model, runner) -> tuple[dict[int, LayerSpec], dict[int, torch.nn.Module]]:
-    """One token through the model on the engine's attention (no cache): which layers call it, with what."""
-    probe = ShapeProbe()
-    seq = Sequence(Request(prompt_token_ids=[runner.pad_token_id], max_new_tokens=1), [runner.pad_token_id], 0.0,
-                   "shape-probe")
-    try:
-        runner.run_model(runner.prepare(StepPlan(prefills=[Chunk(seq, 1)]), observer=probe))
-    except Exception as exc:
-        raise UnsupportedModelError(
-            f"{family(model)} cannot run on the infergate engine: its forward failed on the engine's attention "
-            f"({type(exc).__name__}: {exc}). " + HF_ADVICE) from exc
-    if probe.problems:
-        raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
-                                    f"{'; '.join(dict.fromkeys(probe.problems))}. " + HF_ADVICE)
-    if not probe.specs:
-        raise UnsupportedModelError(
-            f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
-            f"{type(model).__name__} computes attention its own way, so the engine's KV cache cannot plug in. "
-            + HF_ADVICE)
-    return probe.specs, probe.modules
-
-
-def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
-    """Switch the model to the engine's attention, learn its layers, and check the engine against the model's own
-    attention. On any failure the model's attention is switched back and UnsupportedModelError raised.
-    `runner_factory(cache, block_size)` makes a ModelRunner for the probes."""
-    install(model)
-    try:
-        specs, modules = probe_shapes(model, runner_factory(None, PROBE_BLOCK_SIZE))
-        report = run_self_check(model, runner_factory(None, PROBE_BLOCK_SIZE), specs, modules, dtype)
-    except BaseException:
-        uninstall(model)
-        raise
-    return specs, report
