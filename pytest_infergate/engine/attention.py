@@ -11,6 +11,7 @@ follows transformers' eager implementations step by step.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -200,6 +201,20 @@ def uninstall(model) -> None:
     original = getattr(model, "_infergate_original_attention", None)
     if model._infergate_engines == 0 and original:
         model.set_attn_implementation(original)
+
+
+@contextmanager
+def own_attention(model):
+    """The model's own attention for the duration of the block (an engine on it may have switched it)."""
+    switched = getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME
+    own = original_attention(model)
+    if switched and own:
+        model.set_attn_implementation(own)
+    try:
+        yield
+    finally:
+        if switched and own:
+            model.set_attn_implementation(ATTENTION_NAME)
 
 
 class ShapeProbe:
