@@ -26,7 +26,7 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                               layer_types=_SLIDING_THEN_FULL), "exact"),
     "gemma3": ("gemma3_text", dict(sliding_window=WINDOW, layer_types=_SLIDING_THEN_FULL, query_pre_attn_scalar=24),
                "exact"),
-    "phi3": ("phi3", dict(head_dim=None, num_key_value_heads=4, pad_token_id=0, sliding_window=None), "exact"),
+    "phi3": ("phi3", dict(head_dim=None, num_key_value_heads=4, sliding_window=None), "exact"),
     "olmo2": ("olmo2", {}, "exact"),
     "granite": ("granite", dict(attention_multiplier=0.2, embedding_multiplier=2.0, logits_scaling=4.0,
                                 residual_multiplier=0.5), "exact"),
@@ -39,11 +39,19 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                                 layer_types=_SLIDING_THEN_FULL, no_rope_layers=[1, 0]), "exact"),
     "gpt-oss": ("gpt_oss", dict(sliding_window=WINDOW, layer_types=_SLIDING_THEN_FULL, num_local_experts=4,
                                 num_experts_per_tok=2), "exact"),
-    "gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512), "refused"),
-    "opt": ("opt", dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                        max_position_embeddings=512, word_embed_proj_dim=64), "refused"),
+    # GPT-2 and OPT ignore a config's num_key_value_heads (here 2, while they run 4 KV heads) and head_dim:
+    # the engine sizes its cache from what the attention hands over, not from the config
+    "gpt2": ("gpt2", dict(intermediate_size=None), "exact"),
+    "opt": ("opt", dict(ffn_dim=128, word_embed_proj_dim=64, intermediate_size=None), "exact"),
+    # not through AttentionInterface (bloom, falcon), no attention at all (mamba), attention layers between
+    # state-space blocks whose state the KV cache does not hold (jamba)
+    "bloom": ("bloom", dict(n_layer=2, n_head=4), "refused"),
+    "falcon": ("falcon", dict(head_dim=None), "refused"),
+    "mamba": ("mamba", dict(state_size=8), "refused"),
+    "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                            num_experts=2, mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False), "refused"),
 }
-_NO_COMMON = {"gpt2", "opt"}  # their configs name the sizes differently
+EAGER = {"gemma2", "gpt_oss"}  # families whose own attention is eager (softcapping, sinks)
 
 
 def byte_tokenizer():
@@ -66,16 +74,11 @@ def build_config(name: str):
     from transformers import AutoConfig
 
     model_type, overrides, _ = FAMILIES[name]
-    kwargs = {} if name in _NO_COMMON else dict(_COMMON)
-    kwargs.update(vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+    kwargs = dict(_COMMON, vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                   initializer_range=0.4)  # large weights keep greedy logits apart, so exactness is not float luck
     kwargs.update(overrides)
     kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "sliding_window"}
-    if name in ("gpt-neox", "phi3", "cohere", "cohere2", "smollm3"):
-        kwargs.pop("head_dim", None)
-    config = AutoConfig.for_model(model_type, **kwargs)
-    config._attn_implementation = "sdpa" if model_type not in ("gemma2", "gpt_oss") else "eager"
-    return config
+    return AutoConfig.for_model(model_type, **kwargs)
 
 
 def build_model(name: str, seed: int = 0):
@@ -86,7 +89,8 @@ def build_model(name: str, seed: int = 0):
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation)
+        own = {"attn_implementation": "eager"} if config.model_type in EAGER else {}
+        model = AutoModelForCausalLM.from_config(config, **own)
     finally:
         torch.random.set_rng_state(state)
     model = model.to(torch.float32).eval()
@@ -95,12 +99,17 @@ def build_model(name: str, seed: int = 0):
     return model
 
 
-def prompts(count: int = 6, seed: int = 1, lengths=(5, 60)) -> list[list[int]]:
-    """Random prompts of token ids (no specials), lengths spread over `lengths`."""
+def prompts(count: int = 6, seed: int = 1, lengths=(5, 60), shared: int = 20) -> list[list[int]]:
+    """Random prompts of token ids (no specials), lengths spread over `lengths`; those longer than `shared` + 4
+    start with the same `shared` tokens (a prefix for prefix caching to find)."""
     generator = torch.Generator().manual_seed(seed)
     low, high = lengths
-    sizes = torch.linspace(low, high, count).round().int().tolist()
-    return [torch.randint(3, 259, (n,), generator=generator).tolist() for n in sizes]
+    prefix = torch.randint(3, 259, (shared,), generator=generator).tolist()
+    out = []
+    for n in torch.linspace(low, high, count).round().int().tolist():
+        ids = torch.randint(3, 259, (n,), generator=generator).tolist()
+        out.append(prefix + ids[shared:] if n >= shared + 4 else ids)
+    return out
 
 
 @torch.inference_mode()

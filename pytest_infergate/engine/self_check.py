@@ -137,7 +137,14 @@ def check_shapes(model, shapes: ShapeProbe, error: Exception | None) -> None:
     if not shapes.specs:
         raise UnsupportedModelError(
             f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
-            f"{type(model).__name__} computes attention its own way, so the engine's KV cache cannot plug in. "
+            f"{type(model).__name__} computes attention its own way (or has none, as a state-space model), so the "
+            "engine's KV cache cannot plug in. " + HF_ADVICE)
+    num_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    if isinstance(num_layers, int) and len(shapes.specs) < num_layers:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: only {len(shapes.specs)} of its {num_layers} "
+            "layers attend through transformers' attention interface; the others (state-space, recurrent or "
+            "convolution blocks) carry state from token to token that the engine's KV cache does not hold. "
             + HF_ADVICE)
 
 
