@@ -9,10 +9,11 @@ recomputed. Two families have windows shorter than the prompts on every other la
 """
 
 import pytest
+import torch
 
 from pytest_infergate.engine import Engine, EngineConfig, Request, UnsupportedModelError, make_backend
 from pytest_infergate.engine import attention, attention_batch
-from zoo_models import FAMILIES, WINDOW, build_model, byte_tokenizer, hf_greedy_ids, prompts
+from zoo_models import FAMILIES, WINDOW, build_model, hf_greedy_ids, prompts
 
 MAX_NEW = 24
 PROMPTS = prompts()  # 6 prompts of 5..60 tokens, the 4 longest sharing a 20-token prefix
@@ -31,9 +32,19 @@ MODES = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models are all overhead: a second intra-op thread only adds synchronisation (and on a busy machine,
+    waiting for a core), so the zoo runs on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def tokenizer():
-    return byte_tokenizer()
+def tokenizer(tiny_fp32):
+    return tiny_fp32.tokenizer  # byte-level, 259 ids: the zoo's vocabulary
 
 
 @pytest.fixture(scope="module")

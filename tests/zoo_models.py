@@ -1,5 +1,6 @@
-"""Tiny random models of many families (seeded, built in memory, no download) and the byte-level tokenizer they
-share: the model zoo the engine must be exact on, or refuse clearly."""
+"""Tiny random models of many families (seeded, built in memory, no download): the model zoo the engine must be
+exact on, or refuse clearly. Their vocabulary (259) is that of tiny-random-llama's byte-level tokenizer (ids 0..2:
+<|endoftext|>, <|im_start|>, <|im_end|>), which the tests share."""
 
 from __future__ import annotations
 
@@ -52,22 +53,6 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                             num_experts=2, mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False), "refused"),
 }
 EAGER = {"gemma2", "gpt_oss"}  # families whose own attention is eager (softcapping, sinks)
-
-
-def byte_tokenizer():
-    """Every byte is a token (no merges, no training data): ids 0..2 are <|endoftext|>, <|im_start|>, <|im_end|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {token: index for index, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=specials[1], eos_token=specials[2],
-                                        pad_token=specials[0], unk_token=None)
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
-    return tokenizer
 
 
 def build_config(name: str):
