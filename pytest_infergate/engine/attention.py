@@ -12,7 +12,6 @@ follows transformers' eager implementations step by step.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,52 +21,10 @@ from pytest_infergate.errors import InfergateError
 
 ATTENTION_NAME = "infergate_paged"
 
-# keyword arguments some families pass that change the result and that this function does not implement
-UNSUPPORTED_KWARGS = {"position_bias": "a learned position bias", "alibi": "ALiBi position biases",
-                      "attention_chunk_size": "chunked attention", "head_mask": "a head mask"}
-# ...and those that do not change it (or that this function handles), left out of messages
-QUIET_KWARGS = {"scaling", "dropout", "sliding_window", "softcap", "s_aux", "infergate_batch", "is_causal",
-                "position_ids", "use_cache", "cache_position", "output_attentions", "output_router_logits",
-                "output_hidden_states", "return_dict", "position_embeddings"}
-
 
 class UnsupportedModelError(InfergateError):
     """The engine cannot run this model exactly: its attention does not go through transformers' attention
     interface, hands over something the engine does not implement, or fails the engine's self-check."""
-
-
-@dataclass
-class LayerSpec:
-    """One attention layer as the engine's shape probe saw it."""
-
-    layer_idx: int
-    module_type: str
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    value_head_dim: int
-    scaling: float | None = None
-    sliding_window: int | None = None
-    softcap: float | None = None
-    has_sinks: bool = False
-    other_kwargs: list[str] = field(default_factory=list)  # further non-None kwargs it passed (for messages)
-
-    @property
-    def geometry(self) -> tuple[int, int, int]:
-        """(kv heads, key head dim, value head dim): the shape of this layer's KV cache per token."""
-        return self.num_kv_heads, self.head_dim, self.value_head_dim
-
-    def features(self) -> list[str]:
-        found = []
-        if self.sliding_window is not None:
-            found.append(f"sliding window of {self.sliding_window}")
-        if self.softcap is not None:
-            found.append(f"attention logit softcapping at {self.softcap:g}")
-        if self.has_sinks:
-            found.append("attention sinks (s_aux)")
-        if self.scaling is not None and abs(self.scaling * self.head_dim ** 0.5 - 1) > 1e-6:
-            found.append(f"scaling {self.scaling:.4g} (not 1/sqrt(head_dim))")
-        return found + [f"kwarg {name}" for name in self.other_kwargs]
 
 
 # ---- the math ---------------------------------------------------------------------------------------------------
@@ -120,7 +77,7 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                            "infergate engine's attention but called outside the engine. Restore the previous "
                            "attention implementation (Engine.close()) before using the model directly")
     if batch.observer is not None:
-        batch.observer(module, query, key, value, scaling, kwargs)
+        batch.observer.before(module, query, key, value, scaling, kwargs)
     window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
     q, k, v = query[0], key[0], value[0]  # [H, T, D], [KvH, T, D]
     num_heads, total, head_dim = q.shape
@@ -168,6 +125,8 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         pad = slice(total - batch.num_padding, total)
         op = sdpa(q[:, pad].unsqueeze(0), k[:, pad].unsqueeze(0), v[:, pad].unsqueeze(0), None, True, scaling)
         out[pad] = op[0].transpose(0, 1)
+    if batch.observer is not None:
+        batch.observer.after(module, out)
     return out.unsqueeze(0), None
 
 
@@ -215,42 +174,3 @@ def own_attention(model):
     finally:
         if switched and own:
             model.set_attn_implementation(ATTENTION_NAME)
-
-
-class ShapeProbe:
-    """Watches one forward on the engine's attention: per attention layer, the layout of the tensors it hands
-    over (each layer's cache is allocated the first time it is seen) and the features it asks for."""
-
-    def __init__(self, cache=None):
-        self.cache = cache  # KVCache that gets each layer as it appears, or None
-        self.specs: dict[int, LayerSpec] = {}
-        self.modules: dict[int, torch.nn.Module] = {}
-        self.problems: list[str] = []
-
-    def __call__(self, module, query, key, value, scaling, kwargs) -> None:
-        layer = getattr(module, "layer_idx", None)
-        name = type(module).__name__
-        if not isinstance(layer, int):
-            self.problems.append(f"its attention module {name} has no integer layer_idx to key a KV cache by")
-            return
-        if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1 \
-                or query.shape[-1] != key.shape[-1] or key.shape[1] != value.shape[1] or query.shape[1] % key.shape[1]:
-            self.problems.append(f"{name} passes query {tuple(query.shape)}, key {tuple(key.shape)}, value "
-                                 f"{tuple(value.shape)}: not the [batch, heads, tokens, head_dim] layout of "
-                                 "transformers' attention interface")
-            return
-        for kwarg, feature in UNSUPPORTED_KWARGS.items():
-            if kwargs.get(kwarg) is not None:
-                self.problems.append(f"layer {layer} ({name}) passes `{kwarg}`: {feature}, which the engine's "
-                                     "attention does not implement")
-        if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
-            self.problems.append(f"layer {layer} ({name}) is not causal (bidirectional attention)")
-        others = sorted(k for k, v in kwargs.items() if v is not None and k not in QUIET_KWARGS)
-        window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
-        spec = LayerSpec(layer, name, query.shape[1], key.shape[1], key.shape[-1], value.shape[-1], scaling,
-                         int(window) if window is not None else None, float(softcap) if softcap is not None else None,
-                         kwargs.get("s_aux") is not None, others)
-        if layer not in self.specs and self.cache is not None:
-            self.cache.add_layer(layer, spec.geometry)
-        self.specs[layer] = spec
-        self.modules[layer] = module

@@ -1,38 +1,36 @@
-"""The engine checks itself on every model it is given: a short probe through the engine's attention, compared
-with the model's own attention implementation (sdpa or eager) on the same tokens.
+"""The engine checks itself on every model it is given, against the model's own attention implementation (sdpa
+or eager), on a short probe (see probe.py) that crosses KV block boundaries and the smallest sliding window.
 
-The probe runs three sequences of fixed random tokens in three forwards, as the engine would schedule them:
-(1) the first chunk of A and all of B; (2) A's next chunk after its cached context, all of C, and B's first
-decode; (3) one decode each of A, B and C, of different context lengths, in one group. The first forward also
-learns the model's attention layers (which call the interface, with what tensors and features); the probe's
-cache gets each layer as it appears. A is long enough to cross KV block boundaries and, where the model has one,
-its smallest sliding window (up to PROBE_MAX_SPAN tokens: a larger window is not crossed). Every logit the
-engine computes is compared with the model's own forward over the whole sequences (one batched forward).
+Two comparisons, each with a tolerance set per dtype:
+- per attention layer: the engine's attention output against the model's own attention function recomputed on
+  exactly the query, key and value the layer handed the engine (whole sequences, with transformers' own causal
+  and sliding-window mask functions). This checks everything the engine replaces (cache writes and reads, block
+  tables, windows, softcapping, sinks, scaling, chunked prefill, grouped decode) and names the first layer that
+  differs. It is tight even for quantized models: the quantized matmuls are not in it.
+- the logits: every logit the engine computed against the model's own forward over the whole sequences (one
+  batched forward). This checks what surrounds attention (position ids, how tokens are packed into one forward,
+  layers that keep state). bitsandbytes-quantized matmuls give slightly different results for different batch
+  shapes, so quantized models get a loose tolerance here (the per-layer check stays tight).
 
-Beyond a tolerance set per dtype the engine refuses the model (UnsupportedModelError): the probe runs again
-with hooks on the attention layers to name the first layer whose output differs, and the message names the
-family, that layer, the features it uses (from what it passed and from the config) and the difference seen.
+Beyond a tolerance the engine refuses the model (UnsupportedModelError): the message names the family, the layer,
+the features it uses (from what it passed and from the config) and the largest difference seen.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from pytest_infergate.engine.attention import (ATTENTION_NAME, LayerSpec, ShapeProbe, UnsupportedModelError, install,
-                                               original_attention, uninstall)
-from pytest_infergate.engine.block_manager import BlockManager
-from pytest_infergate.engine.kv_cache import KVCache
-from pytest_infergate.engine.request import Request, Sequence
-from pytest_infergate.engine.scheduler import Chunk, StepPlan
+from pytest_infergate.engine.attention import ATTENTION_NAME, UnsupportedModelError, install, original_attention, \
+    uninstall
+from pytest_infergate.engine.probe import LayerSpec, LayerWatch, Probe
 
-# max |engine - reference| over the probe's logits, relative to the largest reference logit (at least 1)
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-PROBE_BLOCK_SIZE = 4  # small blocks: a short probe crosses several boundaries
-PROBE_MAX_SPAN = 48
-FIRST_CHUNK = PROBE_BLOCK_SIZE + 1  # A's first chunk, prefilled before the windows are known
+LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
+QUANTIZED_LOGITS_TOLERANCE = 0.25
+ATTENTION_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # x the layer's largest
 CONFIG_FEATURES = ("sliding_window", "use_sliding_window", "attn_logit_softcapping", "query_pre_attn_scalar",
                    "attention_multiplier", "use_bidirectional_attention", "attention_chunk_size", "alibi")
 HF_ADVICE = ("The gates still run on it through transformers' own generate: choose the HF backend "
@@ -45,9 +43,12 @@ class SelfCheckReport:
     seconds: float
     num_tokens: int  # probe tokens the engine computed
     max_diff: float  # max |engine - reference| over the probe's logits
-    logit_scale: float  # max |reference logit|
-    tolerance: float  # relative, for this dtype
+    logit_scale: float  # max |reference logit| (at least 1)
+    tolerance: float  # for max_diff, relative to logit_scale
+    attention_diff: float  # the largest per-layer attention difference, relative to the layer's scale
+    attention_tolerance: float
     window_crossed: bool | None  # None: the model has no sliding window
+    quantized: bool
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,125 +58,8 @@ def family(model) -> str:
     return f"model family {getattr(model.config, 'model_type', '?')!r}"
 
 
-class LayerRecorder:
-    """Forward hooks on the attention modules: each call's output [batch, T, hidden], per layer."""
-
-    def __init__(self, modules: dict[int, torch.nn.Module]):
-        self.outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in modules}
-        self.handles = [m.register_forward_hook(self._hook(layer)) for layer, m in modules.items()]
-
-    def _hook(self, layer):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            self.outputs[layer].append(out.detach().float())
-        return hook
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
-class Probe:
-    """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
-
-    def __init__(self, model, runner_factory, dtype: torch.dtype, specs: dict[int, LayerSpec] | None = None):
-        vocab = model.config.get_text_config().vocab_size
-        generator = torch.Generator().manual_seed(1234)
-        lengths = [PROBE_MAX_SPAN + 2, PROBE_BLOCK_SIZE + 1, PROBE_MAX_SPAN + 1]  # the longest each may need
-        self.ids = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
-        self.blocks = BlockManager(sum(-(-n // PROBE_BLOCK_SIZE) for n in lengths), PROBE_BLOCK_SIZE)
-        geometry = {layer: spec.geometry for layer, spec in (specs or {}).items()}
-        self.cache = KVCache(geometry, self.blocks.num_blocks * PROBE_BLOCK_SIZE, dtype, next(model.parameters()).device)
-        self.runner = runner_factory(self.cache, PROBE_BLOCK_SIZE)
-        self.seqs = [Sequence(Request(prompt_token_ids=row[:1], max_new_tokens=1), row[:1], 0.0, f"probe-{i}")
-                     for i, row in enumerate(self.ids)]
-        self.rows: list[tuple[int, int]] = []  # (sequence, position) of every logit computed, in order
-        self.logits: list[torch.Tensor] = []
-
-    def chunk(self, index: int, count: int) -> Chunk:
-        """The next `count` tokens of sequence `index`, its blocks grown to hold them."""
-        seq = self.seqs[index]
-        seq.prompt_token_ids = self.ids[index][:seq.num_computed_tokens + count]
-        self.blocks.grow(seq.seq_id, seq.block_table, seq.num_computed_tokens + count)
-        return Chunk(seq, count)
-
-    def run(self, decodes: list[int], prefills: list[tuple[int, int]], observer=None) -> None:
-        plan = StepPlan(decodes=[self.chunk(i, 1) for i in decodes], prefills=[self.chunk(i, n) for i, n in prefills])
-        inputs = self.runner.prepare(plan, observer=observer)  # sorts the decodes: plan order is forward order
-        self.logits.append(self.runner.run_model(inputs, all_logits=True)[0])
-        for chunk in plan.chunks:
-            seq = chunk.seq
-            self.rows += [(self.seqs.index(seq), seq.num_computed_tokens + i) for i in range(chunk.num_tokens)]
-            seq.num_computed_tokens += chunk.num_tokens
-
-    def run_rest(self, span: int, c_len: int) -> None:
-        self.run([1], [(0, span - FIRST_CHUNK), (2, c_len)])
-        self.run([0, 1, 2], [])
-
-    def sequences(self) -> list[list[int]]:
-        """Each sequence's tokens as far as the probe runs them."""
-        return [ids[:seq.num_computed_tokens] for ids, seq in zip(self.ids, self.seqs)]
-
-
-def probe_lengths(specs: dict[int, LayerSpec]) -> tuple[int, int, bool | None]:
-    """How far A is prefilled, how long C is, and whether A crosses the smallest sliding window (None: none)."""
-    windows = [s.sliding_window for s in specs.values() if s.sliding_window is not None]
-    window = min(windows) if windows else None
-    crosses = window is not None and window + 4 <= PROBE_MAX_SPAN
-    span = window + 4 if crosses else 2 * PROBE_BLOCK_SIZE
-    return span, window + 2 if crosses else 3, None if window is None else crosses
-
-
-def check_shapes(model, shapes: ShapeProbe, error: Exception | None) -> None:
-    if shapes.problems:
-        raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
-                                    f"{'; '.join(dict.fromkeys(shapes.problems))}. " + HF_ADVICE) from error
-    if error is not None:
-        raise UnsupportedModelError(
-            f"{family(model)} cannot run on the infergate engine: its forward failed on the engine's attention "
-            f"({type(error).__name__}: {error}). " + HF_ADVICE) from error
-    if not shapes.specs:
-        raise UnsupportedModelError(
-            f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
-            f"{type(model).__name__} computes attention its own way (or has none, as a state-space model), so the "
-            "engine's KV cache cannot plug in. " + HF_ADVICE)
-    num_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
-    if isinstance(num_layers, int) and len(shapes.specs) < num_layers:
-        raise UnsupportedModelError(
-            f"{family(model)} cannot run on the infergate engine: only {len(shapes.specs)} of its {num_layers} "
-            "layers attend through transformers' attention interface; the others (state-space, recurrent or "
-            "convolution blocks) carry state from token to token that the engine's KV cache does not hold. "
-            + HF_ADVICE)
-
-
-@torch.inference_mode()
-def reference_logits(model, sequences: list[list[int]], recorder_modules=None):
-    """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
-    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping). Returns
-    (implementation name, logits, per-layer outputs when `recorder_modules` are given)."""
-    own = original_attention(model)
-    candidates = [own] if own and own != ATTENTION_NAME else []
-    candidates += [name for name in ("sdpa", "eager") if name not in candidates]
-    device = next(model.parameters()).device
-    width = max(map(len, sequences))
-    ids = torch.tensor([row + [0] * (width - len(row)) for row in sequences], device=device)
-    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in sequences], device=device)
-    positions = torch.arange(width, device=device).expand(len(sequences), -1)
-    error = None
-    for name in candidates:
-        recorder = LayerRecorder(recorder_modules or {})
-        try:
-            model.set_attn_implementation(name)
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-            return name, out.logits.float(), {k: v[0] for k, v in recorder.outputs.items() if v}
-        except Exception as exc:  # the next implementation may support what this one refused
-            error = exc
-        finally:
-            recorder.close()
-            model.set_attn_implementation(ATTENTION_NAME)
-    raise UnsupportedModelError(f"{family(model)}: its own attention implementations {candidates} all failed on the "
-                                f"engine's self-check probe ({error}), so the engine cannot be checked against it. "
-                                + HF_ADVICE) from error
+def is_quantized(model) -> bool:
+    return bool(getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None)
 
 
 def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
@@ -186,81 +70,161 @@ def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSp
     install(model)
     try:
         probe = Probe(model, runner_factory, dtype)
-        shapes = ShapeProbe(probe.cache)
         try:
-            probe.run([], [(0, FIRST_CHUNK), (1, PROBE_BLOCK_SIZE - 1)], observer=shapes)
+            probe.run_first()
             error = None
         except Exception as exc:
             error = exc
-        check_shapes(model, shapes, error)
-        span, c_len, crossed = probe_lengths(shapes.specs)
-        probe.run_rest(span, c_len)
-        reference, logits, _ = reference_logits(model, probe.sequences())
+        check_layers(model, probe.watch, error)
+        crossed = probe.run_rest()
+        reference, logits = reference_logits(model, probe.sequences())
+        attention_diff = check_attention(model, probe, reference, dtype)
+        quantized = is_quantized(model)
+        tolerance = QUANTIZED_LOGITS_TOLERANCE if quantized else LOGITS_TOLERANCE.get(dtype, 2e-2)
         engine = torch.cat(probe.logits)
-        expected = torch.stack([logits[s, p] for s, p in probe.rows])
+        expected = torch.stack([logits[s, p] for s, p in probe.all_rows])
         scale = max(1.0, float(expected.abs().max()))
         max_diff = float((engine - expected).abs().max())
-        tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float16])
         if not max_diff <= tolerance * scale:  # also catches nan
-            raise refusal(model, runner_factory, dtype, shapes, (span, c_len), reference, max_diff, tolerance, scale)
+            raise UnsupportedModelError(
+                f"{family(model)} ({type(model).__name__}) fails the engine's self-check: its attention matches the "
+                f"model's own {reference!r} attention in every layer, but the logits differ by up to {max_diff:.3g} "
+                f"(tolerance {tolerance:g} x logit scale {scale:.3g}), so the difference comes from around attention: "
+                "how the engine packs tokens into one forward (position ids, per-sequence state). " + HF_ADVICE)
     except BaseException:
         uninstall(model)
         raise
-    report = SelfCheckReport(reference, time.perf_counter() - start, len(probe.rows), max_diff, scale, tolerance,
-                             crossed)
-    return shapes.specs, report
+    report = SelfCheckReport(reference, time.perf_counter() - start, len(probe.all_rows), max_diff, scale, tolerance,
+                             attention_diff, ATTENTION_TOLERANCE.get(dtype, 1e-2), crossed, quantized)
+    return probe.watch.specs, report
 
 
-def refusal(model, runner_factory, dtype, shapes: ShapeProbe, lengths, reference: str, max_diff: float,
-            tolerance: float, scale: float) -> UnsupportedModelError:
-    """The self-check's error: the probe again, with hooks on every attention layer, to name the first one whose
-    output differs."""
-    probe = Probe(model, runner_factory, dtype, shapes.specs)
-    recorder = LayerRecorder(shapes.modules)
-    try:
-        probe.run([], [(0, FIRST_CHUNK), (1, PROBE_BLOCK_SIZE - 1)])
-        probe.run_rest(*lengths)
-    finally:
-        recorder.close()
-    _, _, ref_layers = reference_logits(model, probe.sequences(), shapes.modules)
-    layer, detail = first_diverging_layer(recorder.outputs, ref_layers, probe.rows, tolerance)
-    spec = shapes.specs.get(layer)
-    where = (f"first at layer {layer} ({spec.module_type}: {detail})" if spec is not None
-             else "in no attention layer's output (so after them: the engine's inputs or the model's head)")
-    return UnsupportedModelError(
-        f"{family(model)} ({type(model).__name__}) fails the engine's self-check: the engine's logits differ from "
-        f"the model's own {reference!r} attention by up to {max_diff:.3g} (tolerance {tolerance:g} x logit scale "
-        f"{scale:.3g} for {str(dtype).replace('torch.', '')}), {where}. Suspected feature: {suspects(model, spec)}. "
-        "The engine would compute something other than this model, so it refuses to run it. " + HF_ADVICE)
+def check_layers(model, watch: LayerWatch, error: Exception | None) -> None:
+    """The first forward went through the attention interface, every layer of it, with tensors the engine takes."""
+    if watch.problems:
+        raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
+                                    f"{'; '.join(dict.fromkeys(watch.problems))}. " + HF_ADVICE) from error
+    if error is not None:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: its forward failed on the engine's attention "
+            f"({type(error).__name__}: {error}). " + HF_ADVICE) from error
+    if not watch.specs:
+        raise UnsupportedModelError(
+            f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
+            f"{type(model).__name__} computes attention its own way (or has none, as a state-space model), so the "
+            "engine's KV cache cannot plug in. " + HF_ADVICE)
+    num_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    if isinstance(num_layers, int) and len(watch.specs) < num_layers:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: only {len(watch.specs)} of its {num_layers} "
+            "layers attend through transformers' attention interface; the others (state-space, recurrent or "
+            "convolution blocks) carry state from token to token that the engine's KV cache does not hold. "
+            + HF_ADVICE)
 
 
-def first_diverging_layer(engine_layers: dict, ref_layers: dict, rows: list[tuple[int, int]],
-                          tolerance: float) -> tuple[int | None, str]:
-    """The first attention layer whose outputs differ beyond the tolerance (relative to that layer's scale); the
-    one that differs most when none does on its own."""
-    worst = (None, -1.0, "")
-    for layer in sorted(engine_layers):
-        engine = torch.cat([out[0] for out in engine_layers[layer]])  # [rows, hidden]: the forwards in order
-        expected = torch.stack([ref_layers[layer][s, p] for s, p in rows])
-        diff = float((engine - expected).abs().max())
-        relative = diff / max(float(expected.abs().max()), 1e-6)
-        detail = f"max diff {diff:.3g}, {relative:.2g} of its scale"
-        if not relative <= tolerance:
-            return layer, detail
-        if relative > worst[1]:
-            worst = (layer, relative, detail)
-    return worst[0], worst[2]
+@torch.inference_mode()
+def reference_logits(model, sequences: list[list[int]]) -> tuple[str, torch.Tensor]:
+    """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
+    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping)."""
+    own = original_attention(model)
+    candidates = [own] if own and own != ATTENTION_NAME else []
+    candidates += [name for name in ("sdpa", "eager") if name not in candidates]
+    device = next(model.parameters()).device
+    width = max(map(len, sequences))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in sequences], device=device)
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in sequences], device=device)
+    positions = torch.arange(width, device=device).expand(len(sequences), -1)
+    error = None
+    for name in candidates:
+        try:
+            model.set_attn_implementation(name)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+            return name, out.logits.float()
+        except Exception as exc:  # the next implementation may support what this one refused
+            error = exc
+        finally:
+            model.set_attn_implementation(ATTENTION_NAME)
+    raise UnsupportedModelError(f"{family(model)}: its own attention implementations {candidates} all failed on the "
+                                f"engine's self-check probe ({error}), so the engine cannot be checked against it. "
+                                + HF_ADVICE) from error
 
 
-def suspects(model, spec: LayerSpec | None) -> str:
+def attention_functions(module, name: str) -> list:
+    """The model's own attention functions to recompute a layer with: `name`'s, then eager (from the layer's
+    modeling file) for what `name` refuses (sdpa refuses softcapping)."""
+    from transformers import AttentionInterface
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    registry = AttentionInterface()
+    named = eager if name == "eager" else (registry[name] if name in registry else registry["sdpa"])
+    return [fn for fn in (named, eager) if fn is not None]
+
+
+def layer_mask(length: int, window: int | None, eager: bool, dtype: torch.dtype, device) -> torch.Tensor:
+    """[1, 1, L, L] with transformers' own mask functions: bool (sdpa) or additive (eager)."""
+    from transformers.masking_utils import causal_mask_function, sliding_window_overlay
+
+    q_idx, kv_idx = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device)
+    allowed = causal_mask_function(0, 0, q_idx, kv_idx)
+    if window is not None:
+        allowed = allowed & sliding_window_overlay(window)(0, 0, q_idx, kv_idx)
+    allowed = allowed.view(1, 1, length, length)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min) \
+        if eager else allowed
+
+
+@torch.inference_mode()
+def recompute_layer(module, name: str, q, k, v, kwargs: dict) -> torch.Tensor:
+    """The model's own attention over one whole sequence: q [H, L, D], k/v [KvH, L, D] -> [L, H, Dv]."""
+    error = None
+    for fn in attention_functions(module, name):
+        eager = fn.__name__ == "eager_attention_forward"
+        mask = layer_mask(q.shape[1], kwargs.get("sliding_window"), eager, q.dtype, q.device)
+        try:
+            out, _ = fn(module, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, **{**kwargs, "dropout": 0.0})
+            return out[0]
+        except Exception as exc:  # e.g. sdpa refusing softcap: eager next
+            error = exc
+    raise UnsupportedModelError(f"the model's own attention could not recompute layer {module.layer_idx} for the "
+                                f"engine's self-check: {error}") from error
+
+
+def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype) -> float:
+    """Each layer's attention output against the model's own; raises at the first layer beyond the tolerance.
+    Returns the largest difference seen, relative to the layers' scales."""
+    tolerance = ATTENTION_TOLERANCE.get(dtype, 1e-2)
+    rows = probe.all_rows
+    worst = 0.0
+    for layer in sorted(probe.watch.calls):
+        calls, module = probe.watch.calls[layer], probe.watch.modules[layer]
+        q, k, v = (torch.cat([getattr(c, part) for c in calls], dim=1) for part in ("query", "key", "value"))
+        engine = torch.cat([c.output for c in calls])  # [tokens, H, Dv] in probe row order
+        for s in range(len(probe.seqs)):
+            order = sorted((i for i, row in enumerate(rows) if row[0] == s), key=lambda i: rows[i][1])
+            expected = recompute_layer(module, reference, q[:, order], k[:, order], v[:, order], calls[0].kwargs)
+            diff = float((engine[order].float() - expected.float()).abs().max())
+            relative = diff / max(float(expected.abs().max()), 1e-6)
+            worst = max(worst, relative)
+            if not relative <= tolerance:
+                spec = probe.watch.specs[layer]
+                raise UnsupportedModelError(
+                    f"{family(model)} ({type(model).__name__}) fails the engine's self-check: at layer {layer} "
+                    f"({spec.module_type}) the engine's attention differs from the model's own {reference!r} "
+                    f"attention by up to {diff:.3g} ({relative:.2g} of the layer's scale; tolerance {tolerance:g} for "
+                    f"{str(dtype).replace('torch.', '')}). Suspected feature: {suspects(model, spec)}. The engine "
+                    "would compute something other than this model, so it refuses to run it. " + HF_ADVICE)
+    return worst
+
+
+def suspects(model, spec: LayerSpec) -> str:
     """The features of a layer (from what it passed to attention, and from the config) that may be the cause."""
     config = model.config
-    found = spec.features() if spec is not None else []
+    found = spec.features()
     for key in CONFIG_FEATURES:
         value = getattr(config, key, None)
         if value not in (None, False):
             found.append(f"config {key}={value}")
     layer_types = getattr(config, "layer_types", None)
-    if spec is not None and layer_types and spec.layer_idx < len(layer_types):
+    if layer_types and spec.layer_idx < len(layer_types):
         found.append(f"config layer_types[{spec.layer_idx}]={layer_types[spec.layer_idx]!r}")
     return ", ".join(found) or "nothing the engine knows of (an attention variant it does not recognise)"
