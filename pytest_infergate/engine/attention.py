@@ -42,7 +42,8 @@ def sdpa(q, k, v, mask, is_causal: bool, scale: float | None) -> torch.Tensor:
 def masked_softmax_attention(q, k, v, mask, is_causal: bool, scale: float | None, softcap: float | None,
                              sinks: torch.Tensor | None) -> torch.Tensor:
     """The eager path for softcapping and sinks. q: [B, H, T, D]; k: [B, KvH, S, D]; v: [B, KvH, S, Dv]; mask
-    [B|1, 1, T|1, S] or [T, S] -> [B, H, T, Dv]. The heads sharing a KV head are folded into the query axis (no repeated K/V)."""
+    [B|1, 1, T|1, S] or [T, S] -> [B, H, T, Dv]. The heads sharing a KV head are folded into the query axis (no
+    repeated K/V)."""
     batch, num_heads, length, head_dim = q.shape
     num_kv, keys, value_dim = k.shape[1], k.shape[2], v.shape[-1]
     groups = num_heads // num_kv

@@ -12,6 +12,7 @@ from pytest_infergate.engine.attention import UnsupportedModelError, uninstall
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
 from pytest_infergate.engine.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for
+from pytest_infergate.engine.limits import Limits
 from pytest_infergate.engine.records import DegradationEvent, StepRecord, StreamChunk
 from pytest_infergate.engine.request import (FinishReason, Request, RequestError, Result, Sequence, SequenceStatus,
                                              render_prompt)
@@ -45,9 +46,8 @@ class Engine:
         self.dtype = model.get_input_embeddings().weight.dtype
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
-        limit = getattr(self.model_config, "max_position_embeddings", None) or 8192
-        self.max_model_len = self.config.max_model_len or min(limit, 8192)
-        self.max_input_tokens = min(self.config.max_input_tokens or self.max_model_len - 1, self.max_model_len - 1)
+        self.limits = Limits.of(model, self.config)
+        self.max_model_len, self.max_input_tokens = self.limits.max_model_len, self.limits.max_input_tokens
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.stops = StopChecker(tokenizer, self.eos_token_ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids or {0})
@@ -113,15 +113,6 @@ class Engine:
         return time.perf_counter() - self._clock0
 
     # ---- submitting ---------------------------------------------------------------------------------------
-    def _tokenize(self, request: Request) -> list[int]:
-        ids = render_prompt(self.tokenizer, request)
-        vocab = self.model_config.get_text_config().vocab_size
-        bad = [t for t in set(ids) | set(request.stop_token_ids) if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"token ids {sorted(bad)[:5]} are outside the vocabulary (0..{vocab - 1}): check "
-                               "prompt_token_ids / stop_token_ids")
-        return ids
-
     def _new_request_id(self) -> str:
         """An automatic id no request (with a user's id or an automatic one) has used."""
         while True:
@@ -132,26 +123,16 @@ class Engine:
     def submit(self, request: Request, *, arrival: float | None = None) -> str:
         """Queue a request; returns its id. Invalid requests raise RequestError; requests the engine cannot take
         right now (queue full, prompt too long) end at once as `rejected`, with the reason."""
-        ids = self._tokenize(request)
+        ids = render_prompt(self.tokenizer, request)
+        self.limits.check(request, ids)
         if request.request_id is not None and request.request_id in self._sequences:
             raise RequestError(f"request id {request.request_id!r} is already in use")
         request_id = request.request_id or self._new_request_id()
-        now = self.now() if arrival is None else arrival
-        if len(ids) >= self.max_model_len and not self.config.truncate_input:
-            raise RequestError(f"prompt has {len(ids)} tokens, over the context window of {self.max_model_len} "
-                               f"(max_model_len, prompt and output together): shorten it or set "
-                               "EngineConfig(truncate_input=True)")
-        seq = Sequence(request, ids, now + self._clock0, request_id)
+        seq = Sequence(request, ids, (self.now() if arrival is None else arrival) + self._clock0, request_id)
         self._sequences[request_id] = seq
-        if len(ids) > self.max_input_tokens:
-            if self.config.truncate_input:
-                seq.prompt_token_ids = ids[-self.max_input_tokens:]
-            else:
-                return self._end(seq, FinishReason.REJECTED,
-                                 f"prompt has {len(ids)} tokens, max_input_tokens is {self.max_input_tokens}")
-        limit = self.config.max_new_tokens_limit
-        budget_left = self.max_model_len - len(seq.prompt_token_ids)
-        seq.max_new_tokens = min(request.max_new_tokens, limit or request.max_new_tokens, budget_left)
+        seq.prompt_token_ids, seq.max_new_tokens, rejected = self.limits.fit(request, ids)
+        if rejected:
+            return self._end(seq, FinishReason.REJECTED, rejected)
         if self.config.max_queue_len is not None and len(self.scheduler.waiting) >= self.config.max_queue_len:
             return self._end(seq, FinishReason.REJECTED, f"queue full ({self.config.max_queue_len} waiting)")
         self.scheduler.add(seq)
@@ -222,9 +203,7 @@ class Engine:
             self.scheduler.remove(seq)
             seq.finish(reason, detail, time.perf_counter())
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-            self._results[seq.request_id] = Result(
-                seq.request_id, reason, detail, seq.prompt_token_ids, list(seq.output_token_ids), text,
-                seq.timings, seq.num_preemptions, bool(seq.request.metadata.get("warmup")), seq.num_cached_tokens)
+            self._results[seq.request_id] = seq.result(text)
         return seq.request_id
 
     def _expire(self) -> None:
@@ -249,9 +228,7 @@ class Engine:
         if len(running) <= 1:
             return [self._end(s, FinishReason.FAILED, f"out of memory with a batch of one: {exc}")
                     for s in list(running)]
-        for seq in running[len(running) // 2:][::-1]:
-            self.scheduler.preempt(seq)
-        self.config.max_batch_size = max(1, len(self.scheduler.running))
+        self.scheduler.halve_running()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.events.append(DegradationEvent(self.now(), "oom-halved-batch",

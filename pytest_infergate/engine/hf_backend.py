@@ -28,9 +28,9 @@ import torch
 from pytest_infergate.engine.attention import own_attention
 from pytest_infergate.engine.config import EngineConfig
 from pytest_infergate.engine.kv_cache import kv_bytes_per_token
+from pytest_infergate.engine.limits import Limits
 from pytest_infergate.engine.records import DegradationEvent, StepRecord
-from pytest_infergate.engine.request import (FinishReason, Request, RequestError, RequestTimings, Result,
-                                             render_prompt)
+from pytest_infergate.engine.request import FinishReason, Request, RequestTimings, Result, render_prompt
 from pytest_infergate.engine.stopping import StopChecker, eos_token_ids
 from pytest_infergate.errors import OptionError
 
@@ -101,9 +101,7 @@ class HFGenerateBackend:
         self.tokenizer = tokenizer
         self.config = config
         self.device = next(model.parameters()).device
-        limit = getattr(model.config, "max_position_embeddings", None) or 8192
-        self.max_model_len = config.max_model_len or min(limit, 8192)
-        self.max_input_tokens = min(config.max_input_tokens or self.max_model_len - 1, self.max_model_len - 1)
+        self.limits = Limits.of(model, config)
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.stops = StopChecker(tokenizer, self.eos_token_ids)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
@@ -174,23 +172,15 @@ class HFGenerateBackend:
 
     def _admit(self, request: Request, start: float) -> Row | Result:
         ids = render_prompt(self.tokenizer, request)
-        request_id = request.request_id or f"hf-{next(self._ids)}"
-        if len(ids) >= self.max_model_len and not self.config.truncate_input:
-            raise RequestError(f"prompt has {len(ids)} tokens, over the context window of {self.max_model_len} "
-                               "(max_model_len, prompt and output together): shorten it or set "
-                               "EngineConfig(truncate_input=True)")
-        timings = RequestTimings(arrival=start + request.arrival_s)
-        if len(ids) > self.max_input_tokens:
-            if not self.config.truncate_input:
-                row = Row(request, request_id, ids, 0, timings,
-                          finish=(FinishReason.REJECTED, f"prompt has {len(ids)} tokens, max_input_tokens is "
-                                                         f"{self.max_input_tokens}"))
-                timings.finished = time.perf_counter()
-                return self._result(row)
-            ids = ids[-self.max_input_tokens:]
-        limit = self.config.max_new_tokens_limit or request.max_new_tokens
-        return Row(request, request_id, ids, min(request.max_new_tokens, limit, self.max_model_len - len(ids)),
-                   timings)
+        self.limits.check(request, ids)
+        ids, max_new_tokens, rejected = self.limits.fit(request, ids)
+        row = Row(request, request.request_id or f"hf-{next(self._ids)}", ids, max_new_tokens,
+                  RequestTimings(arrival=start + request.arrival_s))
+        if rejected:
+            row.finish = (FinishReason.REJECTED, rejected)
+            row.timings.finished = time.perf_counter()
+            return self._result(row)
+        return row
 
     def _batches(self, rows: list[tuple[int, Row]]):
         """Consecutive requests (in arrival order) with the same sampling settings, max_batch_size at a time."""

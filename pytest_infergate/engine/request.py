@@ -58,7 +58,8 @@ class Request:
     def __post_init__(self):
         given = [name for name in ("prompt", "messages", "prompt_token_ids") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise RequestError(f"a Request needs exactly one of prompt, messages, prompt_token_ids (got {given or 'none'})")
+            raise RequestError("a Request needs exactly one of prompt, messages, prompt_token_ids "
+                               f"(got {given or 'none'})")
         check_str(RequestError, "Request.prompt", self.prompt, optional=True)
         if self.messages is not None:
             check_messages(self.messages)
@@ -254,3 +255,9 @@ class Sequence:
         self.finish_reason = reason
         self.reason = detail
         self.timings.finished = now
+
+    def result(self, text: str) -> "Result":
+        """The Result of a finished sequence; `text` is its output decoded."""
+        return Result(self.request_id, self.finish_reason, self.reason, self.prompt_token_ids,
+                      list(self.output_token_ids), text, self.timings, self.num_preemptions,
+                      bool(self.request.metadata.get("warmup")), self.num_cached_tokens)

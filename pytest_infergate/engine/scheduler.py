@@ -92,6 +92,13 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def halve_running(self) -> None:
+        """Out of device memory: the newer half of the running sequences wait again (recomputed later), and the
+        batch stays at most that small."""
+        for seq in self.running[len(self.running) // 2:][::-1]:
+            self.preempt(seq)
+        self.config.max_batch_size = max(1, len(self.running))
+
     def remove(self, seq: Sequence) -> None:
         """Take a finished / cancelled / timed-out sequence out and free its blocks."""
         if seq in self.running:
