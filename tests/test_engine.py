@@ -90,6 +90,17 @@ def test_kv_exhaustion_preempts_and_loses_nothing(tiny_fp32, tiny_reference):
         engine.check_drained()
 
 
+def test_prefills_that_exhaust_the_blocks_preempt_instead_of_stalling(tiny_fp32, tiny_reference):
+    # chunks of 8 prompt tokens side by side take every block before any sequence decodes: the newest must give
+    # its blocks back (and be recomputed), or no sequence could ever move again
+    with make_engine(tiny_fp32, kv_budget_blocks=16, block_size=16, max_model_len=256, prefill_chunk_size=8,
+                     max_batch_size=16) as engine:
+        results = engine.generate(requests())
+        assert [r.token_ids for r in results] == tiny_reference
+        assert sum(r.num_preemptions for r in results) > 0
+        engine.check_drained()
+
+
 def test_kv_budget_that_cannot_hold_one_sequence(tiny_fp32):
     with pytest.raises(OptionError, match=r"KV budget holds 32 tokens.*max_model_len = 1024"):
         make_engine(tiny_fp32, kv_budget_blocks=2, block_size=16)

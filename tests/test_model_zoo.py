@@ -27,8 +27,9 @@ MODES = {
     "chunked-prefill": dict(prefill_chunk_size=7, max_batched_tokens=10),
     # two at a time, so the later requests find the shared prefix computed by the earlier ones
     "prefix-caching": dict(prefix_caching=True, max_batch_size=2),
-    # 24 blocks of 4 tokens for 6 sequences of up to 84 tokens: the newest are preempted and recomputed
-    "preemption": dict(kv_budget_blocks=24),
+    # 24 blocks of 4 tokens for 6 sequences of up to 84 tokens, prefilled 8 tokens at a time side by side: the
+    # newest are preempted and recomputed (also where every layer slides and blocks behind the window go back)
+    "preemption": dict(kv_budget_blocks=24, prefill_chunk_size=8),
 }
 
 
@@ -65,6 +66,10 @@ def has_window(name: str) -> bool:
     return FAMILIES[name][1].get("sliding_window") is not None
 
 
+def every_layer_slides(name: str) -> bool:
+    return has_window(name) and "layer_types" not in FAMILIES[name][1]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", EXACT)
 def test_engine_is_exact(zoo, tokenizer, family, mode):
@@ -82,6 +87,9 @@ def test_engine_is_exact(zoo, tokenizer, family, mode):
             assert sum(r.num_cached_tokens for r in results) >= 2 * 20  # the last two reuse the whole prefix
         if mode == "preemption":
             assert sum(r.num_preemptions for r in results) > 0
+        if mode == "sequential" and every_layer_slides(family):
+            # blocks behind the window are given back: 60 + 24 tokens would need 21 blocks of 4
+            assert engine.peak_kv_blocks <= WINDOW // 4 + 2
 
 
 @pytest.mark.parametrize("family", REFUSED)

@@ -65,7 +65,7 @@ class Engine:
         except BaseException:
             self.close()
             raise
-        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler = Scheduler(self.config, self.blocks, self._shared_window())
         self.runner = runner(self.cache, self.config.block_size)
         self._clock0 = time.perf_counter()
         self._ids = itertools.count()
@@ -87,6 +87,12 @@ class Engine:
                 f"{self.max_model_len}: raise kv_budget_bytes/kv_budget_blocks or lower max_model_len")
         cache = KVCache(geometry, num_blocks * block_size, self.dtype, self.device)
         return BlockManager(num_blocks, block_size, self.config.prefix_caching), cache
+
+    def _shared_window(self) -> int | None:
+        """The largest sliding window when every attention layer has one (None otherwise): no query reads a key
+        further back, so the scheduler gives back the blocks behind it."""
+        windows = [spec.sliding_window for spec in self.layers.values()]
+        return None if None in windows else max(windows)
 
     def close(self) -> None:
         """Switch the model back to its own attention (once; later calls do nothing)."""

@@ -48,9 +48,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager | None):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager | None, window: int | None = None):
         self.config = config
         self.blocks = block_manager  # None when cache_mode == "none"
+        # every attention layer has a sliding window of at most `window`: blocks behind it can be given back
+        self.window = window if config.cache_mode == "paged" else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # static / dynamic: the current batch, and the longest prompt in it (for padding accounting)
@@ -111,11 +113,17 @@ class Scheduler:
 
     # ---- after a forward ---------------------------------------------------------------------------------------
     def advance(self, plan: StepPlan) -> None:
-        """The plan's tokens now have cached K/V; with prefix caching, blocks they completed become reusable."""
+        """The plan's tokens now have cached K/V: with prefix caching, blocks they completed become reusable; with
+        sliding windows on every layer, blocks no query will read again are given back."""
         for chunk in plan.chunks:
-            chunk.seq.num_computed_tokens += chunk.num_tokens
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_tokens
             if self.blocks is not None and self.blocks.prefix_caching:
-                self._register_full_blocks(chunk.seq)
+                self._register_full_blocks(seq)
+            if self.window is not None:
+                # the next query, at position num_computed_tokens, sees keys from num_computed_tokens - window + 1
+                first_key = seq.num_computed_tokens - self.window + 1
+                self.blocks.release_before(seq.seq_id, seq.block_table, first_key // self.blocks.block_size)
 
     def _register_full_blocks(self, seq: Sequence) -> None:
         """Blocks whose every position is now computed become reusable prefixes for later sequences."""
@@ -168,12 +176,20 @@ class Scheduler:
         self._plan_decodes(plan, self.config.max_batched_tokens)
         budget = self.config.max_batched_tokens - len(plan.decodes)
         for seq in list(self.running):
-            if seq.is_prefilling and budget > 0:
+            if seq not in self.running or not seq.is_prefilling or budget <= 0:
+                continue
+            chunk = self._prefill_chunk(seq, budget)
+            while chunk is None and plan.is_empty and self.running[-1] is not seq:
+                # every running sequence is mid-prefill and the blocks ran out: the newest waits again, or none
+                # of them would ever move
+                victim = self.running[-1]
+                self.preempt(victim)
+                plan.preempted.append(victim)
                 chunk = self._prefill_chunk(seq, budget)
-                if chunk is None:
-                    break
-                plan.prefills.append(chunk)
-                budget -= chunk.num_tokens
+            if chunk is None:
+                break
+            plan.prefills.append(chunk)
+            budget -= chunk.num_tokens
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             seq = self.waiting[0]
             chunk = self._prefill_chunk(seq, budget)
