@@ -3,10 +3,10 @@ continuous batching, streaming and limits. Exact: greedy output equals `model.ge
 at construction (models it cannot run exactly raise UnsupportedModelError)."""
 
 from pytest_infergate.engine.attention import UnsupportedModelError
+from pytest_infergate.engine.backends import engine_only, hf_config, make_backend
 from pytest_infergate.engine.config import EngineConfig
 from pytest_infergate.engine.engine import Engine
 from pytest_infergate.engine.hf_backend import HFGenerateBackend
-from pytest_infergate.engine.backends import engine_only, hf_config, make_backend
 from pytest_infergate.engine.request import FinishReason, Request, RequestTimings, Result
 
 __all__ = ["Engine", "EngineConfig", "FinishReason", "HFGenerateBackend", "Request", "RequestTimings", "Result",

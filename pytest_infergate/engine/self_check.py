@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pytest_infergate.engine.attention import ATTENTION_NAME, UnsupportedModelError, install, original_attention, \
-    uninstall
+from pytest_infergate.engine.attention import (ATTENTION_NAME, UnsupportedModelError, install, original_attention,
+                                               uninstall)
 from pytest_infergate.engine.probe import LayerSpec, LayerWatch, Probe
 
 LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
