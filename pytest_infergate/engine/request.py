@@ -134,13 +134,16 @@ def render_prompt(tokenizer, request: Request) -> list[int]:
 
 @dataclass
 class RequestTimings:
-    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request."""
+    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request: for the engine, the
+    HF generate backend, or a client of a served model (`arrival` when it was sent, `token_times` when each
+    streamed chunk came, `num_output_tokens` the tokens they carried if a chunk can carry several)."""
 
     arrival: float = 0.0
     first_scheduled: float | None = None
     first_token: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished: float | None = None
+    num_output_tokens: int | None = None  # None: one token per entry of token_times
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -157,9 +160,10 @@ class RequestTimings:
     @property
     def tpot_s(self) -> float | None:
         """Mean time per output token after the first (vLLM's TPOT)."""
-        if len(self.token_times) < 2:
+        count = len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
+        if count < 2 or self.first_token is None or not self.token_times:
             return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        return (self.token_times[-1] - self.first_token) / (count - 1)
 
     @property
     def e2e_s(self) -> float | None:
