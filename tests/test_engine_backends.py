@@ -134,3 +134,18 @@ def test_hf_backend_runs_alongside_an_engine_on_the_same_model(tiny_fp32, refere
         backend = HFGenerateBackend(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(**STATIC, max_batch_size=6))
         assert [r.token_ids for r in backend.generate(requests())] == reference
         assert [r.token_ids for r in engine.generate(requests())] == reference
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_fp32):
+    backend = HFGenerateBackend(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(**STATIC, max_batch_size=2))
+
+    def run(seed, top_k=0):
+        reqs = [Request(prompt="Once upon a time", max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=top_k,
+                        seed=seed, ignore_eos=True) for _ in range(2)]
+        return [r.token_ids for r in backend.generate(reqs)]
+
+    assert run(1) == run(1) and run(1) != run(2)
+    assert run(1, top_k=5) == run(1, top_k=5)
+    greedy_and_sampled = backend.generate([Request(prompt="a", max_new_tokens=4),
+                                           Request(prompt="a", max_new_tokens=4, temperature=1.0, seed=3)])
+    assert all(r.ok for r in greedy_and_sampled)  # different settings: different batches

@@ -226,7 +226,7 @@ class HFGenerateBackend:
         mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows])
         first = rows[0].request
         sampling = {} if first.is_greedy else dict(temperature=first.temperature, top_p=first.top_p,
-                                                   top_k=first.top_k or None)
+                                                   top_k=first.top_k)
         config = GenerationConfig(do_sample=not first.is_greedy, max_new_tokens=max(r.max_new_tokens for r in rows),
                                   pad_token_id=self.pad_token_id, eos_token_id=None, **sampling)
         started = time.perf_counter()
