@@ -50,15 +50,19 @@ class Row:
 
 class BatchWatcher:
     """generate's stopping criterion: called after each generated token with the ids so far. It timestamps the
-    token of every row still running and ends rows for the engine's reasons."""
+    token of every row still running, ends rows for the engine's reasons, and reports each step."""
 
-    def __init__(self, rows: list[Row], stops: StopChecker, on_step):
+    def __init__(self, rows: list[Row], stops: StopChecker, width: int, on_step):
         self.rows = rows
         self.stops = stops
-        self.on_step = on_step  # called with (now, number of rows that got a token)
+        self.width = width  # padded prompt length
+        self.on_step = on_step  # called with (this watcher, now, rows that got a token)
+        self.num_generated = 0
+        self.last = time.perf_counter()  # the end of the previous step
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         now = time.perf_counter()
+        self.num_generated += 1
         running = [row for row in self.rows if row.finish is None]
         for row, token in zip(self.rows, input_ids[:, -1].tolist()):
             if row.finish is None:
@@ -68,8 +72,13 @@ class BatchWatcher:
                 row.finish = self.stops.check(row.request, row.tokens, row.max_new_tokens) or self._expired(row, now)
                 if row.finish is not None:
                     row.timings.finished = now
-        self.on_step(now, len(running))
+        self.on_step(self, now, len(running))
+        self.last = now
         return torch.tensor([row.finish is not None for row in self.rows], device=input_ids.device)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return len(self.rows) * (self.width + self.num_generated)
 
     @staticmethod
     def _expired(row: Row, now: float) -> tuple[FinishReason, str] | None:
@@ -229,29 +238,9 @@ class HFGenerateBackend:
                                                    top_k=first.top_k)
         config = GenerationConfig(do_sample=not first.is_greedy, max_new_tokens=max(r.max_new_tokens for r in rows),
                                   pad_token_id=self.pad_token_id, eos_token_id=None, **sampling)
-        started = time.perf_counter()
+        watcher = BatchWatcher(rows, self.stops, width, self._record_step)
         for row in rows:
-            row.timings.first_scheduled = started
-        clock = {"last": started, "generated": 0}
-
-        def on_step(now: float, num_running: int) -> None:
-            clock["generated"] += 1
-            tokens = len(rows) * (width + clock["generated"])
-            self._peak_kv_tokens = max(self._peak_kv_tokens, tokens)
-            self.peak_kv_blocks = max(self.peak_kv_blocks, -(-tokens // self.config.block_size))
-            prefill = clock["generated"] == 1
-            if self.config.record_steps:
-                self.steps.append(StepRecord(
-                    index=len(self.steps), start_s=clock["last"] - self._clock0, batch_size=len(rows),
-                    num_prefill_tokens=sum(len(r.prompt_ids) for r in rows) if prefill else 0,
-                    num_decode_tokens=0 if prefill else num_running,
-                    num_padding_tokens=(len(rows) * width - sum(len(r.prompt_ids) for r in rows)) if prefill
-                    else len(rows) - num_running,
-                    kv_blocks_used=-(-tokens // self.config.block_size), forward_s=now - clock["last"],
-                    step_s=now - clock["last"]))
-            clock["last"] = now
-
-        watcher = BatchWatcher(rows, self.stops, on_step)
+            row.timings.first_scheduled = watcher.last
         devices = [self.device] if self.device.type == "cuda" else []
         with own_attention(self.model), torch.random.fork_rng(devices=devices):
             if first.seed is not None:
@@ -262,6 +251,22 @@ class HFGenerateBackend:
             if row.finish is None:
                 row.finish = (FinishReason.LENGTH, f"max_new_tokens ({row.max_new_tokens}) reached")
                 row.timings.finished = time.perf_counter()
+
+    def _record_step(self, watcher: BatchWatcher, now: float, num_running: int) -> None:
+        """One generate step as the engine records its steps (the first is the batch's prefill)."""
+        cached = watcher.num_cached_tokens
+        self._peak_kv_tokens = max(self._peak_kv_tokens, cached)
+        blocks = -(-cached // self.config.block_size)
+        self.peak_kv_blocks = max(self.peak_kv_blocks, blocks)
+        if not self.config.record_steps:
+            return
+        rows, prefill = watcher.rows, watcher.num_generated == 1
+        prompt_tokens = sum(len(r.prompt_ids) for r in rows)
+        self.steps.append(StepRecord(
+            index=len(self.steps), start_s=watcher.last - self._clock0, batch_size=len(rows),
+            num_prefill_tokens=prompt_tokens if prefill else 0, num_decode_tokens=0 if prefill else num_running,
+            num_padding_tokens=len(rows) * watcher.width - prompt_tokens if prefill else len(rows) - num_running,
+            kv_blocks_used=blocks, forward_s=now - watcher.last, step_s=now - watcher.last))
 
     def _result(self, row: Row) -> Result:
         reason, detail = row.finish

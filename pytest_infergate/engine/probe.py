@@ -1,10 +1,10 @@
 """The self-check's probe: three short sequences through the engine's attention, watched layer by layer.
 
-The probe runs three sequences of fixed random tokens in three forwards, as the engine would schedule them:
-(1) the first chunk of A and all of B; (2) A's next chunk after its cached context, all of C, and B's first
-decode; (3) one decode each of A, B and C, of different context lengths, in one group. A crosses KV block
-boundaries and, where the model has one, its smallest sliding window (up to PROBE_MAX_SPAN tokens: a larger
-window is not crossed).
+Two forwards, as the engine would schedule them: (1) the first chunk of A, all of B, all of C; (2) A's next chunk
+after its cached context, and one decode each of B and C (different context lengths, in one decode group). A
+crosses KV block boundaries in a chunk after cached context; B is a prefill longer than the model's sliding window
+and then a decode past it (the window read from the config, up to PROBE_MAX_SPAN tokens: a larger one is not
+crossed). The whole probe is 15 tokens without a window, 2 x window + 10 with one.
 
 A LayerWatch sees every attention call: on the first forward it learns the layers (which call the interface,
 with what tensors and features; the probe's cache gets each layer as it appears), and on every forward it keeps
@@ -133,10 +133,14 @@ class Probe:
     """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
 
     def __init__(self, model, runner_factory, dtype: torch.dtype):
-        vocab = model.config.get_text_config().vocab_size
+        text_config = model.config.get_text_config()
+        hint = getattr(text_config, "sliding_window", None)
+        self.window = hint if isinstance(hint, int) and hint + 4 <= PROBE_MAX_SPAN else None
+        self.span = self.window + 4 if self.window else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the window)
+        self.long_prefill = self.window + 2 if self.window else PROBE_BLOCK_SIZE - 1  # B
+        lengths = [self.span, self.long_prefill + 1, 3]
         generator = torch.Generator().manual_seed(1234)
-        lengths = [PROBE_MAX_SPAN + 2, PROBE_BLOCK_SIZE + 1, PROBE_MAX_SPAN + 1]  # the longest each may need
-        self.ids = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+        self.ids = [torch.randint(0, text_config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
         self.blocks = BlockManager(sum(-(-n // PROBE_BLOCK_SIZE) for n in lengths), PROBE_BLOCK_SIZE)
         device = next(model.parameters()).device
         self.cache = KVCache({}, self.blocks.num_blocks * PROBE_BLOCK_SIZE, dtype, device)
@@ -168,18 +172,13 @@ class Probe:
         self.rows.append(rows)
 
     def run_first(self) -> None:
-        self.run([], [(0, FIRST_CHUNK), (1, PROBE_BLOCK_SIZE - 1)])
+        self.run([], [(0, FIRST_CHUNK), (1, self.long_prefill), (2, 2)])
 
     def run_rest(self) -> bool | None:
-        """The second and third forwards, sized by the layers' windows; whether A crosses the smallest window
-        (None: no layer has one)."""
+        """The second forward; whether the probe crossed the smallest window the layers passed (None: none)."""
+        self.run([1, 2], [(0, self.span - FIRST_CHUNK)])
         windows = [s.sliding_window for s in self.watch.specs.values() if s.sliding_window is not None]
-        window = min(windows) if windows else None
-        crosses = window is not None and window + 4 <= PROBE_MAX_SPAN
-        span = window + 4 if crosses else 2 * PROBE_BLOCK_SIZE  # past a block boundary (and the window)
-        self.run([1], [(0, span - FIRST_CHUNK), (2, window + 2 if crosses else 3)])
-        self.run([0, 1, 2], [])
-        return None if window is None else crosses
+        return min(windows) < self.long_prefill if windows else None
 
     def sequences(self) -> list[list[int]]:
         """Each sequence's tokens as far as the probe ran them."""
