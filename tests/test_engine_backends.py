@@ -149,3 +149,13 @@ def test_sampling_is_reproducible_with_a_seed(tiny_fp32):
     greedy_and_sampled = backend.generate([Request(prompt="a", max_new_tokens=4),
                                            Request(prompt="a", max_new_tokens=4, temperature=1.0, seed=3)])
     assert all(r.ok for r in greedy_and_sampled)  # different settings: different batches
+
+
+def test_a_model_in_training_mode_is_a_clear_error(tiny_fp32):
+    tiny_fp32.model.train()
+    try:
+        with pytest.raises(OptionError, match=r"is in training mode .* call model.eval\(\)"):
+            Engine(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(max_model_len=256))
+    finally:
+        tiny_fp32.model.eval()
+    assert tiny_fp32.model.config._attn_implementation != "infergate_paged"

@@ -27,6 +27,7 @@ import torch
 from pytest_infergate.engine.attention import (ATTENTION_NAME, UnsupportedModelError, install, original_attention,
                                                uninstall)
 from pytest_infergate.engine.probe import LayerSpec, LayerWatch, Probe
+from pytest_infergate.errors import OptionError
 
 LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
 QUANTIZED_LOGITS_TOLERANCE = 0.25
@@ -66,6 +67,9 @@ def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSp
     """Switch the model to the engine's attention, learn its attention layers, and check the engine against the
     model's own attention. On any failure the model's attention is switched back and UnsupportedModelError
     raised. `runner_factory(cache, block_size)` makes a ModelRunner."""
+    if model.training:
+        raise OptionError(f"{family(model)} is in training mode (dropout active), so no two runs agree: call "
+                          "model.eval() before handing it to the engine")
     start = time.perf_counter()
     install(model)
     try:
