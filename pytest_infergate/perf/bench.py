@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.memory import PeakMemory
+from pytest_infergate.perf import calibration
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 
 MIB = 1024 * 1024
@@ -27,9 +29,12 @@ def warmup_requests(requests: list[Request], count: int) -> list[Request]:
 class Bench:
     """Measures workloads for one loaded model. Repetitions reuse one engine per engine config."""
 
-    def __init__(self, loaded, device: str = "cpu"):
+    def __init__(self, loaded, device: str = "cpu", calibrate: bool | None = None):
+        """`calibrate`: run the calibration probe around every repetition (default: on a CPU device, when numpy is
+        there), so a comparison with a stored baseline can be normalized for how fast the machine is now."""
         self.loaded = loaded
         self.device = device
+        self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
         self._engines: dict[str, Engine] = {}
 
     def engine(self, config: EngineConfig) -> Engine:
@@ -44,8 +49,10 @@ class Bench:
         self._engines.clear()
 
     def run_once(self, requests: list[Request], config: EngineConfig, warmup: int,
-                 into: Measurement) -> None:
-        """One repetition: warm-up requests (not counted), then the workload, appended to `into`."""
+                 into: Measurement, probe: bool | None = None) -> None:
+        """One repetition: warm-up requests (not counted), then the workload, appended to `into`; with `probe`
+        (default: `self.calibrate`) the calibration probe runs right before and right after the workload."""
+        probe = self.calibrate if probe is None else probe
         engine = self.engine(config)
         if warmup:
             engine.generate(warmup_requests(requests, warmup))
@@ -53,10 +60,14 @@ class Bench:
         engine.peak_kv_blocks = 0
         engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
         workload = fresh_copies(requests)
+        probe_before = calibration.probe_seconds() if probe else 0.0
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = engine.generate(workload)
             wall = time.perf_counter() - start
+        if probe:  # the machine's speed next to this repetition: the probe right before and right after
+            into.probe = calibration.PROBE
+            into.probe_s.append(math.sqrt(probe_before * calibration.probe_seconds()))
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         into.num_requests += len(results)
@@ -81,7 +92,7 @@ class Bench:
         into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
         into.steps = [s.to_dict() for s in engine.steps]
-        into.repetitions += 1
+        into.end_repetition()
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:

@@ -131,9 +131,10 @@ class PerfBench:
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
-            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m),
-                                     lambda m: self.bench.run_once(requests, config, warmup, m), budget, rounds,
-                                     self.ctx.options.strict)
+            # no calibration probe: the interleaving itself cancels drift of the machine
+            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
+                                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False), budget,
+                                     rounds, self.ctx.options.strict)
         finally:
             if other_bench is not self.bench:
                 other_bench.close()
