@@ -5,8 +5,8 @@
     python benchmarks/gate_power.py --trials 3         # a quicker look
 
 Each trial measures the same workload unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook
-that sleeps after every model forward for that fraction of the forward's own time, and decides it exactly as the
-pytest gate does:
+that waits after every model forward for that fraction of the forward's own time (asleep, or with `--slowdown
+busy` computing torch matmuls), and decides it exactly as the pytest gate does; the three conditions take turns:
 - `--mode ab` (default, as `infergate_bench.ab()`): the unchanged model (A) and the candidate (B) alternate for
   `--rounds` rounds (evaluate_ab: per-request latencies by a bootstrap CI of the ratio of percentiles, per-
   repetition throughput by the median of per-round ratios; one more round at a time while inconclusive, up to two);
@@ -22,6 +22,7 @@ Prints verdict counts, false-alarm rate, detection rate and time per trial.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -77,7 +78,7 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
     bench = PerfBench(context(args, records, baseline), loaded, compare_side=lambda: loaded)
     bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
     try:
-        with injected_slowdown(loaded.model, slowdown):
+        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy"):
             bench(requests, config, warmup=2, repeats=args.repeats)
     except GateFailed:
         pass
@@ -108,6 +109,11 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, help="baseline mode: compare with this saved file")
     parser.add_argument("--save-baseline", type=Path, help="baseline mode: only save the baseline file, then exit")
     parser.add_argument("--no-calibration", action="store_true", help="baseline mode: measure without the probe")
+    parser.add_argument("--slowdown", choices=("sleep", "busy"), default="sleep",
+                        help="how the injected slowdown waits after each forward: asleep (the cores free meanwhile) "
+                        "or computing (torch matmuls: the machine as busy as a slower library keeps it)")
+    parser.add_argument("--json", type=Path, help="baseline mode: write every trial's record (measurement, probe "
+                        "times, verdicts) here, for analysis")
     args = parser.parse_args()
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
@@ -128,20 +134,20 @@ def main() -> int:
                      str(path), "--repeats", str(args.repeats), "--metrics", args.metrics]
             subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
         baseline = load_baseline(path)
-    print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}"
-          f"{'; calibration probe off' if args.no_calibration else ''}", flush=True)
+    print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}; slowdown "
+          f"{args.slowdown}{'; calibration probe off' if args.no_calibration else ''}", flush=True)
     budget = parse_budget(budget_values(args))
     bench = Bench(loaded, calibrate=False)
 
     def run(fraction):
         def one(into):
-            with injected_slowdown(loaded.model, fraction):
+            with injected_slowdown(loaded.model, fraction, busy=args.slowdown == "busy"):
                 bench.run_once(requests, config, 1, into)
         return one
 
     slowdowns = (0.0, 0.10, 0.25)
     outcomes: dict[float, Counter] = {slowdown: Counter() for slowdown in slowdowns}
-    durations = []
+    durations, dumped = [], []
     for trial in range(args.trials):  # the conditions take turns, so drift of the machine hits them alike
         for slowdown in slowdowns:
             start = time.perf_counter()
@@ -150,6 +156,10 @@ def main() -> int:
                 status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
                 machine = next((v.machine_slowdown for v in verdicts if v.machine_slowdown), None)
                 extra = f", machine x{machine:.3f} by the probe" if machine else ", not normalized"
+                if args.json is not None:
+                    dumped.append({"slowdown": slowdown, "trial": trial, "record": record.to_dict()})
+                    args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in baseline.items()},
+                                                     "trials": dumped}, default=str))
             else:
                 _, outcome = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
                 status, verdicts, remeasured, extra = outcome.status, outcome.verdicts, outcome.remeasured, ""

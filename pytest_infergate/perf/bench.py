@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,12 +29,13 @@ class Bench:
     """Measures workloads for one loaded model. Repetitions reuse one engine per engine config."""
 
     def __init__(self, loaded, device: str = "cpu", calibrate: bool | None = None):
-        """`calibrate`: run the calibration probe around every repetition (default: on a CPU device, when numpy is
+        """`calibrate`: run the calibration probe during every repetition (default: on a CPU device, when numpy is
         there), so a comparison with a stored baseline can be normalized for how fast the machine is now."""
         self.loaded = loaded
         self.device = device
         self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
         self._engines: dict[str, Engine] = {}
+        self._sampler: calibration.Sampler | None = None
 
     def engine(self, config: EngineConfig) -> Engine:
         key = repr(config)
@@ -47,12 +47,26 @@ class Bench:
         for engine in self._engines.values():
             engine.close()
         self._engines.clear()
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+
+    def sampler(self) -> calibration.Sampler | None:
+        """The calibration probe's sampler process, started at the first calibrated repetition; None if it cannot
+        start (the probe then runs only right before and right after each repetition)."""
+        if self._sampler is None:
+            try:
+                self._sampler = calibration.Sampler()
+            except OSError:
+                return None
+        return self._sampler
 
     def run_once(self, requests: list[Request], config: EngineConfig, warmup: int,
                  into: Measurement, probe: bool | None = None) -> None:
         """One repetition: warm-up requests (not counted), then the workload, appended to `into`; with `probe`
-        (default: `self.calibrate`) the calibration probe runs right before and right after the workload."""
+        (default: `self.calibrate`) the calibration probe runs right before, during and right after the workload."""
         probe = self.calibrate if probe is None else probe
+        sampler = self.sampler() if probe else None
         engine = self.engine(config)
         if warmup:
             engine.generate(warmup_requests(requests, warmup))
@@ -62,12 +76,15 @@ class Bench:
         workload = fresh_copies(requests)
         probe_before = calibration.probe_seconds() if probe else 0.0
         with PeakMemory(self.device) as peak:
+            began = time.monotonic()
             start = time.perf_counter()
             results = engine.generate(workload)
             wall = time.perf_counter() - start
-        if probe:  # the machine's speed next to this repetition: the probe right before and right after
+            ended = time.monotonic()
+        if probe:  # the machine's speed over this repetition
+            during = sampler.during(began, ended) if sampler is not None else []
             into.probe = calibration.PROBE
-            into.probe_s.append(math.sqrt(probe_before * calibration.probe_seconds()))
+            into.probe_s.append(calibration.repetition_probe(probe_before, during, calibration.probe_seconds()))
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         into.num_requests += len(results)
