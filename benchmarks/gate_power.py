@@ -112,9 +112,14 @@ def main() -> int:
     parser.add_argument("--slowdown", choices=("sleep", "busy"), default="sleep",
                         help="how the injected slowdown waits after each forward: asleep (the cores free meanwhile) "
                         "or computing (torch matmuls: the machine as busy as a slower library keeps it)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own, one per core)")
     parser.add_argument("--json", type=Path, help="baseline mode: write every trial's record (measurement, probe "
                         "times, verdicts) here, for analysis")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
     requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
@@ -132,10 +137,15 @@ def main() -> int:
             path = Path(tempfile.mkdtemp()) / "baseline.json"
             child = [sys.executable, __file__, "--mode", "baseline", "--model", args.model, "--save-baseline",
                      str(path), "--repeats", str(args.repeats), "--metrics", args.metrics]
+            child += ["--threads", str(args.threads)] if args.threads else []
+            child += ["--slowdown", args.slowdown]
             subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
         baseline = load_baseline(path)
+    import torch
+
     print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}; slowdown "
-          f"{args.slowdown}{'; calibration probe off' if args.no_calibration else ''}", flush=True)
+          f"{args.slowdown}; torch threads {torch.get_num_threads()}"
+          f"{'; calibration probe off' if args.no_calibration else ''}", flush=True)
     budget = parse_budget(budget_values(args))
     bench = Bench(loaded, calibrate=False)
 

@@ -276,3 +276,25 @@ def test_version_2_baseline_is_read_and_compared_without_normalization(tmp_path)
     assert all(v.machine_slowdown is None for v in outcome.verdicts)
     assert "the baseline has no calibration probe" in outcome.notes[-1] and "--infergate-save-baseline" in \
         outcome.notes[-1]
+
+
+def test_repetition_probe_is_the_geometric_mean_of_its_probes():
+    assert calibration.repetition_probe([0.01, 0.04]) == pytest.approx(0.02)
+    assert calibration.repetition_probe([0.01, 0.02, 0.04, 0.08]) == pytest.approx((0.01 * 0.02 * 0.04 * 0.08) ** 0.25)
+    assert calibration.scale("itl_ms", 0.02, 0.01) == 0.5 and calibration.scale("tokens_per_s", 0.02, 0.01) == 2.0
+    assert calibration.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not calibration.normalizes("load_s")
+
+
+def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
+    sampler = calibration.Sampler(threads=1)
+    try:
+        first = sampler.probe_now()
+        second = sampler.probe_now()
+        assert first is not None and second is not None and second > first
+        probes = sampler.between(first, second)
+        assert len(probes) >= 2 and all(p > 0 for p in probes)
+        assert sampler.between(first - 100, first - 50) == []
+    finally:
+        sampler.close()
+    assert sampler._process.poll() is not None
+    assert sampler.probe_now(timeout_s=1) is None  # a closed sampler answers no more: the repetition is uncalibrated

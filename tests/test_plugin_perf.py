@@ -74,7 +74,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     result = run("--infergate-baseline=fast.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*",
-                                 "*normalized for machine speed: the calibration probe (numpy-sgemm-copy/2) took x*"])
+                                 "*normalized for machine speed: the calibration probe (numpy-sgemm-copy/1) took x*"])
 
     # another environment: skipped with a visible warning, or a failure under --infergate-strict
     entry["fingerprint"]["torch"] = "0.0.1"
@@ -133,7 +133,13 @@ def test_interleaved_ab(pytester, run):
 
 
 class SteadySampler:
-    def during(self, start, end):
+    def __init__(self, threads=None):
+        pass
+
+    def probe_now(self):
+        return 1.0
+
+    def between(self, first, last):
         return [0.010]
 
     def close(self):
@@ -145,7 +151,6 @@ def steady_probe(monkeypatch):
     """The calibration probe reads 10 ms: what a baseline's probe times say is then set by the test alone."""
     from pytest_infergate.perf import calibration
 
-    monkeypatch.setattr(calibration, "probe_seconds", lambda: 0.010)
     monkeypatch.setattr(calibration, "Sampler", SteadySampler)
 
 
@@ -166,7 +171,7 @@ def test_baseline_from_a_faster_machine_is_normalized(pytester, run, steady_prob
     result = run("--infergate-baseline=fast_machine.json", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)  # 100x slower figures on a 100x slower machine: no regression
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
-    assert any("the calibration probe (numpy-sgemm-copy/2) took x100.000 its time" in n for n in record["notes"])
+    assert any("the calibration probe (numpy-sgemm-copy/1) took x100.000 its time" in n for n in record["notes"])
     assert all(v["machine_slowdown"] == pytest.approx(100.0) for v in record["verdicts"])
 
     # the same file without the probe, as a version-2 baseline: read, compared as measured, and said so

@@ -52,11 +52,13 @@ class Bench:
             self._sampler = None
 
     def sampler(self) -> calibration.Sampler | None:
-        """The calibration probe's sampler process, started at the first calibrated repetition; None if it cannot
-        start (the probe then runs only right before and right after each repetition)."""
+        """The calibration probe's sampler process, started at the first calibrated repetition on the engine's
+        number of threads; None if it cannot start (the repetitions are then not calibrated)."""
         if self._sampler is None:
+            import torch
+
             try:
-                self._sampler = calibration.Sampler()
+                self._sampler = calibration.Sampler(threads=torch.get_num_threads())
             except OSError:
                 return None
         return self._sampler
@@ -74,17 +76,18 @@ class Bench:
         engine.peak_kv_blocks = 0
         engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
         workload = fresh_copies(requests)
-        probe_before = calibration.probe_seconds() if probe else 0.0
+        first = sampler.probe_now() if sampler is not None else None
         with PeakMemory(self.device) as peak:
-            began = time.monotonic()
             start = time.perf_counter()
             results = engine.generate(workload)
             wall = time.perf_counter() - start
-            ended = time.monotonic()
-        if probe:  # the machine's speed over this repetition
-            during = sampler.during(began, ended) if sampler is not None else []
-            into.probe = calibration.PROBE
-            into.probe_s.append(calibration.repetition_probe(probe_before, during, calibration.probe_seconds()))
+        if probe:  # the machine's speed over this repetition: the probes from right before to right after it
+            last = sampler.probe_now() if first is not None else None
+            if last is not None:
+                into.probe = calibration.PROBE
+                into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
+            else:  # one repetition without its probe leaves the whole measurement uncalibrated
+                into.probe, into.probe_s = "", []
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         into.num_requests += len(results)

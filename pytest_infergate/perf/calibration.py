@@ -2,19 +2,19 @@
 
 A stored baseline is compared with a measurement taken later, on a machine that may be busier (a shared CI box) or
 warmer. Every repetition of a workload gets the probe's time *during* it: a child process (`Sampler`) runs the
-probe every so often while the workload runs, and the bench runs it once more right before and right after; the
-repetition's figure is the geometric mean of those. The comparison then expresses each repetition in units of its
-own probe time (`scale`), so a machine that is x% slower now than when the baseline was saved slows the probe and
-the workload alike and the ratio of the two cancels it.
+probe right before the workload, every so often while it runs and right after it; the repetition's figure is the
+geometric mean of those. The comparison then expresses each repetition in units of its own probe time (`scale`),
+so a machine that is x% slower now than when the baseline was saved slows the probe and the workload alike and
+the ratio of the two cancels it.
 
-Why during and not only around: on a loaded 2-core machine a repetition of the gate_power workload took 50-300 s
-and the load changed within it; the probe right before and right after tracked the repetition's speed with r=0.26
-over 12 repetitions, the probe sampled through it with r=0.85 (benchmarks, see the baseline-drift notes).
+Why during and not only around: on a shared 2-core runner at load 8-12, a repetition of benchmarks/gate_power.py's
+workload took 50-300 s and the load changed within it; over 12 repetitions, the probe right before and right after
+tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85.
 
-The probe is fp32 GEMMs of the shape of a small transformer's MLP (multi-threaded, like the engine's own) and a
-copy of an array larger than the caches, on numpy's own BLAS, not torch's: an upgrade of torch, transformers or
-bitsandbytes (what a stored baseline gates) does not change it. One run takes a few ms on an idle machine; the
-sampler keeps its share of the machine under 5%. It probes the CPU; on a GPU device it is not run and the
+The probe is fp32 GEMMs of the shape of a small transformer's MLP and a copy of an array larger than the caches,
+on numpy's own BLAS, not torch's: an upgrade of torch, transformers or bitsandbytes (what a stored baseline gates)
+does not change it. It runs on as many threads as the engine. One run takes about 10 ms on an idle core; the
+sampler keeps its share of the machine near 5%. It probes the CPU; on a GPU device it is not run and the
 comparison is not normalized.
 
 What the probe sampled during a repetition includes the workload's own pressure on the cores; it is the same for
@@ -25,6 +25,7 @@ its time (sleeps, waits) lets the probe run faster, so its slowdown reads somewh
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -35,7 +36,7 @@ from pathlib import Path
 from pytest_infergate.perf.metrics import METRICS
 
 # The probe's name and version: a baseline's probe times are comparable only with the same probe's.
-PROBE = "numpy-sgemm-copy/2"
+PROBE = "numpy-sgemm-copy/1"
 # Metrics in time units scale with machine speed; throughputs inversely; memory, counts and fractions not at all.
 LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
 THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
@@ -52,7 +53,7 @@ def _operands():
     return {"activations": rng.standard_normal((64, hidden), dtype=np.float32),
             "weight": rng.standard_normal((hidden, inner), dtype=np.float32),
             "src": np.ones(4 << 20, dtype=np.float32),  # 16 MiB: past the last-level cache of a CI runner
-            "dst": np.empty(4 << 20, dtype=np.float32)}
+            "dst": np.zeros(4 << 20, dtype=np.float32) + 1}  # written once: no page faults in the first probe
 
 
 def available() -> bool:
@@ -64,21 +65,29 @@ def available() -> bool:
 
 
 def probe_seconds() -> float:
-    """One run of the probe, in seconds (a few ms on an idle 2-core CI runner): GEMMs, then an out-of-cache copy."""
+    """One run of the probe, in seconds (about 10 ms on one idle core): GEMMs, then an out-of-cache copy. Long
+    enough to span several scheduler time slices, so on a busy machine it reads the CPU share it gets."""
     import numpy as np
 
     ops = _operands()
     start = time.monotonic()
-    for _ in range(3):
+    for _ in range(4):
         ops["activations"] @ ops["weight"]
     np.copyto(ops["dst"], ops["src"])
     return time.monotonic() - start
 
 
 def sample_forever() -> None:
-    """The sampler child's loop: `start_s duration_s` per probe on stdout, until the parent goes away."""
-    parent = __import__("os").getppid()
-    while __import__("os").getppid() == parent:
+    """The sampler child's loop: a probe every so often and one whenever a line arrives on stdin; `start_s
+    duration_s` per probe on stdout; ends when stdin closes or the parent goes away."""
+    import select
+
+    parent, interval = os.getppid(), MIN_INTERVAL_S
+    probe_seconds()  # the first run pays for loading BLAS kernels and touching memory, not for the machine's speed
+    while os.getppid() == parent:
+        asked, _, _ = select.select([sys.stdin], [], [], interval)
+        if asked and not os.read(sys.stdin.fileno(), 4096):
+            return
         start = time.monotonic()
         seconds = probe_seconds()
         try:
@@ -86,48 +95,75 @@ def sample_forever() -> None:
             sys.stdout.flush()
         except (BrokenPipeError, ValueError):
             return
-        time.sleep(max(MIN_INTERVAL_S, DUTY * seconds))
+        interval = max(MIN_INTERVAL_S, DUTY * seconds)
 
 
 class Sampler:
-    """A child process running the probe every MIN_INTERVAL_S or more (time.monotonic is one clock for both
-    processes on Linux and macOS); `during(start, end)` returns the probe times that began in that span."""
+    """A child process that runs the probe every MIN_INTERVAL_S or more, and at once when asked (`probe_now`), on
+    `threads` BLAS threads (the engine's torch threads: the probe then competes for the cores as the workload does).
+    time.monotonic is one clock for both processes on Linux and macOS."""
 
-    def __init__(self):
+    def __init__(self, threads: int | None = None):
         root = str(Path(__file__).resolve().parents[2])
         code = (f"import sys; sys.path.insert(0, {root!r}); "
                 "from pytest_infergate.perf.calibration import sample_forever; sample_forever()")
+        env = dict(os.environ)
+        if threads:
+            env.update({name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self._samples: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
-        self._process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        self._ended = False
+        self._arrived = threading.Condition()
+        self._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True, env=env)
         self._reader = threading.Thread(target=self._read, name="infergate-probe-sampler", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self._process.stdout:
-            start, seconds = map(float, line.split())
-            with self._lock:
-                self._samples.append((start, seconds))
+        try:
+            for line in self._process.stdout:
+                start, seconds = map(float, line.split())
+                with self._arrived:
+                    self._samples.append((start, seconds))
+                    self._arrived.notify_all()
+        finally:
+            with self._arrived:
+                self._ended = True
+                self._arrived.notify_all()
 
-    def during(self, start: float, end: float) -> list[float]:
-        with self._lock:
-            self._samples = [s for s in self._samples if s[0] >= start - 60.0]  # older ones are never asked for
-            return [seconds for began, seconds in self._samples if start <= began and began + seconds <= end]
+    def probe_now(self, timeout_s: float = 60.0) -> float | None:
+        """Run the probe now and wait for it; returns when it began, or None when the sampler does not answer
+        (numpy missing, the child gone): the repetition is then not calibrated."""
+        asked = time.monotonic()
+        try:
+            self._process.stdin.write("now\n")
+            self._process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._ended or (self._samples and self._samples[-1][0] >= asked), timeout_s)
+            return self._samples[-1][0] if self._samples and self._samples[-1][0] >= asked else None
+
+    def between(self, first: float, last: float) -> list[float]:
+        """The probe times of the probes that began from `first` to `last`, both included."""
+        with self._arrived:
+            self._samples = [s for s in self._samples if s[0] >= first - 600.0]  # older ones are never asked for
+            return [seconds for began, seconds in self._samples if first <= began <= last]
 
     def close(self) -> None:
-        self._process.terminate()
+        for stream in (self._process.stdin, self._process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
         try:
             self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        self._process.stdout.close()
 
 
-def repetition_probe(before: float, during: list[float], after: float) -> float:
-    """The machine's speed over one repetition: geometric mean of the probe right before, during and right after."""
-    values = [before, *during, after]
+def repetition_probe(values: list[float]) -> float:
+    """The machine's speed over one repetition: geometric mean of the probes right before, during and right after."""
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 

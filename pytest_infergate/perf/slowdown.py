@@ -12,15 +12,14 @@ def injected_slowdown(model, fraction: float, busy: bool = False):
     own measured time: asleep, or with `busy` computing (torch matmuls, on the threads the forward used), which
     is what a slower library does to the machine; a sleep leaves the cores to everything else meanwhile."""
     starts: list[float] = []
-    wait = _busy_wait if busy else time.sleep
+    wait = _busy_waiter() if busy else time.sleep
 
     def before(module, args, kwargs):
         starts.append(time.perf_counter())
 
     def after(module, args, kwargs, output):
         elapsed = time.perf_counter() - starts.pop()
-        if fraction:
-            wait(elapsed * fraction)
+        wait(elapsed * fraction)
         return output
 
     pre = model.register_forward_pre_hook(before, with_kwargs=True)
@@ -32,10 +31,14 @@ def injected_slowdown(model, fraction: float, busy: bool = False):
         post.remove()
 
 
-def _busy_wait(seconds: float) -> None:
+def _busy_waiter():
     import torch
 
-    deadline = time.perf_counter() + seconds
     x, w = torch.ones(32, 576), torch.ones(576, 1536)  # ~0.5 ms a matmul on an idle 2-core runner
-    while time.perf_counter() < deadline:
-        torch.mm(x, w)
+
+    def busy_wait(seconds: float) -> None:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            torch.mm(x, w)
+
+    return busy_wait
