@@ -60,11 +60,13 @@ def budget_values(args) -> dict:
 
 
 def context(args, records: list, baseline: dict | None) -> TestContext:
-    """What the plugin hands the infergate_bench fixture's object for one test with an infergate_budget marker."""
+    """What the plugin hands the infergate_bench fixture's object for one test with an infergate_budget marker
+    (with --infergate-save-baseline when `args.save_baseline` is set)."""
     def fail(message):
         raise GateFailed(message)
 
-    return TestContext(test_id=TEST_ID, options=Options(model=args.model, precisions=("fp32",)),
+    options = Options(model=args.model, precisions=("fp32",), save_baseline=args.save_baseline)
+    return TestContext(test_id=TEST_ID, options=options,
                        record=records.append, fail=fail, skip=fail, warn=lambda message: None,
                        add_property=lambda name, value: None, markers=lambda name: [budget_values(args)]
                        if name == "infergate_budget" else [], scoped_lines=lambda option: [],

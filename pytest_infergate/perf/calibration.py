@@ -11,11 +11,14 @@ Why during and not only around: on a shared 2-core runner at load 8-12, a repeti
 workload took 50-300 s and the load changed within it; over 12 repetitions, the probe right before and right after
 tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85.
 
-The probe is fp32 GEMMs of the shape of a small transformer's MLP and a copy of an array larger than the caches,
-on numpy's own BLAS, not torch's: an upgrade of torch, transformers or bitsandbytes (what a stored baseline gates)
-does not change it. It runs on as many threads as the engine. One run takes about 10 ms on an idle core; the
-sampler keeps its share of the machine near 5%. It probes the CPU; on a GPU device it is not run and the
-comparison is not normalized.
+The probe is fp32 GEMMs shaped like a small transformer's prefill and decode (the decode ones stream a 64 MiB
+matrix, as decoding streams the weights) and a copy, on numpy's own BLAS, not torch's: an upgrade of torch,
+transformers or bitsandbytes (what a stored baseline gates) does not change it. It runs on as many threads as the
+engine. One run takes about 25 ms on an idle core and ~100 MiB in the sampler process; the sampler keeps its
+share of the machine near 5%. Compute-bound GEMMs alone tracked the workload worse than with the memory-bound
+part (tokens/s over 24 repetitions at load 7-10: slope 0.28 against 0.71, residual spread 0.17 against 0.084
+log units, 0.106 unnormalized). It probes the CPU; on a GPU device it is not run and the comparison is not
+normalized.
 
 What the probe sampled during a repetition includes the workload's own pressure on the cores; it is the same for
 an unchanged workload and for one doing more of the same work. A candidate that leaves the cores idle for part of
@@ -36,7 +39,7 @@ from pathlib import Path
 from pytest_infergate.perf.metrics import METRICS
 
 # The probe's name and version: a baseline's probe times are comparable only with the same probe's.
-PROBE = "numpy-sgemm-copy/1"
+PROBE = "numpy-prefill-decode-copy/1"
 # Metrics in time units scale with machine speed; throughputs inversely; memory, counts and fractions not at all.
 LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
 THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
@@ -49,11 +52,13 @@ def _operands():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    hidden, inner = 576, 1536  # a SmolLM-sized MLP; the shapes matter less than being BLAS-bound like the engine
-    return {"activations": rng.standard_normal((64, hidden), dtype=np.float32),
+    hidden, inner = 576, 1536  # a SmolLM-sized MLP
+    return {"activations": rng.standard_normal((64, hidden), dtype=np.float32),  # a prefill chunk: compute-bound
             "weight": rng.standard_normal((hidden, inner), dtype=np.float32),
-            "src": np.ones(4 << 20, dtype=np.float32),  # 16 MiB: past the last-level cache of a CI runner
-            "dst": np.zeros(4 << 20, dtype=np.float32) + 1}  # written once: no page faults in the first probe
+            "tokens": rng.standard_normal((8, 2048), dtype=np.float32),  # a decode step of 8 sequences ...
+            "weights": rng.standard_normal((2048, 8192), dtype=np.float32),  # ... over 64 MiB: memory-bound
+            "src": np.ones(4 << 20, dtype=np.float32),  # 16 MiB
+            "dst": np.ones(4 << 20, dtype=np.float32)}  # written once: no page faults in the first probe
 
 
 def available() -> bool:
@@ -65,14 +70,18 @@ def available() -> bool:
 
 
 def probe_seconds() -> float:
-    """One run of the probe, in seconds (about 10 ms on one idle core): GEMMs, then an out-of-cache copy. Long
-    enough to span several scheduler time slices, so on a busy machine it reads the CPU share it gets."""
+    """One run of the probe, in seconds (about 25 ms on one idle core): what the engine's forward passes do, on
+    numpy's BLAS: prefill-sized GEMMs, decode-sized GEMMs that stream a 64 MiB weight matrix (more than a CI job's
+    share of a last-level cache), and a copy. Long enough to span several scheduler time slices, so on a busy
+    machine it reads the CPU share and memory bandwidth it gets."""
     import numpy as np
 
     ops = _operands()
     start = time.monotonic()
     for _ in range(4):
         ops["activations"] @ ops["weight"]
+    for _ in range(2):
+        ops["tokens"] @ ops["weights"]
     np.copyto(ops["dst"], ops["src"])
     return time.monotonic() - start
 

@@ -13,6 +13,9 @@ from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
 DEFAULT_AB_REGRESSION = 0.10
+# With --infergate-save-baseline every measurement takes at least this many repetitions: a stored baseline is the
+# yardstick of every later run, so its own sampling error would shift all of their ratios alike.
+BASELINE_MIN_REPEATS = 8
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -102,6 +105,8 @@ class PerfBench:
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
+        if self.ctx.options.save_baseline is not None:
+            repeats = max(repeats, BASELINE_MIN_REPEATS)
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
         key = self.ctx.measurement_key(label)
