@@ -63,6 +63,13 @@ def reference_only(infergate_precision, infergate_options):
         pytest.skip(f"engine experiment: runs on the reference precision ({infergate_options.reference_precision})")
 
 
+@pytest.fixture
+def not_the_reference(infergate_precision, infergate_options):
+    """Comparisons with the reference precision skip the reference itself (it would only meet itself)."""
+    if infergate_precision == infergate_options.reference_precision:
+        pytest.skip(f"{infergate_precision} is the reference precision: nothing to compare it with")
+
+
 @pytest.fixture(scope="session")
 def suite_device(infergate_device) -> str:
     return "cuda" if infergate_device.startswith("cuda") else "cpu"

@@ -3,7 +3,7 @@ precision under the quality policy, and against its own accepted golden outputs,
 changes answers is caught even where the precision was already known to differ from the reference."""
 
 
-def test_against_reference(infergate_golden):
+def test_against_reference(infergate_golden, not_the_reference):
     infergate_golden.check()
 
 

@@ -1,6 +1,7 @@
 """The precision ladder (guide: "先测 FP16/BF16 基线, 再测 8bit, 最后再评估 4bit"; pitfall 2): for each precision,
-load time, weight bytes, peak memory, TTFT and tokens/s at batch 1 and at a small batch, quality against the
-reference, and whether the memory it frees allows a larger batch within the reference's memory budget."""
+load time, weight bytes, peak memory, TTFT and tokens/s at batch 1 and at a small batch, and whether the memory it
+frees allows a larger batch within the reference's memory budget. Quality against the reference is
+test_golden.py's (computed once per precision, shown once)."""
 
 import pytest
 
@@ -37,7 +38,3 @@ def test_freed_memory_allows_a_larger_batch(infergate_model, infergate_reference
     assert fits >= SMALL_BATCH
     if infergate_model.record.requested_precision in ("int8", "nf4"):
         assert fits > SMALL_BATCH, "quantization freed no memory for a larger batch"
-
-
-def test_quality_vs_reference(infergate_golden):
-    infergate_golden.check()
