@@ -1,38 +1,102 @@
 """How often does the perf gate cry wolf, and how often does it catch a real slowdown?
 
-    python benchmarks/gate_power.py            # 10 trials per condition on the embedded model
-    python benchmarks/gate_power.py --trials 3 # a quicker look
+    python benchmarks/gate_power.py                    # --mode ab, 10 trials per condition, embedded model
+    python benchmarks/gate_power.py --mode baseline    # against a stored baseline, as --infergate-baseline
+    python benchmarks/gate_power.py --trials 3         # a quicker look
 
 Each trial measures the same workload unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook
-that sleeps after every model forward for that fraction of the forward's own time, and decides it exactly as the
-pytest gate does:
+that waits after every model forward for that fraction of the forward's own time (asleep, or with `--slowdown
+busy` computing torch matmuls), and decides it exactly as the pytest gate does; the three conditions take turns:
 - `--mode ab` (default, as `infergate_bench.ab()`): the unchanged model (A) and the candidate (B) alternate for
   `--rounds` rounds (evaluate_ab: per-request latencies by a bootstrap CI of the ratio of percentiles, per-
   repetition throughput by the median of per-round ratios; one more round at a time while inconclusive, up to two);
-- `--mode baseline` (as `--infergate-baseline`): one baseline measured first, after a discarded warm-up, then
-  each trial against it (evaluate_perf, re-measured up to twice while inconclusive).
+- `--mode baseline` (as `--infergate-save-baseline`, then `--infergate-baseline`): a child process measures the
+  workload through the `infergate_bench` fixture's object (PerfBench, its calibration probe included) and saves the
+  baseline file as the session does; this process loads that file and measures every trial through a fresh
+  PerfBench, gated by the same budget marker (gate_measurement: normalized for machine speed when both sides have
+  the calibration probe, re-measured up to twice while inconclusive). `--baseline PATH` reuses a saved file (e.g.
+  one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3.
 Prints verdict counts, false-alarm rate, detection rate and time per trial.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
-from pytest_infergate.options import default_cache_dir  # noqa: E402
-from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
+from pytest_infergate.options import Options, default_cache_dir  # noqa: E402
+from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf  # noqa: E402
+from pytest_infergate.perf.fixture import PerfBench  # noqa: E402
+from pytest_infergate.perf.gate import evaluate_ab  # noqa: E402
 from pytest_infergate.perf.slowdown import injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
+
+TEST_ID = "benchmarks/gate_power.py::test_chat_workload"
+
+
+class GateFailed(Exception):
+    pass
+
+
+def budget_values(args) -> dict:
+    values = {"max_regression": args.max_regression}
+    # a generous absolute limit per metric just names which metrics the relative check compares
+    for metric in args.metrics.split(","):
+        values[metric] = 1e-9 if metric in ("tokens_per_s", "requests_per_s") else 1e12
+    return values
+
+
+def context(args, records: list, baseline: dict | None) -> TestContext:
+    """What the plugin hands the infergate_bench fixture's object for one test with an infergate_budget marker
+    (with --infergate-save-baseline when `args.save_baseline` is set)."""
+    def fail(message):
+        raise GateFailed(message)
+
+    options = Options(model=args.model, precisions=("fp32",), save_baseline=args.save_baseline)
+    return TestContext(test_id=TEST_ID, options=options,
+                       record=records.append, fail=fail, skip=fail, warn=lambda message: None,
+                       add_property=lambda name, value: None, markers=lambda name: [budget_values(args)]
+                       if name == "infergate_budget" else [], scoped_lines=lambda option: [],
+                       note_scopes=lambda option, scopes: None, baseline=baseline)
+
+
+def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slowdown: float = 0.0):
+    """One `infergate_bench(requests, config, repeats=...)` call of a test: a fresh PerfBench (as the fixture
+    makes per test), gated; returns the PerfRecord it recorded."""
+    records: list = []
+    bench = PerfBench(context(args, records, baseline), loaded, compare_side=lambda: loaded)
+    bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
+    try:
+        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy"):
+            bench(requests, config, warmup=2, repeats=args.repeats)
+    except GateFailed:
+        pass
+    finally:
+        bench.close()
+    return records[-1]
+
+
+def save_baseline_file(args, loaded, requests, config, path: Path) -> None:
+    """As `pytest --infergate-save-baseline PATH`: measure as the test does, then write what the session writes."""
+    record = measure_as_a_test(args, loaded, requests, config, None)
+    save_baseline(path, {record.test: BaselineEntry(record.fingerprint, record.measurement)})
+    m = record.measurement
+    print(f"baseline saved to {path}: {m.repetitions} repetitions, itl p50 {m.value('itl_ms'):.1f} ms, "
+          f"{m.value('tokens_per_s'):.2f} tok/s, probe {m.probe or 'none'} "
+          f"{', '.join(f'{s * 1000:.0f}' for s in m.probe_s)} ms", flush=True)
 
 
 def main() -> int:
@@ -41,57 +105,81 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--max-regression", type=float, default=0.10)
     parser.add_argument("--metrics", default="itl_ms,tokens_per_s")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--baseline-repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions per measurement (baseline mode)")
     parser.add_argument("--mode", choices=("ab", "baseline"), default="ab")
     parser.add_argument("--rounds", type=int, default=4, help="A/B rounds per trial (as infergate_bench.ab)")
+    parser.add_argument("--baseline", type=Path, help="baseline mode: compare with this saved file")
+    parser.add_argument("--save-baseline", type=Path, help="baseline mode: only save the baseline file, then exit")
+    parser.add_argument("--no-calibration", action="store_true", help="baseline mode: measure without the probe")
+    parser.add_argument("--slowdown", choices=("sleep", "busy"), default="sleep",
+                        help="how the injected slowdown waits after each forward: asleep (the cores free meanwhile) "
+                        "or computing (torch matmuls: the machine as busy as a slower library keeps it)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own, one per core)")
+    parser.add_argument("--json", type=Path, help="baseline mode: write every trial's record (measurement, probe "
+                        "times, verdicts) here, for analysis")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
     requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
     config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
-    budget_values = {"max_regression": args.max_regression}
-    # a generous absolute limit per metric just names which metrics the relative check compares
-    for metric in args.metrics.split(","):
-        budget_values[metric] = 1e-9 if metric in ("tokens_per_s", "requests_per_s") else 1e12
-    budget = parse_budget(budget_values)
-    bench = Bench(loaded)
-    bench.measure(requests, config, warmup=2, repeats=2)  # warm the machine up; a cold first measurement drifts
-    entry = None
+    warm = Bench(loaded, calibrate=False)
+    warm.measure(requests, config, warmup=2, repeats=2)  # warm the machine up; a cold first measurement drifts
+    warm.close()
+    if args.save_baseline is not None:
+        save_baseline_file(args, loaded, requests, config, args.save_baseline)
+        return 0
+    baseline = None
     if args.mode == "baseline":
-        with injected_slowdown(loaded.model, 0.0):
-            baseline = bench.measure(requests, config, warmup=2, repeats=args.baseline_repeats)
-        entry = BaselineEntry({}, baseline)
-        print(f"baseline: {baseline.repetitions} repetitions, tpot p50 {baseline.value('tpot_ms'):.1f} ms, "
-              f"{baseline.value('tokens_per_s'):.1f} tok/s")
-    print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}")
+        path = args.baseline
+        if path is None:  # saved by another process, as a pytest run with --infergate-save-baseline would
+            path = Path(tempfile.mkdtemp()) / "baseline.json"
+            child = [sys.executable, __file__, "--mode", "baseline", "--model", args.model, "--save-baseline",
+                     str(path), "--repeats", str(args.repeats), "--metrics", args.metrics]
+            child += ["--threads", str(args.threads)] if args.threads else []
+            child += ["--slowdown", args.slowdown]
+            subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
+        baseline = load_baseline(path)
+    import torch
+
+    print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}; slowdown "
+          f"{args.slowdown}; torch threads {torch.get_num_threads()}"
+          f"{'; calibration probe off' if args.no_calibration else ''}", flush=True)
+    budget = parse_budget(budget_values(args))
+    bench = Bench(loaded, calibrate=False)
 
     def run(fraction):
         def one(into):
-            with injected_slowdown(loaded.model, fraction):
+            with injected_slowdown(loaded.model, fraction, busy=args.slowdown == "busy"):
                 bench.run_once(requests, config, 1, into)
         return one
 
-    outcomes: dict[float, Counter] = {}
-    durations = []
-    for slowdown in (0.0, 0.10, 0.25):
-        outcomes[slowdown] = Counter()
-        for trial in range(args.trials):
+    slowdowns = (0.0, 0.10, 0.25)
+    outcomes: dict[float, Counter] = {slowdown: Counter() for slowdown in slowdowns}
+    durations, dumped = [], []
+    for trial in range(args.trials):  # the conditions take turns, so drift of the machine hits them alike
+        for slowdown in slowdowns:
             start = time.perf_counter()
             if args.mode == "baseline":
-                with injected_slowdown(loaded.model, slowdown):
-                    m = bench.measure(requests, config, warmup=2, repeats=args.repeats)
-                    outcome = evaluate_perf(m, budget, {}, entry,
-                                            remeasure=lambda m=m: bench.extend(m, requests, config, warmup=1))
-                status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
+                record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown)
+                status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
+                machine = next((v.machine_slowdown for v in verdicts if v.machine_slowdown), None)
+                extra = f", machine x{machine:.3f} by the probe" if machine else ", not normalized"
+                if args.json is not None:
+                    dumped.append({"slowdown": slowdown, "trial": trial, "record": record.to_dict()})
+                    args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in baseline.items()},
+                                                     "trials": dumped}, default=str))
             else:
                 _, outcome = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
-                status, verdicts, remeasured = outcome.status, outcome.verdicts, outcome.remeasured
+                status, verdicts, remeasured, extra = outcome.status, outcome.verdicts, outcome.remeasured, ""
             durations.append(time.perf_counter() - start)
             outcomes[slowdown][status] += 1
             ratios = ", ".join(f"{v.metric} x{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in verdicts)
-            print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {status:12s} {ratios}"
-                  f"{f' (re-measured {remeasured}x)' if remeasured else ''}", flush=True)
+            print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {status:12s} {ratios}{extra}"
+                  f"{f' (re-measured {remeasured}x)' if remeasured else ''} {durations[-1]:.0f} s", flush=True)
     bench.close()
 
     print("\nverdicts (pass / inconclusive / fail):")
@@ -102,8 +190,8 @@ def main() -> int:
     print(f"25% slowdown failed: {outcomes[0.25]['fail']}/{args.trials} (target {args.trials}/{args.trials})")
     caught = outcomes[0.10]["fail"] + outcomes[0.10]["inconclusive"]
     print(f"10% slowdown failed or inconclusive: {caught}/{args.trials} (target >= {0.8 * args.trials:.0f})")
-    print(f"time per budgeted measurement: median {sorted(durations)[len(durations) // 2]:.1f} s, "
-          f"max {max(durations):.1f} s (target < 60 s)")
+    print(f"time per trial: median {sorted(durations)[len(durations) // 2]:.1f} s, max {max(durations):.1f} s "
+          "(target < 60 s)")
     return 0
 
 

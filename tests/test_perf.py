@@ -8,6 +8,7 @@ from pytest_infergate.perf import (
     BaselineError,
     BudgetError,
     Measurement,
+    calibration,
     check_budget,
     compare_measurements,
     compare_samples,
@@ -18,6 +19,7 @@ from pytest_infergate.perf import (
     parse_ini_budgets,
     save_baseline,
 )
+from pytest_infergate.perf.verdict import normalized_repetitions
 from pytest_infergate.stats import percentile
 
 
@@ -159,3 +161,140 @@ def test_inconclusive_remeasures_then_decides():
     outcome = evaluate_perf(m, parse_budget({"max_regression": 0.1, "ttft_ms": 1e6}), {}, entry, remeasure=remeasure)
     assert calls and outcome.remeasured == len(calls)
     assert outcome.status == "fail"
+
+
+# ---- drift normalization by the calibration probe --------------------------------------------------------------
+
+def calibrated(itl_ms, tokens_per_s, probe_s, per_rep=20, noise=0.03, seed=0, peak_mb=500.0):
+    """A Measurement as Bench records it: per repetition, `per_rep` ITL samples around itl_ms[i], one tokens/s
+    value, one peak memory value, and the calibration probe's seconds next to it."""
+    rng = random.Random(seed)
+    m = Measurement(probe=calibration.PROBE)
+    for itl, tps, probe in zip(itl_ms, tokens_per_s, probe_s):
+        m.samples.setdefault("itl_ms", []).extend(itl * (1 + rng.gauss(0, noise)) for _ in range(per_rep))
+        m.samples.setdefault("tokens_per_s", []).append(tps * (1 + rng.gauss(0, noise)))
+        m.samples.setdefault("peak_mem_mb", []).append(peak_mb)
+        m.probe_s.append(probe)
+        m.end_repetition()
+    return m
+
+
+GATE = parse_budget({"max_regression": 0.10, "itl_ms": 1e12, "tokens_per_s": 1e-9, "peak_mem_mb": 1e9})
+
+
+def machine(speeds, regression=1.0, seed=0, probe_jitter=0.02):
+    """Repetitions on a machine whose slowness varies by repetition (`speeds`, 1 = the baseline's machine); the
+    probe sees each repetition's slowness up to a small jitter; `regression` slows the code itself."""
+    rng = random.Random(seed + 100)
+    return calibrated([20.0 * s * regression for s in speeds], [50.0 / (s * regression) for s in speeds],
+                      [0.040 * s * (1 + rng.gauss(0, probe_jitter)) for s in speeds], seed=seed)
+
+
+BASELINE_SPEEDS = [1.0, 1.05, 0.97, 1.02, 1.0]
+SLOW_SPEEDS = [2.0, 2.3, 1.8, 2.1, 1.95]  # a 2x slower, drifting machine
+
+
+def test_slower_machine_without_regression_passes_once_normalized():
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1))
+    candidate = machine(SLOW_SPEEDS, seed=2)
+    outcome = evaluate_perf(candidate, GATE, {}, entry)
+    by_metric = {v.metric: v for v in outcome.verdicts}
+    assert outcome.status == "pass", outcome.message()
+    assert by_metric["itl_ms"].ratio == pytest.approx(1.0, abs=0.05)
+    assert by_metric["tokens_per_s"].ratio == pytest.approx(1.0, abs=0.05)
+    assert by_metric["itl_ms"].machine_slowdown == pytest.approx(2.0, rel=0.05)
+    assert by_metric["itl_ms"].raw_candidate == pytest.approx(40.0, rel=0.1)  # what was measured, before
+    assert by_metric["peak_mem_mb"].machine_slowdown is None  # memory does not scale with machine speed
+    assert "normalized for machine speed" in outcome.notes[-1] and "x2.0" in outcome.notes[-1]
+    # the same comparison without the probe: the slower machine reads as a 2x regression
+    for m in (candidate, entry.measurement):
+        m.probe, m.probe_s = "", []
+    unnormalized = evaluate_perf(candidate, GATE, {}, entry)
+    assert unnormalized.status == "fail"
+    assert "no calibration probe" in unnormalized.notes[-1]
+
+
+def test_true_regression_on_a_slower_machine_fails():
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1))
+    outcome = evaluate_perf(machine(SLOW_SPEEDS, regression=1.25, seed=3), GATE, {}, entry)
+    assert outcome.status == "fail"
+    by_metric = {v.metric: v for v in outcome.verdicts}
+    assert by_metric["itl_ms"].status == by_metric["tokens_per_s"].status == "fail"
+    assert by_metric["itl_ms"].ratio == pytest.approx(1.25, abs=0.06)
+    text = outcome.message()
+    assert "normalized for machine speed: calibration probe x2.0" in text and "before normalizing" in text
+
+
+def test_a_faster_machine_does_not_hide_a_regression():
+    # the machine warmed up since the baseline (the README's unchanged runs 8-16% faster): a 25% regression shows
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1))
+    outcome = evaluate_perf(machine([0.85, 0.88, 0.86, 0.9, 0.87], regression=1.25, seed=4), GATE, {}, entry)
+    assert outcome.status == "fail"
+
+
+def test_a_probe_that_does_not_track_the_machine_widens_the_interval():
+    # the probe's noise is part of every normalized repetition, so the CI over repetitions carries it
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1))
+    steady = evaluate_perf(machine(SLOW_SPEEDS, seed=2), GATE, {}, entry).verdicts[0]
+    noisy_probe = evaluate_perf(machine(SLOW_SPEEDS, seed=2, probe_jitter=0.3), GATE, {}, entry).verdicts[0]
+    assert noisy_probe.high - noisy_probe.low > 3 * (steady.high - steady.low)
+    assert noisy_probe.status != "pass" or noisy_probe.high <= 1.1
+
+
+def test_normalized_repetitions_scale_each_repetition_by_its_own_probe():
+    m = calibrated([10.0, 30.0], [100.0, 50.0], [0.01, 0.03], per_rep=2, noise=0.0)
+    assert m.repetition_ends["itl_ms"] == [2, 4] and m.by_repetition("itl_ms") == [[10.0, 10.0], [30.0, 30.0]]
+    assert normalized_repetitions(m, "itl_ms", 0.01) == [[10.0, 10.0], [pytest.approx(10.0)] * 2]
+    assert normalized_repetitions(m, "tokens_per_s", 0.01) == [[100.0], [pytest.approx(150.0)]]
+    assert normalized_repetitions(m, "peak_mem_mb", 0.01) == [[500.0], [500.0]]
+    m.probe_s.pop()  # a repetition without its probe: not normalizable
+    assert normalized_repetitions(m, "itl_ms", 0.01) is None
+
+
+def test_baseline_round_trip_keeps_the_calibration(tmp_path):
+    m = machine(BASELINE_SPEEDS)
+    path = tmp_path / "b.json"
+    save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, m)})
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 3 and data["kind"] == "baseline"
+    stored = data["entries"]["t::x"]["measurement"]
+    assert stored["probe"] == calibration.PROBE and len(stored["probe_s"]) == 5
+    assert stored["repetition_ends"]["itl_ms"] == [20, 40, 60, 80, 100]
+    assert load_baseline(path)["t::x"].measurement == m
+
+
+def test_version_2_baseline_is_read_and_compared_without_normalization(tmp_path):
+    old = machine(BASELINE_SPEEDS).to_dict()
+    for key in ("probe", "probe_s", "repetition_ends"):
+        del old[key]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({"kind": "baseline", "schema_version": 2, "created": 0,
+                                "entries": {"t": {"fingerprint": {}, "measurement": old}}}))
+    entry = load_baseline(path)["t"]
+    assert entry.measurement.probe == "" and entry.measurement.probe_s == []
+    outcome = evaluate_perf(machine(BASELINE_SPEEDS, seed=5), GATE, {}, entry)
+    assert all(v.machine_slowdown is None for v in outcome.verdicts)
+    assert "the baseline has no calibration probe" in outcome.notes[-1] and "--infergate-save-baseline" in \
+        outcome.notes[-1]
+
+
+def test_repetition_probe_is_the_geometric_mean_of_its_probes():
+    assert calibration.repetition_probe([0.01, 0.04]) == pytest.approx(0.02)
+    assert calibration.repetition_probe([0.01, 0.02, 0.04, 0.08]) == pytest.approx((0.01 * 0.02 * 0.04 * 0.08) ** 0.25)
+    assert calibration.scale("itl_ms", 0.02, 0.01) == 0.5 and calibration.scale("tokens_per_s", 0.02, 0.01) == 2.0
+    assert calibration.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not calibration.normalizes("load_s")
+
+
+def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
+    sampler = calibration.Sampler(threads=1)
+    try:
+        first = sampler.probe_now()
+        second = sampler.probe_now()
+        assert first is not None and second is not None and second > first
+        probes = sampler.between(first, second)
+        assert len(probes) >= 2 and all(p > 0 for p in probes)
+        assert sampler.between(first - 100, first - 50) == []
+    finally:
+        sampler.close()
+    assert sampler._process.poll() is not None
+    assert sampler.probe_now(timeout_s=1) is None  # a closed sampler answers no more: the repetition is uncalibrated

@@ -61,9 +61,11 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.5"))
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "base.json").read_text())
-    assert saved["schema_version"] == 2 and saved["kind"] == "baseline"  # version 2 added the kind
+    assert saved["schema_version"] == 3 and saved["kind"] == "baseline"  # version 3 added the calibration probe
     (entry,) = saved["entries"].values()
     assert entry["fingerprint"]["precision"] == "fp32" and entry["measurement"]["samples"]["ttft_ms"]
+    # a baseline takes at least 8 repetitions (the test asked for 2), each with its calibration probe
+    assert len(entry["measurement"]["probe_s"]) == entry["measurement"]["repetitions"] == 8
 
     # same environment, much faster baseline: the candidate is a clear regression
     for values in entry["measurement"]["samples"].values():
@@ -72,7 +74,9 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     (pytester.path / "fast.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=fast.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*"])
+    result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*",
+                                 "*normalized for machine speed: the calibration probe (numpy-prefill-decode-copy/1) "
+                                 "took x*"])
 
     # another environment: skipped with a visible warning, or a failure under --infergate-strict
     entry["fingerprint"]["torch"] = "0.0.1"
@@ -128,3 +132,56 @@ def test_interleaved_ab(pytester, run):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*infergate A/B gate failed*test_one_at_a_time_is_slower*fp32 vs fp32*",
                                  "*tokens_per_s FAIL*paired by round*"])
+
+
+class SteadySampler:
+    def __init__(self, threads=None):
+        pass
+
+    def probe_now(self):
+        return 1.0
+
+    def between(self, first, last):
+        return [0.010]
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def steady_probe(monkeypatch):
+    """The calibration probe reads 10 ms: what a baseline's probe times say is then set by the test alone."""
+    from pytest_infergate.perf import calibration
+
+    monkeypatch.setattr(calibration, "Sampler", SteadySampler)
+
+
+def test_baseline_from_a_faster_machine_is_normalized(pytester, run, steady_probe):
+    pytester.makepyfile(BENCH_TEST.format(budget="max_regression=3.0"))
+    run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
+    saved = json.loads((pytester.path / "base.json").read_text())
+    (entry,) = saved["entries"].values()
+    measurement = entry["measurement"]
+    assert measurement["probe_s"] == [0.010] * measurement["repetitions"]
+    assert measurement["repetition_ends"]["ttft_ms"][-1] == len(measurement["samples"]["ttft_ms"])
+    # as if saved on a machine 100x faster: every figure, and the probe, 100x faster
+    for metric, values in measurement["samples"].items():
+        factor = 100 if metric in ("tokens_per_s", "requests_per_s") else 0.01 if metric.endswith("_ms") else 1
+        values[:] = [v * factor for v in values]
+    measurement["probe_s"] = [0.0001] * measurement["repetitions"]
+    (pytester.path / "fast_machine.json").write_text(json.dumps(saved))
+    result = run("--infergate-baseline=fast_machine.json", "--infergate-json=out.json")
+    result.assert_outcomes(passed=1)  # 100x slower figures on a 100x slower machine: no regression
+    (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
+    note = "the calibration probe (numpy-prefill-decode-copy/1) took x100.000 its time"
+    assert any(note in n for n in record["notes"])
+    assert all(v["machine_slowdown"] == pytest.approx(100.0) for v in record["verdicts"])
+
+    # the same file without the probe, as a version-2 baseline: read, compared as measured, and said so
+    del measurement["probe"], measurement["probe_s"], measurement["repetition_ends"]
+    saved["schema_version"] = 2
+    (pytester.path / "v2.json").write_text(json.dumps(saved))
+    result = run("--infergate-baseline=v2.json", "--infergate-json=out2.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAIL: candidate/baseline slowdown x*",
+                                 "*not normalized for machine speed: the baseline has no calibration probe*"])

@@ -2,6 +2,10 @@
 
 Written atomically (temp file + rename) with a `kind` and a schema version; a file that is not a baseline (a
 results file, a golden file, another version) is an error that says what it is and what to pass instead.
+
+Version 3 measurements carry the calibration probe's time next to each repetition (perf.calibration) and where
+each repetition's samples end, so a later comparison is normalized for how fast the machine is then. Versions 1
+and 2 are still read; their comparisons are not normalized, and say so.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf.metrics import Measurement
 
 KIND = "baseline"
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had no `kind`
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # version 1 had no `kind`; version 3 added the calibration probe per repetition
 # fingerprint fields whose change makes a relative comparison meaningless
 COMPARED_FIELDS = ("cpu", "cpu_count", "torch_threads", "gpu", "cuda", "device", "torch", "transformers",
                    "bitsandbytes", "model_fingerprint", "precision", "engine_config")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.memory import PeakMemory
+from pytest_infergate.perf import calibration
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 
 MIB = 1024 * 1024
@@ -27,10 +28,14 @@ def warmup_requests(requests: list[Request], count: int) -> list[Request]:
 class Bench:
     """Measures workloads for one loaded model. Repetitions reuse one engine per engine config."""
 
-    def __init__(self, loaded, device: str = "cpu"):
+    def __init__(self, loaded, device: str = "cpu", calibrate: bool | None = None):
+        """`calibrate`: run the calibration probe during every repetition (default: on a CPU device, when numpy is
+        there), so a comparison with a stored baseline can be normalized for how fast the machine is now."""
         self.loaded = loaded
         self.device = device
+        self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
         self._engines: dict[str, Engine] = {}
+        self._sampler: calibration.Sampler | None = None
 
     def engine(self, config: EngineConfig) -> Engine:
         key = repr(config)
@@ -42,10 +47,28 @@ class Bench:
         for engine in self._engines.values():
             engine.close()
         self._engines.clear()
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+
+    def sampler(self) -> calibration.Sampler | None:
+        """The calibration probe's sampler process, started at the first calibrated repetition on the engine's
+        number of threads; None if it cannot start (the repetitions are then not calibrated)."""
+        if self._sampler is None:
+            import torch
+
+            try:
+                self._sampler = calibration.Sampler(threads=torch.get_num_threads())
+            except OSError:
+                return None
+        return self._sampler
 
     def run_once(self, requests: list[Request], config: EngineConfig, warmup: int,
-                 into: Measurement) -> None:
-        """One repetition: warm-up requests (not counted), then the workload, appended to `into`."""
+                 into: Measurement, probe: bool | None = None) -> None:
+        """One repetition: warm-up requests (not counted), then the workload, appended to `into`; with `probe`
+        (default: `self.calibrate`) the calibration probe runs right before, during and right after the workload."""
+        probe = self.calibrate if probe is None else probe
+        sampler = self.sampler() if probe else None
         engine = self.engine(config)
         if warmup:
             engine.generate(warmup_requests(requests, warmup))
@@ -53,10 +76,18 @@ class Bench:
         engine.peak_kv_blocks = 0
         engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
         workload = fresh_copies(requests)
+        first = sampler.probe_now() if sampler is not None else None
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = engine.generate(workload)
             wall = time.perf_counter() - start
+        if probe:  # the machine's speed over this repetition: the probes from right before to right after it
+            last = sampler.probe_now() if first is not None else None
+            if last is not None:
+                into.probe = calibration.PROBE
+                into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
+            else:  # one repetition without its probe leaves the whole measurement uncalibrated
+                into.probe, into.probe_s = "", []
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         into.num_requests += len(results)
@@ -81,7 +112,7 @@ class Bench:
         into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
         into.steps = [s.to_dict() for s in engine.steps]
-        into.repetitions += 1
+        into.end_repetition()
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:

@@ -13,6 +13,9 @@ from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
 DEFAULT_AB_REGRESSION = 0.10
+# With --infergate-save-baseline every measurement takes at least this many repetitions: a stored baseline is the
+# yardstick of every later run, so its own sampling error would shift all of their ratios alike.
+BASELINE_MIN_REPEATS = 8
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -102,6 +105,8 @@ class PerfBench:
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
+        if self.ctx.options.save_baseline is not None:
+            repeats = max(repeats, BASELINE_MIN_REPEATS)
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
         key = self.ctx.measurement_key(label)
@@ -131,9 +136,10 @@ class PerfBench:
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
-            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m),
-                                     lambda m: self.bench.run_once(requests, config, warmup, m), budget, rounds,
-                                     self.ctx.options.strict)
+            # no calibration probe: the interleaving itself cancels drift of the machine
+            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
+                                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False), budget,
+                                     rounds, self.ctx.options.strict)
         finally:
             if other_bench is not self.bench:
                 other_bench.close()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.metrics import Measurement
-from pytest_infergate.perf.verdict import Verdict, compare_measurements
+from pytest_infergate.perf.verdict import Verdict, calibration_usable, compare_measurements, machine_slowdown
 from pytest_infergate.status import Status
 
 
@@ -87,14 +87,32 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
         return outcome
     if budget.max_regression is None:
         return outcome
-    outcome.baseline = baseline_entry.measurement
-    outcome.verdicts = compare_measurements(measurement, outcome.baseline, budget)
+    outcome.baseline = baseline = baseline_entry.measurement
+    calibrated = calibration_usable(measurement, baseline)
+    outcome.verdicts = compare_measurements(measurement, baseline, budget, calibrated=calibrated)
     while (remeasure is not None and outcome.remeasured < max_remeasure
            and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)):
         remeasure()
         outcome.remeasured += 1
-        outcome.verdicts = compare_measurements(measurement, outcome.baseline, budget)
+        calibrated = calibration_usable(measurement, baseline)
+        outcome.verdicts = compare_measurements(measurement, baseline, budget, calibrated=calibrated)
+    outcome.notes.append(calibration_note(measurement, baseline, calibrated))
     return outcome
+
+
+def calibration_note(measurement: Measurement, baseline: Measurement, calibrated: bool) -> str:
+    """What the outcome says about normalization for machine speed (perf.calibration)."""
+    if calibrated:
+        return (f"normalized for machine speed: the calibration probe ({measurement.probe}) took "
+                f"x{machine_slowdown(measurement, baseline):.3f} its time at the baseline "
+                f"({len(measurement.probe_s)}/{len(baseline.probe_s)} repetitions, each normalized by its own probe)")
+    if measurement.probe and not baseline.probe:
+        return ("not normalized for machine speed: the baseline has no calibration probe (saved by an older "
+                "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")
+    if measurement.probe and baseline.probe != measurement.probe:
+        return (f"not normalized for machine speed: the baseline's calibration probe is {baseline.probe!r}, this "
+                f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
+    return "not normalized for machine speed: no calibration probe ran with this measurement"
 
 
 def evaluate_ab(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None], budget: Budget,

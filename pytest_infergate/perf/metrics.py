@@ -55,6 +55,11 @@ class Measurement:
     engine: dict[str, Any] = field(default_factory=dict)
     steps: list[dict] = field(default_factory=list)  # per-step timeline of the last repetition
     label: str = ""
+    # Calibration (perf.calibration): the probe's name, its seconds next to each repetition, and per metric the
+    # sample count after each repetition, so that every sample can be normalized by its own repetition's probe.
+    probe: str = ""
+    probe_s: list[float] = field(default_factory=list)
+    repetition_ends: dict[str, list[int]] = field(default_factory=dict)
 
     def value(self, metric: str, pct: float | None = 50) -> float:
         values = self.samples.get(metric)
@@ -75,6 +80,21 @@ class Measurement:
             else:
                 out[metric] = percentile(values, 50)
         return out
+
+    def by_repetition(self, metric: str) -> list[list[float]] | None:
+        """The samples of `metric` split by repetition, or None when this measurement did not record the split."""
+        values, ends = self.samples.get(metric) or [], self.repetition_ends.get(metric) or []
+        if not values or len(ends) != self.repetitions or ends != sorted(ends) or ends[-1] != len(values):
+            return None
+        return [values[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+    def end_repetition(self) -> None:
+        """Close a repetition whose samples were just appended: count it, and where each metric's samples end."""
+        self.repetitions += 1
+        for metric, values in self.samples.items():
+            ends = self.repetition_ends.setdefault(metric, [])
+            if len(ends) == self.repetitions - 1:
+                ends.append(len(values))
 
     def to_dict(self) -> dict:
         return asdict(self)

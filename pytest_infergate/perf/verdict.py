@@ -6,8 +6,12 @@ below the threshold, fail when it lies above, inconclusive when it straddles it 
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from pytest_infergate.perf import calibration
 from pytest_infergate.perf.budget import Budget
 from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.stats import bootstrap_ratio_ci, paired_bootstrap_ci, percentile
@@ -29,13 +33,23 @@ class Verdict:
     baseline: float
     samples: tuple[int, int]
     paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
+    # Normalized for machine speed (perf.calibration): the calibration probe's time now / when the baseline was
+    # measured (1.2: the machine is 20% slower now); `candidate` is then the value at the baseline's machine speed
+    # and `raw_candidate` the value measured. None: not normalized.
+    machine_slowdown: float | None = None
+    raw_candidate: float | None = None
 
     def describe(self) -> str:
         where = f"p{self.percentile} " if self.percentile else ""
         pairing = ", paired by round" if self.paired else ""
+        normalized = ""
+        if self.machine_slowdown is not None:
+            normalized = (f"; normalized for machine speed: calibration probe x{self.machine_slowdown:.3f} of the "
+                          f"baseline's, measured {self.raw_candidate:.4g} before normalizing, CI over repetitions")
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
-                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{pairing})")
+                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{pairing}"
+                f"{normalized})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,14 +95,87 @@ def compare_paired(metric: str, candidate: list[float], baseline: list[float], m
                    paired=True)
 
 
+def normalized_repetitions(measurement: Measurement, metric: str, reference_s: float) -> list[list[float]] | None:
+    """`metric`'s samples per repetition, each scaled to the machine speed at which the calibration probe takes
+    `reference_s` by the probe measured next to its own repetition; None without a usable calibration."""
+    reps = measurement.by_repetition(metric)
+    if reps is None or not measurement.probe or len(measurement.probe_s) != len(reps) \
+            or min(measurement.probe_s, default=0) <= 0:
+        return None
+    return [[v * calibration.scale(metric, probe, reference_s) for v in values]
+            for values, probe in zip(reps, measurement.probe_s)]
+
+
+def calibration_usable(candidate: Measurement, baseline: Measurement) -> bool:
+    """Both measured with the same calibration probe, next to every repetition."""
+    return bool(candidate.probe) and candidate.probe == baseline.probe \
+        and len(candidate.probe_s) == candidate.repetitions > 0 and len(baseline.probe_s) == baseline.repetitions > 0
+
+
+def machine_slowdown(candidate: Measurement, baseline: Measurement) -> float:
+    """How much slower the machine is now than when the baseline was measured, by the calibration probe."""
+    return percentile(candidate.probe_s, 50) / percentile(baseline.probe_s, 50)
+
+
+def compare_calibrated(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
+                       pct: int | None = 50, confidence: float = 0.95, resamples: int = 2000) -> Verdict | None:
+    """compare_samples for a candidate and a stored baseline that were both measured next to the calibration
+    probe: every sample is first normalized to the baseline's machine speed by the probe of its own repetition,
+    then the bootstrap resamples whole repetitions (with all their samples), not single samples, so the CI holds
+    what the probe did not cancel: the drift within a repetition and the probe's own noise. The statistic is the
+    chosen percentile of the pooled samples for per-request metrics, the geometric mean over repetitions for
+    per-repetition ones (a median of a few repetitions barely moves under resampling). None: not normalizable."""
+    if not calibration.normalizes(metric) or not calibration_usable(candidate, baseline):
+        return None
+    reference = percentile(baseline.probe_s, 50)
+    cand = normalized_repetitions(candidate, metric, reference)
+    base = normalized_repetitions(baseline, metric, reference)
+    if not cand or not base or not all(cand) or not all(base):
+        return None
+    higher_is_better = METRICS[metric][1]
+    if METRICS[metric][2]:
+        def stat(reps: list[list[float]]) -> float:
+            return percentile([v for values in reps for v in values], pct or 50)
+    else:
+        def stat(reps: list[list[float]]) -> float:
+            return math.exp(sum(math.log(values[0]) for values in reps) / len(reps))
+    if min(v for reps in (cand, base) for values in reps for v in values) <= 0 and not METRICS[metric][2]:
+        return None
+    worse, better = (base, cand) if higher_is_better else (cand, base)
+    point, low, high = _cluster_bootstrap_ratio(worse, better, stat, confidence, resamples)
+    threshold = 1.0 + max_regression
+    raw = candidate.value(metric, pct) if METRICS[metric][2] else percentile(candidate.samples[metric], 50)
+    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold,
+                   pct if METRICS[metric][2] else None, stat(cand), stat(base), (len(cand), len(base)),
+                   machine_slowdown=machine_slowdown(candidate, baseline), raw_candidate=raw)
+
+
+def _cluster_bootstrap_ratio(numerator: list, denominator: list, stat: Callable[[list], float], confidence: float,
+                             resamples: int, seed: int = 0) -> tuple[float, float, float]:
+    """(point, low, high) of stat(numerator) / stat(denominator), resampling each side's items (repetitions)."""
+    rng = random.Random(seed)
+    point = stat(numerator) / stat(denominator)
+    ratios = []
+    for _ in range(resamples):
+        num = [numerator[rng.randrange(len(numerator))] for _ in numerator]
+        den = stat([denominator[rng.randrange(len(denominator))] for _ in denominator])
+        if den:
+            ratios.append(stat(num) / den)
+    tail = (1 - confidence) / 2 * 100
+    return point, percentile(ratios, tail), percentile(ratios, 100 - tail)
+
+
 def _decide(low: float, high: float, threshold: float) -> Status:
     return Status.FAIL if low > threshold else Status.PASS if high <= threshold else Status.INCONCLUSIVE
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
-                         metrics: list[str] | None = None, paired: bool = False) -> list[Verdict]:
+                         metrics: list[str] | None = None, paired: bool = False,
+                         calibrated: bool = False) -> list[Verdict]:
     """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
-    the two were measured in interleaved rounds, so per-repetition metrics compare round by round."""
+    the two were measured in interleaved rounds, so per-repetition metrics compare round by round.
+    `calibrated`: a stored baseline and a candidate both measured next to the calibration probe; time-like
+    metrics are normalized for machine speed (compare_calibrated), memory is compared as measured."""
     if budget.max_regression is None:
         return []
     names = metrics or sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
@@ -101,5 +188,6 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
             verdicts.append(compare_paired(metric, a, b, budget.max_regression))
             continue
         pct = next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile)
-        verdicts.append(compare_samples(metric, a, b, budget.max_regression, pct))
+        verdict = compare_calibrated(metric, candidate, baseline, budget.max_regression, pct) if calibrated else None
+        verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
     return verdicts
