@@ -8,8 +8,9 @@ change.
 Step changes: binary segmentation. In a stretch of runs, the split with the largest two-sample t statistic is the
 candidate; a permutation test (the run order shuffled; sequential, Besag & Clifford 1991, so a stretch with no
 change stops after a few dozen shuffles) gives its p-value, exact under "no change" whatever the noise's
-distribution. A split is kept when p < alpha, the change is at least `min_change`, and a straight line does not
-fit the stretch better than the step (then it is a creep, not a step). Each kept split's change gets a 95%
+distribution. A split is kept when p < alpha, the change is at least `min_change` and twice the run-to-run noise
+(estimated from successive differences, which a step hardly moves), and a straight line does not
+fit the stretch better than one or two steps do (then it is a creep, not a step). Each kept split's change gets a 95%
 hierarchical bootstrap interval: runs resampled within each side, and each chosen run's own samples resampled
 (per-request latencies, per-repetition throughput), so both levels of noise are in the interval.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from pytest_infergate.stats import percentile
 
-ALPHA = 0.01  # per test; a history has many series, so a false change is rarer than a regression
+ALPHA = 0.05  # per split; with 8 runs (4 | 4) a permutation test cannot go below 2/70 = 0.029
 MIN_CHANGE = 0.05  # smaller steps are noise for a gate whose tolerance is typically 10%
 MIN_SIZE = 2  # runs on each side of a change: one run alone is the gate's business, not history's
 PERMUTATIONS = 999
@@ -77,6 +78,14 @@ def _max_t(z: Sequence[float], min_size: int) -> tuple[int, float]:
     return best_k, best
 
 
+def _run_noise(z: Sequence[float]) -> float:
+    """Run-to-run noise (log scale) from successive differences (median absolute, scaled to a normal's standard
+    deviation): a step moves one difference only, so it barely changes this estimate."""
+    if len(z) < 3:
+        return 0.0
+    return 1.4826 * percentile([abs(b - a) for a, b in zip(z, z[1:])], 50) / math.sqrt(2)
+
+
 def _permutation_p(z: list[float], observed: float, statistic, rng: random.Random) -> float:
     shuffled, beaten = list(z), 0
     for done in range(1, PERMUTATIONS + 1):
@@ -88,13 +97,24 @@ def _permutation_p(z: list[float], observed: float, statistic, rng: random.Rando
     return (beaten + 1) / (PERMUTATIONS + 1)
 
 
-def _rss_step(z: Sequence[float], k: int) -> float:
-    return sum(_ss(part) for part in (z[:k], z[k:]))
+def _rss_steps(z: Sequence[float], min_size: int) -> float:
+    """The smallest residual sum of squares of a piecewise-constant fit with one or two steps (each piece at
+    least `min_size` runs): a staircase of two regressions must not pass for a trend."""
+    n = len(z)
+    sums, squares = [0.0], [0.0]
+    for v in z:
+        sums.append(sums[-1] + v)
+        squares.append(squares[-1] + v * v)
 
+    def ss(a: int, b: int) -> float:
+        total = sums[b] - sums[a]
+        return max(0.0, squares[b] - squares[a] - total * total / (b - a))
 
-def _ss(part: Sequence[float]) -> float:
-    mean = sum(part) / len(part)
-    return sum((v - mean) ** 2 for v in part)
+    best = min((ss(0, k) + ss(k, n) for k in range(min_size, n - min_size + 1)), default=math.inf)
+    for j in range(min_size, n - 2 * min_size + 1):
+        for k in range(j + min_size, n - min_size + 1):
+            best = min(best, ss(0, j) + ss(j, k) + ss(k, n))
+    return best
 
 
 def _rss_line(z: Sequence[float]) -> float:
@@ -113,9 +133,9 @@ def _splits(z: list[float], lo: int, hi: int, rng: random.Random, alpha: float, 
         return []
     k, observed = _max_t(part, min_size)
     step = abs(sum(part[k:]) / len(part[k:]) - sum(part[:k]) / k)
-    if observed <= 0 or math.expm1(step) < min_change:
+    if observed <= 0 or math.expm1(step) < max(min_change, 2 * _run_noise(part)):
         return []
-    if _rss_line(part) <= _rss_step(part, k):  # a trend fits at least as well: creep, not a step
+    if _rss_line(part) <= _rss_steps(part, min_size):  # a trend fits at least as well: creep, not a step
         return []
     p = _permutation_p(part, observed, lambda s: _max_t(s, min_size)[1], rng)
     if p >= alpha:

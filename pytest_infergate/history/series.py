@@ -80,6 +80,7 @@ class History:
     runs: list[RunInfo]
     series: list[Series]
     skipped: list[str] = field(default_factory=list)
+    creep_window: int = changepoint.CREEP_WINDOW
 
     def run(self, index: int) -> RunInfo:
         return self.runs[index - 1]
@@ -152,7 +153,7 @@ def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_MET
         for segment in s.segments:
             analyze(segment, creep_window)
         series.append(s)
-    return History(infos, series, list(skipped))
+    return History(infos, series, list(skipped), creep_window)
 
 
 @dataclass

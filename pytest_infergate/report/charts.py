@@ -12,7 +12,7 @@ PALETTE = ("#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#d
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 560, 240, 56, 40, 28, 12
 
 
-def _frame(title: str, body: str, legend: list[tuple[str, str]] = (), height: int = H) -> str:
+def frame(title: str, body: str, legend: list[tuple[str, str]] = (), height: int = H) -> str:
     step = (W - PAD_L) / max(1, len(legend))
     fits = max(4, int((step - 18) / 5.5))  # characters of legend text per slot (about 5.5 px each)
 
@@ -87,7 +87,7 @@ def bar_chart(title: str, categories: list[str], series: dict[str, list[float | 
         body.append(f'<text x="{PAD_L + (ci + 0.5) * group_w:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" '
                     f'class="tk">{escape(category)}</text>')
     legend = [(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(series)] if len(series) > 1 else []
-    return _frame(title, "".join(body), legend)
+    return frame(title, "".join(body), legend)
 
 
 def line_chart(title: str, xs: list[float], series: dict[str, list[float | None]], unit: str, x_unit: str) -> str:
@@ -118,7 +118,7 @@ def line_chart(title: str, xs: list[float], series: dict[str, list[float | None]
             body.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
                         + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
         body += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in points]
-    return _frame(title, "".join(body), [(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(series)])
+    return frame(title, "".join(body), [(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(series)])
 
 
 def histogram(title: str, samples: dict[str, list[float]], unit: str, bins: int = 20) -> str:
@@ -153,7 +153,7 @@ def histogram(title: str, samples: dict[str, list[float]], unit: str, bins: int 
         body.append(f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">'
                     f'{units.number(tick)}</text>')
     body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 28}" text-anchor="end" class="tk">{escape(unit)}</text>')
-    return _frame(title, "".join(body), [(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(counts)])
+    return frame(title, "".join(body), [(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(counts)])
 
 
 def timeline(title: str, steps: list[dict]) -> str:
@@ -187,4 +187,4 @@ def timeline(title: str, steps: list[dict]) -> str:
     body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 14}" text-anchor="end" class="tk">{n} steps</text>')
     legend = [("decode", PALETTE[0]), ("prefill", PALETTE[2]), ("padding", PALETTE[1]),
               ("batch", PALETTE[3]), (f"KV blk ≤{kv_max}", PALETTE[4])]
-    return _frame(title, "".join(body), legend)
+    return frame(title, "".join(body), legend)
