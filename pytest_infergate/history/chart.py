@@ -20,9 +20,9 @@ WORSE, BETTER, CREEP = "#cf222e", "#1a7f37", "#bf8700"
 def _y_axis(ticks: list[float], unit: str, py) -> str:
     out = [f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{H - PAD_B}" class="ax"/>',
            f'<line x1="{PAD_L}" y1="{H - PAD_B}" x2="{W - PAD_R}" y2="{H - PAD_B}" class="ax"/>']
-    for value in ticks:
+    for value, label in zip(ticks, units.tick_labels(ticks)):
         y = py(value)
-        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end" class="tk">{units.number(value)}</text>'
+        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end" class="tk">{label}</text>'
                    f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="grid"/>')
     mid = PAD_T + (H - PAD_B - PAD_T) / 2
     out.append(f'<text x="12" y="{mid}" transform="rotate(-90 12 {mid})" text-anchor="middle" class="tk">'

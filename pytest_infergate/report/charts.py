@@ -54,9 +54,9 @@ def _axis(top: float, unit: str, height: int = H, low: float = 0.0) -> tuple[str
     out = [f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{height - PAD_B}" class="ax"/>',
            f'<line x1="{PAD_L}" y1="{height - PAD_B}" x2="{W - PAD_R}" y2="{height - PAD_B}" class="ax"/>']
     span = (ticks[-1] - ticks[0]) or 1.0
-    for value in ticks:
+    for value, label in zip(ticks, units.tick_labels(ticks)):
         y = height - PAD_B - plot_h * (value - ticks[0]) / span
-        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end" class="tk">{units.number(value)}</text>'
+        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end" class="tk">{label}</text>'
                    f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="grid"/>')
     out.append(f'<text x="12" y="{PAD_T + plot_h / 2}" transform="rotate(-90 12 {PAD_T + plot_h / 2})" '
                f'text-anchor="middle" class="tk">{escape(unit)}</text>')
@@ -148,10 +148,9 @@ def histogram(title: str, samples: dict[str, list[float]], unit: str, bins: int 
                             f'height="{h:.1f}" fill="{color}" fill-opacity="0.55"><title>{escape(name)}: '
                             f'{units.number(low + bi * width)}–{units.number(low + (bi + 1) * width)} '
                             f'{escape(unit)}: {c:.0%}</title></rect>')
-    for tick in ticks:
+    for tick, label in zip(ticks, units.tick_labels(ticks)):
         x = PAD_L + plot_w * (tick - low) / ((high - low) or 1.0)
-        body.append(f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">'
-                    f'{units.number(tick)}</text>')
+        body.append(f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">{label}</text>')
     body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 28}" text-anchor="end" class="tk">{escape(unit)}</text>')
     return frame(title, "".join(body), [(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(counts)])
 

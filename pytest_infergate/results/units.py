@@ -125,8 +125,10 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return ticks
 
 
-def axis_label(value: float, unit: str) -> str:
-    """A tick label: the number alone (the unit is on the axis title), ms switching to s like the tables."""
-    if unit == "ms" and abs(value) >= 10_000:
-        return number(value / 1000) + " s"
-    return number(value)
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Labels for round ticks, with as many decimals as their step needs (16.80, 16.82 rather than 16.8, 16.8)."""
+    if len(ticks) < 2:
+        return [number(t) for t in ticks]
+    step = abs(ticks[1] - ticks[0]) or 1.0
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [f"{t:,.{decimals}f}" for t in ticks]
