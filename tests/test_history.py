@@ -168,3 +168,15 @@ def test_history_page_in_headless_chromium(tmp_path):
     assert check.errors == [] and check.page_overflow == 0 and check.wide_tables == []
     assert check.title.startswith("infergate history") and "pwned" not in check.title
     assert "regressed at run #7" in check.text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--infergate-history=afile/h"], "*--infergate-history afile/h: afile is a file*"),
+    (["--infergate-history=h", "--infergate-history-keep=1"], "*--infergate-history-keep must keep at least 2 runs*"),
+])
+def test_history_options_are_checked_before_any_test_runs(pytester, args, message):
+    (pytester.path / "afile").write_text("a regular file in the way")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    result.stderr.fnmatch_lines([message])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR

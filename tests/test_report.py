@@ -180,7 +180,7 @@ def test_numbers_read_like_units_in_the_report_and_the_summaries(results, capsys
     assert cli_main(["summary", str(path)]) == 0
     assert cli_main(["summary", str(path), "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert not E_NOTATION.search(out) and "TTFT p50 16.8 s" in out and "| 16.8 s |" in out
+    assert not E_NOTATION.search(out) and "ttft_ms_p50 16.8 s" in out and "| 16.8 s |" in out
 
 
 @pytest.mark.parametrize("value, text", [(16_843.2, "16,800"), (4_540.1, "4,540"), (0.4213, "0.421"), (0, "0"),
@@ -240,7 +240,7 @@ def test_undefined_task_ratio_says_why_and_never_reaches_json_as_infinity(result
     path = tmp_path / "back.json"
     path.write_text(text)
     assert cli_main(["summary", str(path)]) == 0
-    assert "task ratio undefined (the reference passed no task check" in capsys.readouterr().out
+    assert "task_ratio undefined (the reference passed no task check" in capsys.readouterr().out
 
 
 def test_results_carry_run_id_commit_and_fingerprint_and_older_files_still_read(results):
