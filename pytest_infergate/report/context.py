@@ -76,7 +76,7 @@ def engine_pattern(r: PerfRecord) -> str | None:
 
 
 def perf_groups(records: list[PerfRecord]) -> list[dict]:
-    """Local-engine rows by test file, in the order the files first appear."""
+    """Rows by test file, in the order the files first appear (an endpoint's rows too, precision `endpoint`)."""
     groups: dict[str, list[dict]] = {}
     for record in records:
         row = _perf_row(record)
@@ -125,14 +125,15 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
 
     env = results.environment
     reference = env.get("reference_precision", "fp32")
-    local = [r for r in results.perf if not r.is_endpoint]
     groups = quality_groups(results.quality)
+    methods = [r.measurement.memory.get("method") for r in results.perf if r.measurement.memory.get("method")]
     outcomes = results.outcomes
     started = results.started
     return {
         "started": dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else "?",
         "commit": commit or results.commit, "run_id": results.run_id, "environment": env, "models": results.models,
-        "perf_groups": perf_groups(local), "perf_columns": PERF_COLUMNS, "perf": local,
+        "perf_groups": perf_groups(results.perf), "perf_columns": PERF_COLUMNS,
+        "memory_method": methods[0] if methods else "",
         "quality": _quality_sections(groups), "golden": [r.to_dict() for r in results.golden],
         "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
         "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
