@@ -132,6 +132,11 @@ def test_cli_history_prints_the_table_and_writes_the_page(tmp_path, capsys):
     assert cli_main(["history", str(tmp_path / "h"), "--metric", "ttfb"]) == 2
     assert "not a perf metric" in capsys.readouterr().err
     assert cli_main(["history", str(tmp_path / "missing")]) == 2
+    (tmp_path / "h" / "history.html").write_text(html)
+    latest = sorted((tmp_path / "h").glob("run*.json"))[-1]
+    assert cli_main(["report", str(latest), "--history", str(tmp_path / "h"), "-o", str(tmp_path / "r.html")]) == 0
+    report = (tmp_path / "r.html").read_text()
+    assert 'href="h/history.html"' in report and "slow creep across runs" in report
 
 
 def test_report_notes_the_creep_and_links_the_history(tmp_path):
