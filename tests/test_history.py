@@ -40,13 +40,13 @@ def _record(test, samples, fingerprint=None, violations=()):
                       violations=list(violations))
 
 
-def synthetic_runs(seed=0, runs=RUNS, step=True, creep_per_run=0.015, env_change_at=None):
+def synthetic_runs(seed=0, runs=RUNS, step=True, creep_per_run=0.015, env_change_at=None, step_at=STEP_AT):
     """Per run: a TTFT step (+30% from run STEP_AT), a throughput creep (-1.5% a run), and an unchanged TPOT;
     with `env_change_at`, TPOT's environment changes there together with a level shift."""
     rng = random.Random(seed)
     out = []
     for i in range(1, runs + 1):
-        ttft = 100.0 * (1.3 if step and i >= STEP_AT else 1.0)
+        ttft = 100.0 * (1.3 if step and i >= step_at else 1.0)
         tps = 50.0 * (1 - creep_per_run) ** (i - 1)
         tpot_env = {"torch": "2.6.0" if env_change_at and i >= env_change_at else "2.5.0", "cpu": "synthetic"}
         tpot = 20.0 * (1.5 if env_change_at and i >= env_change_at else 1.0)
@@ -81,6 +81,13 @@ def test_unchanged_series_have_no_change_point():
     for seed in range(10):
         found = _findings(synthetic_runs(seed=seed, step=False, creep_per_run=0.0))
         assert found == {}, (seed, list(found))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_eight_runs_are_enough_to_find_a_step(seed):
+    found = _findings(synthetic_runs(seed=seed, runs=8, step_at=5, creep_per_run=0.0))
+    assert {(k[1], k[2], f.run.index) for k, f in found.items()} == {("ttft_ms", "step", 5)}
+    assert _findings(synthetic_runs(seed=seed, runs=8, step=False, creep_per_run=0.0)) == {}
 
 
 def test_a_changed_environment_splits_the_series_instead_of_finding_a_change():
