@@ -34,7 +34,7 @@ MIN_SIZE = 2  # runs on each side of a change: one run alone is the gate's busin
 PERMUTATIONS = 999
 EXCEEDANCES = 20  # Besag-Clifford: stop shuffling once this many shuffles beat the observed statistic
 CREEP_WINDOW = 8
-CREEP_ALPHA = 0.05
+CREEP_ALPHA = 0.01  # a history has one creep test per series: false alarms add up across a suite
 MIN_CREEP = 0.05  # total drift over the window
 
 
