@@ -260,7 +260,7 @@ class InfergateSession:
             from pytest_infergate.history.outputs import HISTORY_PAGE
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
-                                        f"({len(self.history.runs)} runs)")
+                                        f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
         for error in self.output_errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 
