@@ -6,7 +6,7 @@ A local server in another process streams tokens as fast as it can (so the clien
 limit); the client's own CPU time per token is its overhead - the most it can add to a measured TTFT or ITL.
 Compared in the same run with the floor: raw httpx reading the same stream line by line and decoding each JSON
 chunk, with no SSE parsing, timing or bookkeeping. Then the same figure against llama.cpp's real server
-(llama-cpp-python) serving the embedded model, when it is installed. Target: under 1 ms per token.
+(`llama-server`) serving the embedded model, when it is built. Target: under 1 ms per token.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def requests(count: int, tokens: int) -> list[EndpointRequest]:
 def measure_client(url: str, count: int, tokens: int, concurrency: int) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, streamed chunks) of the infergate client for one load run."""
     cpu, wall = time.process_time(), time.perf_counter()
-    run = run_load(EndpointConfig(url, timeout_s=600), requests(count, tokens), LoadPattern(concurrency=concurrency))
+    run = run_load(EndpointConfig(url, timeout_s=600), requests(count, tokens), LoadPattern(concurrency=concurrency),
+                   scrape=False)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert not run.errors, run.errors
     return cpu, wall, sum(len(r.chunk_times) for r in run.results)
@@ -105,16 +106,16 @@ def main() -> None:
           f"target < 1000 us/token: {'met' if ours < 1000 else 'MISSED'}")
 
     try:
-        from openai_servers import LlamaServer, llama_cpp_available
+        from openai_servers import LlamaServer, llama_server_binary
 
         from pytest_infergate.models.builtin import ensure_smollm2_gguf
         from pytest_infergate.options import default_cache_dir
     except ImportError:
         return
-    if not llama_cpp_available():
-        print("llama-cpp-python not installed (bash setup.sh test): real-server figure skipped")
+    if llama_server_binary() is None:
+        print("llama-server not built (bash setup.sh test): real-server figure skipped")
         return
-    with LlamaServer(ensure_smollm2_gguf(default_cache_dir())) as server:
+    with LlamaServer(ensure_smollm2_gguf(default_cache_dir()), n_parallel=1) as server:
         measure_client(server.url, 1, 8, 1)
         setup_cpu, _, _ = measure_client(server.url, 1, 1, 1)  # one run's fixed cost: client, TLS context, lookup
         cpu, wall, chunks = measure_client(server.url, 4, 256, 1)

@@ -26,8 +26,6 @@ from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.workloads import chat_workload, with_poisson_arrivals  # noqa: E402
 
 
-
-
 def useful(tokens: list[int], max_new: int, eos: set[int]) -> int:
     for index, token in enumerate(tokens[:max_new]):
         if token in eos:
@@ -115,12 +113,23 @@ def main() -> int:
     tok = loaded.tokenizer
     eos = {tok.eos_token_id, loaded.model.generation_config.eos_token_id} - {None}
     requests = chat_workload(tok, args.requests)
+    lengths = [len(render_prompt(tok, r)) for r in requests]
     print(f"model {args.model} fp32, torch threads {torch.get_num_threads()}, {args.requests} chat requests, "
-          f"prompts {min(len(render_prompt(tok, r)) for r in requests)}-{max(len(render_prompt(tok, r)) for r in requests)} "
-          f"tokens, max_new_tokens {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}")
+          f"prompts {min(lengths)}-{max(lengths)} tokens, "
+          f"max_new_tokens {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}")
 
     # warm-up: one short request through each path, not measured
     run_engine(loaded, chat_workload(tok, 2, max_new_tokens=(4, 4), seed=99), max_batch_size=args.batch)
+
+    # the self-check every Engine runs on construction (its probe against the model's own attention)
+    checks = []
+    for _ in range(5):
+        with Engine(loaded.model, tok, EngineConfig(max_batch_size=args.batch)) as engine:
+            checks.append(engine.self_check)
+    costs = sorted(c.seconds * 1000 for c in checks)
+    print(f"engine self-check on construction: median {statistics.median(costs):.0f} ms, best {costs[0]:.0f} ms of 5 "
+          f"({checks[0].num_tokens} probe tokens vs {checks[0].reference!r}; max logit diff {checks[0].max_diff:.2g} "
+          f"of scale {checks[0].logit_scale:.3g}, attention {checks[0].attention_diff:.2g})")
 
     figures = {}
     wall, results, engine = run_engine(loaded, requests, max_batch_size=args.batch, max_batched_tokens=2048)
@@ -147,7 +156,8 @@ def main() -> int:
     if "static" not in skip:
         wall, tokens = run_hf_static(loaded, requests, args.batch, eos)
         figures["hf_static"] = tokens / wall
-        print(f"HF generate, static {args.batch:2d} : {tokens:5d} useful tokens in {wall:7.1f} s = {tokens / wall:6.1f} tok/s")
+        print(f"HF generate, static {args.batch:2d} : {tokens:5d} useful tokens in {wall:7.1f} s = "
+              f"{tokens / wall:6.1f} tok/s")
     if "cb" not in skip:
         wall, tokens = run_hf_generate_batch(loaded, requests, eos, args.batch)
         figures["hf_generate_batch"] = tokens / wall
@@ -185,7 +195,8 @@ def main() -> int:
               f"{len(subset)} requests:")
         for mode, values in ttft.items():
             print(f"  {mode:10s}: TTFT p50 {pct(values, 50) * 1000:7.0f} ms, p90 {pct(values, 90) * 1000:7.0f} ms")
-        print(f"  continuous p50 TTFT / dynamic p50 TTFT = {statistics.median(ttft['continuous']) / statistics.median(ttft['dynamic']):.2f} (target <= 0.33)")
+        ratio = statistics.median(ttft["continuous"]) / statistics.median(ttft["dynamic"])
+        print(f"  continuous p50 TTFT / dynamic p50 TTFT = {ratio:.2f} (target <= 0.33)")
 
     print("ratios (useful output tokens per second):")
     targets = {"hf_static": 2.0, "hf_generate_batch": 3.0, "hf_sequential": 5.0}

@@ -59,7 +59,8 @@ def _endpoint_bench(request: pytest.FixtureRequest):
     session = session_of(request.config)
     if session.endpoint is None:
         pytest.skip("needs a live server: pass --infergate-endpoint URL")
-    return EndpointPerfBench(session.context(request.node), session.endpoint, lambda: session.pool.tokenizer)
+    return EndpointPerfBench(session.context(request.node), session.endpoint, lambda: session.pool.tokenizer,
+                             session.reference_endpoint)
 
 
 @pytest.fixture
@@ -68,8 +69,12 @@ def infergate_endpoint(request: pytest.FixtureRequest):
     pattern, slo)` measures a load run - fixed concurrency ({"concurrency": 8}) or a request rate with Poisson or
     gamma-bursty arrivals ({"rate_per_s": 4, "burstiness": 0.5}) - client-side TTFT, ITL, TPOT, e2e, tokens/s,
     success rate and goodput against the SLO (`infergate_slo` marker), gated by the test's budgets;
-    `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point. Errors (HTTP status, timeout,
-    malformed stream) are counted per kind, never raised."""
+    `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point; `.capacity(search="rate",
+    bounds=(lo, hi), budget_s=...)` finds the highest load that still meets the SLO (budget key
+    `min_capacity_rps`); `.ab(requests, pattern)` runs an interleaved A/B against --infergate-reference-endpoint.
+    Requests may be multi-turn Sessions (`pytest_infergate.workloads.from_file`). The server's Prometheus
+    /metrics are scraped around every run (budget keys `max_kv_usage`, `min_prefix_cache_hit_rate`, ...).
+    Errors (HTTP status, timeout, malformed stream) are counted per kind, never raised."""
     return _endpoint_bench(request)
 
 
@@ -102,7 +107,8 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
     `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
     outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
     candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
-    (policy scope `endpoint`), `check_regression()` with its own accepted outputs."""
+    (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
+    no local model - and `check_regression()` with its own accepted outputs."""
     from pytest_infergate.quality.fixture import GoldenGate, LocalCandidate
 
     session = session_of(request.config)
@@ -117,6 +123,13 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
         candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,
                                    options.golden_max_len)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
+    if infergate_precision == ENDPOINT_PRECISION and session.reference_endpoint is not None:
+        from pytest_infergate.endpoint.pair import ServerPairCandidate, ServerPairGate
+
+        pair = ServerPairCandidate(session.endpoint.config, session.reference_endpoint.config,
+                                   session.endpoint_answers)
+        return ServerPairGate(pair, session.context(request.node), candidate, lambda: None, golden_dir,
+                              lambda: session.pool.source.name, session.comparisons, session.generated)
     return GoldenGate(session.context(request.node), candidate,
                       lambda: session.model(options.reference_precision), golden_dir, lambda: session.pool.source.name,
                       session.comparisons, session.generated)

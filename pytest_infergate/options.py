@@ -41,9 +41,9 @@ ENDPOINT_APIS = ("chat", "completions")
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
                "without it everything runs on the CPU", False),
-    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama), a local Hugging "
-               "Face "
-               "directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)", "smollm2-135m", "MODEL"),
+    OptionSpec("model", "str", "model to gate: a built-in alias (smollm2-135m, tiny-random-llama, random-llama-0.5b), "
+               "a local Hugging Face directory, a .gguf file, or a hub id ORG/NAME (default: smollm2-135m)",
+               "smollm2-135m", "MODEL"),
     OptionSpec("precisions", "str", "comma list of precisions to test, from fp32, fp16, bf16, int8, nf4 "
                "(default: the reference precision, int8, nf4; with --infergate-endpoint: none, only the server, unless "
                "given - then they run beside it)", None, "LIST"),
@@ -81,6 +81,16 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "say (default 64)", 64, "N"),
     OptionSpec("endpoint_api", "str", "OpenAI API to call: chat (/v1/chat/completions) or completions "
                "(/v1/completions) (default chat)", "chat", "API"),
+    OptionSpec("endpoint_metrics_url", "str", "the endpoint's Prometheus metrics, scraped around every load run "
+               "(default: /metrics at the server's root)", None, "URL"),
+    OptionSpec("reference_endpoint", "str", "a second server to compare --infergate-endpoint with (e.g. the fp16 "
+               "deployment of a quantized one): infergate_golden.check() compares their greedy answers and "
+               "infergate_bench.ab() / infergate_endpoint.ab() runs an interleaved A/B between them; no local "
+               "model is needed", None, "URL"),
+    OptionSpec("reference_endpoint_model", "str", "model name to request from the reference endpoint (default: "
+               "the first one its /v1/models lists)", None, "NAME"),
+    OptionSpec("reference_api_key_env", "str", "name of the environment variable that holds the reference "
+               "endpoint's API key (default: the one of --infergate-api-key-env)", None, "VAR"),
     OptionSpec("report", "output", "write the HTML regression report of this run to PATH", None, "PATH"),
     OptionSpec("json", "output", "write the machine-readable results of this run to PATH", None, "PATH"),
     OptionSpec("history", "folder", "append this run's results to the history folder DIR (one file per run, the "
@@ -138,6 +148,10 @@ class Options:
     endpoint_timeout: float = 60.0
     endpoint_concurrency: int = 64
     endpoint_api: str = "chat"
+    endpoint_metrics_url: str | None = None
+    reference_endpoint: str | None = None
+    reference_endpoint_model: str | None = None
+    reference_api_key_env: str | None = None
     precisions_given: bool = False  # --infergate-precisions / ini set explicitly (with an endpoint: run them too)
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
     cpu_threads: int | None = None  # set per pytest-xdist worker on the CPU: its share of the cores
@@ -149,6 +163,13 @@ class Options:
             object.__setattr__(self, "precisions", tuple(dict.fromkeys((ref, "int8", "nf4"))))
         if self.endpoint is not None:  # validated now, before any test runs
             check_endpoint_settings(self.endpoint, self.endpoint_timeout, self.endpoint_concurrency, self.endpoint_api)
+        for flag, url in (("--infergate-endpoint-metrics-url", self.endpoint_metrics_url),
+                          ("--infergate-reference-endpoint", self.reference_endpoint)):
+            if url is not None:
+                check_endpoint_settings(url, self.endpoint_timeout, self.endpoint_concurrency, self.endpoint_api, flag)
+        if self.reference_endpoint is not None and self.endpoint is None:
+            raise OptionError("--infergate-reference-endpoint is the reference of --infergate-endpoint: give the "
+                              "candidate server with --infergate-endpoint URL too")
         if self.golden_max_len < 16:
             raise OptionError(f"--infergate-golden-max-len must be at least 16 tokens, got {self.golden_max_len}")
         if self.history is not None:
@@ -191,11 +212,13 @@ class Options:
         return cls(**values)
 
 
-def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, api: str) -> None:
-    """The endpoint options (also EndpointConfig's fields), each with the option that sets it."""
+def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, api: str,
+                            flag: str = "--infergate-endpoint") -> None:
+    """The endpoint options (also EndpointConfig's fields), each with the option that sets it (`flag`: the
+    option that gave `url`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise OptionError(f"--infergate-endpoint {url!r} is not an http(s) URL; give the server's base URL, e.g. "
+        raise OptionError(f"{flag} {url!r} is not an http(s) URL; give the server's base URL, e.g. "
                           "http://127.0.0.1:8000/v1")
     if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
         raise OptionError("--infergate-endpoint-timeout must be positive (a finite number of seconds), got "

@@ -55,6 +55,7 @@ class InfergateSession:
         self.endpoint_answers: dict = {}  # the endpoint's golden answers
         self.compare_pools: list[ModelPool] = []
         self.endpoint = None  # EndpointBench, with --infergate-endpoint
+        self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
         self.history = None  # history.History, once this run is appended to --infergate-history
@@ -138,6 +139,10 @@ class InfergateSession:
         try:
             bench = EndpointBench(endpoint_config(self.options))
             bench.model  # noqa: B018 - GET /v1/models once; the served name is reused by every test
+            if self.options.reference_endpoint is not None:
+                reference = EndpointBench(endpoint_config(self.options, reference=True))
+                reference.model  # noqa: B018
+                self.reference_endpoint = reference
         except InfergateError as exc:
             raise pytest.UsageError(f"infergate: {exc}") from None
         self.endpoint = bench
@@ -185,6 +190,8 @@ class InfergateSession:
             self.results.models[loaded.record.requested_precision] = loaded.record.to_dict()
         if self.endpoint is not None:
             self.results.environment["endpoint"] = self.endpoint.fingerprint()
+        if self.reference_endpoint is not None:
+            self.results.environment["reference_endpoint"] = self.reference_endpoint.fingerprint()
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self._describe_run()
@@ -265,23 +272,29 @@ class InfergateSession:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 
 
-def endpoint_config(options: Options):
-    """The EndpointConfig of --infergate-endpoint and its companion options (the API key read from the named
-    environment variable, never from the command line)."""
+def endpoint_config(options: Options, reference: bool = False):
+    """The EndpointConfig of --infergate-endpoint (or, `reference`, of --infergate-reference-endpoint) and its
+    companion options (the API key read from the named environment variable, never from the command line)."""
     import os
 
     from pytest_infergate.endpoint.client import EndpointConfig
     from pytest_infergate.errors import OptionError
 
     api_key = None
-    if options.api_key_env:
-        api_key = os.environ.get(options.api_key_env)
+    key_env, flag = options.api_key_env, "--infergate-api-key-env"
+    if reference and options.reference_api_key_env:
+        key_env, flag = options.reference_api_key_env, "--infergate-reference-api-key-env"
+    if key_env:
+        api_key = os.environ.get(key_env)
         if not api_key:
-            raise OptionError(f"--infergate-api-key-env names {options.api_key_env!r}, but that environment "
-                              "variable is not set or empty: export it, or drop the option for a server "
-                              "without authentication")
+            raise OptionError(f"{flag} names {key_env!r}, but that environment variable is not set or empty: "
+                              "export it, or drop the option for a server without authentication")
+    if reference:
+        return EndpointConfig(options.reference_endpoint, options.reference_endpoint_model, api_key,
+                              options.endpoint_timeout, options.endpoint_concurrency, options.endpoint_api,
+                              option="--infergate-reference-endpoint")
     return EndpointConfig(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
-                          options.endpoint_concurrency, options.endpoint_api)
+                          options.endpoint_concurrency, options.endpoint_api, options.endpoint_metrics_url)
 
 
 def _or_fail(load, what: str):

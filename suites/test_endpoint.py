@@ -1,7 +1,8 @@
 """A live server under load (run with --infergate-endpoint URL; skipped without it): fixed concurrency, a request
-rate with Poisson and with bursty arrivals, and a rate sweep, as `vllm bench serve` drives a server. Every request
-must be answered (ini budget `test_endpoint.py: success_rate=1`); goodput counts the requests that met the SLO
-(guide: "超时、限流和异常回退" - what users see under load, not only what the model can do)."""
+rate with Poisson and with bursty arrivals, a rate sweep, as `vllm bench serve` drives a server; its capacity
+under the SLO; and, with --infergate-reference-endpoint, an interleaved A/B against the reference deployment.
+Every request must be answered (ini budget `test_endpoint.py: success_rate=1`); goodput counts the requests that
+met the SLO (guide: "超时、限流和异常回退" - what users see under load, not only what the model can do)."""
 
 import pytest
 
@@ -36,3 +37,21 @@ def test_request_rate(infergate_endpoint, workload, burstiness):
 def test_rate_sweep(infergate_endpoint, workload):
     points = infergate_endpoint.sweep(workload(16, seed=23), rates=[1, 4, 16])
     assert [p.rate_per_s for p, _ in points] == [1, 4, 16]
+
+
+@pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
+def test_capacity(infergate_endpoint, workload):
+    """Capacity under the SLO, as `vllm bench sweep serve_sla` finds it: the highest Poisson request rate at which
+    95% of requests still meet it. Gate it with an ini budget line such as `test_capacity: min_capacity_rps=12`."""
+    result = infergate_endpoint.capacity(workload(32, seed=24), search="rate", target_goodput=0.95,
+                                         bounds=(0.25, 32), budget_s=240, point_s=15)
+    assert result.points, result.describe()
+
+
+@pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
+def test_against_the_reference_deployment(infergate_endpoint, workload):
+    """With --infergate-reference-endpoint (e.g. the fp16 deployment of a quantized one): the same load on both
+    servers, interleaved A B A B, and the candidate's slowdown judged on a paired bootstrap CI (max_regression,
+    default 0.10). Skipped with one server."""
+    a, b = infergate_endpoint.ab(workload(16, seed=25), {"concurrency": 4}, rounds=4)
+    assert a.num_requests == b.num_requests

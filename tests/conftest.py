@@ -22,6 +22,19 @@ _pytest.pytester.SysModulesSnapshot.__init__ = _snapshot_init
 
 pytest_plugins = ["pytester"]
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA; elsewhere they are skipped with the reason."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA: run benchmarks/gpu_check.sh on a GPU machine")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
 CACHE_DIR = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))
 
 
@@ -52,19 +65,56 @@ def smollm2_fp32(cache_dir):
     return load_model(resolve_model("smollm2-135m", cache_dir), "fp32")
 
 
-@pytest.fixture(scope="session")
-def llama_server(cache_dir, tmp_path_factory):
-    """llama-cpp-python's OpenAI-compatible server serving the embedded model's GGUF on 127.0.0.1 at a free port
-    (`bash setup.sh test` installs it). Missing, it fails the tests under CI and skips them elsewhere."""
-    from openai_servers import LlamaServer, llama_cpp_available
+def _llama_binary():
+    from openai_servers import llama_server_binary
 
-    from pytest_infergate.models.builtin import ensure_smollm2_gguf
-
-    if not llama_cpp_available():
-        message = "llama-cpp-python[server] is not installed: run `bash setup.sh test`"
+    binary = llama_server_binary()
+    if binary is None or not binary.is_file():
+        message = "llama.cpp's llama-server is not built: run `bash setup.sh test` (or set INFERGATE_LLAMA_SERVER)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def llama_server(cache_dir, tmp_path_factory):
+    """llama.cpp's server (`llama-server`, 4 slots, /metrics on) serving the embedded model's GGUF on 127.0.0.1 at a
+    free port. Not built, it fails the tests under CI and skips them elsewhere."""
+    from openai_servers import LlamaServer
+
+    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+
+    binary = _llama_binary()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
-    with LlamaServer(ensure_smollm2_gguf(cache_dir), log_path=log) as server:
+    with LlamaServer(ensure_smollm2_gguf(cache_dir), log_path=log, binary=binary) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def requantized_gguf(cache_dir, tmp_path_factory):
+    """The embedded model re-quantized from Q4_1 to Q4_0 with llama.cpp's llama-quantize: a second deployment of
+    the same model whose answers differ a little."""
+    from openai_servers import requantize
+
+    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+
+    binary = _llama_binary()
+    if not (binary.parent / "llama-quantize").is_file():
+        pytest.skip(f"llama-quantize is not built beside {binary}: run `bash setup.sh test`")
+    return requantize(binary.parent, ensure_smollm2_gguf(cache_dir),
+                      tmp_path_factory.mktemp("gguf") / "smollm2-135m-q4_0.gguf")
+
+
+@pytest.fixture
+def own_llama_server(cache_dir, tmp_path):
+    """A llama-server of this test's own (2 slots), to kill or to starve."""
+    from openai_servers import LlamaServer
+
+    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+
+    def start(gguf=None, **kwargs):
+        return LlamaServer(gguf or ensure_smollm2_gguf(cache_dir), log_path=tmp_path / "server.log",
+                           binary=_llama_binary(), **{"n_parallel": 2, "n_ctx": 1024, **kwargs})
+
+    return start

@@ -1,11 +1,12 @@
-"""Servers the endpoint tests talk to: the real llama.cpp server (llama-cpp-python) serving the embedded model's
-GGUF, and a small stdlib HTTP server that misbehaves on purpose (500s, stalls, malformed SSE) - the failures a
-real server cannot be asked to produce."""
+"""Servers the endpoint tests talk to: llama.cpp's real server (`llama-server`, built by `bash setup.sh test`)
+serving the embedded model's GGUF, and a small stdlib HTTP server that misbehaves on purpose (500s, stalls,
+malformed SSE, a fixed number of slots) - the failures a real server cannot be asked to produce."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +53,10 @@ class FaultyHandler(BaseHTTPRequestHandler):
         self.server.requests += 1
         if mode == "error500" or (mode == "flaky" and self.server.requests % 2 == 0):
             return self._send(500, b'{"error": {"message": "injected failure"}}')
+        with self.server.slots:  # a server with N slots serves N requests at once; the others wait their turn
+            self._answer(body, mode)
+
+    def _answer(self, body: dict, mode: str) -> None:
         if mode == "stall":
             time.sleep(self.server.stall_s)
         tokens = [f"tok{i} " for i in range(min(body.get("max_tokens", 8), self.server.max_tokens))]
@@ -85,8 +90,9 @@ class _QuietServer(ThreadingHTTPServer):
 
 class FaultyServer:
     def __init__(self, mode: str = "ok", token_delay_s: float = 0.0, stall_s: float = 5.0, max_tokens: int = 1000,
-                 api_key: str | None = None):
+                 api_key: str | None = None, slots: int = 1000):
         self.httpd = _QuietServer(("127.0.0.1", 0), FaultyHandler)
+        self.httpd.slots = threading.Semaphore(slots)
         self.httpd.mode, self.httpd.token_delay_s, self.httpd.stall_s = mode, token_delay_s, stall_s
         self.httpd.max_tokens, self.httpd.requests, self.httpd.api_key = max_tokens, 0, api_key
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -101,26 +107,38 @@ class FaultyServer:
         self.httpd.server_close()
 
 
-def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def llama_server_binary() -> Path | None:
+    """llama.cpp's native server: $INFERGATE_LLAMA_SERVER, else the one `bash setup.sh test` built into the
+    virtual environment's bin, else one on PATH."""
+    given = os.environ.get("INFERGATE_LLAMA_SERVER")
+    if given:
+        return Path(given)
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.is_file():
+        return beside
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
 
 
 class LlamaServer:
-    """`python -m llama_cpp.server` on 127.0.0.1 at a free port, serving `gguf`; waits until /v1/models answers."""
+    """llama.cpp's `llama-server` on 127.0.0.1 at a free port serving `gguf`, with Prometheus /metrics and
+    `n_parallel` slots (continuous batching); each slot has a context of `n_ctx` tokens. Waits until /v1/models
+    answers; `kill()` ends it at once (SIGKILL), as a crash would."""
 
-    def __init__(self, gguf: Path, model_alias: str = "smollm2-135m", n_ctx: int = 2048, n_parallel: int = 1,
-                 log_path: Path | None = None):
+    def __init__(self, gguf: Path, model_alias: str = "smollm2-135m", n_ctx: int = 2048, n_parallel: int = 4,
+                 threads: int | None = None, log_path: Path | None = None, binary: Path | None = None,
+                 extra: tuple[str, ...] = ()):
         self.port = free_port()
         self.n_ctx = n_ctx
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.model_alias = model_alias
-        self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", model_alias,
-                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(n_ctx),
-                    "--n_threads", str(max(1, (os.cpu_count() or 2) // 2)), "--interrupt_requests", "false"]
+        binary = binary or llama_server_binary()
+        if binary is None:
+            raise RuntimeError("llama-server not found: run `bash setup.sh test` or set INFERGATE_LLAMA_SERVER")
+        threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        self.cmd = [str(binary), "--model", str(gguf), "--alias", model_alias, "--host", "127.0.0.1",
+                    "--port", str(self.port), "--ctx-size", str(n_ctx * n_parallel), "--parallel", str(n_parallel),
+                    "--no-kv-unified", "--threads", str(threads), "--metrics", "--no-webui", *extra]
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
@@ -132,7 +150,7 @@ class LlamaServer:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.process.returncode}: {' '.join(self.cmd)}"
+                raise RuntimeError(f"llama-server exited with {self.process.returncode}: {' '.join(self.cmd)}"
                                    + (f" (log: {self.log_path})" if self.log_path else ""))
             try:
                 if httpx.get(self.url + "/models", timeout=1.0).status_code == 200:
@@ -141,7 +159,12 @@ class LlamaServer:
                 pass
             time.sleep(0.25)
         self.__exit__()
-        raise RuntimeError(f"llama_cpp.server did not answer on {self.url} within 120 s")
+        raise RuntimeError(f"llama-server did not answer on {self.url} within 120 s")
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def __exit__(self, *exc) -> None:
         if self.process and self.process.poll() is None:
@@ -149,5 +172,16 @@ class LlamaServer:
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill()
+
+
+def requantize(binary_dir: Path, source: Path, target: Path, kind: str = "Q4_0") -> Path:
+    """A second quantization of the embedded model with llama.cpp's own llama-quantize (built beside the server):
+    the candidate of the two-server tests."""
+    quantize = binary_dir / "llama-quantize"
+    if not target.exists():
+        partial = target.with_suffix(".partial")
+        subprocess.run([str(quantize), "--allow-requantize", str(source), str(partial), kind], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        partial.rename(target)
+    return target

@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from engine_helpers import PROMPTS, hf_greedy, messages
+
 from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request
 from pytest_infergate.engine.config import BATCHING_MODES, CACHE_MODES
 from pytest_infergate.engine.engine import UnsupportedModelError
@@ -87,6 +87,17 @@ def test_kv_exhaustion_preempts_and_loses_nothing(tiny_fp32, tiny_reference):
         assert [r.token_ids for r in results] == tiny_reference
         assert sum(r.num_preemptions for r in results) > 0
         assert max(s.kv_blocks_used for s in engine.steps) <= 16
+        engine.check_drained()
+
+
+def test_prefills_that_exhaust_the_blocks_preempt_instead_of_stalling(tiny_fp32, tiny_reference):
+    # chunks of 8 prompt tokens side by side take every block before any sequence decodes: the newest must give
+    # its blocks back (and be recomputed), or no sequence could ever move again
+    with make_engine(tiny_fp32, kv_budget_blocks=16, block_size=16, max_model_len=256, prefill_chunk_size=8,
+                     max_batch_size=16) as engine:
+        results = engine.generate(requests())
+        assert [r.token_ids for r in results] == tiny_reference
+        assert sum(r.num_preemptions for r in results) > 0
         engine.check_drained()
 
 

@@ -1,8 +1,8 @@
 """The engine against `model.generate` on the real embedded model (fp32): token-identical greedy outputs."""
 
 import pytest
-
 from engine_helpers import PROMPTS, hf_greedy, messages
+
 from pytest_infergate.engine import Engine, EngineConfig, Request
 
 pytestmark = pytest.mark.embedded

@@ -21,14 +21,14 @@ request_strategy = st.fixed_dictionaries({
        batching=st.sampled_from(["continuous", "static", "dynamic", "sequential"]),
        cache_mode=st.sampled_from(["paged", "contiguous"]),
        kv_blocks=st.integers(6, 24), queue_cap=st.one_of(st.none(), st.integers(1, 6)),
-       prefix_caching=st.booleans())
+       prefix_caching=st.booleans(), prefill_chunk=st.sampled_from([512, 8]))
 def test_every_request_ends_once_and_blocks_return(tiny_fp32, specs, batching, cache_mode, kv_blocks, queue_cap,
-                                                   prefix_caching):
+                                                   prefix_caching, prefill_chunk):
     # the prompts below share prefixes, so with prefix caching blocks are shared, evicted and preempted too
     prefix_caching = prefix_caching and cache_mode == "paged" and batching in ("continuous", "sequential")
     config = EngineConfig(batching=batching, cache_mode=cache_mode, kv_budget_blocks=kv_blocks, block_size=16,
                           max_model_len=96, max_batch_size=4, max_queue_len=queue_cap, window_ms=0,
-                          prefix_caching=prefix_caching)
+                          prefix_caching=prefix_caching, prefill_chunk_size=prefill_chunk)
     engine = Engine(tiny_fp32.model, tiny_fp32.tokenizer, config)
     try:
         submitted: dict[str, dict] = {}

@@ -12,7 +12,8 @@ from pytest_infergate.models.precision import PRECISIONS
 
 
 def test_unknown_alias_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelLoadError, match=r"not a built-in alias \(smollm2-135m, tiny-random-llama\)"):
+    aliases = r"\(smollm2-135m, tiny-random-llama, random-llama-0.5b\)"
+    with pytest.raises(ModelLoadError, match=r"not a built-in alias " + aliases):
         resolve_model("tiny-random-llamaa", tmp_path)
 
 

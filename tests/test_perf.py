@@ -43,7 +43,7 @@ def test_parse_budget_keys_and_percentiles():
     ({"ttft_ms_p42": 5}, "unknown budget key 'ttft_ms_p42'"),
     ({"ttft_ms": "fast"}, r"ttft_ms='fast' must be a positive number \(ms\)"),
     ({"ttft_ms": -1}, "must be a positive number"),
-    ({"percentile": 97}, r"percentile=97 must be one of \(50, 90, 95, 99\)"),
+    ({"percentile": 97}, r"percentile=97 must be one of \(50, 90, 95, 99, 99.9\)"),
     ({"max_regression": "10%"}, "max_regression='10%' must be a fraction"),
 ])
 def test_bad_budgets_name_the_key(kwargs, match):

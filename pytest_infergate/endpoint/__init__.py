@@ -1,14 +1,17 @@
 """The endpoint backend: gates a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) instead of the
-reference engine."""
+reference engine - load runs, capacity under an SLO, a second deployment side by side, the server's /metrics."""
 
+from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, search_capacity
 from pytest_infergate.endpoint.client import (
-                                              EndpointClient,
-                                              EndpointConfig,
-                                              EndpointError,
-                                              EndpointRequest,
-                                              EndpointResult,
+    EndpointClient,
+    EndpointConfig,
+    EndpointError,
+    EndpointRequest,
+    EndpointResult,
 )
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, run_load, sweep_patterns
+from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metrics
 
-__all__ = ["EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest", "EndpointResult", "LoadPattern",
-           "LoadRun", "Slo", "run_load", "sweep_patterns"]
+__all__ = ["CapacityResult", "CapacitySpec", "EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest",
+           "EndpointResult", "LoadPattern", "LoadRun", "ServerMetrics", "Slo", "parse_metrics", "run_load",
+           "search_capacity", "sweep_patterns"]

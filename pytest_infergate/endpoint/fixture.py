@@ -4,10 +4,13 @@ load runs against the live server, gated like the engine's measurements. No pyte
 from __future__ import annotations
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
 from pytest_infergate.endpoint.load import LoadPattern, Slo, sweep_patterns
+from pytest_infergate.endpoint.pair import REFERENCE_ENDPOINT
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.perf.fixture import gate_measurement
-from pytest_infergate.perf.gate import PerfOutcome
+from pytest_infergate.perf.budget import merge_budgets, parse_budget
+from pytest_infergate.perf.fixture import DEFAULT_AB_REGRESSION, _finish, _warn_about, budget_for, gate_measurement
+from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
@@ -15,9 +18,10 @@ from pytest_infergate.results.records import PerfRecord
 class EndpointPerfBench:
     """Returned by `infergate_endpoint`, and by `infergate_bench` with --infergate-endpoint; see their docstrings."""
 
-    def __init__(self, ctx: TestContext, bench, tokenizer_source):
+    def __init__(self, ctx: TestContext, bench, tokenizer_source, reference=None):
         self.ctx = ctx
         self.bench = bench  # EndpointBench
+        self.reference = reference  # EndpointBench of --infergate-reference-endpoint, or None
         self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand
 
     def default_workload(self, num_requests: int = 16):
@@ -33,16 +37,30 @@ class EndpointPerfBench:
         if config is not None and (config.batching != "continuous" or config.cache_mode != "paged"):
             self.ctx.skip(f"engine experiment (batching={config.batching}, cache_mode={config.cache_mode}): a "
                           "server's batching and KV cache are its own; run it without --infergate-endpoint")
-        if pattern is None:
-            pattern = LoadPattern(concurrency=config.max_batch_size if config is not None else None)
-        return self.load(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label, tags=tags)
+        return self.load(requests, self._pattern(pattern, config), slo, warmup=warmup, repeats=repeats, label=label,
+                         tags=tags)
+
+    def _pattern(self, pattern, config=None) -> LoadPattern:
+        if pattern is None and isinstance(config, (dict, LoadPattern)):  # ab(requests, {"concurrency": 4})
+            pattern, config = config, None
+        if isinstance(pattern, LoadPattern):
+            return pattern
+        if isinstance(pattern, dict):
+            try:
+                return LoadPattern(**pattern)
+            except TypeError:
+                self.ctx.fail(f"load pattern {pattern!r}: its keys are concurrency, rate_per_s, burstiness, seed, "
+                              "replay")
+            except InfergateError as exc:
+                self.ctx.fail(str(exc))
+        return LoadPattern(concurrency=config.max_batch_size if config is not None else None)
 
     def load(self, requests=None, pattern=None, slo=None, *, warmup: int = 1, repeats: int = 1, label: str = "",
              tags: dict | None = None) -> Measurement:
         """Run `requests` (default: 16 chat requests) against the endpoint in `pattern` (a LoadPattern, or a dict
         such as {"rate_per_s": 4, "burstiness": 0.5} or {"concurrency": 8}) `repeats` times, and gate the result
         with the test's budgets. `slo` (or the `infergate_slo` marker) defines goodput. Returns the Measurement."""
-        pattern = LoadPattern(**pattern) if isinstance(pattern, dict) else (pattern or LoadPattern())
+        pattern = self._pattern(pattern) if pattern is not None else LoadPattern()
         measurement, outcome = self._measure_and_gate(requests, pattern, slo, warmup, repeats, label, tags)
         if outcome.failed:
             self.ctx.fail(f"infergate perf gate failed for {self.ctx.measurement_key(label)} (endpoint, "
@@ -55,11 +73,7 @@ class EndpointPerfBench:
         requests = requests if requests is not None else self.default_workload()
         slo = self._slo(slo)
         measurement = self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label)
-        record = PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_PRECISION,
-                            status=PerfOutcome().status, measurement=measurement, backend="endpoint",
-                            engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
-                                           "served_model": self.bench.model, "pattern": pattern.describe()},
-                            tags={"pattern": pattern.describe(), **(tags or {})}, fingerprint=self.bench.fingerprint())
+        record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
         outcome = gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
             requests, pattern, slo, warmup, measurement))
         return measurement, outcome
@@ -82,9 +96,79 @@ class EndpointPerfBench:
             self.ctx.fail("infergate perf gate failed at sweep point(s):\n" + "\n".join(failures))
         return points
 
-    def ab(self, *args, **kwargs):
-        self.ctx.skip("interleaved A/B compares two local models; with --infergate-endpoint compare runs with "
-                      "--infergate-baseline instead")
+    def capacity(self, requests=None, *, slo=None, target_goodput: float = 0.99, search: str = "rate",
+                 bounds=None, budget_s: float = 300.0, point_s: float = 10.0, min_requests: int = 20,
+                 resolution: float = 0.1, warmup: int = 1, label: str = "capacity") -> CapacityResult:
+        """The highest request rate (`search="rate"`, Poisson arrivals) or concurrency at which the server still
+        meets the SLO (`slo`, or the `infergate_slo` marker) for `target_goodput` of the requests: a coarse
+        doubling sweep over `bounds` (default 0.5-64 req/s, or 1 to --infergate-endpoint-concurrency), then
+        bisection to `resolution`; each point sends enough requests for `point_s` seconds (at least
+        `min_requests`) and stops once it can no longer pass; the search stops within `budget_s`. Recorded and
+        gated like a load run: `min_capacity_rps=12` in the test's budget fails it below 12 req/s."""
+        requests = requests if requests is not None else self.default_workload()
+        if bounds is None:
+            bounds = (0.5, 64.0) if search == "rate" else (1, self.bench.config.max_concurrency)
+        try:
+            spec = CapacitySpec(self._slo(slo), target_goodput, search, tuple(bounds), budget_s, point_s,
+                                min_requests, resolution)
+            result = search_capacity(self.bench.config, requests, spec, warmup)
+        except InfergateError as exc:
+            self.ctx.fail(f"{self.ctx.test_id}: {exc}")
+        measurement = capacity_measurement(result, label)
+        record = self._record(label, measurement, {"experiment": "capacity", "search": search})
+        record.notes.append(result.describe())
+        outcome = gate_measurement(self.ctx, record)
+        if outcome.failed:
+            self.ctx.fail(f"infergate capacity gate failed for {self.ctx.measurement_key(label)}:\n"
+                          f"{outcome.message()}\n{result.describe()}")
+        return result
+
+    def ab(self, requests=None, config=None, *, pattern=None, slo=None, rounds: int = 4, warmup: int = 1,
+           label: str = "ab", **local_only):
+        """Interleaved A/B between the two servers: --infergate-reference-endpoint (A) and --infergate-endpoint
+        (B) run the same load alternately, A B A B ..., so drift of either machine hits both alike; the verdict
+        of B against A uses the budget's max_regression (default 0.10) on a paired bootstrap CI. Returns the
+        (A, B) Measurements. Without a reference endpoint the test is skipped."""
+        if self.reference is None:
+            self.ctx.skip("an A/B against an endpoint needs the other deployment: pass --infergate-reference-endpoint "
+                          "URL (or compare runs with --infergate-baseline)")
+        unknown = sorted(set(local_only) - {"baseline_model", "baseline_config"})
+        if unknown:
+            self.ctx.fail(f"{self.ctx.test_id}: ab() got unknown argument(s) {', '.join(unknown)}")
+        requests = requests if requests is not None else self.default_workload()
+        pattern, slo = self._pattern(pattern, config), self._slo(slo)
+        key = self.ctx.measurement_key(label)
+        budget = budget_for(self.ctx, ENDPOINT_PRECISION, key)
+        if budget.max_regression is None:
+            budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
+        b, outcome = evaluate_ab(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
+                                 lambda m: self.bench.run_once(requests, pattern, slo, warmup, m), budget, rounds,
+                                 self.ctx.options.strict)
+        a = outcome.baseline
+        record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
+                                         "pattern": pattern.describe()})
+        record.engine_config["reference_url"] = self.reference.config.base_url
+        record.engine_config["reference_served_model"] = self.reference.model
+        record.fingerprint = {}
+        record.budget = {"max_regression": budget.max_regression}
+        record.baseline_summary = a.summary()
+        b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
+                                 "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
+        record.notes = [f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
+                        f"{rounds} rounds ({pattern.describe()})"]
+        _warn_about(self.ctx, key, outcome)
+        _finish(self.ctx, record, outcome)
+        if outcome.failed:
+            self.ctx.fail(f"infergate A/B gate failed for {key} (endpoint vs reference endpoint):\n  "
+                          + "\n  ".join(v.describe() for v in outcome.verdicts))
+        return a, b
+
+    def _record(self, label: str, measurement: Measurement, tags: dict) -> PerfRecord:
+        return PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_PRECISION,
+                          status=PerfOutcome().status, measurement=measurement, backend="endpoint",
+                          engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
+                                         "served_model": self.bench.model, "pattern": tags.get("pattern", "")},
+                          tags=tags, fingerprint=self.bench.fingerprint())
 
     def _slo(self, slo) -> Slo:
         if isinstance(slo, Slo):

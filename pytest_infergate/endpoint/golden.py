@@ -36,9 +36,10 @@ class EndpointGenerated:
     logprobs: list[dict] = field(default_factory=list)
 
 
-def request_golden_answers(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
-             top_logprobs: int = TOP_LOGPROBS) -> tuple[list[EndpointGenerated], list[str]]:
-    """Greedy answers of the endpoint to every sample. Returns the outputs and notes (e.g. no logprobs)."""
+def ask_greedy(config: EndpointConfig, samples: list[GoldenSample], top_logprobs: int = TOP_LOGPROBS,
+               ) -> tuple[list[EndpointResult], list[str]]:
+    """The endpoint's greedy answers to every sample (with top logprobs where it serves them), and notes (e.g.
+    no logprobs). Raises EndpointGenerationError naming the samples that got no answer."""
     notes = []
     requests = [EndpointRequest(messages=[dict(m) for m in s.messages] if s.messages is not None else None,
                                 prompt=s.prompt if s.messages is None else None, max_tokens=s.max_new_tokens,
@@ -48,18 +49,26 @@ def request_golden_answers(config: EndpointConfig, tokenizer, samples: list[Gold
                     for r in requests]
     # a few in flight: a request's timeout also runs while it waits in the server's queue
     pattern = LoadPattern(concurrency=min(config.max_concurrency, GOLDEN_CONCURRENCY))
-    results = run_load(config, requests, pattern, stream=False).results
+    results = run_load(config, requests, pattern, stream=False, scrape=False).results
     if top_logprobs and any(r.error and r.error.startswith("http_4") for r in results):
         # some servers refuse logprobs; the text metrics still hold without them
-        results = run_load(config, [replace(r, logprobs=0) for r in requests], pattern, stream=False).results
-        notes.append("the endpoint refused logprobs: KL and top-1 were not computed")
+        results = run_load(config, [replace(r, logprobs=0) for r in requests], pattern, stream=False,
+                           scrape=False).results
+        notes.append(f"{config.base_url} refused logprobs: KL and top-1 were not computed")
     failed = [r for r in results if not r.ok]
     if failed:
         raise EndpointGenerationError(f"{len(failed)} of {len(results)} golden samples got no answer from "
                                       f"{config.base_url}: " + "; ".join(f"{r.request_id}: {r.error} {r.error_detail}"
                                                                          for r in failed[:5]))
     if top_logprobs and not notes and not any(r.logprobs for r in results):
-        notes.append("the endpoint returned no logprobs: KL and top-1 were not computed")
+        notes.append(f"{config.base_url} returned no logprobs: KL and top-1 were not computed")
+    return results, notes
+
+
+def request_golden_answers(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
+                           top_logprobs: int = TOP_LOGPROBS) -> tuple[list[EndpointGenerated], list[str]]:
+    """Greedy answers of the endpoint to every sample, re-tokenized with the local tokenizer."""
+    results, notes = ask_greedy(config, samples, top_logprobs)
     return [_generated(tokenizer, s, r) for s, r in zip(samples, results)], notes
 
 

@@ -1,30 +1,35 @@
 """Load patterns against an endpoint, as `vllm bench serve` and guidellm drive them: a fixed number of requests
-in flight (closed loop), or a request rate with Poisson or gamma-bursty arrivals (open loop, optionally capped
-in flight), and sweeps over either. Goodput counts the requests that met every SLO."""
+in flight (closed loop), a request rate with Poisson or gamma-bursty arrivals (open loop, optionally capped
+in flight), a recorded trace replayed on its own timestamps, and sweeps over either. Goodput counts the requests
+that met every SLO. The server's Prometheus metrics are scraped around every run (endpoint/server_metrics.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
+from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
+from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
+from pytest_infergate.workload_files import Session
 from pytest_infergate.workloads import gamma_arrival_offsets
 
 
 @dataclass(frozen=True)
 class LoadPattern:
-    """`concurrency` alone: closed loop, that many requests in flight. `rate_per_s`: open loop, arrivals with
-    gamma-distributed gaps (burstiness 1 = Poisson, < 1 burstier), at most `concurrency` in flight if given.
-    Neither: every request at once, capped by the client's max concurrency."""
+    """`concurrency` alone: closed loop, that many requests (or sessions) in flight. `rate_per_s`: open loop,
+    arrivals with gamma-distributed gaps (burstiness 1 = Poisson, < 1 burstier), at most `concurrency` in flight
+    if given. `replay`: each request or session arrives at its own `arrival_s` (a trace's timestamps, see
+    workloads.from_file). None of them: every request at once, capped by the client's max concurrency."""
 
     concurrency: int | None = None
     rate_per_s: float | None = None
     burstiness: float = 1.0
     seed: int = 0
+    replay: bool = False
 
     def __post_init__(self):
         if self.concurrency is not None and self.concurrency < 1:
@@ -33,9 +38,11 @@ class LoadPattern:
             raise OptionError(f"load pattern rate_per_s must be positive (requests per second), got {self.rate_per_s}")
         if not self.burstiness > 0:
             raise OptionError(f"load pattern burstiness must be positive (1 is Poisson), got {self.burstiness}")
+        if self.replay and self.rate_per_s is not None:
+            raise OptionError("a load pattern replays its trace's timestamps or sets rate_per_s, not both")
 
     def describe(self) -> str:
-        parts = []
+        parts = ["replay (trace timestamps)"] if self.replay else []
         if self.rate_per_s is not None:
             kind = "poisson" if self.burstiness == 1 else f"gamma(burstiness={self.burstiness:g})"
             parts.append(f"rate={self.rate_per_s:g}/s {kind}")
@@ -47,6 +54,10 @@ class LoadPattern:
         if self.rate_per_s is None:
             return [0.0] * count
         return gamma_arrival_offsets(count, self.rate_per_s, self.burstiness, self.seed)
+
+    def offsets_for(self, items: list) -> list[float]:
+        """When each item (request or session) starts, in seconds from the start of the run."""
+        return [item.arrival_s for item in items] if self.replay else self.arrival_offsets(len(items))
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class LoadRun:
     results: list[EndpointResult]
     duration_s: float
     slo: Slo = field(default_factory=Slo)
+    server_metrics: ServerMetrics | None = None
+    stopped: str = ""  # why the run ended before every request did: "stopped early", "deadline"
 
     @property
     def succeeded(self) -> list[EndpointResult]:
@@ -107,6 +120,17 @@ class LoadRun:
     def goodput_per_s(self) -> float:
         return sum(self.slo.met(r) for r in self.results) / self.duration_s if self.duration_s else 0.0
 
+    @property
+    def sent(self) -> list[EndpointResult]:
+        """The requests the run did not cancel itself (an early stop or a deadline cancels the rest)."""
+        return [r for r in self.results if r.error not in NOT_SENT]
+
+    def cached_prompt_share(self) -> float | None:
+        """usage.prompt_tokens_details.cached_tokens / prompt_tokens over the answered requests that report it."""
+        reported = [r for r in self.succeeded if r.cached_tokens is not None and r.prompt_tokens]
+        prompt = sum(r.prompt_tokens for r in reported)
+        return sum(r.cached_tokens for r in reported) / prompt if prompt else None
+
     def summary(self) -> dict:
         ok = self.succeeded
         out_tokens = sum(r.output_tokens or 0 for r in ok)
@@ -114,7 +138,8 @@ class LoadRun:
                 "errors": self.errors, "duration_s": self.duration_s, "output_tokens": out_tokens,
                 "tokens_per_s": out_tokens / self.duration_s if self.duration_s else 0.0,
                 "success_rate": self.success_rate, "goodput_per_s": self.goodput_per_s, "slo": asdict(self.slo),
-                "usage_reported": all(r.usage_reported for r in ok) if ok else False}
+                "usage_reported": all(r.usage_reported for r in ok) if ok else False,
+                "cached_prompt_share": self.cached_prompt_share(), "stopped": self.stopped}
 
 
 def add_to_measurement(run: LoadRun, into: Measurement) -> None:
@@ -139,41 +164,71 @@ def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     into.engine.setdefault("failures", [])
     into.engine["failures"] += [{"request_id": r.request_id, "error": r.error, "detail": r.error_detail}
                                 for r in run.results if not r.ok][:20 - len(into.engine["failures"])]
+    add_server_figures(run, into)
 
 
-async def run_load_async(client: EndpointClient, requests: list[EndpointRequest], pattern: LoadPattern,
-                         slo: Slo = Slo(), stream: bool = True) -> LoadRun:
-    gate = asyncio.Semaphore(pattern.concurrency or client.config.max_concurrency)
-    offsets = pattern.arrival_offsets(len(requests))
-    start = time.perf_counter()
+def add_server_figures(run: LoadRun, into: Measurement) -> None:
+    """The server's own figures of the run (peak KV usage, prefix-cache hit rate, preemptions, peak queue and
+    batch) as samples - one per repetition, usable as budget keys - and the whole scrape (with its timeline) in
+    `engine["server_metrics"]` for the report. The prefix-cache hit rate falls back to the share of prompt tokens
+    the server reported as cached in `usage`."""
+    figures = dict(run.server_metrics.figures()) if run.server_metrics is not None else {}
+    source = "server /metrics" if "prefix_cache_hit_rate" in figures else ""
+    client_share = run.cached_prompt_share()
+    if client_share is not None and not source:
+        figures["prefix_cache_hit_rate"], source = client_share, "usage.prompt_tokens_details.cached_tokens"
+    for name, value in figures.items():
+        into.samples.setdefault(name, []).append(value)
+    if run.server_metrics is not None:
+        into.engine["server_metrics"] = {**run.server_metrics.to_dict(), "prefix_cache_source": source,
+                                         "cached_prompt_share": client_share}
 
-    async def one(request: EndpointRequest, offset: float) -> EndpointResult:
-        delay = start + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        async with gate:
-            return await client.send(request, stream)
 
-    results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
-    return LoadRun(pattern, list(results), time.perf_counter() - start, slo)
+def coerce_items(items: list, api: str) -> list:
+    """EndpointRequests (engine Requests translated) and Sessions; a request without an id is named `r<index>`
+    and a session `s<index>` (failures are reported by id); the caller's objects are not changed."""
+    out = []
+    for index, item in enumerate(items):
+        if isinstance(item, Session):
+            if api != "chat":
+                raise OptionError(f"multi-turn session {item.session_id or index} needs the chat API: drop "
+                                  "--infergate-endpoint-api completions")
+            out.append(item if item.session_id else replace(item, session_id=f"s{index}"))
+            continue
+        request = EndpointRequest.coerce(item, api)
+        out.append(replace(request, request_id=request.request_id or f"r{index}"))
+    return out
 
 
-def run_load(config: EndpointConfig, requests: list[EndpointRequest], pattern: LoadPattern = LoadPattern(),
-             slo: Slo = Slo(), stream: bool = True, warmup: int = 0) -> LoadRun:
-    """Drive `requests` (EndpointRequest, or the engine's Request in the configured API) through the endpoint in
-    `pattern` and return every request's result. A request without an id is named `r<index>` (failures are
-    reported by id); the caller's objects are not changed. `warmup` requests (the first ones, shortened) go
-    first, one at a time, and are not counted."""
-    requests = [replace(request, request_id=request.request_id or f"r{index}")
-                for index, request in enumerate(EndpointRequest.coerce(r, config.api) for r in requests)]
+async def run_load_async(client: EndpointClient, items: list, pattern: LoadPattern, slo: Slo = Slo(),
+                         stream: bool = True, *, stop=None, deadline: float | None = None,
+                         scrape: bool = True) -> LoadRun:
+    """One load run of coerced `items` (see coerce_items); `stop` / `deadline` as in driver.drive. The server's
+    /metrics are scraped before, during and after it unless `scrape` is False."""
+    concurrency = pattern.concurrency or client.config.max_concurrency
+    offsets = pattern.offsets_for(items)
+    if not scrape:
+        outcome = await drive(client, items, offsets, concurrency, stream, stop, deadline)
+        return LoadRun(pattern, outcome.results, outcome.duration_s, slo, None, outcome.stopped)
+    async with MetricsScraper(client.config.prometheus_url, client.config.headers()) as scraper:
+        outcome = await drive(client, items, offsets, concurrency, stream, stop, deadline)
+    return LoadRun(pattern, outcome.results, outcome.duration_s, slo, scraper.result, outcome.stopped)
+
+
+def run_load(config: EndpointConfig, requests: list, pattern: LoadPattern = LoadPattern(), slo: Slo = Slo(),
+             stream: bool = True, warmup: int = 0, scrape: bool = True, **drive_options) -> LoadRun:
+    """Drive `requests` (EndpointRequest, the engine's Request in the configured API, or multi-turn Sessions)
+    through the endpoint in `pattern` and return every request's result. `warmup` requests (the first ones,
+    shortened; a session's first turn) go first, one at a time, and are not counted."""
+    items = coerce_items(requests, config.api)
 
     async def main() -> LoadRun:
         async with EndpointClient(config) as client:
             if client.model is None:  # the session probe names it once; a busy server need not be asked again
                 await client.discover_model()
-            for request in requests[:warmup]:
-                await client.send(replace(request, max_tokens=min(request.max_tokens, 8)))
-            return await run_load_async(client, requests, pattern, slo, stream)
+            for item in items[:warmup]:
+                await client.send(warmup_request(item))
+            return await run_load_async(client, items, pattern, slo, stream, scrape=scrape, **drive_options)
 
     return _run(main())
 

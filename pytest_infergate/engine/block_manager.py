@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import deque
 
+RELEASED = -1  # a block-table entry whose block was given back (out of every sliding window)
+
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
@@ -60,14 +62,26 @@ class BlockManager:
 
     def free(self, seq_id: int, block_table: list[int]) -> None:
         for block in block_table:
-            holders = self._holders.get(block)
-            if holders is None or seq_id not in holders:
-                raise RuntimeError(f"block {block} freed by sequence {seq_id}, which does not hold it")
-            holders.discard(seq_id)
-            if not holders:
-                del self._holders[block]
-                self._free.append(block)  # still registered: reusable until allocated anew
+            if block != RELEASED:
+                self._release(seq_id, block)
         block_table.clear()
+
+    def release_before(self, seq_id: int, block_table: list[int], num_blocks: int) -> None:
+        """Give back the sequence's first `num_blocks` blocks (no query will read them again: they fell out of
+        every sliding window); their places in the table keep the positions of the rest."""
+        for index in range(min(num_blocks, len(block_table))):
+            if block_table[index] != RELEASED:
+                self._release(seq_id, block_table[index])
+                block_table[index] = RELEASED
+
+    def _release(self, seq_id: int, block: int) -> None:
+        holders = self._holders.get(block)
+        if holders is None or seq_id not in holders:
+            raise RuntimeError(f"block {block} freed by sequence {seq_id}, which does not hold it")
+        holders.discard(seq_id)
+        if not holders:
+            del self._holders[block]
+            self._free.append(block)  # still registered: reusable until allocated anew
 
     def slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size

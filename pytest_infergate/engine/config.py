@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from pytest_infergate.engine.validate import check_bool, check_int, check_number
 from pytest_infergate.errors import OptionError
 
 CACHE_MODES = ("paged", "contiguous", "none")
@@ -52,17 +53,17 @@ class EngineConfig:
         if self.batching not in BATCHING_MODES:
             raise OptionError(f"EngineConfig.batching {self.batching!r}: choose from {', '.join(BATCHING_MODES)}")
         for name in ("max_batch_size", "max_batched_tokens", "prefill_chunk_size", "block_size"):
-            if getattr(self, name) <= 0:
-                raise OptionError(f"EngineConfig.{name} must be positive, got {getattr(self, name)}")
+            setattr(self, name, check_int(OptionError, f"EngineConfig.{name}", getattr(self, name), 1,
+                                          rule="positive (an int >= 1)"))
         for name in ("kv_budget_bytes", "kv_budget_blocks", "max_model_len", "max_input_tokens",
                      "max_new_tokens_limit", "max_queue_len", "max_length_spread"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise OptionError(f"EngineConfig.{name} must be positive or None, got {value}")
+            setattr(self, name, check_int(OptionError, f"EngineConfig.{name}", getattr(self, name), 1, optional=True,
+                                          rule="positive (an int >= 1) or None"))
+        self.window_ms = check_number(OptionError, "EngineConfig.window_ms", self.window_ms, minimum=0)
+        for name in ("truncate_input", "length_bucketing", "schedule_by_tokens", "prefix_caching", "record_steps"):
+            check_bool(OptionError, f"EngineConfig.{name}", getattr(self, name))
         if self.kv_budget_bytes is not None and self.kv_budget_blocks is not None:
             raise OptionError("EngineConfig: give kv_budget_bytes or kv_budget_blocks, not both")
-        if self.window_ms < 0:
-            raise OptionError(f"EngineConfig.window_ms must be >= 0, got {self.window_ms}")
         if self.prefix_caching and (self.cache_mode != "paged" or self.batching not in ("continuous", "sequential")):
             raise OptionError("EngineConfig.prefix_caching needs cache_mode='paged' and continuous or sequential "
                               f"batching, got cache_mode={self.cache_mode!r}, batching={self.batching!r}")
@@ -70,6 +71,4 @@ class EngineConfig:
             self.max_batch_size = 1
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)

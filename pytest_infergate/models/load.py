@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.models.builtin import BUILTIN_ALIASES, ensure_converted_gguf, ensure_smollm2, ensure_tiny_llama
+from pytest_infergate.models.builtin import (
+    BUILTIN_ALIASES,
+    RANDOM_LLAMAS,
+    ensure_converted_gguf,
+    ensure_random_llama,
+    ensure_smollm2,
+)
 from pytest_infergate.models.cache import read_meta, sha256_file
 from pytest_infergate.models.precision import (
     QUANTIZED,
@@ -41,8 +47,8 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     spec = str(spec).strip()
     if spec == "smollm2-135m":
         return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
-    if spec == "tiny-random-llama":
-        return ModelSource(spec, str(ensure_tiny_llama(cache_dir)), "alias", "tiny-random-llama")
+    if spec in RANDOM_LLAMAS:
+        return ModelSource(spec, str(ensure_random_llama(cache_dir, spec)), "alias", spec)
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
         return ModelSource(spec, str(ensure_converted_gguf(path, cache_dir)), "gguf", path.stem)

@@ -29,7 +29,7 @@ def parse_precisions(text: str) -> tuple[str, ...]:
 
 def default_reference(device: str) -> str:
     """fp16 is the usual serving reference on GPUs; on CPUs fp16/bf16 matmuls are slow, so fp32."""
-    return "fp16" if device == "cuda" else "fp32"
+    return "fp16" if device.startswith("cuda") else "fp32"
 
 
 def compute_dtype_name(precision: str, reference: str) -> str:

@@ -1,8 +1,10 @@
 """Perf budgets: what a test promises (`ttft_ms_p95=200, tokens_per_s=10, max_regression=0.1`), where the promise
 comes from (ini lines by scope, then the test's markers), and which limits a Measurement broke.
 
-A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_ms_p95`, `tokens_per_s`...
-Distribution metrics (latencies) use the key's percentile, else the budget's `percentile` (default 50).
+A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_ms_p95`, `ttft_ms_p999` (p99.9),
+`tokens_per_s`... Distribution metrics (latencies) use the key's percentile, else the budget's `percentile`
+(default 50). A key may say its direction: `min_capacity_rps` (a metric where higher is better) and
+`max_kv_usage` (lower is better) are the same limits as `capacity_rps` and `kv_usage`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf.metrics import METRICS, PERCENTILES, Measurement
+from pytest_infergate.perf.metrics import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
 
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")
+_DIRECTION = re.compile(r"^(?P<bound>min|max)_(?P<metric>[a-z0-9_]+)$")
 _OPTION_KEYS = {"percentile": int, "max_regression": float}
 
 
@@ -28,7 +31,7 @@ class BudgetError(OptionError):
 class Limit:
     key: str  # as written, e.g. "ttft_ms_p95"
     metric: str
-    percentile: int | None  # None for non-distribution metrics
+    percentile: float | None  # None for non-distribution metrics
     value: float
 
     @property
@@ -39,7 +42,7 @@ class Limit:
 @dataclass(frozen=True)
 class Budget:
     limits: tuple[Limit, ...] = ()
-    percentile: int = 50
+    percentile: float = 50
     max_regression: float | None = None
 
     @property
@@ -49,14 +52,32 @@ class Budget:
 
 def allowed_keys() -> list[str]:
     keys = list(METRICS)
-    keys += [f"{m}_p{p}" for m, (_, _, dist) in METRICS.items() if dist for p in PERCENTILES]
+    keys += [f"{m}_{percentile_suffix(p)}" for m, (_, _, dist) in METRICS.items() if dist for p in PERCENTILES]
+    keys += [f"{'min' if higher else 'max'}_{m}" for m, (_, higher, dist) in METRICS.items() if not dist]
     return keys + list(_OPTION_KEYS)
+
+
+def _split_key(key: str, where: str) -> tuple[str, str | None]:
+    """(metric, percentile suffix) of a budget key; `min_`/`max_` must agree with the metric's direction."""
+    directed = _DIRECTION.match(key)
+    if directed and directed.group("metric") in METRICS and not METRICS[directed.group("metric")][2]:
+        metric, bound = directed.group("metric"), directed.group("bound")
+        if (bound == "min") != METRICS[metric][1]:
+            right = "min" if METRICS[metric][1] else "max"
+            raise BudgetError(f"{where}: {key!r}: {metric} is {'higher' if METRICS[metric][1] else 'lower'}-is-"
+                              f"better, so its limit is a {right}imum; write {right}_{metric} (or {metric})")
+        return metric, None
+    match = _KEY.match(key)
+    metric, pct = (match.group("metric"), match.group("pct")) if match else (key, None)
+    if metric not in METRICS and key in METRICS:
+        metric, pct = key, None
+    return metric, pct
 
 
 def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Budget:
     """Validate budget keys and values; raise BudgetError naming the key and the allowed ones."""
     percentile_default = values.get("percentile", 50)
-    if (not isinstance(percentile_default, int) or isinstance(percentile_default, bool)
+    if (not isinstance(percentile_default, (int, float)) or isinstance(percentile_default, bool)
             or percentile_default not in PERCENTILES):
         raise BudgetError(f"{where}: percentile={percentile_default!r} must be one of {PERCENTILES}")
     max_regression = values.get("max_regression")
@@ -69,17 +90,16 @@ def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Bud
     for key, value in values.items():
         if key in _OPTION_KEYS:
             continue
-        match = _KEY.match(key)
-        metric, pct = (match.group("metric"), match.group("pct")) if match else (key, None)
-        if metric not in METRICS and key in METRICS:
-            metric, pct = key, None
-        if metric not in METRICS or (pct is not None and (int(pct) not in PERCENTILES or not METRICS[metric][2])):
+        metric, pct = _split_key(key, where)
+        if metric not in METRICS or (pct is not None and (pct not in PERCENTILE_OF_SUFFIX or not METRICS[metric][2])):
             raise BudgetError(f"{where}: unknown budget key {key!r}; allowed: {', '.join(allowed_keys())}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        zero_ok = METRICS[metric][0] == "count"  # max_preemptions=0: none allowed
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0 or (value == 0 and not zero_ok):
             finite = "" if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isfinite(value) \
                 else "; a limit of nan or inf would never be checked"
             raise BudgetError(f"{where}: {key}={value!r} must be a positive number ({METRICS[metric][0]}){finite}")
-        pct_value = (int(pct) if pct else percentile_default) if METRICS[metric][2] else None
+        pct_value = (PERCENTILE_OF_SUFFIX[pct] if pct else percentile_default) if METRICS[metric][2] else None
         limits.append(Limit(key, metric, pct_value, float(value)))
     return Budget(tuple(limits), percentile_default, max_regression)
 
@@ -119,7 +139,7 @@ class Violation:
     measured: float
     limit: float
     unit: str
-    percentile: int | None
+    percentile: float | None
     samples: int
     higher_is_better: bool
 
@@ -132,7 +152,7 @@ class Violation:
 
     def describe(self) -> str:
         bound = ">=" if self.higher_is_better else "<="
-        where = f"p{self.percentile} " if self.percentile else ""
+        where = f"p{self.percentile:g} " if self.percentile else ""
         return (f"{self.key}: measured {where}{self.measured:.4g} {self.unit}, budget {bound} {self.limit:.4g} "
                 f"{self.unit} (off by {self.margin:+.1%}, n={self.samples})")
 

@@ -21,8 +21,25 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "load_s": ("s", False, False),
     "success_rate": ("fraction", True, False),  # endpoint runs: requests answered / requests sent
     "goodput_per_s": ("req/s", True, False),  # endpoint runs: requests that met every SLO, per second
+    # endpoint capacity search: the highest load that still met the SLO (offered req/s; concurrency)
+    "capacity_rps": ("req/s", True, False),
+    "capacity_concurrency": ("requests", True, False),
+    # the server's own /metrics, scraped around each endpoint load run (see endpoint/server_metrics.py)
+    "kv_usage": ("fraction", False, False),  # peak KV-cache usage during the run
+    "prefix_cache_hit_rate": ("fraction", True, False),  # prompt tokens served from the prefix cache
+    "preemptions": ("count", False, False),  # requests preempted (or retracted) during the run
+    "waiting_requests": ("requests", False, False),  # peak queue length during the run
+    "running_requests": ("requests", True, False),  # peak batch (requests running at once) during the run
 }
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = (50, 90, 95, 99, 99.9)
+
+
+def percentile_suffix(pct: float) -> str:
+    """The budget-key / summary suffix of a percentile: 95 -> "p95", 99.9 -> "p999"."""
+    return "p" + f"{pct:g}".replace(".", "")
+
+
+PERCENTILE_OF_SUFFIX = {percentile_suffix(p)[1:]: p for p in PERCENTILES}  # "999" -> 99.9
 
 
 @dataclass
@@ -39,7 +56,7 @@ class Measurement:
     steps: list[dict] = field(default_factory=list)  # per-step timeline of the last repetition
     label: str = ""
 
-    def value(self, metric: str, pct: int | None = 50) -> float:
+    def value(self, metric: str, pct: float | None = 50) -> float:
         values = self.samples.get(metric)
         if not values:
             raise KeyError(f"no samples of {metric} in this measurement")
@@ -53,8 +70,8 @@ class Measurement:
             if not values:
                 continue
             if METRICS[metric][2]:
-                for pct in (50, 95, 99):
-                    out[f"{metric}_p{pct}"] = percentile(values, pct)
+                for pct in PERCENTILES:
+                    out[f"{metric}_{percentile_suffix(pct)}"] = percentile(values, pct)
             else:
                 out[metric] = percentile(values, 50)
         return out

@@ -180,8 +180,11 @@ class GoldenGate:
                                          changes=changes))
             return None
         if old is None:
-            self.ctx.skip(f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
-                          "commit the file")
+            message = (f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
+                       "commit the file")
+            if self.ctx.options.strict:  # under strict a check that cannot run fails
+                self.ctx.fail(message)
+            self.ctx.skip(message)
         regression = self.candidate.regression(samples, current, old)
         status = Status.PASS if regression.ok else Status.FAIL
         self.ctx.record(GoldenRecord(self.ctx.test_id, status, regression.precision, str(path),

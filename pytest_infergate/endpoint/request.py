@@ -1,0 +1,195 @@
+"""What goes to an OpenAI-compatible server and what comes back: the endpoint's configuration, one request, and
+one request's result as the client saw it (every instant on the client's clock)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pytest_infergate.errors import InfergateError, OptionError
+from pytest_infergate.options import check_endpoint_settings
+
+
+class EndpointError(InfergateError):
+    """The endpoint cannot be used at all (unreachable, no model served, wrong URL)."""
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    url: str  # base URL, with or without the trailing /v1
+    model: str | None = None  # served model name; None: the first one /v1/models lists
+    api_key: str | None = None
+    timeout_s: float = 60.0  # whole request, first byte to last
+    max_concurrency: int = 64
+    api: str = "chat"
+    metrics_url: str | None = None  # Prometheus /metrics; None: /metrics at the server's root
+    option: str = "--infergate-endpoint"  # the option that names this server, for messages
+
+    def __post_init__(self):
+        check_endpoint_settings(self.url, self.timeout_s, self.max_concurrency, self.api, self.option)
+        if self.metrics_url is not None:
+            check_endpoint_settings(self.metrics_url, self.timeout_s, self.max_concurrency, self.api,
+                                    flag="--infergate-endpoint-metrics-url")
+
+    @property
+    def base_url(self) -> str:
+        url = self.url.rstrip("/")
+        return url if url.endswith("/v1") else url + "/v1"
+
+    @property
+    def prometheus_url(self) -> str:
+        """Where the server's Prometheus metrics are: vLLM, SGLang, TGI and llama.cpp all serve /metrics at the
+        root, beside /v1 (a deployment behind a router may name another with --infergate-endpoint-metrics-url)."""
+        if self.metrics_url:
+            return self.metrics_url
+        parts = urlsplit(self.base_url)
+        root = parts.path[:-len("/v1")] if parts.path.endswith("/v1") else parts.path
+        return urlunsplit((parts.scheme, parts.netloc, root.rstrip("/") + "/metrics", "", ""))
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class EndpointRequest:
+    """What is sent: chat `messages` or a completions `prompt`, greedy unless temperature > 0."""
+
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0  # top logprobs per token (0: none)
+    request_id: str = ""
+    arrival_s: float = 0.0  # offset in the arrival schedule of a load run
+
+    @classmethod
+    def from_engine_request(cls, request, api: str = "chat") -> EndpointRequest:
+        """The same request as the reference engine's `Request` (prompt text, chat messages or token ids)."""
+        common = dict(max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
+                      seed=request.seed, stop=tuple(request.stop_strings), request_id=request.request_id or "",
+                      arrival_s=request.arrival_s)
+        if request.messages is not None:
+            if api == "chat":
+                return cls(messages=request.messages, **common)
+            raise OptionError("a chat request (messages) needs --infergate-endpoint-api chat; the completions API "
+                              "takes a prompt")
+        prompt = request.prompt if request.prompt is not None else list(request.prompt_token_ids)
+        if api == "chat":
+            if not isinstance(prompt, str):
+                raise OptionError("a request given as token ids needs --infergate-endpoint-api completions")
+            return cls(messages=[{"role": "user", "content": prompt}], **common)
+        return cls(prompt=prompt, **common)
+
+    @classmethod
+    def coerce(cls, request, api: str = "chat") -> EndpointRequest:
+        """An EndpointRequest as is; the reference engine's `Request` translated; anything else a clear error."""
+        if isinstance(request, cls):
+            return request
+        if hasattr(request, "max_new_tokens") and hasattr(request, "prompt_token_ids"):
+            return cls.from_engine_request(request, api)
+        raise TypeError(f"an endpoint load run takes EndpointRequest or engine Request objects, not "
+                        f"{type(request).__name__}")
+
+    def body(self, model: str, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                                "top_p": self.top_p, "stream": stream}
+        if self.messages is not None:
+            body["messages"] = self.messages
+        else:
+            body["prompt"] = self.prompt
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if self.logprobs:
+            if self.messages is not None:
+                body["logprobs"], body["top_logprobs"] = True, self.logprobs
+            else:
+                body["logprobs"] = self.logprobs
+        return body
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self.messages is not None else "/completions"
+
+
+@dataclass
+class EndpointResult:
+    """One request as the client saw it. Instants are perf_counter seconds; `error` is None on success."""
+
+    request_id: str
+    sent: float = 0.0
+    first_token: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
+    finished: float | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    status: int | None = None  # HTTP status of the answer; None when none came
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server sends it
+    output_tokens: int | None = None  # from the server's usage; else the number of text chunks
+    usage_reported: bool = False
+    error: str | None = None  # http_<status>, timeout, connect, transport, malformed_stream, incomplete_stream,
+    # server_error
+    error_detail: str = ""
+    logprobs: list[dict] = field(default_factory=list)  # [{"token": str, "logprob": float, "top": {str: float}}]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.sent
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished is None else self.finished - self.sent
+
+    @property
+    def itl_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1), as vLLM's benchmark defines it."""
+        if not self.ok or not self.output_tokens or self.output_tokens < 2 or self.first_token is None:
+            return None
+        return (self.finished - self.first_token) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("logprobs")
+        out.update(ttft_ms=_ms(self.ttft_s), tpot_ms=_ms(self.tpot_s), e2e_ms=_ms(self.e2e_s))
+        return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def choice_text(choice: dict) -> str:
+    if "delta" in choice:
+        return choice["delta"].get("content") or ""
+    if "message" in choice:
+        return choice["message"].get("content") or ""
+    return choice.get("text") or ""
+
+
+def choice_logprobs(choice: dict) -> list[dict]:
+    """Both shapes: chat (`logprobs.content[]`) and completions (`tokens`, `token_logprobs`, `top_logprobs`)."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return []
+    if isinstance(lp.get("content"), list):
+        return [{"token": c["token"], "logprob": c["logprob"],
+                 "top": {t["token"]: t["logprob"] for t in c.get("top_logprobs") or []}} for c in lp["content"]]
+    tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens", []))
+    return [{"token": token, "logprob": logprob, "top": dict(top or {})}
+            for token, logprob, top in zip(lp.get("tokens", []), lp.get("token_logprobs", []), tops)]

@@ -1,0 +1,119 @@
+"""What one forward's attention needs: which cached keys each query token attends to.
+
+Layout of one forward's query tokens (batch dimension 1, tokens flattened):
+    [ decode tokens (one per sequence, by context length) | prefill chunks ... | padding tokens (static batching) ]
+
+The runner describes the sequences (block tables, context lengths). Each attention layer asks for the key layout
+of its own window, `batch.layout(window)`: a full-attention layer reads every cached position of a sequence, a
+sliding-window layer only the last `window` positions before each query (transformers' convention: a query at
+position p sees keys at positions p - window < k <= p). A layout is built once per forward and window, on first
+use, and shared by every layer with that window.
+
+Decode attention reads every cached K/V it attends to, so on a CPU it is bound by memory bandwidth. Decoding
+sequences are therefore attended in groups of similar length: padding a group to its longest member costs far
+less than padding the whole batch to the longest sequence. A sliding-window layer reads at most `window` keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DecodeRows:
+    """Decoding sequences attended together; each feeds one query token."""
+
+    start: int  # first of their query tokens in the flattened forward
+    tables: torch.Tensor  # [count, max blocks] block ids (CPU; short tables padded with block 0)
+    lengths: torch.Tensor  # [count] context lengths, the new token included (CPU)
+
+
+@dataclass
+class PrefillRows:
+    """A prefill chunk of one sequence: `q_len` tokens after `ctx_len` already cached ones."""
+
+    q_start: int  # first query token of this chunk in the flattened forward
+    q_len: int
+    ctx_len: int
+    table: torch.Tensor | None  # [blocks] block ids (CPU); None without a cache
+
+
+@dataclass
+class DecodeGroup:
+    start: int
+    count: int
+    slots: torch.Tensor  # [count * length] cache slots of the keys each query reads
+    length: int  # keys per query, padded to the group's longest
+    mask: torch.Tensor | None  # [count, 1, 1, length] bool; None when no query has padding
+
+
+@dataclass
+class PrefillSegment:
+    q_start: int
+    q_len: int
+    slots: torch.Tensor | None  # cache slots of the keys; None: the keys are this chunk's own new keys
+    mask: torch.Tensor | None  # [q_len, num keys] bool; None with is_causal (or a single query)
+    is_causal: bool
+
+
+@dataclass
+class Layout:
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillSegment]
+
+
+@dataclass
+class AttentionBatch:
+    cache: object | None  # KVCache, or None (cache_mode 'none', and the engine's shape probe)
+    block_size: int
+    device: torch.device
+    num_real_tokens: int = 0  # tokens whose K/V go to the cache (decode + prefill)
+    slot_mapping: torch.Tensor | None = None  # [num_real_tokens] cache slot of each real token
+    decode_rows: list[DecodeRows] = field(default_factory=list)
+    prefill_rows: list[PrefillRows] = field(default_factory=list)
+    num_padding: int = 0
+    max_context: int = 0  # longest context of any sequence in this forward
+    observer: object | None = None  # called with every attention call's arguments (the engine's shape probe)
+    _layouts: dict = field(default_factory=dict)
+
+    def layout(self, window: int | None) -> Layout:
+        if window is not None and window >= self.max_context:
+            window = None  # no query reaches past the window: the full layout, shared with full-attention layers
+        if window not in self._layouts:
+            self._layouts[window] = Layout([self._decode_group(rows, window) for rows in self.decode_rows],
+                                           [self._prefill_segment(rows, window) for rows in self.prefill_rows])
+        return self._layouts[window]
+
+    def _slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tables [n, blocks], positions [n, L] -> cache slots [n, L]."""
+        bs = self.block_size
+        return tables.gather(1, positions // bs) * bs + positions % bs
+
+    def _decode_group(self, rows: DecodeRows, window: int | None) -> DecodeGroup:
+        lengths = rows.lengths
+        keep = lengths if window is None else lengths.clamp(max=window)  # [n] keys each query sees
+        first = lengths - keep  # [n] position of each query's first key
+        length = int(keep.max())
+        offsets = torch.arange(length)
+        valid = offsets.unsqueeze(0) < keep.unsqueeze(1)  # [n, length]
+        # a padded key reads the query's first key again; the mask hides it
+        positions = first.unsqueeze(1) + torch.where(valid, offsets.unsqueeze(0), 0)
+        slots = self._slots(rows.tables, positions).reshape(-1).to(self.device)
+        count = len(lengths)
+        mask = None if bool(valid.all()) else valid.view(count, 1, 1, length).to(self.device)
+        return DecodeGroup(rows.start, count, slots, length, mask)
+
+    def _prefill_segment(self, rows: PrefillRows, window: int | None) -> PrefillSegment:
+        start, n = rows.ctx_len, rows.q_len
+        if start == 0 and (window is None or n <= window):
+            return PrefillSegment(rows.q_start, n, None, None, is_causal=n > 1)
+        first_key = 0 if window is None else max(0, start + 1 - window)  # the first query's oldest visible key
+        key_pos = torch.arange(first_key, start + n).unsqueeze(0)  # [1, keys]
+        query_pos = torch.arange(start, start + n).unsqueeze(1)  # [n, 1]
+        mask = key_pos <= query_pos
+        if window is not None:
+            mask &= key_pos > query_pos - window
+        slots = None if start == 0 else self._slots(rows.table.unsqueeze(0), key_pos)[0].to(self.device)
+        return PrefillSegment(rows.q_start, n, slots, mask.to(self.device), is_causal=False)

@@ -1,0 +1,189 @@
+"""The self-check's probe: three short sequences through the engine's attention, watched layer by layer.
+
+Two forwards, as the engine would schedule them: (1) the first chunk of A, all of B, all of C; (2) A's next chunk
+after its cached context, and one decode each of B and C (different context lengths, in one decode group). A
+crosses KV block boundaries in a chunk after cached context; B is a prefill longer than the model's sliding window
+and then a decode past it (the window read from the config, up to PROBE_MAX_SPAN tokens: a larger one is not
+crossed). The whole probe is 15 tokens without a window, 2 x window + 10 with one.
+
+A LayerWatch sees every attention call: on the first forward it learns the layers (which call the interface,
+with what tensors and features; the probe's cache gets each layer as it appears), and on every forward it keeps
+what each layer was handed and what the engine's attention returned, for the self-check to recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pytest_infergate.engine.block_manager import BlockManager
+from pytest_infergate.engine.kv_cache import KVCache
+from pytest_infergate.engine.request import Request, Sequence
+from pytest_infergate.engine.scheduler import Chunk, StepPlan
+
+PROBE_BLOCK_SIZE = 4  # small blocks: a short probe crosses several boundaries
+PROBE_MAX_SPAN = 48
+FIRST_CHUNK = PROBE_BLOCK_SIZE + 1  # A's first chunk, prefilled before the windows are known
+
+# keyword arguments some families pass that change the result and that the engine's attention does not implement
+UNSUPPORTED_KWARGS = {"position_bias": "a learned position bias", "alibi": "ALiBi position biases",
+                      "attention_chunk_size": "chunked attention", "head_mask": "a head mask"}
+# ...and those that do not change it (or that it handles), left out of messages
+QUIET_KWARGS = {"scaling", "dropout", "sliding_window", "softcap", "s_aux", "infergate_batch", "is_causal",
+                "position_ids", "use_cache", "cache_position", "output_attentions", "output_router_logits",
+                "output_hidden_states", "return_dict", "position_embeddings"}
+
+
+@dataclass
+class LayerSpec:
+    """One attention layer as the probe saw it."""
+
+    layer_idx: int
+    module_type: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    value_head_dim: int
+    scaling: float | None = None
+    sliding_window: int | None = None
+    softcap: float | None = None
+    has_sinks: bool = False
+    other_kwargs: list[str] = field(default_factory=list)  # further non-None kwargs it passed (for messages)
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(kv heads, key head dim, value head dim): the shape of this layer's KV cache per token."""
+        return self.num_kv_heads, self.head_dim, self.value_head_dim
+
+    def features(self) -> list[str]:
+        found = []
+        if self.sliding_window is not None:
+            found.append(f"sliding window of {self.sliding_window}")
+        if self.softcap is not None:
+            found.append(f"attention logit softcapping at {self.softcap:g}")
+        if self.has_sinks:
+            found.append("attention sinks (s_aux)")
+        if self.scaling is not None and abs(self.scaling * self.head_dim ** 0.5 - 1) > 1e-6:
+            found.append(f"scaling {self.scaling:.4g} (not 1/sqrt(head_dim))")
+        return found + [f"kwarg {name}" for name in self.other_kwargs]
+
+
+@dataclass
+class LayerCall:
+    """What one attention layer was handed in one forward, and what the engine's attention returned."""
+
+    query: torch.Tensor  # [H, T, D]
+    key: torch.Tensor  # [KvH, T, D]
+    value: torch.Tensor  # [KvH, T, Dv]
+    kwargs: dict
+    output: torch.Tensor | None = None  # [T, H, Dv]
+
+
+class LayerWatch:
+    """The observer the probe hands the engine's attention (see AttentionBatch.observer)."""
+
+    def __init__(self, cache: KVCache | None):
+        self.cache = cache  # gets each layer as it appears
+        self.specs: dict[int, LayerSpec] = {}
+        self.modules: dict[int, torch.nn.Module] = {}
+        self.calls: dict[int, list[LayerCall]] = {}  # per layer, one per forward
+        self.problems: list[str] = []
+
+    def before(self, module, query, key, value, scaling, kwargs) -> None:
+        layer = getattr(module, "layer_idx", None)
+        name = type(module).__name__
+        if not isinstance(layer, int):
+            self.problems.append(f"its attention module {name} has no integer layer_idx to key a KV cache by")
+            return
+        if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1 \
+                or query.shape[-1] != key.shape[-1] or key.shape[1] != value.shape[1] or query.shape[1] % key.shape[1]:
+            self.problems.append(f"{name} passes query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                                 f"{tuple(value.shape)}: not the [batch, heads, tokens, head_dim] layout of "
+                                 "transformers' attention interface")
+            return
+        for kwarg, feature in UNSUPPORTED_KWARGS.items():
+            if kwargs.get(kwarg) is not None:
+                self.problems.append(f"layer {layer} ({name}) passes `{kwarg}`: {feature}, which the engine's "
+                                     "attention does not implement")
+        if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
+            self.problems.append(f"layer {layer} ({name}) is not causal (bidirectional attention)")
+        if layer not in self.specs:
+            others = sorted(k for k, v in kwargs.items() if v is not None and k not in QUIET_KWARGS)
+            window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+            self.specs[layer] = LayerSpec(layer, name, query.shape[1], key.shape[1], key.shape[-1], value.shape[-1],
+                                          scaling, None if window is None else int(window),
+                                          None if softcap is None else float(softcap), kwargs.get("s_aux") is not None,
+                                          others)
+            self.modules[layer] = module
+            if self.cache is not None:
+                self.cache.add_layer(layer, self.specs[layer].geometry)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("infergate_batch", "position_ids")}
+        call = LayerCall(query[0].detach().clone(), key[0].detach().clone(), value[0].detach().clone(),
+                         dict(kwargs, scaling=scaling))
+        self.calls.setdefault(layer, []).append(call)
+
+    def after(self, module, output: torch.Tensor) -> None:
+        layer = getattr(module, "layer_idx", None)
+        if layer in self.calls:
+            self.calls[layer][-1].output = output.detach().clone()
+
+
+class Probe:
+    """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
+
+    def __init__(self, model, runner_factory, dtype: torch.dtype):
+        text_config = model.config.get_text_config()
+        hint = getattr(text_config, "sliding_window", None)
+        self.window = hint if isinstance(hint, int) and hint + 4 <= PROBE_MAX_SPAN else None
+        self.span = self.window + 4 if self.window else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the window)
+        self.long_prefill = self.window + 2 if self.window else PROBE_BLOCK_SIZE - 1  # B
+        lengths = [self.span, self.long_prefill + 1, 3]
+        generator = torch.Generator().manual_seed(1234)
+        self.ids = [torch.randint(0, text_config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+        self.blocks = BlockManager(sum(-(-n // PROBE_BLOCK_SIZE) for n in lengths), PROBE_BLOCK_SIZE)
+        device = next(model.parameters()).device
+        self.cache = KVCache({}, self.blocks.num_blocks * PROBE_BLOCK_SIZE, dtype, device)
+        self.runner = runner_factory(self.cache, PROBE_BLOCK_SIZE)
+        self.watch = LayerWatch(self.cache)
+        self.seqs = [Sequence(Request(prompt_token_ids=row[:1], max_new_tokens=1), row[:1], 0.0, f"probe-{i}")
+                     for i, row in enumerate(self.ids)]
+        self.rows: list[list[tuple[int, int]]] = []  # per forward: (sequence, position) of each token, in order
+        self.logits: list[torch.Tensor] = []  # per forward: [tokens, vocab]
+
+    def _chunk(self, index: int, count: int) -> Chunk:
+        """The next `count` tokens of sequence `index`, its blocks grown to hold them."""
+        seq = self.seqs[index]
+        seq.prompt_token_ids = self.ids[index][:seq.num_computed_tokens + count]
+        self.blocks.grow(seq.seq_id, seq.block_table, seq.num_computed_tokens + count)
+        return Chunk(seq, count)
+
+    def run(self, decodes: list[int], prefills: list[tuple[int, int]]) -> None:
+        """One forward: a decode token of each sequence in `decodes`, (sequence, tokens) chunks of `prefills`."""
+        plan = StepPlan(decodes=[self._chunk(i, 1) for i in decodes],
+                        prefills=[self._chunk(i, n) for i, n in prefills])
+        inputs = self.runner.prepare(plan, observer=self.watch)  # sorts the decodes: plan order is forward order
+        self.logits.append(self.runner.run_model(inputs, all_logits=True)[0])
+        rows = []
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            rows += [(self.seqs.index(seq), seq.num_computed_tokens + i) for i in range(chunk.num_tokens)]
+            seq.num_computed_tokens += chunk.num_tokens
+        self.rows.append(rows)
+
+    def run_first(self) -> None:
+        self.run([], [(0, FIRST_CHUNK), (1, self.long_prefill), (2, 2)])
+
+    def run_rest(self) -> bool | None:
+        """The second forward; whether the probe crossed the smallest window the layers passed (None: none)."""
+        self.run([1, 2], [(0, self.span - FIRST_CHUNK)])
+        windows = [s.sliding_window for s in self.watch.specs.values() if s.sliding_window is not None]
+        return min(windows) < self.long_prefill if windows else None
+
+    def sequences(self) -> list[list[int]]:
+        """Each sequence's tokens as far as the probe ran them."""
+        return [ids[:seq.num_computed_tokens] for ids, seq in zip(self.ids, self.seqs)]
+
+    @property
+    def all_rows(self) -> list[tuple[int, int]]:
+        return [row for rows in self.rows for row in rows]

@@ -1,0 +1,239 @@
+"""The engine checks itself on every model it is given, against the model's own attention implementation (sdpa
+or eager), on a short probe (see probe.py) that crosses KV block boundaries and the smallest sliding window.
+
+Two comparisons, each with a tolerance set per dtype:
+- per attention layer: the engine's attention output against the model's own attention function recomputed on
+  exactly the query, key and value the layer handed the engine (whole sequences, with transformers' own causal
+  and sliding-window mask functions). This checks everything the engine replaces (cache writes and reads, block
+  tables, windows, softcapping, sinks, scaling, chunked prefill, grouped decode) and names the first layer that
+  differs. It is tight even for quantized models: the quantized matmuls are not in it.
+- the logits: every logit the engine computed against the model's own forward over the whole sequences (one
+  batched forward). This checks what surrounds attention (position ids, how tokens are packed into one forward,
+  layers that keep state). bitsandbytes-quantized matmuls give slightly different results for different batch
+  shapes, so quantized models get a loose tolerance here (the per-layer check stays tight).
+
+Beyond a tolerance the engine refuses the model (UnsupportedModelError): the message names the family, the layer,
+the features it uses (from what it passed and from the config) and the largest difference seen.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from pytest_infergate.engine.attention import (
+    ATTENTION_NAME,
+    UnsupportedModelError,
+    install,
+    original_attention,
+    uninstall,
+)
+from pytest_infergate.engine.probe import LayerSpec, LayerWatch, Probe
+from pytest_infergate.errors import OptionError
+
+LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
+QUANTIZED_LOGITS_TOLERANCE = 0.25
+ATTENTION_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # x the layer's largest
+CONFIG_FEATURES = ("sliding_window", "use_sliding_window", "attn_logit_softcapping", "query_pre_attn_scalar",
+                   "attention_multiplier", "use_bidirectional_attention", "attention_chunk_size", "alibi")
+HF_ADVICE = ("The gates still run on it through transformers' own generate: choose the HF backend "
+             "(--infergate-backend hf; `auto` falls back to it), or run the engine on another family.")
+
+
+@dataclass
+class SelfCheckReport:
+    reference: str  # the attention implementation the engine was compared with
+    seconds: float
+    num_tokens: int  # probe tokens the engine computed
+    max_diff: float  # max |engine - reference| over the probe's logits
+    logit_scale: float  # max |reference logit| (at least 1)
+    tolerance: float  # for max_diff, relative to logit_scale
+    attention_diff: float  # the largest per-layer attention difference, relative to the layer's scale
+    attention_tolerance: float
+    window_crossed: bool | None  # None: the model has no sliding window
+    quantized: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def family(model) -> str:
+    return f"model family {getattr(model.config, 'model_type', '?')!r}"
+
+
+def is_quantized(model) -> bool:
+    return bool(getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None)
+
+
+def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
+    """Switch the model to the engine's attention, learn its attention layers, and check the engine against the
+    model's own attention. On any failure the model's attention is switched back and UnsupportedModelError
+    raised. `runner_factory(cache, block_size)` makes a ModelRunner."""
+    if model.training:
+        raise OptionError(f"{family(model)} is in training mode (dropout active), so no two runs agree: call "
+                          "model.eval() before handing it to the engine")
+    start = time.perf_counter()
+    install(model)
+    try:
+        probe = Probe(model, runner_factory, dtype)
+        try:
+            probe.run_first()
+            error = None
+        except Exception as exc:
+            error = exc
+        check_layers(model, probe.watch, error)
+        crossed = probe.run_rest()
+        reference, logits = reference_logits(model, probe.sequences())
+        attention_diff = check_attention(model, probe, reference, dtype)
+        quantized = is_quantized(model)
+        tolerance = QUANTIZED_LOGITS_TOLERANCE if quantized else LOGITS_TOLERANCE.get(dtype, 2e-2)
+        engine = torch.cat(probe.logits)
+        expected = torch.stack([logits[s, p] for s, p in probe.all_rows])
+        scale = max(1.0, float(expected.abs().max()))
+        max_diff = float((engine - expected).abs().max())
+        if not max_diff <= tolerance * scale:  # also catches nan
+            raise UnsupportedModelError(
+                f"{family(model)} ({type(model).__name__}) fails the engine's self-check: its attention matches the "
+                f"model's own {reference!r} attention in every layer, but the logits differ by up to {max_diff:.3g} "
+                f"(tolerance {tolerance:g} x logit scale {scale:.3g}), so the difference comes from around attention: "
+                "how the engine packs tokens into one forward (position ids, per-sequence state). " + HF_ADVICE)
+    except BaseException:
+        uninstall(model)
+        raise
+    report = SelfCheckReport(reference, time.perf_counter() - start, len(probe.all_rows), max_diff, scale, tolerance,
+                             attention_diff, ATTENTION_TOLERANCE.get(dtype, 1e-2), crossed, quantized)
+    return probe.watch.specs, report
+
+
+def check_layers(model, watch: LayerWatch, error: Exception | None) -> None:
+    """The first forward went through the attention interface, every layer of it, with tensors the engine takes."""
+    if watch.problems:
+        raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
+                                    f"{'; '.join(dict.fromkeys(watch.problems))}. " + HF_ADVICE) from error
+    if error is not None:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: its forward failed on the engine's attention "
+            f"({type(error).__name__}: {error}). " + HF_ADVICE) from error
+    if not watch.specs:
+        raise UnsupportedModelError(
+            f"{family(model)} does not call transformers' attention interface (AttentionInterface): "
+            f"{type(model).__name__} computes attention its own way (or has none, as a state-space model), so the "
+            "engine's KV cache cannot plug in. " + HF_ADVICE)
+    num_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    if isinstance(num_layers, int) and len(watch.specs) < num_layers:
+        raise UnsupportedModelError(
+            f"{family(model)} cannot run on the infergate engine: only {len(watch.specs)} of its {num_layers} "
+            "layers attend through transformers' attention interface; the others (state-space, recurrent or "
+            "convolution blocks) carry state from token to token that the engine's KV cache does not hold. "
+            + HF_ADVICE)
+
+
+@torch.inference_mode()
+def reference_logits(model, sequences: list[list[int]]) -> tuple[str, torch.Tensor]:
+    """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
+    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping)."""
+    own = original_attention(model)
+    candidates = [own] if own and own != ATTENTION_NAME else []
+    candidates += [name for name in ("sdpa", "eager") if name not in candidates]
+    device = next(model.parameters()).device
+    width = max(map(len, sequences))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in sequences], device=device)
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in sequences], device=device)
+    positions = torch.arange(width, device=device).expand(len(sequences), -1)
+    error = None
+    for name in candidates:
+        try:
+            model.set_attn_implementation(name)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+            return name, out.logits.float()
+        except Exception as exc:  # the next implementation may support what this one refused
+            error = exc
+        finally:
+            model.set_attn_implementation(ATTENTION_NAME)
+    raise UnsupportedModelError(f"{family(model)}: its own attention implementations {candidates} all failed on the "
+                                f"engine's self-check probe ({error}), so the engine cannot be checked against it. "
+                                + HF_ADVICE) from error
+
+
+def attention_functions(module, name: str) -> list:
+    """The model's own attention functions to recompute a layer with: `name`'s, then eager (from the layer's
+    modeling file) for what `name` refuses (sdpa refuses softcapping)."""
+    from transformers import AttentionInterface
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    registry = AttentionInterface()
+    named = eager if name == "eager" else (registry[name] if name in registry else registry["sdpa"])
+    return [fn for fn in (named, eager) if fn is not None]
+
+
+def layer_mask(length: int, window: int | None, eager: bool, dtype: torch.dtype, device) -> torch.Tensor:
+    """[1, 1, L, L] with transformers' own mask functions: bool (sdpa) or additive (eager)."""
+    from transformers.masking_utils import causal_mask_function, sliding_window_overlay
+
+    q_idx, kv_idx = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device)
+    allowed = causal_mask_function(0, 0, q_idx, kv_idx)
+    if window is not None:
+        allowed = allowed & sliding_window_overlay(window)(0, 0, q_idx, kv_idx)
+    allowed = allowed.view(1, 1, length, length)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min) \
+        if eager else allowed
+
+
+@torch.inference_mode()
+def recompute_layer(module, name: str, q, k, v, kwargs: dict) -> torch.Tensor:
+    """The model's own attention over one whole sequence: q [H, L, D], k/v [KvH, L, D] -> [L, H, Dv]."""
+    error = None
+    for fn in attention_functions(module, name):
+        eager = fn.__name__ == "eager_attention_forward"
+        mask = layer_mask(q.shape[1], kwargs.get("sliding_window"), eager, q.dtype, q.device)
+        try:
+            out, _ = fn(module, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, **{**kwargs, "dropout": 0.0})
+            return out[0]
+        except Exception as exc:  # e.g. sdpa refusing softcap: eager next
+            error = exc
+    raise UnsupportedModelError(f"the model's own attention could not recompute layer {module.layer_idx} for the "
+                                f"engine's self-check: {error}") from error
+
+
+def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype) -> float:
+    """Each layer's attention output against the model's own; raises at the first layer beyond the tolerance.
+    Returns the largest difference seen, relative to the layers' scales."""
+    tolerance = ATTENTION_TOLERANCE.get(dtype, 1e-2)
+    rows = probe.all_rows
+    worst = 0.0
+    for layer in sorted(probe.watch.calls):
+        calls, module = probe.watch.calls[layer], probe.watch.modules[layer]
+        q, k, v = (torch.cat([getattr(c, part) for c in calls], dim=1) for part in ("query", "key", "value"))
+        engine = torch.cat([c.output for c in calls])  # [tokens, H, Dv] in probe row order
+        for s in range(len(probe.seqs)):
+            order = sorted((i for i, row in enumerate(rows) if row[0] == s), key=lambda i: rows[i][1])
+            expected = recompute_layer(module, reference, q[:, order], k[:, order], v[:, order], calls[0].kwargs)
+            diff = float((engine[order].float() - expected.float()).abs().max())
+            relative = diff / max(float(expected.abs().max()), 1e-6)
+            worst = max(worst, relative)
+            if not relative <= tolerance:
+                spec = probe.watch.specs[layer]
+                raise UnsupportedModelError(
+                    f"{family(model)} ({type(model).__name__}) fails the engine's self-check: at layer {layer} "
+                    f"({spec.module_type}) the engine's attention differs from the model's own {reference!r} "
+                    f"attention by up to {diff:.3g} ({relative:.2g} of the layer's scale; tolerance {tolerance:g} for "
+                    f"{str(dtype).replace('torch.', '')}). Suspected feature: {suspects(model, spec)}. The engine "
+                    "would compute something other than this model, so it refuses to run it. " + HF_ADVICE)
+    return worst
+
+
+def suspects(model, spec: LayerSpec) -> str:
+    """The features of a layer (from what it passed to attention, and from the config) that may be the cause."""
+    config = model.config
+    found = spec.features()
+    for key in CONFIG_FEATURES:
+        value = getattr(config, key, None)
+        if value not in (None, False):
+            found.append(f"config {key}={value}")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and spec.layer_idx < len(layer_types):
+        found.append(f"config layer_types[{spec.layer_idx}]={layer_types[spec.layer_idx]!r}")
+    return ", ".join(found) or "nothing the engine knows of (an attention variant it does not recognise)"

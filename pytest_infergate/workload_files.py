@@ -1,0 +1,219 @@
+"""Real traffic from files: a JSONL (or JSON array) of prompts, chat messages or ShareGPT conversations, with
+optional timestamps to replay, read into requests for the reference engine and endpoints alike, and multi-turn
+`Session`s, where each turn is sent with the conversation so far: the earlier user turns and the answers the
+server (or engine) actually gave. A bad file is an error naming the file, the line and the fix.
+
+One record per line (or per element of a JSON array):
+  {"prompt": "Once upon a time"}
+  {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}]}
+  {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}, ...]}   (ShareGPT)
+each optionally with "id", "timestamp" (seconds; its arrival in a replay) and "max_tokens" (or "max_new_tokens",
+"output_len", "output_tokens").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_infergate.engine.request import Request
+from pytest_infergate.errors import InfergateError
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
+                  "bing": "assistant", "assistant": "assistant", "system": "system"}
+MAX_TOKEN_KEYS = ("max_tokens", "max_new_tokens", "output_len", "output_tokens")
+KNOWN_KEYS = {"id", "timestamp", "prompt", "messages", "conversations", *MAX_TOKEN_KEYS}
+
+
+class WorkloadError(InfergateError):
+    """A workload file that cannot be read as traffic; the message names the file, the line and the fix."""
+
+
+@dataclass
+class Turn:
+    content: str  # what the user says in this turn
+    max_new_tokens: int = 64
+    recorded_answer: str | None = None  # the answer the file holds (never sent: the live answer is)
+
+
+@dataclass
+class Session:
+    """A multi-turn conversation. Turn k is sent as: system prompt, turns 0..k-1 each with the answer actually
+    given to it, then turn k's user message; `think_time_s` passes between an answer and the next turn."""
+
+    turns: list[Turn]
+    system: str | None = None
+    session_id: str = ""
+    arrival_s: float = 0.0
+    think_time_s: float = 0.0
+    source: str = ""  # file:line it came from
+    metadata: dict = field(default_factory=dict)
+
+    def turn_id(self, index: int) -> str:
+        return f"{self.session_id}-t{index}"
+
+    def messages(self, index: int, answers: list[str]) -> list[dict[str, str]]:
+        """The chat messages of turn `index`, given the answers to the turns before it."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        for turn, answer in zip(self.turns[:index], answers):
+            out += [{"role": "user", "content": turn.content}, {"role": "assistant", "content": answer}]
+        return out + [{"role": "user", "content": self.turns[index].content}]
+
+    def request(self, index: int, answers: list[str]) -> Request:
+        """Turn `index` as the reference engine's Request (greedy)."""
+        return Request(messages=self.messages(index, answers), max_new_tokens=self.turns[index].max_new_tokens,
+                       request_id=self.turn_id(index))
+
+
+def from_file(path, *, max_new_tokens: int = 64, multi_turn: bool = True, replay: bool = True,
+              time_scale: float = 1.0, think_time_s: float = 0.0, limit: int | None = None) -> list:
+    """Read a traffic file into `Request`s and `Session`s (in file order; see the module docstring for the
+    formats). `multi_turn`: a conversation with several user turns becomes a Session (False: a ShareGPT
+    conversation sends only its first user turn, as `vllm bench serve` samples ShareGPT, and "messages" are sent
+    as written, a fixed history). `replay`: records' "timestamp"s become arrival
+    offsets (times `time_scale`; 0.5 replays twice as fast), replayed with the load pattern {"replay": True}.
+    `max_new_tokens` applies where a record names no limit of its own."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"workload file {path} does not exist; give the path of a JSONL file of prompts, chat "
+                            "messages or ShareGPT conversations")
+    if not time_scale > 0:
+        raise WorkloadError(f"time_scale={time_scale!r} must be positive (1 replays the timestamps as recorded)")
+    items = []
+    stamps = []
+    seen: dict[str, str] = {}
+    for where, record in _records(path):
+        if limit is not None and len(items) >= limit:
+            break
+        item = _item(record, where, len(items), max_new_tokens, multi_turn, think_time_s)
+        ident = item.session_id if isinstance(item, Session) else item.request_id
+        if ident in seen:
+            raise WorkloadError(f"{where}: id {ident!r} is already used at {seen[ident]}; give every record its own "
+                                "id (or none)")
+        seen[ident] = where
+        stamps.append(_timestamp(record, where))
+        items.append(item)
+    if not items:
+        raise WorkloadError(f"workload file {path} holds no records; write one JSON object per line")
+    given = [s is not None for s in stamps]
+    if replay and any(given):
+        if not all(given):
+            first_missing = next(i for i, g in enumerate(given) if not g)
+            raise WorkloadError(f"{path}: record {first_missing + 1} has no \"timestamp\" but others do; give every "
+                                "record one, or none, or read the file with replay=False")
+        start = min(stamps)
+        for item, stamp in zip(items, stamps):
+            item.arrival_s = (stamp - start) * time_scale
+    return items
+
+
+def _records(path: Path):
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):  # a JSON array, as ShareGPT's own files are
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); a .json workload is one array "
+                                "of records, a .jsonl one record per line") from None
+        for index, record in enumerate(records, 1):
+            yield f"{path} record {index}", record
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); write one JSON "
+                                "object per line") from None
+        yield f"{path}:{number}", record
+
+
+def _timestamp(record: dict, where: str) -> float | None:
+    stamp = record.get("timestamp")
+    if stamp is None:
+        return None
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or stamp < 0:
+        raise WorkloadError(f"{where}: \"timestamp\" {stamp!r} must be a non-negative number of seconds")
+    return float(stamp)
+
+
+def _max_tokens(record: dict, where: str, default: int) -> int:
+    for key in MAX_TOKEN_KEYS:
+        if key in record:
+            value = record[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkloadError(f"{where}: \"{key}\" {value!r} must be a positive integer (tokens to generate)")
+            return value
+    return default
+
+
+def _item(record, where: str, index: int, max_new_tokens: int, multi_turn: bool, think_time_s: float):
+    if not isinstance(record, dict):
+        raise WorkloadError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+    kinds = [key for key in ("prompt", "messages", "conversations") if key in record]
+    if len(kinds) != 1:
+        unknown = sorted(set(record) - KNOWN_KEYS)
+        hint = f" (unknown keys: {', '.join(unknown)})" if unknown else ""
+        raise WorkloadError(f"{where}: a record needs exactly one of \"prompt\", \"messages\" or \"conversations\", "
+                            f"got {', '.join(kinds) or 'none'}{hint}")
+    ident = str(record.get("id", f"f{index}"))
+    limit = _max_tokens(record, where, max_new_tokens)
+    if kinds[0] == "prompt":
+        if not isinstance(record["prompt"], str) or not record["prompt"]:
+            raise WorkloadError(f"{where}: \"prompt\" must be a non-empty string")
+        return Request(prompt=record["prompt"], max_new_tokens=limit, request_id=ident)
+    if kinds[0] == "messages":
+        messages = [_message(m, where, "role", "content", None) for m in _list(record, "messages", where)]
+        if multi_turn:
+            return _conversation(messages, where, ident, limit, True, think_time_s)
+        _conversation(messages, where, ident, limit, False, think_time_s)  # the same checks
+        while messages[-1]["role"] == "assistant":  # the history as written, up to the last user message
+            messages = messages[:-1]
+        return Request(messages=messages, max_new_tokens=limit, request_id=ident)
+    else:
+        messages = [_message(m, where, "from", "value", SHAREGPT_ROLES) for m in _list(record, "conversations", where)]
+    return _conversation(messages, where, ident, limit, multi_turn, think_time_s)
+
+
+def _list(record: dict, key: str, where: str) -> list:
+    value = record[key]
+    if not isinstance(value, list) or not value:
+        raise WorkloadError(f"{where}: \"{key}\" must be a non-empty list of messages")
+    return value
+
+
+def _message(message, where: str, role_key: str, text_key: str, roles: dict | None) -> dict[str, str]:
+    allowed = roles or {"system": "system", "user": "user", "assistant": "assistant"}
+    if not isinstance(message, dict) or not isinstance(message.get(text_key), str):
+        raise WorkloadError(f"{where}: every message needs \"{role_key}\" and a string \"{text_key}\", got "
+                            f"{json.dumps(message)[:80]}")
+    role = message.get(role_key)
+    if role not in allowed:
+        raise WorkloadError(f"{where}: message {role_key} {role!r} is not one of {', '.join(sorted(allowed))}")
+    return {"role": allowed[role], "content": message[text_key]}
+
+
+def _conversation(messages: list[dict[str, str]], where: str, ident: str, limit: int, multi_turn: bool,
+                  think_time_s: float):
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    rest = messages[1:] if system is not None else messages
+    turns: list[Turn] = []
+    for message in rest:
+        if message["role"] == "system":
+            raise WorkloadError(f"{where}: a system message may only come first")
+        if message["role"] == "user":
+            turns.append(Turn(message["content"], limit))
+        elif not turns:
+            raise WorkloadError(f"{where}: the conversation starts with an answer; its first message (after an "
+                                "optional system one) must be the user's")
+        else:
+            turns[-1].recorded_answer = message["content"]
+    if not turns:
+        raise WorkloadError(f"{where}: the conversation has no user message")
+    if multi_turn and len(turns) > 1:
+        return Session(turns, system, ident, think_time_s=think_time_s, source=where)
+    first = [{"role": "user", "content": turns[0].content}]
+    return Request(messages=([{"role": "system", "content": system}] if system else []) + first,
+                   max_new_tokens=limit, request_id=ident)

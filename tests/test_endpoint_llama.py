@@ -1,0 +1,166 @@
+"""Serving features against llama.cpp's real server (`llama-server`, continuous batching over 4 slots, /metrics
+on) serving the embedded model: its Prometheus metrics and cached prompt tokens on multi-turn sessions, the
+capacity search within its time budget, a server killed mid-run, a server too slow for the client's timeout,
+and two deployments (the Q4_1 GGUF and a Q4_0 re-quantization) compared with no local model loaded."""
+
+import json
+import shutil
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
+from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity
+from pytest_infergate.endpoint.load import add_to_measurement
+from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.workloads import from_file
+
+SYSTEM = ("You are a patient tutor who explains physics to curious students with short, plain sentences and one "
+          "concrete example each time. ")
+FAILED_MID_RUN = {"connect", "transport", "incomplete_stream", "malformed_stream"}
+
+
+def _chat(content: str, max_tokens: int = 8, request_id: str = "") -> EndpointRequest:
+    return EndpointRequest(messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+                           request_id=request_id)
+
+
+def test_server_metrics_and_cached_prompt_tokens_of_multi_turn_sessions(llama_server, tmp_path):
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"s{i}", "conversations": [
+        {"from": "system", "value": SYSTEM * 3}, {"from": "human", "value": f"Why is the sky blue? ({i})"},
+        {"from": "gpt", "value": "..."}, {"from": "human", "value": "And sunsets?"}]}) for i in range(3)) + "\n")
+    run = run_load(EndpointConfig(llama_server.url, timeout_s=120), from_file(path, max_new_tokens=8),
+                   LoadPattern(concurrency=2))
+    assert run.errors == {} and len(run.results) == 6
+    second_turns = [r for r in run.results if r.request_id.endswith("-t1")]
+    assert all(r.cached_tokens and r.cached_tokens > r.prompt_tokens // 2 for r in second_turns), \
+        [(r.cached_tokens, r.prompt_tokens) for r in second_turns]
+    metrics = run.server_metrics
+    assert metrics.server == "llama.cpp" and metrics.names["prefix_cache_hits"] == "llamacpp:prompt_tokens_cached_total"
+    figures = metrics.figures()
+    assert 0.2 < figures["prefix_cache_hit_rate"] < 1 and figures["running_requests"] >= 1
+    assert any("llama.cpp exposes no kv_usage, preemptions" in note for note in metrics.notes)
+    measurement = Measurement()
+    add_to_measurement(run, measurement)
+    assert measurement.samples["prefix_cache_hit_rate"] == [figures["prefix_cache_hit_rate"]]
+    server = measurement.engine["server_metrics"]
+    assert server["prefix_cache_source"] == "server /metrics" and server["deltas"]["generation_tokens"] > 0
+    assert server["cached_prompt_share"] > 0.2
+
+
+def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server):
+    spec = CapacitySpec(Slo(e2e_ms=4000), target_goodput=0.9, search="concurrency", bounds=(1, 16), budget_s=25,
+                        min_requests=4)
+    started = time.perf_counter()
+    result = search_capacity(EndpointConfig(llama_server.url, timeout_s=60), [_chat("Count to five.", 12)], spec)
+    elapsed = time.perf_counter() - started
+    assert elapsed < spec.budget_s + 10, f"{elapsed:.1f}s: {result.describe()}"
+    assert result.points and result.points[0].passed, result.describe()
+    for point in result.points:  # every planned request of a point ended in one counted outcome
+        assert point.requests + point.cancelled == spec.num_requests(point.load)
+        assert point.server.get("running_requests", 0) >= 1
+    assert result.capacity >= 1 and result.reason in ("bracket resolved", "time budget spent",
+                                                      "the upper bound 16 passed: the capacity is at least that")
+
+
+def test_a_server_killed_mid_run_ends_every_request_in_one_outcome(own_llama_server):
+    with own_llama_server() as server:
+        config = EndpointConfig(server.url, timeout_s=60)
+        requests = [_chat(f"Write a long story about the number {i}.", 64, f"k{i}") for i in range(10)]
+        killed = threading.Event()
+
+        def kill_after_first_answer(done) -> bool:
+            if not killed.is_set():
+                killed.set()
+                server.kill()
+            return False
+
+        started = time.perf_counter()
+        from pytest_infergate.endpoint.client import EndpointClient
+        from pytest_infergate.endpoint.load import _run, run_load_async
+
+        async def main():
+            async with EndpointClient(config) as client:
+                await client.discover_model()
+                return await run_load_async(client, requests, LoadPattern(concurrency=3), Slo(e2e_ms=60_000),
+                                            stop=kill_after_first_answer)
+
+        run = _run(main())
+        elapsed = time.perf_counter() - started
+    assert elapsed < 30 and [r.request_id for r in run.results] == [f"k{i}" for i in range(10)]
+    assert sum(r.ok for r in run.results) >= 1 and set(run.errors) <= FAILED_MID_RUN, run.errors
+    assert sum(run.errors.values()) >= 7  # the killed server answers no one after the first
+    assert any("metrics failed (ConnectError)" in note for note in run.server_metrics.notes)
+    # the search against the dead server: its lowest point fails at once, nothing hangs
+    spec = CapacitySpec(Slo(e2e_ms=1000), bounds=(1, 4), budget_s=20, min_requests=3)
+    result = search_capacity(replace(config, model="smollm2-135m"), [requests[0]], spec, warmup=0)
+    assert result.capacity is None and result.points[0].errors == {"connect": 1}
+
+
+def test_a_server_too_slow_for_the_timeout_counts_timeouts(own_llama_server):
+    with own_llama_server(n_parallel=1, threads=1) as server:
+        config = EndpointConfig(server.url, timeout_s=2.0)
+        requests = [_chat("Tell me everything about the ocean.", 200, f"slow{i}") for i in range(4)]
+        started = time.perf_counter()
+        run = run_load(config, requests, LoadPattern(concurrency=4), Slo(ttft_ms=60_000))
+        elapsed = time.perf_counter() - started
+    assert len(run.results) == 4 and run.errors.get("timeout", 0) >= 3, run.errors
+    assert set(run.errors) == {"timeout"} and elapsed < 2.0 + 5
+    assert all(r.error_detail.startswith("no complete answer within 2s") for r in run.results if not r.ok)
+
+
+PAIR_SUITE = """
+import pytest
+from pytest_infergate.endpoint import EndpointRequest
+
+REQS = [EndpointRequest(messages=[{"role": "user", "content": f"Name {i} fruits."}], max_tokens=8) for i in range(4)]
+
+@pytest.mark.infergate_quality(min_rouge_l=0.05)
+def test_quality(infergate_golden):
+    result = infergate_golden.check(limit=6)
+    assert result.precision == "endpoint" and result.reference_precision == "reference-endpoint"
+
+@pytest.mark.infergate_budget(max_regression=9.0)
+def test_ab(infergate_endpoint):
+    a, b = infergate_endpoint.ab(REQS, {"concurrency": 2}, rounds=2, warmup=0)
+    assert a.repetitions == b.repetitions == 2
+
+@pytest.mark.infergate_slo(e2e_ms=30000)
+@pytest.mark.infergate_budget(min_capacity_rps=1000)
+def test_capacity(infergate_endpoint):
+    infergate_endpoint.capacity(REQS, search="concurrency", bounds=(1, 2), budget_s=15, min_requests=2,
+                                target_goodput=0.5)
+"""
+
+
+@pytest.mark.embedded
+def test_two_deployments_compared_with_no_local_model(pytester, cache_dir, llama_server, requantized_gguf,
+                                                        own_llama_server):
+    """The Q4_0 re-quantization (candidate) against the Q4_1 GGUF (reference): quality of greedy answers with the
+    servers' own logprobs, an interleaved A/B, and a capacity budget that fails - and no model is loaded here."""
+    shutil.copytree(Path(__file__).parent.parent / "golden", pytester.path / "golden")
+    pytester.makepyfile(PAIR_SUITE)
+    with own_llama_server(gguf=requantized_gguf, model_alias="smollm2-135m-q4_0") as candidate:
+        result = pytester.runpytest(f"--infergate-endpoint={candidate.url}",
+                                    f"--infergate-reference-endpoint={llama_server.url}",
+                                    f"--infergate-cache-dir={cache_dir}", "--infergate-endpoint-timeout=120",
+                                    "--infergate-json=out.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*infergate capacity gate failed*test_capacity*",
+                                 "*min_capacity_rps: measured * req/s, budget >= 1000*"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    assert data["models"] == {}, "a two-server run loads no local model"
+    assert data["environment"]["reference_endpoint"]["served_model"] == "smollm2-135m"
+    assert data["environment"]["endpoint"]["served_model"] == "smollm2-135m-q4_0"
+    quality = next(r for r in data["records"] if r["kind"] == "quality")
+    assert quality["reference_precision"] == "reference-endpoint" and quality["summary"]["samples"] == 6
+    assert 0 <= quality["summary"]["top1"] <= 1 and quality["summary"]["mean_kl"] >= 0
+    perf = [r for r in data["records"] if r["kind"] == "perf"]
+    ab = next(r for r in perf if r["tags"].get("experiment") == "ab")
+    assert ab["baseline_summary"]["ttft_ms_p50"] > 0 and ab["verdicts"] and ab["engine_config"]["reference_url"]
+    capacity = next(r for r in perf if r["tags"].get("experiment") == "capacity")
+    assert capacity["status"] == "fail" and capacity["measurement"]["engine"]["capacity"]["points"]

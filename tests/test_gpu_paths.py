@@ -1,0 +1,84 @@
+"""The CUDA code paths, exercised on the CPU with torch.cuda's functions stood in for: worker pinning under xdist,
+the memory split around a measured region, and where quantized models are placed. The same paths run for real in
+tests/test_gpu.py (marked `gpu`, skipped without CUDA) and benchmarks/gpu_check.sh."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+class FakeCuda:
+    """Records what the code under test asks of torch.cuda; memory figures are set by the test."""
+
+    def __init__(self, monkeypatch, count: int = 2):
+        self.calls: list[tuple] = []
+        self.allocated = 100
+        self.peak = 100
+        self.reserved = 128
+        for name, value in {"is_available": lambda: True, "device_count": lambda: count,
+                            "set_device": lambda index: self.calls.append(("set_device", index)),
+                            "synchronize": lambda device=None: self.calls.append(("synchronize", device)),
+                            "reset_peak_memory_stats": lambda device=None: self.calls.append(("reset", device)),
+                            "memory_allocated": lambda device=None: self.allocated,
+                            "max_memory_allocated": lambda device=None: self.peak,
+                            "max_memory_reserved": lambda device=None: self.reserved}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+@pytest.mark.parametrize("worker,count,expected", [("gw0", 2, 0), ("gw3", 2, 1), ("gw2", 4, 2), ("gw5", 1, 0)])
+def test_xdist_workers_are_pinned_to_gpus_modulo_the_count(monkeypatch, worker, count, expected):
+    from pytest_infergate.options import Options
+    from pytest_infergate.plugin import _pin_gpu
+
+    cuda = FakeCuda(monkeypatch, count)
+    config = SimpleNamespace(workerinput={"workerid": worker, "workercount": 6})
+    options = _pin_gpu(config, Options(gpu=True))
+    assert options.gpu_index == expected and options.device == f"cuda:{expected}"
+    assert options.reference_precision == "fp16"  # a pinned worker keeps the GPU reference
+    assert cuda.calls == [("set_device", expected)]
+
+
+def test_gpu_without_a_worker_is_not_pinned(monkeypatch):
+    from pytest_infergate.options import Options
+    from pytest_infergate.plugin import _pin_gpu
+
+    cuda = FakeCuda(monkeypatch)
+    assert _pin_gpu(SimpleNamespace(), Options(gpu=True)).device == "cuda"
+    assert cuda.calls == []
+
+
+def test_peak_memory_on_cuda_resets_and_synchronizes_around_the_region(monkeypatch):
+    from pytest_infergate.memory import PeakMemory
+
+    cuda = FakeCuda(monkeypatch)
+    with PeakMemory("cuda:1") as peak:
+        assert cuda.calls == [("synchronize", "cuda:1"), ("reset", "cuda:1")]  # the peak of this region only
+        cuda.peak, cuda.reserved = 700, 1024
+    assert cuda.calls[-1] == ("synchronize", "cuda:1")  # queued kernels finish before the counters are read
+    result = peak.result
+    assert result.method == "cuda.max_memory_allocated"
+    assert (result.start_bytes, result.peak_bytes, result.delta_bytes, result.reserved_peak_bytes) == (100, 700, 600,
+                                                                                                         1024)
+
+
+@pytest.mark.parametrize("precision,device,placement", [
+    ("int8", "cuda:1", {"": 1}), ("nf4", "cuda", {"": 0}), ("int8", "cpu", "cpu"), ("fp16", "cuda:1", None)])
+def test_quantized_models_are_placed_on_the_pinned_gpu(monkeypatch, tiny_source, precision, device, placement):
+    import transformers
+
+    from pytest_infergate.errors import ModelLoadError
+    from pytest_infergate.models import load_model
+
+    FakeCuda(monkeypatch)  # the load's memory probe asks torch.cuda for its counters
+    seen = {}
+
+    def from_pretrained(path, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here: only the load arguments are under test")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(ModelLoadError, match="stop here"):
+        load_model(tiny_source, precision, device, reference="fp16", tokenizer=object())
+    assert seen.get("device_map") == placement
+    assert seen["dtype"] == (torch.float16 if precision != "fp32" else torch.float32)
