@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.results import units
 from pytest_infergate.results.records import RunResults
-from pytest_infergate.results.summary import QUALITY_KEYS, summary_lines, summary_markdown
+from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
 
 
 def _load_results(path: str) -> RunResults:
@@ -39,12 +40,52 @@ def _cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    """Re-render the HTML report of a results file."""
+    """Re-render the HTML report of a results file (with --history: linked to that folder's history page, and
+    noting a slow creep up to this run)."""
     from pytest_infergate.options import check_output_path
     from pytest_infergate.report import write_report
 
     check_output_path(Path(args.output), "infergate report -o")
-    write_report(_load_results(args.results), Path(args.output))
+    results = _load_results(args.results)
+    history, href = None, None
+    if args.history:
+        from pytest_infergate.history.outputs import HISTORY_PAGE, history_with, page_href
+
+        history = history_with(Path(args.history), results)
+        href = page_href(Path(args.history), Path(args.output)) if (Path(args.history) / HISTORY_PAGE).exists() \
+            else None
+    write_report(results, Path(args.output), history=history, history_href=href)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _metrics(values: list[str] | None) -> tuple[str, ...]:
+    from pytest_infergate.history import DEFAULT_METRICS
+    from pytest_infergate.perf.metrics import METRICS
+
+    names = tuple(dict.fromkeys(m.strip() for v in values or [] for m in v.split(",") if m.strip()))
+    unknown = [m for m in names if m not in METRICS]
+    if unknown:
+        raise InfergateError(f"--metric {', '.join(unknown)}: not a perf metric; choose from {', '.join(METRICS)}")
+    return names or DEFAULT_METRICS
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    """Trends of many runs: change points and creep per test and metric, as a table and an HTML page."""
+    from pytest_infergate.history import build_history, load_runs
+    from pytest_infergate.history.page import text_table, write_history
+    from pytest_infergate.options import check_output_path
+
+    metrics = _metrics(args.metric)
+    if args.window < 4:
+        raise InfergateError(f"--window {args.window}: a creep needs at least 4 runs to be told from noise")
+    check_output_path(Path(args.output), "infergate history -o")
+    runs, skipped = load_runs(args.results)
+    if len(runs) < 2:
+        raise InfergateError(f"a history needs at least 2 runs, found {len(runs)} in {', '.join(args.results)}")
+    history = build_history(runs, metrics, args.window, skipped)
+    print(text_table(history))
+    write_history(history, Path(args.output))
     print(f"wrote {args.output}")
     return 0
 
@@ -68,16 +109,19 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float) -> tuple[l
             verdict = compare_samples(metric, sb[metric], sa[metric], max_regression, 50)
             regressed |= verdict.status == "fail"
             change = verdict.candidate / verdict.baseline - 1 if verdict.baseline else 0.0
-            rows.append([test, metric, f"{verdict.baseline:.4g}", f"{verdict.candidate:.4g}", f"{change:+.1%}",
-                         f"{verdict.status} (x{verdict.ratio:.3f}, CI {verdict.low:.3f}-{verdict.high:.3f})"])
-    qa, qb = {r.precision: r for r in a.quality}, {r.precision: r for r in b.quality}
-    for precision in sorted(set(qa) & set(qb)):
+            rows.append([test, metric, units.metric_value(metric, verdict.baseline),
+                         units.metric_value(metric, verdict.candidate), units.change(change),
+                         f"{verdict.status} ({units.ratio(verdict.ratio)}, CI {units.number(verdict.low)}–"
+                         f"{units.number(verdict.high)})"])
+    qa, qb = ({(g.precision, g.reference): g for g in quality_groups(run.quality)} for run in (a, b))
+    for key in sorted(set(qa) & set(qb)):
+        sa, sb = qa[key].comparisons[0].summary, qb[key].comparisons[0].summary
         for metric in QUALITY_KEYS:
-            va, vb = qa[precision].summary.get(metric), qb[precision].summary.get(metric)
-            if va is not None and vb is not None:
-                rows.append([f"quality {precision}", metric, f"{va:.4g}", f"{vb:.4g}", f"{vb - va:+.4g}",
-                             qb[precision].status.value])
-                regressed |= qb[precision].status == "fail"
+            va, vb = sa.get(metric), sb.get(metric)
+            if units.is_number(va) and units.is_number(vb):
+                rows.append([f"quality {key[0]} vs {key[1]}", metric, units.number(va, 4), units.number(vb, 4),
+                             f"{'+' if vb >= va else '−'}{units.number(abs(vb - va), 3)}", qb[key].status.value])
+                regressed |= qb[key].status == "fail"
     return rows, regressed
 
 
@@ -125,7 +169,21 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="render the HTML report of a results file (pytest --infergate-json)")
     report.add_argument("results")
     report.add_argument("-o", "--output", default="infergate-report.html")
+    report.add_argument("--history", metavar="DIR", help="a history folder (pytest --infergate-history): link its "
+                        "history page and note a slow creep up to this run")
     report.set_defaults(func=_cmd_report)
+    history = sub.add_parser("history", help="trends across runs: change points and slow creep per test and metric",
+                             description="Read the results of many runs (files written by pytest --infergate-json, "
+                             "or a folder written by --infergate-history), print where each metric changed level "
+                             "(regressed at run X (commit Y): +N%% with its 95%% CI) or is creeping, and write an "
+                             "HTML page of every trend.")
+    history.add_argument("results", nargs="+", metavar="RESULTS|DIR")
+    history.add_argument("-o", "--output", default="history.html")
+    history.add_argument("--metric", action="append", metavar="METRIC", help="perf metric(s) to follow, repeatable "
+                         "or comma-separated (default: ttft_ms, tpot_ms, tokens_per_s, peak_mem_mb)")
+    history.add_argument("--window", type=int, default=8, metavar="RUNS",
+                         help="runs over which a slow creep is looked for (default 8)")
+    history.set_defaults(func=_cmd_history)
     compare = sub.add_parser("compare", help="compare two results files; exit 1 on a regression")
     compare.add_argument("a", help="the accepted run")
     compare.add_argument("b", help="the candidate run")

@@ -21,7 +21,8 @@ from pytest_infergate.models.precision import check_precision, default_reference
 @dataclass(frozen=True)
 class OptionSpec:
     name: str  # dest and ini key suffix: `--infergate-<name with dashes>`, ini `infergate_<name>`
-    kind: str  # "bool", "str", "path" (read), "output" (written at the end of the run), "float", "int"
+    kind: str  # "bool", "str", "path" (read), "output" (written at the end of the run), "folder" (written into at
+    # the end of the run), "float", "int"
     help: str
     default: Any = None
     metavar: str | None = None
@@ -92,6 +93,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "endpoint's API key (default: the one of --infergate-api-key-env)", None, "VAR"),
     OptionSpec("report", "output", "write the HTML regression report of this run to PATH", None, "PATH"),
     OptionSpec("json", "output", "write the machine-readable results of this run to PATH", None, "PATH"),
+    OptionSpec("history", "folder", "append this run's results to the history folder DIR (one file per run, the "
+               "oldest removed beyond --infergate-history-keep), redraw DIR/history.html, and link it from the "
+               "report; `infergate history DIR` reads it", None, "DIR"),
+    OptionSpec("history_keep", "int", "runs kept in --infergate-history (default 100)", 100, "N"),
 )
 
 
@@ -135,6 +140,8 @@ class Options:
     golden_max_len: int = 2048
     report: Path | None = None
     json: Path | None = None
+    history: Path | None = None
+    history_keep: int = 100
     endpoint: str | None = None
     endpoint_model: str | None = None
     api_key_env: str | None = None
@@ -165,6 +172,10 @@ class Options:
                               "candidate server with --infergate-endpoint URL too")
         if self.golden_max_len < 16:
             raise OptionError(f"--infergate-golden-max-len must be at least 16 tokens, got {self.golden_max_len}")
+        if self.history is not None:
+            check_folder_path(self.history, "--infergate-history")
+        if self.history_keep < 2:
+            raise OptionError(f"--infergate-history-keep must keep at least 2 runs, got {self.history_keep}")
         if not str(self.model).strip():
             raise OptionError("--infergate-model is empty: give an alias (smollm2-135m, tiny-random-llama), "
                               "a directory, a .gguf file or a hub id")
@@ -189,7 +200,7 @@ class Options:
                 continue
             if spec.kind == "bool":
                 values[spec.name] = _parse_bool(spec.name, raw)
-            elif spec.kind in ("path", "output"):
+            elif spec.kind in ("path", "output", "folder"):
                 values[spec.name] = Path(os.path.expanduser(str(raw)))
             elif spec.kind in ("int", "float"):
                 values[spec.name] = _parse_number(spec, raw)

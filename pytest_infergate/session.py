@@ -8,6 +8,7 @@ controller (or in a run without xdist) it collects records, writes the outputs a
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,7 @@ class InfergateSession:
         self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
+        self.history = None  # history.History, once this run is appended to --infergate-history
         if options.baseline is not None:
             from pytest_infergate.perf.baseline import load_baseline
 
@@ -199,6 +201,10 @@ class InfergateSession:
                 "warnings": self.results.warnings,
                 "used_scopes": {option: sorted(scopes) for option, scopes in self.used_scopes.items()}}, default=str)
             return
+        from pytest_infergate.report import git_commit
+
+        self.results.commit = git_commit(self.config.rootpath)
+        self.results.finished = time.time()
         self.results.warnings += self.unused_scope_warnings()
         if self.options.strict and self.results.warnings and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # under strict a check that did not run fails the run
@@ -214,6 +220,8 @@ class InfergateSession:
         if self.options.json is not None:
             outputs.append(("--infergate-json", self.options.json,
                             lambda path: write_json_atomic(path, self.results.to_dict())))
+        if self.options.history is not None:
+            outputs.append(("--infergate-history", self.options.history, self._record_history))
         if self.options.report is not None:
             outputs.append(("--infergate-report", self.options.report, self._write_report))
         for option, path, write in outputs:
@@ -229,10 +237,20 @@ class InfergateSession:
 
         save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in self.results.perf})
 
-    def _write_report(self, path: Path) -> None:
-        from pytest_infergate.report import git_commit, write_report
+    def _record_history(self, folder: Path) -> None:
+        from pytest_infergate.history.outputs import record_run
 
-        write_report(self.results, path, git_commit(self.config.rootpath))
+        self.history = record_run(folder, self.results, self.options.history_keep, self.options.report)
+
+    def _write_report(self, path: Path) -> None:
+        from pytest_infergate.report import write_report
+
+        href = None
+        if self.history is not None:
+            from pytest_infergate.history.outputs import page_href
+
+            href = page_href(self.options.history, path)
+        write_report(self.results, path, self.results.commit, self.history, href)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         from pytest_infergate.results.summary import summary_lines
@@ -245,6 +263,11 @@ class InfergateSession:
             terminalreporter.write_line(line.text, **line.markup)
         if self.options.report is not None and not self.output_errors:
             terminalreporter.write_line(f"report: {self.options.report}")
+        if self.history is not None:
+            from pytest_infergate.history.outputs import HISTORY_PAGE
+
+            terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
+                                        f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
         for error in self.output_errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 

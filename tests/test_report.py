@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -9,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import needs_chromium, open_page
 
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.report import render as render_results
-from pytest_infergate.results import RunResults
+from pytest_infergate.results import RunResults, units
 from pytest_infergate.results.summary import summary_markdown as summary_of_results
 
 
@@ -54,7 +56,8 @@ def results(tmp_path_factory, cache_dir):
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "--infergate-model=tiny-random-llama",
                     f"--infergate-cache-dir={cache_dir}", "--infergate-precisions=fp32,nf4",
-                    "--infergate-json=r.json", "--infergate-report=r.html"], cwd=root, capture_output=True, timeout=600)
+                    "--infergate-json=r.json", "--infergate-report=r.html", "--infergate-history=hist"], cwd=root,
+                   capture_output=True, timeout=600)
     data = json.loads((root / "r.json").read_text())
     data["_root"] = str(root)
     return data
@@ -103,8 +106,8 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
                             "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
                             "samples": [5, 5]}]  # written before verdicts said whether they were paired
     html = render(data)
-    assert "×2.5 vs baseline (CI 2.1–2.9) fail (paired by round)" in html
-    assert "×1.01 vs baseline (CI 0.9–1.1) pass<" in html
+    assert "tokens_per_s ×2.5 vs baseline (CI 2.1–2.9) &gt; ×1.5, paired by round" in html
+    assert "tokens_per_s ×1.01 vs baseline (CI 0.9–1.1) ≤ ×1.5<" in html
 
 
 def test_render_is_fast(results):
@@ -131,7 +134,7 @@ def test_cli_report_compare_summary(results, tmp_path, monkeypatch, capsys):
     b.write_text(json.dumps(slower))
     assert cli_main(["compare", str(a), str(b)]) == 1
     out = capsys.readouterr().out
-    assert "REGRESSION" in out and "ttft_ms" in out and "+200.0%" in out
+    assert "REGRESSION" in out and "ttft_ms" in out and "+200%" in out
 
     step_summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
@@ -149,30 +152,128 @@ def test_compare_lists_tests_present_in_one_run_only(results):
     assert "## pytest-infergate" in summary_markdown(results)
 
 
-@pytest.mark.skipif(not shutil.which("chromedriver"), reason="needs Debian's chromium and chromium-driver")
-def test_report_in_headless_chromium(results):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
+E_NOTATION = re.compile(r"\d\.?\d*e[+-]\d")
 
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1300,1000"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
-        driver.get(Path(results["_root"], "r.html").as_uri())
-        summary = driver.find_element(By.ID, "summary")
-        assert summary.is_displayed() and "passed" in summary.text
-        chart = driver.find_element(By.CSS_SELECTOR, "svg.chart")
-        assert chart.is_displayed() and chart.size["height"] > 50
-        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
-        assert errors == []
-    finally:
-        driver.quit()
+
+def _slow(data: dict) -> dict:
+    """The run with TTFT samples in the tens of seconds and a throughput in the thousands."""
+    data = copy.deepcopy(data)
+    for record in data["records"]:
+        if record["kind"] == "perf":
+            samples = record["measurement"]["samples"]
+            samples["ttft_ms"] = [16_800.0 + i for i in range(len(samples["ttft_ms"]))]
+            samples["tokens_per_s"] = [1_051.0 * (1 + i / 100) for i in range(len(samples["tokens_per_s"]))]
+    return data
+
+
+def test_numbers_read_like_units_in_the_report_and_the_summaries(results, capsys, tmp_path):
+    data = _slow(results)
+    html = render(data)
+    assert not E_NOTATION.search(html), E_NOTATION.search(html)
+    assert "16.8 s" in html and "1,050 tok/s" in html
+    histogram = html[html.index('aria-label="TTFT distribution"'):]
+    histogram = histogram[:histogram.index("</svg>")]
+    ticks = re.findall(r'text-anchor="middle" class="tk">(\d[^<]*)</text>', histogram)
+    assert len(set(ticks)) == len(ticks) >= 3 and all(t.startswith("16.") for t in ticks), ticks  # in s, distinct
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(data))
+    assert cli_main(["summary", str(path)]) == 0
+    assert cli_main(["summary", str(path), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert not E_NOTATION.search(out) and "ttft_ms_p50 16.8 s" in out and "| 16.8 s |" in out
+
+
+@pytest.mark.parametrize("value, text", [(16_843.2, "16,800"), (4_540.1, "4,540"), (0.4213, "0.421"), (0, "0"),
+                                         (1.2e-7, "1.2×10⁻⁷"), (float("inf"), "–"), (float("nan"), "–"),
+                                         (None, "–"), (999.7, "1,000"), (12, "12")])
+def test_number_format(value, text):
+    assert units.number(value) == text
+
+
+def test_units_and_round_ticks():
+    assert units.duration_ms(16_843) == "16.8 s" and units.duration_ms(4_540) == "4,540 ms"
+    assert units.mebibytes(1_160.4) == "1,160 MiB" and units.mebibytes(20_480) == "20 GiB"
+    assert units.metric_value("ttft_ms_p95", 16_800) == "16.8 s" and units.change(-0.041) == "−4.1%"
+    assert units.nice_ticks(0, 11_561) == [0, 5_000, 10_000, 15_000]
+    assert units.nice_ticks(0, 1_160) == [0, 500, 1_000, 1_500]
+    assert units.tick_labels(units.nice_ticks(16.80, 16.87)) == ["16.80", "16.82", "16.84", "16.86", "16.88"]
+
+
+def test_perf_table_is_grouped_by_file_with_short_labels_and_verdicts_that_say_why(results):
+    html = render(results)
+    assert html.count('<h3 class="file"><code>test_run.py</code>') == 1
+    assert '<td class="l" title="test_run.py::test_too_slow[nf4]"><details><summary>test_too_slow[nf4]' in html
+    assert "ttft_ms 1" in html and "&gt; budget 0.0001 ms" in html  # which metric, measured vs the limit
+    assert "met: tokens_per_s ≥ 0.01 tok/s" in html
+
+
+def test_memory_chart_shows_kv_used_beside_allocated(results):
+    html = render(results)
+    assert "KV used" in html and "KV allocated" in html and "KV used / allocated" in html
+
+
+def test_one_quality_section_per_precision_pair_with_the_tests_that_used_it(results):
+    data = copy.deepcopy(results)
+    nf4 = next(r for r in data["records"] if r["kind"] == "quality" and r["precision"] == "nf4")
+    data["records"].append({**copy.deepcopy(nf4), "test": "test_other.py::test_again[nf4]", "status": "fail",
+                            "problems": ["min_top1: top1 = 0.257, policy >= 0.9"]})
+    html = render(data)
+    assert html.count("nf4 vs fp32 — ") == 1 and "used by 2 tests" in html
+    assert "test_again[nf4]</code> <span class=\"fail\">fail" in html and "min_top1: top1 = 0.257" in html
+    assert "The reference precision against itself" in html  # fp32 vs fp32: no table of ones
+    changed = html.count("· nf4 vs fp32 · ROUGE-L")
+    assert changed == sum(1 for s in nf4["samples"] if not s["exact_match"])  # each changed sample once
+
+
+def test_undefined_task_ratio_says_why_and_never_reaches_json_as_infinity(results, capsys, tmp_path):
+    data = copy.deepcopy(results)
+    nf4 = next(r for r in data["records"] if r["kind"] == "quality" and r["precision"] == "nf4")
+    nf4["summary"].update(task_ratio=float("inf"), reference_task=0.0, candidate_task=0.5)  # as version 2 wrote
+    run = RunResults.from_dict(data)
+    text = json.dumps(run.to_dict(), allow_nan=False)  # strict JSON: no Infinity, no NaN
+    back = json.loads(text)
+    summary = next(r for r in back["records"] if r["kind"] == "quality" and r["precision"] == "nf4")["summary"]
+    assert summary["task_ratio"] is None and "reference passed no task check" in summary["task_ratio_undefined"]
+    for html in (render(data), render(back)):
+        assert "undefined (the reference passed no task check, the candidate 50%: no loss)" in html
+        assert ">inf<" not in html
+    path = tmp_path / "back.json"
+    path.write_text(text)
+    assert cli_main(["summary", str(path)]) == 0
+    assert "task_ratio undefined (the reference passed no task check" in capsys.readouterr().out
+
+
+def test_results_carry_run_id_commit_and_fingerprint_and_older_files_still_read(results):
+    assert results["schema_version"] == 3 and re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", results["run_id"])
+    assert len(results["fingerprint"]) == 12 and "commit" in results
+    old = copy.deepcopy(results)
+    for key in ("run_id", "commit", "fingerprint"):
+        del old[key]
+    old["schema_version"] = 2
+    assert RunResults.from_dict(old).run_id == "" and "pytest-infergate report" in render(old)
+
+
+def test_the_run_appended_itself_to_its_history_and_the_report_links_it(results):
+    root = Path(results["_root"])
+    runs = sorted(p.name for p in (root / "hist").glob("2*.json"))
+    assert runs == [results["run_id"] + ".json"]
+    assert 'href="hist/history.html"' in (root / "r.html").read_text()
+    assert 'href="../r.html"' in (root / "hist" / "history.html").read_text()
+
+
+@needs_chromium
+def test_report_in_headless_chromium(results, tmp_path):
+    data = _slow(results)
+    quality = next(r for r in data["records"] if r["kind"] == "quality" and r["precision"] == "nf4")
+    sample = next(s for s in quality["samples"] if not s["exact_match"])
+    sample["candidate_text"] = '<script>document.title="pwned"</script><img src=x onerror="document.title=1">'
+    page = tmp_path / "report.html"
+    page.write_text(render(data))
+    check = open_page(page, width=1400)
+    assert check.errors == []
+    assert check.page_overflow == 0 and check.wide_tables == []  # fits 1400 px: no horizontal scrolling
+    assert check.title.startswith("infergate report") and "pwned" not in check.title  # model output stays text
+    assert '<script>document.title="pwned"</script>' in check.text and "passed" in check.text
 
 
 def test_xdist_two_workers_one_complete_report(pytester, cache_dir):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate.models.precision import QUANTIZED
+from pytest_infergate.results import units
 from pytest_infergate.results.records import PerfRecord, RunResults
 
 
@@ -13,6 +14,32 @@ class Note:
     severity: str  # "warn" or "info"
     pitfall: str
     text: str
+
+
+# pitfall -> (severity, title, what to do); each check below says what it found, the table says the rest
+PITFALLS = {
+    "kv_gain": ("info", "Pitfall 1: KV cache gain small",
+                "Short generations, a small model or a prefill-dominated workload hide its benefit; raise "
+                "max_new_tokens to 128-256 and use longer prompts."),
+    "quantized_slower": ("warn", "Pitfall 2: quantized slower than the reference",
+                         "Low-bit kernels on this device cost more than the memory they save; try larger batches "
+                         "(the freed memory allows them), and check that bitsandbytes / torch / CUDA versions "
+                         "match."),
+    "dynamic_ttft": ("warn", "Pitfall 3: dynamic batching raises TTFT",
+                     "Keep the window small for chat, or use continuous batching."),
+    "kv_pressure": ("warn", "Pitfall 4: KV memory near the budget",
+                    "Cap context length and max_new_tokens, or give the cache more memory."),
+    "padding": ("warn", "Pitfall 5: padding wastes compute",
+                "Bucket requests by length, cap the length spread in a batch, or use continuous batching."),
+    "slow_creep": ("warn", "slow creep across runs",
+                   "Every run passed its gate against the baseline, so no single run failed; read the history "
+                   "page for the commits in the window, and re-take the baseline only once the cause is known."),
+}
+
+
+def note(pitfall: str, finding: str) -> Note:
+    severity, title, advice = PITFALLS[pitfall]
+    return Note(severity, title, f"{finding} {advice}")
 
 
 def _perf(results: RunResults) -> list[PerfRecord]:
@@ -42,10 +69,8 @@ def kv_cache_gain(results: RunResults) -> list[Note]:
             on = modes.get("paged") or modes.get("contiguous")
             speedup = on.summary["tokens_per_s"] / modes["none"].summary["tokens_per_s"]
             if speedup < 1.5:
-                notes.append(Note("info", "Pitfall 1: KV cache gain small",
-                                  f"{precision}, max_new_tokens={max_new}: KV cache only x{speedup:.2f} faster than "
-                                  "recomputing. Short generations, a small model or a prefill-dominated workload "
-                                  "hide its benefit; raise max_new_tokens to 128-256 and use longer prompts."))
+                notes.append(note("kv_gain", f"{precision}, max_new_tokens={max_new}: KV cache only "
+                                             f"{units.ratio(speedup)} faster than recomputing."))
     return notes
 
 
@@ -67,11 +92,9 @@ def quantized_slower(results: RunResults, reference: str) -> list[Note]:
     notes = []
     for precision, cases in slower.items():
         test, tps, ref_tps = min(cases, key=lambda c: c[1] / c[2])
-        notes.append(Note("warn", "Pitfall 2: quantized slower than the reference",
-                          f"{precision} was slower than {reference} in {len(cases)} of {compared[precision]} "
-                          f"comparable tests (worst: {tps:.3g} vs {ref_tps:.3g} tok/s in {test}). Low-bit kernels "
-                          "on this device cost more than the memory they save; try larger batches (the freed "
-                          "memory allows them), and check that bitsandbytes / torch / CUDA versions match."))
+        notes.append(note("quantized_slower", f"{precision} was slower than {reference} in {len(cases)} of "
+                          f"{compared[precision]} comparable tests (worst: {units.number(tps)} vs "
+                          f"{units.number(ref_tps)} tok/s in {test})."))
     return notes
 
 
@@ -87,10 +110,9 @@ def dynamic_ttft(results: RunResults) -> list[Note]:
         if other:
             dyn, best = min(by_mode["dynamic"]), min(other)
             if dyn > 1.5 * best:
-                notes.append(Note("warn", "Pitfall 3: dynamic batching raises TTFT",
-                                  f"dynamic batching's p50 TTFT is {dyn:.0f} ms against {best:.0f} ms without the "
-                                  "batching window: throughput went up but users wait longer for the first token. "
-                                  "Keep the window small for chat, or use continuous batching."))
+                notes.append(note("dynamic_ttft", f"dynamic batching's p50 TTFT is {units.duration_ms(dyn)} against "
+                                  f"{units.duration_ms(best)} without the batching window: throughput went up but "
+                                  "users wait longer for the first token."))
     return notes
 
 
@@ -105,10 +127,8 @@ def padding_waste(results: RunResults) -> list[Note]:
     if not wasteful:
         return []
     share, worst = max(wasteful, key=lambda w: w[0])
-    return [Note("warn", "Pitfall 5: padding wastes compute",
-                 f"{len(wasteful)} measurement(s) spent over 20% of computed tokens on padding (worst {share:.0%}: "
-                 f"{worst.test}, {worst.engine_config.get('batching')} batching). Bucket requests by length, cap "
-                 "the length spread in a batch, or use continuous batching.")]
+    return [note("padding", f"{len(wasteful)} measurement(s) spent over 20% of computed tokens on padding (worst "
+                 f"{share:.0%}: {worst.test}, {worst.engine_config.get('batching')} batching).")]
 
 
 def kv_pressure(results: RunResults) -> list[Note]:
@@ -122,10 +142,9 @@ def kv_pressure(results: RunResults) -> list[Note]:
     if not pressed:
         return []
     r, used, allocated, preempted = pressed[0]
-    return [Note("warn", "Pitfall 4: KV memory near the budget",
-                 f"{len(pressed)} measurement(s) ran the KV cache to its budget, e.g. {r.test}: peak {used:.0f} of "
-                 f"{allocated:.0f} MiB" + (f", {preempted} preemptions" if preempted else "")
-                 + ". Cap context length and max_new_tokens, or give the cache more memory.")]
+    return [note("kv_pressure", f"{len(pressed)} measurement(s) ran the KV cache to its budget, e.g. {r.test}: peak "
+                 f"{units.mebibytes(used)} of {units.mebibytes(allocated)}"
+                 + (f", {preempted} preemptions." if preempted else "."))]
 
 
 def phase_balance(results: RunResults) -> list[Note]:
@@ -155,7 +174,7 @@ def endpoint_errors(results: RunResults) -> list[Note]:
         for kind, count in errors.items():
             total[kind] = total.get(kind, 0) + count
     worst = min(failing, key=lambda f: f[0].summary.get("success_rate", 1.0))[0]
-    kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(total.items(), key=lambda kv: -kv[1]))
+    kinds = ", ".join(f"{kind} ×{count}" for kind, count in sorted(total.items(), key=lambda kv: -kv[1]))
     advice = ("raise --infergate-endpoint-timeout or lower the load" if "timeout" in total else
               "read the server's log for the failing status codes")
     return [Note("warn", "endpoint requests failed",
@@ -165,7 +184,8 @@ def endpoint_errors(results: RunResults) -> list[Note]:
 
 
 def _describe_slo(slo: dict) -> str:
-    return ", ".join(f"{key} <= {value:g}" for key, value in slo.items() if value is not None) or "(none)"
+    return ", ".join(f"{key} ≤ {units.metric_value(key, value)}" for key, value in slo.items()
+                     if value is not None) or "(none)"
 
 
 def endpoint_goodput(results: RunResults) -> list[Note]:
@@ -175,16 +195,34 @@ def endpoint_goodput(results: RunResults) -> list[Note]:
         s = r.summary
         if "goodput_per_s" in s and s.get("requests_per_s") and s["goodput_per_s"] < 0.9 * s["requests_per_s"]:
             notes.append(Note("warn", "SLO misses under load",
-                              f"{r.test}: goodput {s['goodput_per_s']:.3g} req/s of {s['requests_per_s']:.3g} "
-                              f"req/s served ({s['goodput_per_s'] / s['requests_per_s']:.0%} met the SLO "
-                              f"{_describe_slo(r.measurement.engine.get('slo') or {})}). Lower the "
-                              "load or relax the SLO; "
-                              "the sweep shows where goodput stops growing."))
+                              f"{r.test}: goodput {units.number(s['goodput_per_s'])} req/s of "
+                              f"{units.number(s['requests_per_s'])} req/s served "
+                              f"({s['goodput_per_s'] / s['requests_per_s']:.0%} met the SLO "
+                              f"{_describe_slo(r.measurement.engine.get('slo') or {})}). Lower the load or relax "
+                              "the SLO; the sweep shows where goodput stops growing."))
             break
     return notes
 
 
-def diagnose(results: RunResults, reference: str) -> list[Note]:
+def slow_creep(history) -> list[Note]:
+    """A metric drifting the wrong way over the last runs of a history (history/series.py findings) while every
+    gate on it passed; only creeps that reach the history's latest run (this run, in a report)."""
+    if history is None:
+        return []
+    from pytest_infergate.history.series import findings
+
+    latest = history.runs[-1].index if history.runs else None
+    notes = []
+    for f in findings(history):
+        if f.kind == "creep" and f.worse and f.passed and f.series.points[-1].run == latest:
+            window = latest - f.run.index + 1
+            notes.append(note("slow_creep", f"{f.series.test} {f.series.metric}: {units.change(f.change)} over the "
+                              f"last {window} runs ({units.change(f.per_run)} per run, Mann-Kendall p = "
+                              f"{units.number(f.p_value, 2)}) since {f.run.label}."))
+    return notes
+
+
+def diagnose(results: RunResults, reference: str, history=None) -> list[Note]:
     return (kv_cache_gain(results) + quantized_slower(results, reference) + dynamic_ttft(results)
             + padding_waste(results) + kv_pressure(results) + phase_balance(results) + endpoint_errors(results)
-            + endpoint_goodput(results))
+            + endpoint_goodput(results) + slow_creep(history))

@@ -1,12 +1,19 @@
 """Typed result records: what every infergate gate measured and decided, and the run that holds them.
 
 Each record is written to JSON (`to_dict`) and read back (`from_dict`) by the report, the CLI and the xdist
-controller. The JSON shape is versioned: `kind: "results"`, `schema_version` 2 (version 1, written before
-`kind` existed, is still read).
+controller. The JSON shape is versioned: `kind: "results"`, `schema_version` 3 (versions 1, written before
+`kind` existed, and 2, before runs carried a run id, commit and environment fingerprint for `infergate history`,
+are still read). Version 3 is strict JSON: a figure that is not finite (a task ratio to a reference that scored 0)
+is written as null, with the reason beside it under `<key>_undefined`, never as `Infinity` / `NaN`, which strict
+readers reject; an older reader that expects a number there is told the version instead of crashing on null.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -20,8 +27,9 @@ from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Status
 
 KIND = "results"
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+UNDEFINED = "_undefined"  # suffix of the key that says why a figure is null
 RESULT_PROPERTY = "infergate_result"  # the user property that carries a record from a test to the controller
 
 
@@ -108,8 +116,11 @@ class QualityRecord:
         return self.result.summary
 
     def to_dict(self) -> dict:
+        data = self.result.to_dict()
+        data["summary"] = _explain_undefined(data["summary"])
+        data["categories"] = {name: _explain_undefined(c) for name, c in data["categories"].items()}
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
-                "problems": self.problems, **self.result.to_dict()}
+                "problems": self.problems, **data}
 
     @classmethod
     def from_dict(cls, data: dict) -> QualityRecord:
@@ -188,6 +199,54 @@ class BatchInvarianceRecord:
                    list(data.get("problems", [])))
 
 
+def _explain_undefined(summary: dict) -> dict:
+    """The quality aggregate with an infinite task ratio (the reference passed no task check, the candidate some:
+    quality/metrics.py `aggregate`, which the policy reads as no loss) as null plus the reason."""
+    out = dict(summary)
+    value = out.get("task_ratio")
+    if isinstance(value, float) and not math.isfinite(value):
+        out["task_ratio"] = None
+        out["task_ratio" + UNDEFINED] = (f"the reference passed no task check, the candidate "
+                                         f"{out.get('candidate_task', 0):.0%}: no loss")
+    return out
+
+
+def undefined_reason(summary: dict, key: str) -> str | None:
+    """Why `summary[key]` has no finite value, if the results say (files before version 3 held inf itself)."""
+    reason = summary.get(key + UNDEFINED)
+    if reason:
+        return reason
+    value = summary.get(key)
+    if key == "task_ratio" and isinstance(value, float) and not math.isfinite(value):
+        return _explain_undefined(summary)["task_ratio" + UNDEFINED]
+    return None
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (strict JSON has no Infinity or NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def new_run_id(started: float) -> str:
+    """Sortable by time (UTC), unique across machines: `20250101T120000Z-1a2b3c`."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)) + "-" + secrets.token_hex(3)
+
+
+def environment_fingerprint(environment: dict) -> str:
+    """A short hash of what the run's numbers depend on besides the code: machine, library versions (not
+    pytest-infergate's own), model, device. Runs with different fingerprints are not compared in a history."""
+    versions = {k: v for k, v in (environment.get("versions") or {}).items() if k != "pytest-infergate"}
+    basis = {"machine": environment.get("machine"), "versions": versions, "model": environment.get("model"),
+             "device": environment.get("device"), "endpoint": (environment.get("endpoint") or {}).get("url")}
+    return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 Record = PerfRecord | QualityRecord | GoldenRecord | BatchInvarianceRecord
 RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord, BatchInvarianceRecord)}
 
@@ -208,6 +267,12 @@ class RunResults:
     records: list[Record] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed / failed / skipped / error
     warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
+    run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
+    commit: str | None = None  # git commit of the rootdir, when it is a git checkout
+
+    @property
+    def fingerprint(self) -> str:
+        return environment_fingerprint(self.environment)
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -239,11 +304,14 @@ class RunResults:
         return counts
 
     def to_dict(self) -> dict:
-        return {"kind": KIND, "schema_version": SCHEMA_VERSION, "started": self.started,
-                "finished": self.finished if self.finished is not None else time.time(),
-                "environment": self.environment, "models": self.models,
-                "records": [r.to_dict() for r in self.records], "outcomes": self.outcomes,
-                "warnings": self.warnings, "gate_counts": self.gate_counts()}
+        if not self.run_id:
+            self.run_id = new_run_id(self.started)
+        return finite_json({
+            "kind": KIND, "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "commit": self.commit,
+            "fingerprint": self.fingerprint, "started": self.started,
+            "finished": self.finished if self.finished is not None else time.time(),
+            "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
+            "outcomes": self.outcomes, "warnings": self.warnings, "gate_counts": self.gate_counts()})
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "results file") -> RunResults:
@@ -264,4 +332,5 @@ class RunResults:
                                  "edited by hand or cut short? Re-run pytest with --infergate-json") from None
         return cls(started=data.get("started", 0.0), finished=data.get("finished"),
                    environment=dict(data.get("environment", {})), models=dict(data.get("models", {})),
-                   records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])))
+                   records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])),
+                   run_id=str(data.get("run_id") or ""), commit=data.get("commit"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_infergate.results import units
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
@@ -17,6 +18,8 @@ from pytest_infergate.status import Status
 PERF_KEYS = ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb", "success_rate",
              "goodput_per_s")
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
+QUALITY_NAMES = {"rougeL": "ROUGE-L", "exact_match": "exact match", "mean_kl": "mean KL", "top1": "top-1",
+                 "task_ratio": "task ratio"}
 
 
 @dataclass
@@ -45,32 +48,113 @@ def model_lines(results: RunResults) -> list[Line]:
                           f"{environment.get('device')}"))
     for precision, r in results.models.items():
         note = f"  FALLBACK from {precision}: {r.get('fallback_reason')}" if r.get("fallback") else ""
-        lines.append(Line(f"  {precision:>5}: load {r['load_s']:.2f}s, weights {r['weight_bytes'] / 2**20:.1f} MiB, "
-                          f"load peak +{r.get('load_mem_delta_bytes', 0) / 2**20:.0f} MiB (process "
-                          f"{r['peak_mem_bytes'] / 2**20:.0f} MiB, {r['peak_mem_method']}), fingerprint "
+        lines.append(Line(f"  {precision:>5}: load {units.number(r['load_s'])} s, weights "
+                          f"{units.mebibytes(r['weight_bytes'] / 2**20)}, load peak "
+                          f"+{units.mebibytes(r.get('load_mem_delta_bytes', 0) / 2**20)} (process "
+                          f"{units.mebibytes(r['peak_mem_bytes'] / 2**20)}, {r['peak_mem_method']}), fingerprint "
                           f"{r['fingerprint']}{note}"))
     return lines
 
 
+def budget_metric(key: str) -> str:
+    """The metric of a budget key: `ttft_ms_p95` -> `ttft_ms`."""
+    base, _, pct = key.rpartition("_p")
+    return base if base and pct.isdigit() else key
+
+
+def metric_status(record: PerfRecord, metric: str) -> Status | None:
+    """What the gates said about one metric of a measurement: its budgets and its baseline verdict; None when
+    nothing checked it."""
+    statuses = [Status.FAIL for v in record.violations if budget_metric(v.key) == metric]
+    statuses += [v.status for v in record.verdicts if v.metric == metric]
+    gated = statuses or any(budget_metric(k) == metric for k in record.budget if k != "max_regression")
+    return Status.worst(statuses) if gated else None
+
+
+def verdict_reasons(record: PerfRecord) -> list[str]:
+    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
+    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
+    reasons = []
+    for v in record.violations:
+        bound = "<" if v.higher_is_better else ">"
+        reasons.append(f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget "
+                       f"{units.metric_value(v.key, v.limit)}")
+    for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
+        where = f" p{v.percentile}" if v.percentile else ""
+        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(v.status, "straddles")
+        reasons.append(f"{v.metric}{where} {units.ratio(v.ratio)} vs baseline (CI {units.number(v.low)}–"
+                       f"{units.number(v.high)}) {relation} {units.ratio(v.threshold)}"
+                       + (", paired by round" if v.paired else ""))
+    if record.relative_check_missing:
+        reasons.append(f"no baseline comparison: {record.relative_check_missing}")
+    if record.fingerprint_mismatch:
+        reasons.append("baseline from another environment: " + ", ".join(record.fingerprint_mismatch))
+    return reasons
+
+
+def perf_figures(summary: dict) -> str:
+    """Figures named by their keys, as budgets name them: `ttft_ms_p50 4,540 ms, tokens_per_s 12.3 tok/s`."""
+    return ", ".join(f"{k} {units.figure(summary, k)}" for k in PERF_KEYS if k in summary)
+
+
 def perf_lines(record: PerfRecord) -> list[Line]:
-    summary = record.summary
-    figures = ", ".join(f"{k} {summary[k]:.4g}" for k in PERF_KEYS if k in summary)
+    figures = perf_figures(record.summary)
     errors = record.measurement.engine.get("errors")
     if errors:
-        figures += ", errors " + ", ".join(f"{kind} x{n}" for kind, n in sorted(errors.items()))
+        figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
     backend = f" [{record.backend}]" if record.backend == "hf-generate" else ""
     lines = [Line(f"  perf {record.status.value.upper():12s} {record.test}{backend}: {figures}", _color(record.status))]
-    for verdict in record.verdicts:
-        lines.append(Line(f"      {verdict.metric}: x{verdict.ratio:.3f} vs baseline (CI {verdict.low:.3f}-"
-                          f"{verdict.high:.3f}, threshold x{verdict.threshold:.2f}) {verdict.status.value}"))
+    lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
 
 
-def quality_line(record: QualityRecord) -> Line:
-    summary = record.summary
-    figures = ", ".join(f"{k} {summary[k]:.3g}" for k in QUALITY_KEYS if k in summary)
-    return Line(f"  quality {record.status.value.upper():9s} {record.precision} vs {record.reference_precision} "
-                f"({summary['samples']} samples, {record.result.seconds:.0f}s): {figures}", _color(record.status))
+def quality_figures(summary: dict) -> str:
+    return ", ".join(f"{k} {units.figure(summary, k)}" for k in QUALITY_KEYS if k in summary)
+
+
+@dataclass
+class QualityGroup:
+    """Every test that compared one precision with one reference precision (a suite may run the same comparison
+    from several tests, each under its own policy)."""
+
+    precision: str
+    reference: str
+    records: list[QualityRecord]
+
+    @property
+    def status(self) -> Status:
+        return Status.worst(r.status for r in self.records)
+
+    @property
+    def comparisons(self) -> list[QualityRecord]:
+        """One record per distinct comparison (sample set): the figures to show once."""
+        distinct: dict[tuple, QualityRecord] = {}
+        for record in self.records:
+            distinct.setdefault(tuple(s.id for s in record.result.samples) or (record.test,), record)
+        return list(distinct.values())
+
+    @property
+    def is_self_comparison(self) -> bool:
+        return self.precision == self.reference
+
+
+def quality_groups(records: list[QualityRecord]) -> list[QualityGroup]:
+    groups: dict[tuple[str, str], QualityGroup] = {}
+    for record in records:
+        key = (record.precision, record.reference_precision)
+        groups.setdefault(key, QualityGroup(*key, [])).records.append(record)
+    return list(groups.values())
+
+
+def quality_line(group: QualityGroup) -> Line:
+    record = group.comparisons[0]
+    tests = f"; {len(group.records)} tests" if len(group.records) > 1 else ""
+    if group.is_self_comparison:
+        return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference}: the reference "
+                    f"against itself, identical by construction{tests}")
+    return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference} "
+                f"({record.summary['samples']} samples, {units.number(record.result.seconds)} s{tests}): "
+                f"{quality_figures(record.summary)}", _color(group.status))
 
 
 def golden_lines(record: GoldenRecord) -> list[Line]:
@@ -108,7 +192,7 @@ def summary_lines(results: RunResults) -> list[Line]:
     lines = model_lines(results)
     for record in results.perf:
         lines += perf_lines(record)
-    lines += [quality_line(record) for record in results.quality]
+    lines += [quality_line(group) for group in quality_groups(results.quality)]
     for record in results.golden:
         lines += golden_lines(record)
     lines += [batch_invariance_line(record) for record in results.batch_invariance]
@@ -131,10 +215,6 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
         "| " + " | ".join(row) + " |" for row in rows]
 
 
-def _figures(summary: dict, keys: tuple[str, ...], digits: int) -> list[str]:
-    return [f"{summary[k]:.{digits}g}" if k in summary else "–" for k in keys]
-
-
 def summary_markdown(results: RunResults) -> str:
     lines = ["## pytest-infergate", ""]
     for gate, c in results.gate_counts().items():
@@ -144,12 +224,17 @@ def summary_markdown(results: RunResults) -> str:
         lines.append(f"- ⚠ {warning}")
     if results.perf:
         keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
-        lines += _markdown_table(["test", "precision", "verdict", "TTFT p50 ms", "TPOT p50 ms", "tok/s", "peak MiB"],
-                                 [[f"`{r.test}`", r.precision, r.status.value, *_figures(r.summary, keys, 4)]
-                                  for r in results.perf])
+        lines += _markdown_table(["test", "precision", "verdict", "TTFT p50", "TPOT p50", "throughput", "peak memory"],
+                                 [[f"`{r.test}`", r.precision, _why_markdown(r),
+                                   *[units.figure(r.summary, k) for k in keys]] for r in results.perf])
     if results.quality:
-        lines += _markdown_table(["precision", "vs", "verdict", "ROUGE-L", "exact match", "mean KL", "top-1",
-                                  "task ratio"],
-                                 [[r.precision, r.reference_precision, r.status.value,
-                                   *_figures(r.summary, QUALITY_KEYS, 3)] for r in results.quality])
+        lines += _markdown_table(["precision", "vs", "verdict", *(QUALITY_NAMES[k] for k in QUALITY_KEYS)],
+                                 [[g.precision, g.reference, g.status.value,
+                                   *[units.figure(g.comparisons[0].summary, k) for k in QUALITY_KEYS]]
+                                  for g in quality_groups(results.quality)])
     return "\n".join(lines) + "\n"
+
+
+def _why_markdown(record: PerfRecord) -> str:
+    reasons = [r for r in verdict_reasons(record) if record.status != Status.PASS or "vs baseline" in r]
+    return record.status.value + ("<br>" + "<br>".join(r.replace("|", "\\|") for r in reasons) if reasons else "")

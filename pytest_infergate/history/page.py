@@ -1,0 +1,93 @@
+"""The history page (one self-contained HTML file, the report's style) and the text table of what changed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from markupsafe import Markup
+
+from pytest_infergate.history import changepoint
+from pytest_infergate.history.chart import trend_chart
+from pytest_infergate.history.series import Finding, History, findings
+from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.report.context import split_test_id
+from pytest_infergate.results import units
+
+
+def describe(f: Finding) -> str:
+    """`regressed at run #7 (commit 1a2b3c4): +15.1% (95% CI +12.0% to +18.3%)`, or a creep's drift per run."""
+    where = f"run #{f.run.index}" + (f" (commit {f.run.commit})" if f.run.commit else f" ({f.run.when})")
+    if f.kind == "step":
+        verb = "regressed" if f.worse else "improved"
+        return (f"{verb} at {where}: {units.change(f.change)} (95% CI {units.change(f.low)} to "
+                f"{units.change(f.high)})")
+    verb = "creeping worse" if f.worse else "creeping better"
+    gates = ", every gate passed" if f.passed else ""
+    return (f"{verb} since {where}: {units.change(f.change)} over the window, {units.change(f.per_run)} per run "
+            f"(Mann-Kendall p = {units.number(f.p_value, 2)}{gates})")
+
+
+def text_table(history: History) -> str:
+    """What `infergate history` prints: one line per change point or creep, worst news first."""
+    found = sorted(findings(history), key=lambda f: (not f.worse, f.run.index))
+    lines = [f"{len(history.runs)} runs, {len(history.series)} series (test × metric)"]
+    lines += [f"  skipped {s}" for s in history.skipped]
+    if not found:
+        lines.append("no change points and no creep")
+    for f in found:
+        lines.append(f"{f.series.test} {f.series.metric}: {describe(f)}")
+    for run, text in environment_changes(history):
+        lines.append(f"environment changed at run #{run}: {text}")
+    return "\n".join(lines)
+
+
+def environment_changes(history: History) -> list[tuple[int, str]]:
+    seen: dict[tuple[int, str], None] = {}
+    for s in history.series:
+        for segment in s.segments[1:]:
+            seen.setdefault((segment.points[0].run, segment.change_from_previous), None)
+    return sorted(seen)
+
+
+def _chart(history: History, s) -> Markup:
+    return Markup(trend_chart(history, s, METRICS[s.metric][0]))
+
+
+def build_context(history: History, report_href: str | None = None) -> dict:
+    found = findings(history)
+    changed = {(f.series.test, f.series.metric) for f in found}
+    by_file: dict[str, dict[str, list]] = {}
+    for s in history.series:
+        file, label = split_test_id(s.test)
+        by_file.setdefault(file, {}).setdefault(label, []).append(s)
+    runs = history.runs
+
+    def when(ts: float) -> str:
+        return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "?"
+
+    return {
+        "runs": runs, "first": when(runs[0].started) if runs else "?", "last": when(runs[-1].started) if runs else "?",
+        "findings": [{"test": f.series.test, "label": split_test_id(f.series.test)[1] or f.series.test,
+                      "metric": f.series.metric, "kind": f.kind, "worse": f.worse, "text": describe(f),
+                      "run": f.run} for f in sorted(found, key=lambda f: (not f.worse, f.run.index))],
+        "changed_charts": [_chart(history, s) for s in history.series if (s.test, s.metric) in changed],
+        "files": [{"file": file, "tests": [{"label": label, "charts": [_chart(history, s) for s in series]}
+                                           for label, series in tests.items()]} for file, tests in by_file.items()],
+        "environment_changes": environment_changes(history), "skipped": history.skipped,
+        "report_href": report_href, "series_count": len(history.series),
+        "method": {"alpha": changepoint.ALPHA, "min_change": units.percent(changepoint.MIN_CHANGE),
+                   "window": history.creep_window, "min_creep": units.percent(changepoint.MIN_CREEP)},
+    }
+
+
+def render_history(history: History, report_href: str | None = None) -> str:
+    from pytest_infergate.report import template_environment
+
+    return template_environment().get_template("history.html").render(**build_context(history, report_href))
+
+
+def write_history(history: History, path: Path, report_href: str | None = None) -> None:
+    from pytest_infergate.atomic import write_text_atomic
+
+    write_text_atomic(Path(path), render_history(history, report_href))

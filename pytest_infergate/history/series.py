@@ -1,0 +1,190 @@
+"""A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
+the environment changed, with its change points and any creep."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from pytest_infergate.history import changepoint
+from pytest_infergate.perf.baseline import COMPARED_FIELDS
+from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.summary import metric_status, verdict_reasons
+from pytest_infergate.stats import percentile
+
+DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "tokens_per_s", "peak_mem_mb")
+
+
+@dataclass
+class RunInfo:
+    index: int  # 1-based position in the history, as people count runs
+    run_id: str
+    commit: str | None
+    started: float
+    gates_passed: bool  # every gate of the run passed
+
+    @property
+    def when(self) -> str:
+        return dt.datetime.fromtimestamp(self.started).strftime("%Y-%m-%d %H:%M") if self.started else "?"
+
+    @property
+    def label(self) -> str:
+        return f"run #{self.index}" + (f" (commit {self.commit})" if self.commit else f" ({self.when})")
+
+
+@dataclass
+class Point:
+    run: int  # RunInfo.index
+    value: float  # median of the run's samples
+    low: float  # interquartile range of the run's samples
+    high: float
+    samples: list[float]
+    status: str | None  # this metric's gate verdict in that run; None when no gate checked it
+    why: str  # what the gate said
+    environment: dict  # what the value depends on besides the code
+
+
+@dataclass
+class Segment:
+    """Consecutive points measured in one environment; change points and creep are searched within it."""
+
+    points: list[Point]
+    change_points: list[changepoint.ChangePoint] = field(default_factory=list)
+    creep: changepoint.Creep | None = None
+    change_from_previous: str = ""  # what differs from the previous segment's environment
+
+
+@dataclass
+class Series:
+    test: str
+    metric: str
+    segments: list[Segment]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric][1]
+
+    @property
+    def points(self) -> list[Point]:
+        return [p for s in self.segments for p in s.points]
+
+    def is_worse(self, change: float) -> bool:
+        return change < 0 if self.higher_is_better else change > 0
+
+
+@dataclass
+class History:
+    runs: list[RunInfo]
+    series: list[Series]
+    skipped: list[str] = field(default_factory=list)
+    creep_window: int = changepoint.CREEP_WINDOW
+
+    def run(self, index: int) -> RunInfo:
+        return self.runs[index - 1]
+
+
+def _environment(record: PerfRecord, run: RunResults) -> dict:
+    fingerprint = {k: v for k, v in record.fingerprint.items() if k in COMPARED_FIELDS}
+    return fingerprint or {"run environment": run.fingerprint}
+
+
+def _describe_change(old: dict, new: dict) -> str:
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            a, b = old.get(key, "–"), new.get(key, "–")
+            changed.append(f"{key} changed" if isinstance(a, dict) or isinstance(b, dict) else f"{key} {a} → {b}")
+    return "; ".join(changed) or "environment changed"
+
+
+def _key(environment: dict) -> str:
+    return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str) -> Point | None:
+    samples = [v for v in record.measurement.samples.get(metric) or [] if isinstance(v, (int, float)) and v > 0]
+    if not samples:
+        return None
+    status = metric_status(record, metric)
+    why = "; ".join(reason for reason in verdict_reasons(record) if reason.startswith(metric))
+    return Point(run_index, percentile(samples, 50), percentile(samples, 25), percentile(samples, 75), samples,
+                 status.value if status else None, why, _environment(record, run))
+
+
+def _segments(points: list[Point]) -> list[Segment]:
+    segments: list[Segment] = []
+    for point in points:
+        if segments and _key(segments[-1].points[-1].environment) == _key(point.environment):
+            segments[-1].points.append(point)
+        else:
+            change = _describe_change(segments[-1].points[-1].environment, point.environment) if segments else ""
+            segments.append(Segment([point], change_from_previous=change))
+    return segments
+
+
+def analyze(segment: Segment, creep_window: int = changepoint.CREEP_WINDOW) -> None:
+    runs = [p.samples for p in segment.points]
+    segment.change_points = changepoint.change_points(runs)
+    start = segment.change_points[-1].index if segment.change_points else 0
+    segment.creep = changepoint.creep(runs, start, creep_window)
+
+
+def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_METRICS,
+                  creep_window: int = changepoint.CREEP_WINDOW, skipped: list[str] = ()) -> History:
+    infos = [RunInfo(i, run.run_id or f"run-{i}", run.commit, run.started,
+                     all(r.status.value == "pass" for r in run.records)) for i, run in enumerate(runs, start=1)]
+    points: dict[tuple[str, str], list[Point]] = {}
+    for info, run in zip(infos, runs):
+        seen = set()
+        for record in run.perf:
+            if record.test in seen:  # one measurement key per run
+                continue
+            seen.add(record.test)
+            for metric in metrics:
+                point = _point(info.index, run, record, metric)
+                if point:
+                    points.setdefault((record.test, metric), []).append(point)
+    series = []
+    for (test, metric), found in sorted(points.items(), key=lambda kv: (kv[0][0], metrics.index(kv[0][1]))):
+        s = Series(test, metric, _segments(found))
+        for segment in s.segments:
+            analyze(segment, creep_window)
+        series.append(s)
+    return History(infos, series, list(skipped), creep_window)
+
+
+@dataclass
+class Finding:
+    """One row of the history's table of changes."""
+
+    series: Series
+    run: RunInfo  # where the change starts (a step) or the window starts (a creep)
+    kind: str  # "step" or "creep"
+    change: float
+    low: float | None = None
+    high: float | None = None
+    per_run: float | None = None
+    p_value: float = 1.0
+    passed: bool = True  # a creep: every gate on this metric passed in the window
+
+    @property
+    def worse(self) -> bool:
+        return self.series.is_worse(self.change)
+
+
+def findings(history: History) -> list[Finding]:
+    out = []
+    for s in history.series:
+        for segment in s.segments:
+            for cp in segment.change_points:
+                out.append(Finding(s, history.run(segment.points[cp.index].run), "step", cp.change, cp.low, cp.high,
+                                   p_value=cp.p_value))
+            c = segment.creep
+            if c:
+                window = segment.points[c.start:]
+                out.append(Finding(s, history.run(window[0].run), "creep", c.drift, per_run=c.slope,
+                                   p_value=c.p_value, passed=all(p.status in (None, "pass") for p in window)))
+    return sorted(out, key=lambda f: (f.run.index, f.series.test, f.series.metric))

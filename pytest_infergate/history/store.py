@@ -1,0 +1,67 @@
+"""A history folder: one results file per run (`<run id>.json`, the run id starting with its UTC time, so names
+sort by time), written atomically, the oldest removed beyond a retention count. Any folder of results files
+(`--infergate-json` outputs collected by CI) can be read as a history too."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pytest_infergate.atomic import write_json_atomic
+from pytest_infergate.errors import InfergateError
+from pytest_infergate.results.records import RunResults
+
+RUN_FILE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}\.json$")  # what append_run writes, and the only files it prunes
+DEFAULT_KEEP = 100
+
+
+def append_run(folder: Path, results: RunResults, keep: int = DEFAULT_KEEP) -> Path:
+    """Write this run into `folder` and remove the oldest runs beyond `keep`. The copy leaves out each
+    measurement's per-step engine timeline (the bulk of a results file, never drawn in a history)."""
+    data = results.to_dict()
+    for record in data["records"]:
+        if record.get("kind") == "perf":
+            record["measurement"]["steps"] = []
+    path = Path(folder) / f"{data['run_id']}.json"
+    write_json_atomic(path, data)
+    prune(folder, keep)
+    return path
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Remove the oldest run files beyond `keep`; other files in the folder are not touched."""
+    runs = sorted(p for p in Path(folder).iterdir() if RUN_FILE.match(p.name))
+    removed = runs[:max(0, len(runs) - keep)]
+    for path in removed:
+        path.unlink(missing_ok=True)  # a concurrent run may have pruned it already
+    return removed
+
+
+def load_runs(sources: list[str | Path]) -> tuple[list[RunResults], list[str]]:
+    """The runs of the results files and folders given, oldest first, each once; and what was skipped and why
+    (in a folder, JSON files that are not results files, e.g. a baseline kept beside them)."""
+    runs: dict[str, RunResults] = {}
+    skipped = []
+    for source in map(Path, sources):
+        if source.is_dir():
+            files = sorted(source.glob("*.json"))
+            if not files:
+                raise InfergateError(f"{source} holds no *.json results files; give files written by pytest "
+                                     "--infergate-json or a folder written by --infergate-history")
+        elif source.exists():
+            files = [source]
+        else:
+            raise InfergateError(f"{source} does not exist: give results files (pytest --infergate-json) or a "
+                                 "history folder (pytest --infergate-history)")
+        for path in files:
+            try:
+                run = RunResults.from_dict(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+            except (OSError, ValueError, InfergateError) as exc:
+                if not source.is_dir():
+                    raise InfergateError(str(exc) if isinstance(exc, InfergateError) else
+                                         f"{path} is not a JSON results file ({exc})") from None
+                skipped.append(f"{path.name}: {exc}")
+                continue
+            runs.setdefault(run.run_id or f"{path.name}@{run.started}", run)
+    return sorted(runs.values(), key=lambda r: (r.started, r.run_id)), skipped

@@ -1,0 +1,147 @@
+"""What the report template shows, built from a run's results: perf rows grouped by test file, one quality
+section per (precision, reference precision), the charts, the diagnosis notes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from markupsafe import Markup, escape
+
+from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.quality.metrics import SampleQuality
+from pytest_infergate.report.diagnosis import diagnose
+from pytest_infergate.results import units
+from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.summary import budget_metric, quality_groups, verdict_reasons
+from pytest_infergate.status import Status
+
+# the perf table's figure columns: (summary key, header)
+PERF_COLUMNS = (("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p95", "TTFT p95"), ("tpot_ms_p50", "TPOT p50"),
+                ("tokens_per_s", "throughput"), ("peak_mem_mb", "peak memory"))
+# shown in a row's details instead of a column of their own
+DETAIL_KEYS = ("ttft_ms_p99", "tpot_ms_p95", "e2e_ms_p50", "e2e_ms_p99", "requests_per_s", "queue_ms_p50")
+
+
+def split_test_id(test: str) -> tuple[str, str]:
+    """(file, the rest): `suites/test_kv.py::test_gain[fp32]::long` -> `suites/test_kv.py`, `test_gain[fp32]::long`."""
+    file, sep, rest = test.partition("::")
+    return (file, rest) if sep else ("", test)
+
+
+def column(key: str, pct: int | None = None) -> str:
+    """The summary key (table column) a budget key or a verdict speaks about: `ttft_ms` -> `ttft_ms_p50`."""
+    metric = budget_metric(key)
+    if metric not in METRICS or not METRICS[metric][2]:
+        return metric
+    return key if metric != key else f"{metric}_p{pct or 50}"
+
+
+def _budget_text(record: PerfRecord) -> dict[str, str]:
+    out = {}
+    for key, value in record.budget.items():
+        if value is not None and key != "max_regression" and budget_metric(key) in METRICS:
+            bound = "≥" if METRICS[budget_metric(key)][1] else "≤"
+            out[column(key)] = f"{bound} {units.metric_value(key, value)}"
+    return out
+
+
+def _cell_status(record: PerfRecord) -> dict[str, str]:
+    """Each figure column the gates checked: its worst verdict (a broken budget is a fail)."""
+    found: dict[str, list[Status]] = {}
+    for v in record.violations:
+        found.setdefault(column(v.key), []).append(Status.FAIL)
+    for v in record.verdicts:
+        found.setdefault(column(v.metric, v.percentile), []).append(v.status)
+    return {key: Status.worst(statuses).value for key, statuses in found.items()}
+
+
+def _perf_row(r: PerfRecord) -> dict:
+    engine = r.measurement.engine
+    file, label = split_test_id(r.test)
+    return {"test": r.test, "file": file, "label": label, "precision": r.precision, "endpoint": r.is_endpoint,
+            # an endpoint run's "batching" is its load pattern; its cache is the server's business
+            "batching": engine_pattern(r), "cache": "server" if r.is_endpoint else r.engine_config.get("cache_mode"),
+            "status": r.status.value, "reasons": verdict_reasons(r), "errors": engine.get("errors") or {},
+            "slo": engine.get("slo") or {}, "requests": r.measurement.num_requests, "fallback": r.fallback,
+            "s": r.summary, "memory": r.measurement.memory, "notes": r.notes, "budget": _budget_text(r),
+            "cell_status": _cell_status(r), "violated": {column(v.key) for v in r.violations},
+            "met": [f"{key} {text}" for key, text in _budget_text(r).items()
+                    if key not in {column(v.key) for v in r.violations}],
+            "details": [(key, units.figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
+            "record": r}
+
+
+def engine_pattern(r: PerfRecord) -> str | None:
+    return r.engine_config.get("pattern") if r.is_endpoint else r.engine_config.get("batching")
+
+
+def perf_groups(records: list[PerfRecord]) -> list[dict]:
+    """Rows by test file, in the order the files first appear (an endpoint's rows too, precision `endpoint`)."""
+    groups: dict[str, list[dict]] = {}
+    for record in records:
+        row = _perf_row(record)
+        groups.setdefault(row["file"], []).append(row)
+    return [{"file": file, "rows": rows} for file, rows in groups.items()]
+
+
+def _highlight(text: str, at: int | None) -> Markup:
+    if at is None:
+        return escape(text)
+    return escape(text[:at]) + Markup('<mark class="div">') + escape(text[at:]) + Markup("</mark>")
+
+
+def _changed(precision: str, s: SampleQuality) -> dict:
+    return {"precision": precision, "id": s.id, "category": s.category, "rougeL": s.rougeL, "kl": s.mean_kl,
+            "divergence": s.first_divergence, "reference": _highlight(s.reference_text, s.first_divergence_char),
+            "candidate": _highlight(s.candidate_text, s.first_divergence_char)}
+
+
+def _changed_samples(results: RunResults, groups) -> list[dict]:
+    """Each changed sample once, however many tests ran its comparison."""
+    out = [_changed(f"{g.precision} vs {g.reference}", s) for g in groups if not g.is_self_comparison
+           for q in g.comparisons for s in q.result.samples if not s.exact_match]
+    out += [_changed(g.precision + " vs accepted golden", s) for g in results.golden for s in g.changed]
+    seen, unique = set(), []
+    for sample in out:
+        key = (sample["precision"], sample["id"], str(sample["candidate"]))
+        if key not in seen:
+            seen.add(key)
+            unique.append(sample)
+    return unique
+
+
+def _quality_sections(groups) -> list[dict]:
+    return [{"precision": g.precision, "reference": g.reference, "status": g.status.value,
+             "self": g.is_self_comparison,
+             "tests": [{"test": r.test, "label": split_test_id(r.test)[1], "status": r.status.value,
+                        "problems": r.problems, "policy": r.policy}
+                       for r in g.records],
+             "comparisons": [r.to_dict() for r in g.comparisons]} for g in groups]
+
+
+def build_context(results: RunResults, commit: str | None = None, history=None,
+                  history_href: str | None = None) -> dict:
+    from pytest_infergate.report.figures import figures
+
+    env = results.environment
+    reference = env.get("reference_precision", "fp32")
+    groups = quality_groups(results.quality)
+    methods = [r.measurement.memory.get("method") for r in results.perf if r.measurement.memory.get("method")]
+    outcomes = results.outcomes
+    started = results.started
+    return {
+        "started": dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else "?",
+        "commit": commit or results.commit, "run_id": results.run_id, "environment": env, "models": results.models,
+        "perf_groups": perf_groups(results.perf), "perf_columns": PERF_COLUMNS,
+        "memory_method": methods[0] if methods else "",
+        "quality": _quality_sections(groups), "golden": [r.to_dict() for r in results.golden],
+        "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
+        "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
+        "notes": diagnose(results, reference, history), "counts": results.gate_counts(),
+        "warnings": results.warnings, "history_href": history_href,
+        "history_runs": len(history.runs) if history is not None else 0,
+        "tests": {"passed": sum(1 for o in outcomes.values() if o == "passed"),
+                  "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),
+                  "skipped": sum(1 for o in outcomes.values() if o == "skipped")},
+        "reference": reference,
+    }
