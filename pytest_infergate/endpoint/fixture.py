@@ -9,7 +9,13 @@ from pytest_infergate.endpoint.load import LoadPattern, Slo, sweep_patterns
 from pytest_infergate.endpoint.pair import REFERENCE_ENDPOINT
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.fixture import DEFAULT_AB_REGRESSION, _finish, _warn_about, budget_for, gate_measurement
+from pytest_infergate.perf.fixture import (
+    DEFAULT_AB_REGRESSION,
+    budget_for,
+    gate_measurement,
+    record_outcome,
+    warn_about_outcome,
+)
 from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
@@ -156,8 +162,8 @@ class EndpointPerfBench:
                                  "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
         record.notes = [f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
                         f"{rounds} rounds ({pattern.describe()})"]
-        _warn_about(self.ctx, key, outcome)
-        _finish(self.ctx, record, outcome)
+        warn_about_outcome(self.ctx, key, outcome)
+        record_outcome(self.ctx, record, outcome)
         if outcome.failed:
             self.ctx.fail(f"infergate A/B gate failed for {key} (endpoint vs reference endpoint):\n  "
                           + "\n  ".join(v.describe() for v in outcome.verdicts))

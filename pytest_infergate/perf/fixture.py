@@ -42,13 +42,15 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
                             baseline_given=ctx.baseline is not None)
     if unmeasured:
         outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
-    _warn_about(ctx, key, outcome)
+    warn_about_outcome(ctx, key, outcome)
     record.budget = {limit.key: limit.value for limit in budget.limits} | {"max_regression": budget.max_regression}
-    _finish(ctx, record, outcome)
+    record_outcome(ctx, record, outcome)
     return outcome
 
 
-def _warn_about(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
+def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
+    """Warn (not fail) about the checks of `outcome` that did not run as asked: a baseline from another
+    environment, a relative check that could not run, a verdict still inconclusive after re-measuring."""
     if outcome.fingerprint_mismatch and not ctx.options.strict:
         ctx.warn(f"{key}: baseline from another environment, relative check skipped: "
                  + "; ".join(outcome.fingerprint_mismatch))
@@ -59,7 +61,9 @@ def _warn_about(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
                  f"{outcome.message()}")
 
 
-def _finish(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
+def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
+    """Copy the gate's decision into `record`, attach the record to the test and its key figures as JUnit
+    properties. Failing the test is the caller's: its message names what was measured."""
     record.status = outcome.status
     record.violations, record.verdicts = outcome.violations, outcome.verdicts
     record.notes = record.notes + outcome.notes
@@ -150,8 +154,8 @@ class PerfBench:
         record.budget = {"max_regression": budget.max_regression}
         record.baseline_summary = a.summary()
         record.notes = [f"interleaved A/B against {other_precision}, {rounds} rounds"]
-        _warn_about(self.ctx, key, outcome)
-        _finish(self.ctx, record, outcome)
+        warn_about_outcome(self.ctx, key, outcome)
+        record_outcome(self.ctx, record, outcome)
         if outcome.failed:
             self.ctx.fail(f"infergate A/B gate failed for {key} ({self.precision} vs {other_precision}):\n  "
                           + "\n  ".join(v.describe() for v in outcome.verdicts))
