@@ -81,12 +81,16 @@ def infergate_endpoint(request: pytest.FixtureRequest):
 @pytest.fixture
 def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
-    warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are not
-    counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
-    Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
-    re-measured when inconclusive). Every violated metric is listed in the failure. `infergate_bench.ab(...)` runs
-    an interleaved A/B against the reference precision or --infergate-compare-model. With --infergate-endpoint the
-    same call measures the server instead (see `infergate_endpoint`)."""
+    warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are
+    not counted. `requests` may hold multi-turn `Session`s (`workloads.from_file`, `workload_files.Session`): each
+    turn is sent once the one before it is answered, with the conversation so far, so that
+    `EngineConfig(prefix_caching=True)` is measured on real conversation reuse (`prefix_cache_hit_rate`, and
+    `perf.sessions.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
+    `infergate_budgets`) is checked against the returned Measurement; with --infergate-baseline the run is
+    compared with the accepted one (bootstrap CI of the ratio, re-measured when inconclusive). Every violated
+    metric is listed in the failure. `infergate_bench.ab(...)` runs an interleaved A/B against the reference
+    precision or --infergate-compare-model. With --infergate-endpoint the same call measures the server instead
+    (see `infergate_endpoint`)."""
     if infergate_precision == ENDPOINT_PRECISION:
         yield _endpoint_bench(request)
         return

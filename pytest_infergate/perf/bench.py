@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.engine.request import Result
 from pytest_infergate.memory import PeakMemory
 from pytest_infergate.perf import calibration
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
+from pytest_infergate.perf.sessions import (
+    PREFIX_CACHE_KEY,
+    PrefixCacheUse,
+    count_sessions,
+    first_turn,
+    fresh_items,
+    planned_requests,
+    run_items,
+)
+from pytest_infergate.workload_files import Session
 
 MIB = 1024 * 1024
 
 
-def fresh_copies(requests: list[Request]) -> list[Request]:
-    """Requests carry ids; a repetition needs new ones."""
-    return [replace(r, request_id=None, metadata=dict(r.metadata)) for r in requests]
+def fresh_copies(requests: list[Request], run: int = 0) -> list[Request]:
+    """Requests and sessions carry ids; a repetition needs new ones (`run` names a repetition's sessions)."""
+    return fresh_items(requests, run)
 
 
-def warmup_requests(requests: list[Request], count: int) -> list[Request]:
-    warm = [replace(r, request_id=None, max_new_tokens=min(r.max_new_tokens, 8), arrival_s=0.0,
-                    metadata={"warmup": True}) for r in requests[:count]]
+def warmup_requests(requests: list[Request | Session], count: int) -> list[Request]:
+    """Shortened copies of the first `count` items (a session's first turn), run before a repetition."""
+    warm = [replace(first_turn(r), request_id=None, max_new_tokens=min(first_turn(r).max_new_tokens, 8),
+                    arrival_s=0.0, metadata={"warmup": True}) for r in requests[:count]]
     return warm
 
 
@@ -36,6 +49,7 @@ class Bench:
         self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
         self._engines: dict[str, Engine] = {}
         self._sampler: calibration.Sampler | None = None
+        self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
 
     def engine(self, config: EngineConfig) -> Engine:
         key = repr(config)
@@ -63,10 +77,11 @@ class Bench:
                 return None
         return self._sampler
 
-    def run_once(self, requests: list[Request], config: EngineConfig, warmup: int,
-                 into: Measurement, probe: bool | None = None) -> None:
+    def run_once(self, requests: list[Request | Session], config: EngineConfig, warmup: int,
+                 into: Measurement, probe: bool | None = None) -> list[Result]:
         """One repetition: warm-up requests (not counted), then the workload, appended to `into`; with `probe`
-        (default: `self.calibrate`) the calibration probe runs right before, during and right after the workload."""
+        (default: `self.calibrate`) the calibration probe runs right before, during and right after the workload.
+        Multi-turn `Session`s in the workload run turn by turn (perf/sessions.py). Returns the workload's results."""
         probe = self.calibrate if probe is None else probe
         sampler = self.sampler() if probe else None
         engine = self.engine(config)
@@ -75,11 +90,11 @@ class Bench:
         engine.steps.clear()
         engine.peak_kv_blocks = 0
         engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
-        workload = fresh_copies(requests)
+        workload = fresh_copies(requests, next(self._runs))
         first = sampler.probe_now() if sampler is not None else None
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
-            results = engine.generate(workload)
+            results = run_items(engine, workload)
             wall = time.perf_counter() - start
         if probe:  # the machine's speed over this repetition: the probes from right before to right after it
             last = sampler.probe_now() if first is not None else None
@@ -90,8 +105,9 @@ class Bench:
                 into.probe, into.probe_s = "", []
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
-        into.num_requests += len(results)
-        into.num_failed += len(results) - len(ok)
+        planned = planned_requests(workload)  # a session's turns after a failed one never ran: failed too
+        into.num_requests += planned
+        into.num_failed += planned - len(ok)
         for r in ok:
             t = r.timings
             add_request_latencies(samples, t.ttft_s, t.tpot_s, t.itl_s, t.e2e_s, t.queue_wait_s or 0.0)
@@ -111,8 +127,13 @@ class Bench:
                        "process_peak_mb": peak.result.peak_bytes / MIB, "method": peak.result.method}
         into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
+        reuse = PrefixCacheUse.of([r for r in results if not r.is_warmup], count_sessions(workload))
+        into.engine[PREFIX_CACHE_KEY] = reuse.to_dict()
+        if engine.config.prefix_caching:
+            samples.setdefault("prefix_cache_hit_rate", []).append(reuse.hit_rate)
         into.steps = [s.to_dict() for s in engine.steps]
         into.end_repetition()
+        return results
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:
