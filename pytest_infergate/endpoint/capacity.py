@@ -104,6 +104,12 @@ class CapacityPoint:
     latency_ms: dict[str, float] = field(default_factory=dict)  # ttft_ms_p50, ..., e2e_ms_p999
     server: dict[str, float] = field(default_factory=dict)  # server /metrics figures of the point
 
+    @classmethod
+    def from_dict(cls, data: dict) -> CapacityPoint:
+        point = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        point.ci = tuple(point.ci)
+        return point
+
 
 @dataclass
 class CapacityResult:
@@ -141,6 +147,16 @@ class CapacityResult:
         return {"spec": spec, "points": [asdict(p) for p in self.points], "capacity": self.capacity,
                 "capacity_rps": self.capacity_rps, "bracket": list(self.bracket), "reason": self.reason,
                 "elapsed_s": self.elapsed_s, "description": self.describe()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CapacityResult:
+        """Read back what `to_dict` wrote (a Measurement's `engine["capacity"]`); the requests are not kept."""
+        spec = dict(data["spec"])
+        spec["slo"] = Slo(**spec["slo"])
+        spec["bounds"] = tuple(spec["bounds"])
+        return cls(CapacitySpec(**spec), [CapacityPoint.from_dict(p) for p in data.get("points", [])],
+                   data.get("capacity"), data.get("capacity_rps"), tuple(data.get("bracket") or (None, None)),
+                   data.get("reason", ""), float(data.get("elapsed_s", 0.0)))
 
 
 def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:

@@ -119,6 +119,13 @@ class ServerMetrics:
                    deltas={name: value for name, value in deltas.items() if value is not None})
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict) -> ServerMetrics:
+        """Read back what `to_dict` wrote (its derived figures are computed again from before / after)."""
+        return cls(str(data.get("url", "")), str(data.get("server") or ""), dict(data.get("before") or {}),
+                   dict(data.get("after") or {}), [list(point) for point in data.get("timeline") or []],
+                   dict(data.get("names") or {}), list(data.get("notes") or []))
+
 
 class MetricsScraper:
     """Scrapes `url` when entered, every `interval_s` while the run goes on, and when left; use around a run with

@@ -187,3 +187,58 @@ def timeline(title: str, steps: list[dict]) -> str:
     legend = [("decode", PALETTE[0]), ("prefill", PALETTE[2]), ("padding", PALETTE[1]),
               ("batch", PALETTE[3]), (f"KV blk ≤{kv_max}", PALETTE[4])]
     return frame(title, "".join(body), legend)
+
+
+def marked_xy_chart(title: str, series: dict[str, list[tuple[float, float]]], unit: str, x_unit: str, *,
+                    guides: tuple[tuple[float, str], ...] = (), mark: tuple[float, str] | None = None,
+                    band: tuple[float, float] | None = None) -> str:
+    """Lines over a numeric x axis (round ticks, not one per point) with horizontal `guides` (an SLO: value,
+    label), a vertical `mark` (the capacity: x, label) and a shaded x `band` (where the knee lies)."""
+    values = [y for points in series.values() for _, y in points] + [value for value, _ in guides]
+    xs = [x for points in series.values() for x, _ in points]
+    if not xs or not values:
+        return ""
+    divisor, unit = scaled(values, unit)
+    axis, _, ymax = _axis(max(values) / divisor * 1.05, unit)
+    x_ticks = units.nice_ticks(0.0, max(xs))
+    xmax = x_ticks[-1] or 1.0
+    plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_B - PAD_T
+
+    def px(x: float) -> float:
+        return PAD_L + plot_w * x / xmax
+
+    def py(y: float) -> float:
+        return H - PAD_B - plot_h * y / divisor / ymax
+
+    body = [axis]
+    if band is not None:
+        body.append(f'<rect x="{px(band[0]):.1f}" y="{PAD_T}" width="{max(1.0, px(band[1]) - px(band[0])):.1f}" '
+                    f'height="{plot_h}" fill="#fff8c5"><title>the knee lies in here</title></rect>')
+    for tick, label in zip(x_ticks, units.tick_labels(x_ticks)):
+        body.append(f'<text x="{px(tick):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tk">{label}</text>')
+    body.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 28}" text-anchor="end" class="tk">{escape(x_unit)}</text>')
+    for value, label in guides:
+        y = py(value)
+        body.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="{PALETTE[1]}" '
+                    f'stroke-dasharray="6 3"/><text x="{W - PAD_R - 2}" y="{y - 3:.1f}" text-anchor="end" '
+                    f'class="tk">{escape(label)}</text>')
+    if mark is not None:
+        x = px(mark[0])
+        body.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" stroke="{PALETTE[3]}" '
+                    f'stroke-width="2"><title>{escape(mark[1])}</title></line>'
+                    + (f'<text x="{x + 4:.1f}" y="{PAD_T + 10}" class="tk">' if x < W / 2 else
+                       f'<text x="{x - 4:.1f}" y="{PAD_T + 10}" text-anchor="end" class="tk">')
+                    + f'{escape(mark[1])}</text>')
+    for si, (name, points) in enumerate(series.items()):
+        color = PALETTE[(si + 4) % len(PALETTE)] if len(series) > 1 else PALETTE[0]
+        points = sorted(points)
+        coords = [(px(x), py(y)) for x, y in points]
+        if len(coords) > 1:
+            body.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                        + " ".join(f"{x:.1f},{y:.1f}" for x, y in coords) + '"/>')
+        body += [f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{color}"><title>{escape(name)} at '
+                 f'{units.number(x)} {escape(x_unit)}: {escape(value_text(y / divisor, unit))}</title></circle>'
+                 for (cx, cy), (x, y) in zip(coords, points)]
+    legend = [(name, PALETTE[(i + 4) % len(PALETTE)] if len(series) > 1 else PALETTE[0])
+              for i, name in enumerate(series)]
+    return frame(title, "".join(body), legend)

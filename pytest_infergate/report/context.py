@@ -10,6 +10,16 @@ from markupsafe import Markup, escape
 from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.quality.metrics import SampleQuality
 from pytest_infergate.report.diagnosis import diagnose
+from pytest_infergate.report.golden_sections import batch_invariance_sections, golden_sections
+from pytest_infergate.report.serving import (
+    AB_COLUMNS,
+    SERVER_COLUMNS,
+    TOKEN_COUNTERS,
+    ab_runs,
+    capacity_sections,
+    prefix_cache_detail,
+    server_metric_rows,
+)
 from pytest_infergate.results import units
 from pytest_infergate.results.records import PerfRecord, RunResults
 from pytest_infergate.results.summary import budget_metric, quality_groups, verdict_reasons
@@ -68,6 +78,7 @@ def _perf_row(r: PerfRecord) -> dict:
             "met": [f"{key} {text}" for key, text in _budget_text(r).items()
                     if key not in {column(v.key) for v in r.violations}],
             "details": [(key, units.figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
+            "prefix_cache": prefix_cache_detail(r),
             "record": r}
 
 
@@ -92,7 +103,8 @@ def _highlight(text: str, at: int | None) -> Markup:
 
 def _changed(precision: str, s: SampleQuality) -> dict:
     return {"precision": precision, "id": s.id, "category": s.category, "rougeL": s.rougeL, "kl": s.mean_kl,
-            "divergence": s.first_divergence, "reference": _highlight(s.reference_text, s.first_divergence_char),
+            "divergence": s.first_divergence, "regression": s.regression, "margin": s.divergence_margin,
+            "reference": _highlight(s.reference_text, s.first_divergence_char),
             "candidate": _highlight(s.candidate_text, s.first_divergence_char)}
 
 
@@ -134,8 +146,12 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "commit": commit or results.commit, "run_id": results.run_id, "environment": env, "models": results.models,
         "perf_groups": perf_groups(results.perf), "perf_columns": PERF_COLUMNS,
         "memory_method": methods[0] if methods else "",
-        "quality": _quality_sections(groups), "golden": [r.to_dict() for r in results.golden],
+        "quality": _quality_sections(groups), "golden": golden_sections(results.golden),
+        "batch_invariance": batch_invariance_sections(results.batch_invariance),
         "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
+        "servers": server_metric_rows(results.perf), "server_columns": SERVER_COLUMNS,
+        "token_counters": TOKEN_COUNTERS, "ab_runs": ab_runs(results.perf), "ab_columns": AB_COLUMNS,
+        "capacity": capacity_sections(results.perf),
         "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
         "notes": diagnose(results, reference, history), "counts": results.gate_counts(),
         "warnings": results.warnings, "history_href": history_href,
