@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_infergate.quality.metrics import describe_sample
+from pytest_infergate.results import units
 
 SHOWN = 5  # samples shown per list; the record has all of them
 
@@ -30,8 +31,8 @@ def regression_failure(regression, problems: list[str], path: Path, header: dict
 
 
 def near_tie_list(samples) -> str:
-    return ", ".join(f"{s.id} (token {s.first_divergence}, margin {s.divergence_margin:.3f}, KL {s.mean_kl:.1e})"
-                     for s in samples)
+    return ", ".join(f"{s.id} (token {s.first_divergence}, margin {units.number(s.divergence_margin)} nats, KL "
+                     f"{units.number(s.mean_kl, 2)})" for s in samples)
 
 
 def batch_invariance_failure(result, problems: list[str]) -> str:

@@ -11,6 +11,7 @@ from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, G
 from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
 from pytest_infergate.quality.policy import RegressionPolicy
 from pytest_infergate.quality.scoring import score_rows, teacher_forced, topk_kl
+from pytest_infergate.results import units
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"
@@ -51,11 +52,11 @@ def classify_change(margin: float | None, accepted_kl: float | None, policy: Reg
         return Classification(DRIFT, "one output is a prefix of the other: a length limit or a stop changed")
     if margin > policy.near_tie_margin:
         return Classification(DRIFT, f"margin {margin:.3f} > near_tie_margin {policy.near_tie_margin:g}, "
-                                     f"accepted KL {accepted_kl:.1e}")
+                                     f"accepted KL {units.number(accepted_kl, 2)}")
     if accepted_kl > policy.max_accepted_kl:
-        return Classification(DRIFT, f"margin {margin:.3f}, accepted KL {accepted_kl:.1e} > max_accepted_kl "
-                                     f"{policy.max_accepted_kl:g}")
-    return Classification(NEAR_TIE, f"margin {margin:.3f}, accepted KL {accepted_kl:.1e}")
+        return Classification(DRIFT, f"margin {margin:.3f}, accepted KL {units.number(accepted_kl, 2)} > "
+                                     f"max_accepted_kl {policy.max_accepted_kl:g}")
+    return Classification(NEAR_TIE, f"margin {margin:.3f}, accepted KL {units.number(accepted_kl, 2)}")
 
 
 @dataclass

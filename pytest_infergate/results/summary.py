@@ -171,7 +171,7 @@ def golden_lines(record: GoldenRecord) -> list[Line]:
 
 def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
     result = record.result
-    kls = ", ".join(f"{v.name} KL {v.mean_kl:.1e}" for v in result.variants if v.mean_kl is not None)
+    kls = ", ".join(f"{v.name} KL {units.number(v.mean_kl, 2)}" for v in result.variants if v.mean_kl is not None)
     example = result.example()
     shown = f"; e.g. {example.id} at token {example.token}" if example else ""
     return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}: {len(result.variant_ids)} "
