@@ -26,7 +26,8 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "capacity_concurrency": ("requests", True, False),
     # the server's own /metrics, scraped around each endpoint load run (see endpoint/server_metrics.py)
     "kv_usage": ("fraction", False, False),  # peak KV-cache usage during the run
-    "prefix_cache_hit_rate": ("fraction", True, False),  # prompt tokens served from the prefix cache
+    # prompt tokens served from the prefix cache (also the engine's own, per repetition, with prefix_caching)
+    "prefix_cache_hit_rate": ("fraction", True, False),
     "preemptions": ("count", False, False),  # requests preempted (or retracted) during the run
     "waiting_requests": ("requests", False, False),  # peak queue length during the run
     "running_requests": ("requests", True, False),  # peak batch (requests running at once) during the run
