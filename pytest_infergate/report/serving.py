@@ -15,6 +15,7 @@ from pytest_infergate.perf.sessions import prefix_cache_use
 from pytest_infergate.report import charts
 from pytest_infergate.results import units
 from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.summary import verdict_reasons
 
 # the server figures shown per load run: (budget metric, header); the record's samples hold them (median over
 # repetitions), the last scrape says where they came from
@@ -118,7 +119,7 @@ class AbRun:
     test: str
     status: str
     sides: list[AbSide]
-    verdicts: list[str]
+    verdicts: list[str]  # why, as the perf table's verdict column says it
     notes: list[str]
 
 
@@ -138,7 +139,7 @@ def ab_runs(records: list[PerfRecord]) -> list[AbRun]:
         sides = [AbSide(role, name, url, [units.figure(summary, key) for key, _ in AB_COLUMNS])
                  for role, (name, url), summary in (("A (baseline)", a, record.baseline_summary),
                                                     ("B (candidate)", b, record.summary))]
-        out.append(AbRun(record.test, record.status.value, sides, [v.describe() for v in record.verdicts],
+        out.append(AbRun(record.test, record.status.value, sides, verdict_reasons(record),
                          list(record.notes)))
     return out
 
@@ -181,8 +182,9 @@ def _capacity_charts(test: str, result: CapacityResult) -> list[Markup]:
         band = (low, high)
     name = test.split("::")[-1][:40]
     goodput = charts.marked_xy_chart(
-        f"Goodput vs load: {name}", {"goodput": [(p.load, p.goodput_rps) for p in result.points],
-                                     "throughput": [(p.load, p.throughput_rps) for p in result.points]},
+        # goodput drawn last, on top: below the knee it equals the throughput
+        f"Goodput vs load: {name}", {"throughput": [(p.load, p.throughput_rps) for p in result.points],
+                                     "goodput": [(p.load, p.goodput_rps) for p in result.points]},
         "req/s", x_unit, mark=mark, band=band)
     slo = result.spec.slo
     limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}
