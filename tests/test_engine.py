@@ -37,6 +37,14 @@ def test_greedy_equals_generate(tiny_fp32, tiny_reference, cache_mode, batching)
         engine.check_drained()
 
 
+@pytest.mark.parametrize("decode_group_size", [1, 3, 64])
+def test_decode_groups_of_any_size_are_exact(tiny_fp32, tiny_reference, decode_group_size):
+    """64: every decoding sequence in one attention call per layer (the CUDA default), padded to the longest."""
+    with make_engine(tiny_fp32, decode_group_size=decode_group_size, prefill_chunk_size=8) as engine:
+        assert engine.runner.decode_group_size == decode_group_size
+        assert [r.token_ids for r in engine.generate(requests())] == tiny_reference
+
+
 def test_output_does_not_depend_on_batch_neighbours(tiny_fp32):
     target = Request(messages=messages(PROMPTS[3]), max_new_tokens=MAX_NEW)
     with make_engine(tiny_fp32) as engine:

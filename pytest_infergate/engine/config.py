@@ -25,6 +25,10 @@ class EngineConfig:
     prefix_caching: reuse the KV blocks of prompt prefixes computed before (a shared system prompt, few-shot
         examples, a document asked several questions) instead of computing them again; paged cache with
         continuous or sequential batching. Off by default, so measurements of repeated prompts stay comparable.
+    decode_group_size: decoding sequences attended by one attention call per layer, grouped by context length.
+        Default (None): 8 on the CPU, where decode attention is bound by reading the cache and padding a group to
+        its longest member costs bandwidth; every decoding sequence at once on CUDA, where a small model is bound
+        by kernel launches and one call per layer is what the serving engines do.
     """
 
     cache_mode: str = "paged"
@@ -46,6 +50,7 @@ class EngineConfig:
     schedule_by_tokens: bool = False  # static/dynamic: cap a batch by prompt tokens (max_batched_tokens) too
     prefix_caching: bool = False
     record_steps: bool = True
+    decode_group_size: int | None = None
 
     def __post_init__(self):
         if self.cache_mode not in CACHE_MODES:
@@ -56,7 +61,7 @@ class EngineConfig:
             setattr(self, name, check_int(OptionError, f"EngineConfig.{name}", getattr(self, name), 1,
                                           rule="positive (an int >= 1)"))
         for name in ("kv_budget_bytes", "kv_budget_blocks", "max_model_len", "max_input_tokens",
-                     "max_new_tokens_limit", "max_queue_len", "max_length_spread"):
+                     "max_new_tokens_limit", "max_queue_len", "max_length_spread", "decode_group_size"):
             setattr(self, name, check_int(OptionError, f"EngineConfig.{name}", getattr(self, name), 1, optional=True,
                                           rule="positive (an int >= 1) or None"))
         self.window_ms = check_number(OptionError, "EngineConfig.window_ms", self.window_ms, minimum=0)

@@ -60,7 +60,7 @@ class Engine:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids or {0})
 
         def runner(cache, block_size):
-            return ModelRunner(model, cache, block_size, self.device, pad)
+            return ModelRunner(model, cache, block_size, self.device, pad, self.config.decode_group_size)
 
         self.layers, self.self_check = attach(model, runner, self.dtype)  # the model now runs on our attention
         self.self_check_s = self.self_check.seconds

@@ -12,7 +12,7 @@ from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, 
 from pytest_infergate.engine.request import Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
-DECODE_GROUP_SIZE = 8  # decoding sequences attended together (sorted by context length)
+CPU_DECODE_GROUP_SIZE = 8  # decoding sequences attended together on the CPU (see EngineConfig.decode_group_size)
 
 
 @dataclass
@@ -27,13 +27,16 @@ class ForwardInputs:
 
 
 class ModelRunner:
-    def __init__(self, model, cache, block_size: int, device: torch.device, pad_token_id: int):
+    def __init__(self, model, cache, block_size: int, device: torch.device, pad_token_id: int,
+                 decode_group_size: int | None = None):
         self.model = model
         self.cache = cache  # KVCache, or None (cache_mode 'none'; the shape probe)
         self.block_size = block_size
         self.device = device
         self.pad_token_id = pad_token_id
         self.is_cuda = device.type == "cuda"
+        # None on CUDA: all decoding sequences in one group, one attention call per layer
+        self.decode_group_size = decode_group_size or (None if self.is_cuda else CPU_DECODE_GROUP_SIZE)
 
     def _block_tables(self, seqs: list[Sequence], num_tokens: int) -> torch.Tensor:
         """[len(seqs), blocks covering num_tokens] block ids (short tables padded with block 0)."""
@@ -51,8 +54,9 @@ class ModelRunner:
             inputs.input_ids.append(chunk.seq.all_token_ids[-1])
             inputs.positions.append(chunk.seq.num_computed_tokens)
             inputs.sample_at.append(len(inputs.input_ids) - 1)
-        for first in range(0, len(decodes), DECODE_GROUP_SIZE):
-            seqs = [c.seq for c in decodes[first:first + DECODE_GROUP_SIZE]]
+        size = self.decode_group_size or max(len(decodes), 1)
+        for first in range(0, len(decodes), size):
+            seqs = [c.seq for c in decodes[first:first + size]]
             lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])  # the new token included
             tables = self._block_tables(seqs, int(lengths.max()))
             inputs.slot_parts.append(self._slots(tables, (lengths - 1).unsqueeze(1)).squeeze(1))
