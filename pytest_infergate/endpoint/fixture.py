@@ -12,9 +12,8 @@ from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.fixture import (
     DEFAULT_AB_REGRESSION,
     budget_for,
+    finish_ab,
     gate_measurement,
-    record_outcome,
-    warn_about_outcome,
 )
 from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab
 from pytest_infergate.perf.metrics import Measurement
@@ -155,18 +154,11 @@ class EndpointPerfBench:
                                          "pattern": pattern.describe()})
         record.engine_config["reference_url"] = self.reference.config.base_url
         record.engine_config["reference_served_model"] = self.reference.model
-        record.fingerprint = {}
-        record.budget = {"max_regression": budget.max_regression}
-        record.baseline_summary = a.summary()
         b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
                                  "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
-        record.notes = [f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
-                        f"{rounds} rounds ({pattern.describe()})"]
-        warn_about_outcome(self.ctx, key, outcome)
-        record_outcome(self.ctx, record, outcome)
-        if outcome.failed:
-            self.ctx.fail(f"infergate A/B gate failed for {key} (endpoint vs reference endpoint):\n  "
-                          + "\n  ".join(v.describe() for v in outcome.verdicts))
+        finish_ab(self.ctx, key, record, outcome, budget, "endpoint vs reference endpoint",
+                  f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
+                  f"{rounds} rounds ({pattern.describe()})")
         return a, b
 
     def _record(self, label: str, measurement: Measurement, tags: dict) -> PerfRecord:

@@ -61,6 +61,21 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
                  f"{outcome.message()}")
 
 
+def finish_ab(ctx: TestContext, key: str, record: PerfRecord, outcome: PerfOutcome, budget, against: str,
+              note: str) -> None:
+    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary) and fail the test if the
+    gate failed. `against` names the two sides in the failure message; `note` says what A was."""
+    record.fingerprint = {}
+    record.budget = {"max_regression": budget.max_regression}
+    record.baseline_summary = outcome.baseline.summary()
+    record.notes = [note]
+    warn_about_outcome(ctx, key, outcome)
+    record_outcome(ctx, record, outcome)
+    if outcome.failed:
+        ctx.fail(f"infergate A/B gate failed for {key} ({against}):\n  "
+                 + "\n  ".join(v.describe() for v in outcome.verdicts))
+
+
 def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
     """Copy the gate's decision into `record`, attach the record to the test and its key figures as JUnit
     properties. Failing the test is the caller's: its message names what was measured."""
@@ -150,15 +165,8 @@ class PerfBench:
         a = outcome.baseline
         other_precision = other.record.requested_precision
         record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
-        record.fingerprint = {}
-        record.budget = {"max_regression": budget.max_regression}
-        record.baseline_summary = a.summary()
-        record.notes = [f"interleaved A/B against {other_precision}, {rounds} rounds"]
-        warn_about_outcome(self.ctx, key, outcome)
-        record_outcome(self.ctx, record, outcome)
-        if outcome.failed:
-            self.ctx.fail(f"infergate A/B gate failed for {key} ({self.precision} vs {other_precision}):\n  "
-                          + "\n  ".join(v.describe() for v in outcome.verdicts))
+        finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}",
+                  f"interleaved A/B against {other_precision}, {rounds} rounds")
         return a, b
 
     def close(self) -> None:

@@ -93,19 +93,42 @@ class PerfRecord:
 
 
 @dataclass
-class QualityRecord:
-    """A candidate precision (or endpoint) against the reference precision, decided by a policy."""
+class PolicyGateRecord:
+    """A gate whose `result` (a typed result with `precision`, `to_dict` and `from_dict`) was decided by a quality
+    policy: the thresholds applied and the ones it broke."""
 
-    kind: ClassVar[str] = "quality"
+    kind: ClassVar[str]
+    result_type: ClassVar[type]
     test: str
     status: Status
-    result: QualityResult
+    result: Any
     policy: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
     def precision(self) -> str:
         return self.result.precision
+
+    def result_dict(self) -> dict:
+        return self.result.to_dict()
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
+                "problems": self.problems, **self.result_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return cls(data["test"], Status(data["status"]), cls.result_type.from_dict(data),
+                   dict(data.get("policy", {})), list(data.get("problems", [])))
+
+
+@dataclass
+class QualityRecord(PolicyGateRecord):
+    """A candidate precision (or endpoint) against the reference precision, decided by a policy."""
+
+    kind: ClassVar[str] = "quality"
+    result_type: ClassVar[type] = QualityResult
+    result: QualityResult
 
     @property
     def reference_precision(self) -> str:
@@ -115,17 +138,11 @@ class QualityRecord:
     def summary(self) -> dict[str, Any]:
         return self.result.summary
 
-    def to_dict(self) -> dict:
+    def result_dict(self) -> dict:
         data = self.result.to_dict()
         data["summary"] = _explain_undefined(data["summary"])
         data["categories"] = {name: _explain_undefined(c) for name, c in data["categories"].items()}
-        return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
-                "problems": self.problems, **data}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> QualityRecord:
-        return cls(data["test"], Status(data["status"]), QualityResult.from_dict(data), dict(data.get("policy", {})),
-                   list(data.get("problems", [])))
+        return data
 
 
 @dataclass
@@ -175,28 +192,12 @@ class GoldenRecord:
 
 
 @dataclass
-class BatchInvarianceRecord:
+class BatchInvarianceRecord(PolicyGateRecord):
     """Whether a precision's greedy answers change with the batch they run in (see quality.batch_invariance)."""
 
     kind: ClassVar[str] = "batch_invariance"
-    test: str
-    status: Status
+    result_type: ClassVar[type] = BatchInvariance
     result: BatchInvariance
-    policy: dict[str, float] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def precision(self) -> str:
-        return self.result.precision
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
-                "problems": self.problems, **self.result.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BatchInvarianceRecord:
-        return cls(data["test"], Status(data["status"]), BatchInvariance.from_dict(data), dict(data.get("policy", {})),
-                   list(data.get("problems", [])))
 
 
 def _explain_undefined(summary: dict) -> dict:
