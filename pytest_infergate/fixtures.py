@@ -41,6 +41,15 @@ def infergate_model(request: pytest.FixtureRequest, infergate_precision: str):
 
 
 @pytest.fixture
+def infergate_backend(infergate_model):
+    """What runs the gates' workloads on `infergate_model` (--infergate-backend), a BackendChoice: `.name`
+    ('engine' or 'hf-generate'), `.reason` (why not the engine), `.self_check_s` (the engine's self-check cost),
+    `.build(model, tokenizer, config)` (an Engine or the HF generate backend, the same surface) and
+    `.refusal(what)`: None on the engine, else the reason to skip something only the engine does."""
+    return infergate_model.backend
+
+
+@pytest.fixture
 def infergate_reference_model(request: pytest.FixtureRequest):
     """The model in the reference precision (--infergate-reference-precision), loaded once per session."""
     session = session_of(request.config)
