@@ -146,7 +146,9 @@ def test_make_backend(tiny_fp32, broken):
 
 def test_the_choice_is_made_once_per_model_and_builds_backends_for_any_config(tiny_fp32, broken):
     model, tok = tiny_fp32.model, tiny_fp32.tokenizer
+    threads = torch.get_num_threads()
     engine = choose_backend(model, tok)
+    assert torch.get_num_threads() == threads  # the probe ran on one thread, and gave the others back
     assert (engine.name, engine.reason) == ("engine", "") and engine.self_check_s > 0
     assert model.config._attn_implementation != "infergate_paged"  # the probe's engine was closed
     assert engine.refusal("prefix caching") is None and engine.refusal_for(EngineConfig(prefix_caching=True)) is None
