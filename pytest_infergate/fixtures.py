@@ -89,7 +89,9 @@ def infergate_endpoint(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
-    """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
+    """Measure a workload on the model's backend (the reference engine; HF generate where it refuses the model or
+    with --infergate-backend hf, skipping configs only the engine runs) and gate it: `m = infergate_bench(
+    requests=None, config=None,
     warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are not
     counted. The test's `infergate_budget` marker (and ini `infergate_budgets`) is checked against the returned
     Measurement; with --infergate-baseline the run is compared with the accepted one (bootstrap CI of the ratio,
