@@ -10,6 +10,8 @@ request asked for: up to its own EOS or its own max_new_tokens (a static batch g
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import statistics
 import sys
 import time
@@ -21,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.engine import Engine, EngineConfig, Request  # noqa: E402
 from pytest_infergate.engine.request import render_prompt  # noqa: E402
+from pytest_infergate.environment import cpu_model  # noqa: E402
 from pytest_infergate.models.load import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.workloads import chat_workload, with_poisson_arrivals  # noqa: E402
@@ -109,6 +112,9 @@ def main() -> int:
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
+    # on a shared machine the absolute figures move with what else runs: say how busy it was, before and after
+    print(f"{datetime.date.today()}: {cpu_model()}, {os.cpu_count()} cores, load average (1/5/15 min) "
+          + "/".join(f"{v:.1f}" for v in os.getloadavg()))
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
     tok = loaded.tokenizer
     eos = {tok.eos_token_id, loaded.model.generation_config.eos_token_id} - {None}
@@ -209,6 +215,7 @@ def main() -> int:
     if "hf_generate_batch" in figures:
         print("  (generate_batch shares prefix blocks by default, allow_block_sharing=True: the like-for-like "
               "comparison with it is continuous+prefix)")
+    print("load average at the end (1/5/15 min) " + "/".join(f"{v:.1f}" for v in os.getloadavg()))
     return 0
 
 

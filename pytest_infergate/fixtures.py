@@ -41,6 +41,15 @@ def infergate_model(request: pytest.FixtureRequest, infergate_precision: str):
 
 
 @pytest.fixture
+def infergate_backend(infergate_model):
+    """What runs the gates' workloads on `infergate_model` (--infergate-backend), a BackendChoice: `.name`
+    ('engine' or 'hf-generate'), `.reason` (why not the engine), `.self_check_s` (the engine's self-check cost),
+    `.build(model, tokenizer, config)` (an Engine or the HF generate backend, the same surface) and
+    `.refusal(what)`: None on the engine, else the reason to skip something only the engine does."""
+    return infergate_model.backend
+
+
+@pytest.fixture
 def infergate_reference_model(request: pytest.FixtureRequest):
     """The model in the reference precision (--infergate-reference-precision), loaded once per session."""
     session = session_of(request.config)
@@ -80,12 +89,13 @@ def infergate_endpoint(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
-    """Measure a workload on the reference engine and gate it: `m = infergate_bench(requests=None, config=None,
-    warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run before every repetition and are
-    not counted. `requests` may hold multi-turn `Session`s (`workloads.from_file`, `workload_files.Session`): each
-    turn is sent once the one before it is answered, with the conversation so far, so that
-    `EngineConfig(prefix_caching=True)` is measured on real conversation reuse (`prefix_cache_hit_rate`, and
-    `perf.sessions.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
+    """Measure a workload on the model's backend (the reference engine; HF generate where it refuses the model or
+    with --infergate-backend hf, skipping configs only the engine runs) and gate it: `m = infergate_bench(
+    requests=None, config=None, warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run
+    before every repetition and are not counted. `requests` may hold multi-turn `Session`s (`workloads.from_file`,
+    `workload_files.Session`): each turn is sent once the one before it is answered, with the conversation so far,
+    so that `EngineConfig(prefix_caching=True)` is measured on real conversation reuse (`prefix_cache_hit_rate`,
+    and `perf.sessions.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
     `infergate_budgets`) is checked against the returned Measurement; with --infergate-baseline the run is
     compared with the accepted one (bootstrap CI of the ratio, re-measured when inconclusive). Every violated
     metric is listed in the failure. `infergate_bench.ab(...)` runs an interleaved A/B against the reference

@@ -37,6 +37,7 @@ class OptionSpec:
 
 
 ENDPOINT_APIS = ("chat", "completions")
+BACKENDS = ("auto", "engine", "hf")  # engine.backends.choose_backend's choices
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
@@ -47,6 +48,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("precisions", "str", "comma list of precisions to test, from fp32, fp16, bf16, int8, nf4 "
                "(default: the reference precision, int8, nf4; with --infergate-endpoint: none, only the server, unless "
                "given - then they run beside it)", None, "LIST"),
+    OptionSpec("backend", "str", "what runs the gates' workloads on a local model: auto (the infergate engine; "
+               "transformers' own model.generate where the engine's self-check refuses the model), engine (a refused "
+               "model fails its tests) or hf (model.generate always, e.g. to compare the two) (default auto)",
+               "auto", "BACKEND"),
     OptionSpec("reference_precision", "str", "precision the others are compared with "
                "(default: fp16 with --infergate-gpu, fp32 on the CPU)", None, "PRECISION"),
     OptionSpec("cache_dir", "path", "where converted models and built-in models are kept "
@@ -129,6 +134,7 @@ class Options:
     model: str = "smollm2-135m"
     precisions: tuple[str, ...] = ()
     reference_precision: str = ""
+    backend: str = "auto"
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     fallback: bool = False
     save_baseline: Path | None = None
@@ -170,6 +176,9 @@ class Options:
         if self.reference_endpoint is not None and self.endpoint is None:
             raise OptionError("--infergate-reference-endpoint is the reference of --infergate-endpoint: give the "
                               "candidate server with --infergate-endpoint URL too")
+        if self.backend not in BACKENDS:
+            raise OptionError(f"--infergate-backend / infergate_backend = {self.backend!r} is not a backend: choose "
+                              f"from {', '.join(BACKENDS)} (auto: the engine, HF generate where it refuses the model)")
         if self.golden_max_len < 16:
             raise OptionError(f"--infergate-golden-max-len must be at least 16 tokens, got {self.golden_max_len}")
         if self.history is not None:

@@ -16,6 +16,7 @@ import pytest
 from pytest_infergate.context import ENDPOINT_PRECISION
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.fixtures import (  # noqa: F401
+    infergate_backend,
     infergate_bench,
     infergate_device,
     infergate_endpoint,

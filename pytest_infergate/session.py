@@ -54,6 +54,7 @@ class InfergateSession:
         self.comparisons: dict = {}  # one quality comparison per precision and sample set
         self.endpoint_answers: dict = {}  # the endpoint's golden answers
         self.compare_pools: list[ModelPool] = []
+        self.refused: dict[int, str] = {}  # id of a LoadedModel the engine refused under --infergate-backend engine
         self.endpoint = None  # EndpointBench, with --infergate-endpoint
         self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
@@ -115,7 +116,26 @@ class InfergateSession:
                            baseline=self.baseline)
 
     def model(self, precision: str):
-        return _or_fail(lambda: self.pool.get(precision), "infergate could not load the model")
+        return self._with_backend(_or_fail(lambda: self.pool.get(precision), "infergate could not load the model"))
+
+    def _with_backend(self, loaded):
+        """`loaded`, with the backend --infergate-backend chooses for it (the engine's self-check runs once per
+        loaded model). Under `engine` a model the engine refuses fails every test that needs it, naming the
+        family and what the self-check found."""
+        if loaded.backend is not None:
+            return loaded
+        key = id(loaded)
+        if key not in self.refused:
+            from pytest_infergate.engine import UnsupportedModelError
+            from pytest_infergate.engine.backends import choose_backend
+
+            try:
+                loaded.use_backend(choose_backend(loaded.model, loaded.tokenizer, self.options.backend))
+                return loaded
+            except UnsupportedModelError as exc:
+                self.refused[key] = (f"infergate: --infergate-backend engine, but the engine refuses "
+                                     f"{loaded.record.model} in {loaded.record.requested_precision}: {exc}")
+        pytest.fail(self.refused[key], pytrace=False)
 
     def compare_side(self, precision: str):
         """The A side of an interleaved A/B run: --infergate-compare-model in `precision`, else the reference."""
@@ -123,7 +143,8 @@ class InfergateSession:
             return self.model(self.options.reference_precision)
         if not self.compare_pools:
             self.compare_pools.append(ModelPool(replace(self.options, model=self.options.compare_model)))
-        return _or_fail(lambda: self.compare_pools[0].get(precision), "infergate could not load the compare model")
+        return self._with_backend(_or_fail(lambda: self.compare_pools[0].get(precision),
+                                           "infergate could not load the compare model"))
 
     def tokenizer(self):
         return _or_fail(lambda: self.pool.tokenizer, "infergate could not load the tokenizer")

@@ -64,6 +64,19 @@ def reference_only(infergate_precision, infergate_options):
 
 
 @pytest.fixture
+def needs_engine(infergate_backend):
+    """`needs_engine(what)`: skip this experiment, saying what needs the engine and why the engine is not used,
+    where the model runs on HF generate (the engine refused it, or --infergate-backend hf); nothing on the engine."""
+
+    def check(what: str) -> None:
+        reason = infergate_backend.refusal(what)
+        if reason is not None:
+            pytest.skip(reason)
+
+    return check
+
+
+@pytest.fixture
 def not_the_reference(infergate_precision, infergate_options):
     """Comparisons with the reference precision skip the reference itself (it would only meet itself)."""
     if infergate_precision == infergate_options.reference_precision:

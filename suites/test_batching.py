@@ -19,8 +19,9 @@ def workload(tokenizer, arrivals: str):
 
 @pytest.mark.parametrize("arrivals", ["bursty", "poisson"])
 @pytest.mark.parametrize("mode", MODES)
-def test_batching_modes(reference_only, infergate_bench, infergate_tokenizer, engine_config, mode, arrivals,
-                        record_property):
+def test_batching_modes(reference_only, needs_engine, infergate_bench, infergate_tokenizer, engine_config, mode,
+                        arrivals, record_property):
+    needs_engine("the batching-modes experiment (sequential / static / dynamic / continuous)")
     config = engine_config(batching=mode, max_batch_size=8, window_ms=200.0)
     m = infergate_bench(workload(infergate_tokenizer, arrivals), config, warmup=1, repeats=1,
                         label=f"{mode}-{arrivals}", tags={"experiment": "batching", "arrivals": arrivals})
@@ -32,8 +33,9 @@ def test_batching_modes(reference_only, infergate_bench, infergate_tokenizer, en
         assert padding == 0
 
 
-def test_length_bucketing_reduces_padding(reference_only, infergate_bench, infergate_tokenizer, engine_config,
-                                          record_property):
+def test_length_bucketing_reduces_padding(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
+                                          engine_config, record_property):
+    needs_engine("length bucketing")
     requests = chat_workload(infergate_tokenizer, 12, prompt_tokens=(20, 400), max_new_tokens=(8, 8), seed=13)
     waste = {}
     for bucketing in (False, True):

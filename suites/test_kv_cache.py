@@ -27,8 +27,12 @@ def _speedups(infergate_bench, engine_config, tokenizer, points, experiment):
     return speedups
 
 
-def test_cache_speedup_grows_with_generation_length(reference_only, infergate_bench, infergate_tokenizer,
+CACHE_MODES = "the KV cache on/off experiment (cache_mode 'paged' against 'none')"
+
+
+def test_cache_speedup_grows_with_generation_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
                                                      engine_config, kv_lengths, record_property):
+    needs_engine(CACHE_MODES)
     lengths = kv_lengths
     speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(32, n) for n in lengths],
                          "kv-cache-length")
@@ -39,8 +43,9 @@ def test_cache_speedup_grows_with_generation_length(reference_only, infergate_be
     assert ordered[-1] > ordered[0], f"the KV cache gain did not grow with max_new_tokens: {ordered}"
 
 
-def test_cache_speedup_grows_with_prompt_length(reference_only, infergate_bench, infergate_tokenizer, engine_config,
-                                                record_property):
+def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
+                                                engine_config, record_property):
+    needs_engine(CACHE_MODES)
     prompts = (32, 128, 384)
     speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(p, 16) for p in prompts],
                          "kv-cache-prompt")
@@ -50,8 +55,9 @@ def test_cache_speedup_grows_with_prompt_length(reference_only, infergate_bench,
     assert ordered[-1] > ordered[0], f"the KV cache gain did not grow with the prompt length: {ordered}"
 
 
-def test_kv_bytes_per_token_measured_vs_config(infergate_model, infergate_tokenizer, record_property):
+def test_kv_bytes_per_token_measured_vs_config(infergate_model, infergate_tokenizer, needs_engine, record_property):
     """Measured from the model's own transformers cache after a forward, against the formula and the engine."""
+    needs_engine("the engine's KV cache sizing")
     model = infergate_model.model
     tokens = 64
     ids = torch.full((1, tokens), infergate_tokenizer.eos_token_id or 1, device=model.device)

@@ -1,16 +1,19 @@
 """Limits and stability (guide, best practices 4 and 5: "控制上下文长度" and "超时、限流和异常回退"; pitfall 4):
 context-length cap, max new tokens, deadlines, queue cap, KV budget exhaustion (preemption, nothing lost), and
-the success rate under load. Every submitted request must end in exactly one terminal state."""
+the success rate under load. Every submitted request must end in exactly one terminal state. On HF generate
+(the engine refused the model, or --infergate-backend hf) the caps and the success rate run on it; the queue,
+submit-time rejection and preemption are the engine's scheduler's and are skipped."""
 
 import pytest
 
-from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request
+from pytest_infergate.engine import EngineConfig, FinishReason, Request
 from pytest_infergate.engine.request import RequestError
 from pytest_infergate.workloads import chat_workload
 
 
 @pytest.fixture
-def engine(infergate_model, infergate_options, infergate_precision):
+def engine(infergate_model, infergate_backend, infergate_options, infergate_precision):
+    """`engine(**config)`: the model's backend (the engine, or HF generate) on EngineConfig(**config)."""
     if infergate_precision != infergate_options.reference_precision:
         pytest.skip("the limits suite runs on the reference precision")
 
@@ -18,12 +21,13 @@ def engine(infergate_model, infergate_options, infergate_precision):
         kw.setdefault("max_model_len", 1024)
         if "kv_budget_blocks" not in kw:
             kw.setdefault("kv_budget_bytes", 256 << 20)
-        return Engine(infergate_model.model, infergate_model.tokenizer, EngineConfig(**kw))
+        return infergate_backend.build(infergate_model.model, infergate_model.tokenizer, EngineConfig(**kw))
 
     return make
 
 
-def test_context_length_cap(engine):
+def test_context_length_cap(engine, needs_engine):
+    needs_engine("submit-time rejection (Engine.submit)")
     with engine(max_input_tokens=64) as e:
         rid = e.submit(Request(prompt_token_ids=[10] * 100, max_new_tokens=4))
         assert e.result(rid).finish_reason is FinishReason.REJECTED and "max_input_tokens is 64" in e.result(rid).reason
@@ -40,7 +44,8 @@ def test_max_new_tokens_cap(engine):
         assert result.num_output_tokens == 8 and result.finish_reason is FinishReason.LENGTH
 
 
-def test_deadline_and_queue_cap(engine, infergate_tokenizer):
+def test_deadline_and_queue_cap(engine, needs_engine, infergate_tokenizer):
+    needs_engine("the request queue (max_queue_len)")
     with engine(max_queue_len=4, max_batch_size=2) as e:
         ids = [e.submit(r) for r in chat_workload(infergate_tokenizer, 8, max_new_tokens=(64, 64), seed=5)]
         fast = e.submit(Request(prompt="Hi", max_new_tokens=200, ignore_eos=True, deadline_s=0.2))
@@ -52,7 +57,8 @@ def test_deadline_and_queue_cap(engine, infergate_tokenizer):
         e.check_drained()
 
 
-def test_kv_exhaustion_preempts_and_loses_nothing(engine, infergate_tokenizer, record_property):
+def test_kv_exhaustion_preempts_and_loses_nothing(engine, needs_engine, infergate_tokenizer, record_property):
+    needs_engine("preemption on KV exhaustion")
     requests = chat_workload(infergate_tokenizer, 8, prompt_tokens=(100, 300), max_new_tokens=(32, 64), seed=6)
     with engine(kv_budget_blocks=40, block_size=16, max_model_len=512, max_batch_size=8) as e:
         results = e.generate(requests)

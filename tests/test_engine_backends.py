@@ -17,6 +17,7 @@ from pytest_infergate.engine import (
     hf_config,
     make_backend,
 )
+from pytest_infergate.engine.backends import ASKED_FOR_HF, choice_for, choose_backend
 from pytest_infergate.engine.request import RequestError
 from pytest_infergate.errors import OptionError
 
@@ -115,7 +116,18 @@ def test_other_modes_are_refused_or_converted():
     assert hf_config(EngineConfig(batching="sequential")).batching == "sequential"
 
 
-def test_make_backend(tiny_fp32, tiny_source):
+@pytest.fixture(scope="module")
+def broken(tiny_source):
+    """tiny-random-llama whose attention never reaches the attention interface: the engine refuses it."""
+    from pytest_infergate.models import load_model
+
+    broken = load_model(tiny_source, "fp32")
+    for layer in broken.model.model.layers:
+        layer.self_attn.forward = lambda hidden_states, *a, **k: (torch.zeros_like(hidden_states), None)
+    return broken
+
+
+def test_make_backend(tiny_fp32, broken):
     model, tok = tiny_fp32.model, tiny_fp32.tokenizer
     engine, reason = make_backend(model, tok, EngineConfig(max_model_len=256), backend="engine")
     assert isinstance(engine, Engine) and engine.name == "engine" and reason == "" and engine.self_check_s > 0
@@ -125,17 +137,54 @@ def test_make_backend(tiny_fp32, tiny_source):
     assert hf.config.batching == "static"
     with pytest.raises(OptionError, match="backend 'vllm': choose from auto, engine, hf"):
         make_backend(model, tok, backend="vllm")
-
-    from pytest_infergate.models import load_model
-
-    broken = load_model(tiny_source, "fp32")
-    for layer in broken.model.model.layers:  # attention that never reaches the attention interface
-        layer.self_attn.forward = lambda hidden_states, *a, **k: (torch.zeros_like(hidden_states), None)
     with pytest.raises(UnsupportedModelError, match="does not call transformers' attention interface"):
         make_backend(broken.model, tok, EngineConfig(max_model_len=256), backend="engine")
     fallback, reason = make_backend(broken.model, tok, EngineConfig(max_model_len=256))
     assert fallback.name == "hf-generate" and "model family 'llama' does not call" in reason
     assert all(r.ok for r in fallback.generate(requests(PROMPTS[:2])))
+
+
+def test_the_choice_is_made_once_per_model_and_builds_backends_for_any_config(tiny_fp32, broken):
+    model, tok = tiny_fp32.model, tiny_fp32.tokenizer
+    threads = torch.get_num_threads()
+    engine = choose_backend(model, tok)
+    assert torch.get_num_threads() == threads  # the probe ran on one thread, and gave the others back
+    assert (engine.name, engine.reason) == ("engine", "") and engine.self_check_s > 0
+    assert model.config._attn_implementation != "infergate_paged"  # the probe's engine was closed
+    assert engine.refusal("prefix caching") is None and engine.refusal_for(EngineConfig(prefix_caching=True)) is None
+    with engine.build(model, tok, EngineConfig(max_model_len=256, batching="dynamic")) as built:
+        assert isinstance(built, Engine) and built.config.batching == "dynamic"
+
+    asked = choose_backend(model, tok, "hf")
+    assert (asked.name, asked.reason, asked.self_check_s) == ("hf-generate", ASKED_FOR_HF, None)
+    assert asked.refusal_for(EngineConfig()) is None  # continuous batching runs as static batches
+    assert asked.refusal_for(EngineConfig(batching="dynamic", cache_mode="none")) == (
+        "dynamic batching, cache_mode='none' needs the infergate engine; this run uses the hf-generate backend: "
+        f"{ASKED_FOR_HF}")
+    built = asked.build(model, tok, EngineConfig(max_model_len=256, max_batch_size=4))
+    assert isinstance(built, HFGenerateBackend) and (built.config.batching, built.config.max_batch_size) == (
+        "static", 4)
+    assert asked.run_config(EngineConfig(max_batch_size=4)) == EngineConfig(max_batch_size=4, batching="static",
+                                                                            cache_mode="contiguous")
+
+    fallback = choose_backend(broken.model, broken.tokenizer, "auto")
+    assert fallback.name == "hf-generate" and "does not call transformers' attention interface" in fallback.reason
+    assert fallback.self_check_s > 0  # what the refusal cost
+    with pytest.raises(UnsupportedModelError, match="model family 'llama' does not call"):
+        choose_backend(broken.model, broken.tokenizer, "engine")
+    with pytest.raises(OptionError, match="backend 'gpu': choose from auto, engine, hf"):
+        choose_backend(model, tok, "gpu")
+
+
+def test_a_loaded_model_gets_its_backend_on_first_use_and_its_load_record_says_which(tiny_source, broken):
+    from pytest_infergate.models import load_model
+
+    loaded = load_model(tiny_source, "fp32")
+    assert loaded.backend is None and loaded.record.backend == ""
+    choice = choice_for(loaded)
+    assert choice_for(loaded) is choice  # chosen once
+    assert (loaded.record.backend, loaded.record.self_check_s) == ("engine", choice.self_check_s)
+    assert choice_for(broken).name == "hf-generate" and broken.record.backend_reason == choice_for(broken).reason
 
 
 def test_hf_backend_runs_alongside_an_engine_on_the_same_model(tiny_fp32, reference):

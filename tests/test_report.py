@@ -287,3 +287,31 @@ def test_xdist_two_workers_one_complete_report(pytester, cache_dir):
     assert len(tests) == 6 == len(set(tests))
     html = (pytester.path / "rep.html").read_text()
     assert all(t.split("::")[-1] in html for t in tests)
+
+
+def test_backend_and_self_check_cost_are_shown_and_older_files_without_them_read_as_the_engine(results):
+    from pytest_infergate.results.summary import summary_lines
+
+    run = RunResults.from_dict(results)
+    assert {r.backend for r in run.records} == {"engine"} and run.models["fp32"]["self_check_s"] > 0
+    text = "\n".join(line.text for line in summary_lines(run))
+    assert re.search(r"fp32: load \S+ s, self-check \S+ s, weights", text) and "hf-generate" not in text
+    assert "Run on HF generate" not in render(results)  # quiet on the engine
+
+    old = copy.deepcopy(results)  # written before backends were recorded
+    for record in [*old["records"], *old["models"].values()]:
+        for key in ("backend", "backend_reason", "self_check_s"):
+            record.pop(key, None)
+    assert {r.backend for r in RunResults.from_dict(old).records} == {"engine"}
+    assert "self-check" not in "\n".join(line.text for line in summary_lines(RunResults.from_dict(old)))
+
+    hf = copy.deepcopy(results)
+    why = "model family 'bloom' does not call transformers' attention interface"
+    hf["models"]["fp32"].update(backend="hf-generate", backend_reason=why, self_check_s=0.2)
+    perf = next(r for r in hf["records"] if r["kind"] == "perf" and r["precision"] == "fp32")
+    perf.update(backend="hf-generate", backend_reason=why)
+    lines = [line.text for line in summary_lines(RunResults.from_dict(hf))]
+    assert f"         backend: hf-generate, because {why}" in lines
+    assert any(line.startswith("  perf") and perf["test"] + " [backend: hf-generate]:" in line for line in lines)
+    page = render(hf)
+    assert "Run on HF generate, not the engine" in page and "for fp32 (1 result), because model family" in page

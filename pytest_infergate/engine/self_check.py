@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -75,6 +76,27 @@ def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSp
     if model.training:
         raise OptionError(f"{family(model)} is in training mode (dropout active), so no two runs agree: call "
                           "model.eval() before handing it to the engine")
+    with probe_threads(next(model.parameters()).device):
+        return _install_and_check(model, runner_factory, dtype)
+
+
+@contextmanager
+def probe_threads(device: torch.device):
+    """One intra-op thread for the probe on a CPU. Its forwards are a few dozen tokens, thousands of small ops
+    that gain little from a second thread; on a busy machine every extra thread waits for a core at each of them
+    (measured, embedded model on 2 shared cores at load average 7.5: 2 threads median 5.5 s, 1 thread 0.64 s)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _install_and_check(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
     start = time.perf_counter()
     install(model)
     try:

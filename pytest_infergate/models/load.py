@@ -141,6 +141,11 @@ class LoadRecord:
     fallback: bool = False
     fallback_reason: str = ""
     load_mem_delta_bytes: int = 0  # how far the peak rose above the memory in use before the load
+    # what runs the gates' workloads on it (engine.backends.BackendChoice, set by LoadedModel.use_backend): "" until
+    # chosen, then "engine" or "hf-generate" with why not the engine, and the engine self-check's cost
+    backend: str = ""
+    backend_reason: str = ""
+    self_check_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,9 +158,16 @@ class LoadedModel:
     source: ModelSource
     record: LoadRecord
     config: Any = field(init=False)
+    backend: Any = None  # engine.backends.BackendChoice once chosen (choice_for; the session, per --infergate-backend)
 
     def __post_init__(self):
         self.config = self.model.config
+
+    def use_backend(self, choice) -> None:
+        """Run this model's workloads on `choice` (a BackendChoice), and say so in its load record."""
+        self.backend = choice
+        self.record.backend, self.record.backend_reason = choice.name, choice.reason
+        self.record.self_check_s = choice.self_check_s
 
     @property
     def precision(self) -> str:

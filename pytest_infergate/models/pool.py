@@ -74,7 +74,7 @@ class ModelPool:
             base = self.get(reference)
             model = LoadedModel(base.model, base.tokenizer, base.source,
                                 replace(base.record, requested_precision=precision, fallback=True,
-                                        fallback_reason=str(exc)))
+                                        fallback_reason=str(exc)), backend=base.backend)
         self._loaded[key] = model
         return model
 

@@ -1,4 +1,5 @@
-"""Run a workload on the reference engine and turn what happened into a Measurement."""
+"""Run a workload on a loaded model's backend (the reference engine, or HF generate where the engine refused the
+model: engine.backends) and turn what happened into a Measurement."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.engine import EngineConfig, Request
+from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
 from pytest_infergate.memory import PeakMemory
 from pytest_infergate.perf import calibration
@@ -39,7 +41,8 @@ def warmup_requests(requests: list[Request | Session], count: int) -> list[Reque
 
 
 class Bench:
-    """Measures workloads for one loaded model. Repetitions reuse one engine per engine config."""
+    """Measures workloads for one loaded model on its backend (`choice_for(loaded)`). Repetitions reuse one
+    backend per engine config."""
 
     def __init__(self, loaded, device: str = "cpu", calibrate: bool | None = None):
         """`calibrate`: run the calibration probe during every repetition (default: on a CPU device, when numpy is
@@ -47,14 +50,16 @@ class Bench:
         self.loaded = loaded
         self.device = device
         self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
-        self._engines: dict[str, Engine] = {}
+        self._engines: dict[str, object] = {}  # repr(config) -> Engine or HFGenerateBackend
         self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
 
-    def engine(self, config: EngineConfig) -> Engine:
+    def engine(self, config: EngineConfig):
+        """The backend that runs `config` (OptionError under HF generate for what only the engine does)."""
         key = repr(config)
         if key not in self._engines:
-            self._engines[key] = Engine(self.loaded.model, self.loaded.tokenizer, replace(config))
+            self._engines[key] = choice_for(self.loaded).build(self.loaded.model, self.loaded.tokenizer,
+                                                               replace(config))
         return self._engines[key]
 
     def close(self) -> None:
@@ -125,7 +130,8 @@ class Bench:
         into.memory = {"weights_mb": weights / MIB, "kv_allocated_mb": kv_allocated / MIB,
                        "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "peak_mb": attributable / MIB,
                        "process_peak_mb": peak.result.peak_bytes / MIB, "method": peak.result.method}
-        into.engine = {**engine.config.to_dict(), "kv_bytes_per_token": engine.kv_bytes_per_token,
+        into.engine = {**engine.config.to_dict(), "backend": engine.name,
+                       "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
         reuse = PrefixCacheUse.of([r for r in results if not r.is_warmup], count_sessions(workload))
         into.engine[PREFIX_CACHE_KEY] = reuse.to_dict()

@@ -111,12 +111,27 @@ class PerfBench:
         return chat_workload(self.loaded.tokenizer, num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
 
     def _record(self, key: str, label: str, measurement: Measurement, config, tags: dict | None) -> PerfRecord:
+        from pytest_infergate.engine.backends import choice_for
         from pytest_infergate.environment import perf_fingerprint
 
+        choice = choice_for(self.loaded)
+        ran = choice.run_config(config).to_dict()  # under HF generate: the static batches it really ran
+        fingerprint = perf_fingerprint(self.loaded.record, ran, self.ctx.options.device)
+        if not choice.is_engine:  # a baseline of the engine is no yardstick for HF generate, nor the reverse
+            fingerprint["backend"] = choice.name
         return PerfRecord(test=key, label=label, precision=self.precision, status=PerfOutcome().status,
-                          measurement=measurement, fallback=self.loaded.record.fallback,
-                          engine_config=config.to_dict(), tags=dict(tags or {}),
-                          fingerprint=perf_fingerprint(self.loaded.record, config.to_dict(), self.ctx.options.device))
+                          measurement=measurement, backend=choice.name, backend_reason=choice.reason,
+                          fallback=self.loaded.record.fallback, engine_config=ran, tags=dict(tags or {}),
+                          fingerprint=fingerprint)
+
+    def _skip_unless_runnable(self, loaded, config) -> None:
+        """An experiment that asks for what only the engine does is skipped where the model runs on HF generate,
+        saying what needs the engine and why the engine is not used."""
+        from pytest_infergate.engine.backends import choice_for
+
+        refusal = choice_for(loaded).refusal_for(config)
+        if refusal is not None:
+            self.ctx.skip(refusal)
 
     def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
                  label: str = "", tags: dict | None = None) -> Measurement:
@@ -124,6 +139,7 @@ class PerfBench:
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
+        self._skip_unless_runnable(self.loaded, config)
         if self.ctx.options.save_baseline is not None:
             repeats = max(repeats, BASELINE_MIN_REPEATS)
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
@@ -150,6 +166,8 @@ class PerfBench:
         other = baseline_model or self.compare_side()
         other_bench = self.bench if other is self.loaded else Bench(other, self.ctx.options.device)
         other_config = baseline_config or config
+        self._skip_unless_runnable(self.loaded, config)
+        self._skip_unless_runnable(other, other_config)
         key = self.ctx.measurement_key(label)
         budget = budget_for(self.ctx, self.precision, key)
         if budget.max_regression is None:
@@ -165,8 +183,10 @@ class PerfBench:
         a = outcome.baseline
         other_precision = other.record.requested_precision
         record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
-        finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}",
-                  f"interleaved A/B against {other_precision}, {rounds} rounds")
+        note = f"interleaved A/B against {other_precision}, {rounds} rounds"
+        if other.backend is not None and other.backend.name != record.backend:
+            note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
+        finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
         return a, b
 
     def close(self) -> None:

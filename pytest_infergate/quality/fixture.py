@@ -62,6 +62,13 @@ class LocalCandidate:
     def precision(self) -> str:
         return self.loaded.record.requested_precision
 
+    @property
+    def backend(self):
+        """The BackendChoice its golden outputs are generated on (the engine, or HF generate and why)."""
+        from pytest_infergate.engine.backends import choice_for
+
+        return choice_for(self.loaded)
+
     def outputs(self, samples: list[GoldenSample]) -> list:
         from pytest_infergate.quality.generation import fixed_outputs
 
@@ -87,7 +94,7 @@ class LocalCandidate:
         compositions = {Path(source).name or "(in code)": composition_id(whole)
                         for source, whole in sample_sets_of(samples).items()}
         return {"environment": golden_environment(self.loaded, runs[0].threads if runs else None),
-                "method": golden_method(), "compositions": compositions}
+                "method": golden_method(self.backend.name), "compositions": compositions}
 
     def regression(self, samples, current, accepted):
         from pytest_infergate.quality.regression import compare_with_golden
@@ -125,6 +132,12 @@ class GoldenGate:
     def precision(self) -> str:
         return self.candidate.precision
 
+    def backend(self) -> tuple[str, str]:
+        """(name, why) of what generated the candidate's outputs, for its records: a local precision's backend,
+        or "endpoint" for a server."""
+        choice = getattr(self.candidate, "backend", None)
+        return (choice.name, choice.reason) if choice is not None else ("endpoint", "")
+
     def samples(self, limit: int | None = None, categories=None) -> list[GoldenSample]:
         try:
             samples = [s for path in find_sample_sets(self.golden_dir) for s in load_samples(path)]
@@ -161,7 +174,7 @@ class GoldenGate:
         rules = self.policy(policy)
         problems = policy_violations(result.summary, rules) + result.flags
         status = Status.FAIL if problems else Status.PASS
-        self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems))
+        self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
         for name in QUALITY_PROPERTIES:
             if name in result.summary:
                 self.ctx.add_property(f"infergate.quality.{name}", round(result.summary[name], 4))
@@ -194,12 +207,13 @@ class GoldenGate:
             except GoldenError as exc:
                 if not update:
                     self.ctx.fail(str(exc))
+        backend, why = self.backend()
         if update:
             outputs = self.candidate.to_accept(samples, current)
             changes = diff_outputs(old, outputs)
             write_outputs(path, header, outputs)
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
-                                         changes=changes))
+                                         changes=changes, backend=backend, backend_reason=why))
             return None
         if old is None:
             message = (f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
@@ -214,7 +228,8 @@ class GoldenGate:
         self.ctx.record(GoldenRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, regression.precision,
                                      str(path), compared=regression.compared, missing=regression.missing,
                                      mean_topk_kl=regression.mean_topk_kl, changed=regression.changed,
-                                     policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch))
+                                     policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
+                                     backend=backend, backend_reason=why))
         self.ctx.add_property("infergate.golden.changed", len(regression.changed))
         self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
         if problems:
@@ -255,7 +270,7 @@ class GoldenGate:
                             f"({result.variant_share:.1%}) change with the batch, policy <= {limit_share:g}")
         gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
         self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, result,
-                                              gate, problems))
+                                              gate, problems, *self.backend()))
         self.ctx.add_property("infergate.batch_variant_share", round(result.variant_share, 4))
         if problems:
             self.ctx.fail(batch_invariance_failure(result, problems))

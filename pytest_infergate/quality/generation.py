@@ -1,9 +1,12 @@
-"""Golden samples through a local model on the reference engine: the greedy outputs the quality gates compare.
+"""Golden samples through a local model on its backend (the reference engine, or HF generate where the engine
+refused the model: engine.backends): the greedy outputs the quality gates compare.
 
 A sample's greedy tokens depend on which samples share its forwards (int8's LLM.int8 picks outlier columns over
 every row of a matmul; fp32 kernels block by the row count): so golden outputs are always generated in one fixed
 composition, the WHOLE sample file in file order in one engine run with GOLDEN_BATCHING, whatever subset a test
-asks for (`limit`, `categories`), whatever ran before, whatever `-n`; a subset is selected from that run.
+asks for (`limit`, `categories`), whatever ran before, whatever `-n`; a subset is selected from that run. On HF
+generate the same run is static batches of GOLDEN_BATCHING's max_batch_size in file order: fixed too, but another
+composition, so the method recorded with accepted outputs names the backend.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.engine import EngineConfig, Request
+from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import RequestError, render_prompt
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 
@@ -51,10 +55,14 @@ def golden_engine_config(max_model_len: int = DEFAULT_MAX_MODEL_LEN, **overrides
     return EngineConfig(**{**GOLDEN_BATCHING, "max_model_len": max_model_len, "record_steps": False, **overrides})
 
 
-def golden_method() -> dict:
-    """How accepted outputs are made, written into their header: a file made another way is not comparable."""
-    return {"generation": "whole sample file, file order, one engine run", "engine": dict(GOLDEN_BATCHING),
-            "scoring": "alone (one row per forward)"}
+def golden_method(backend: str = "engine") -> dict:
+    """How accepted outputs are made, written into their header: a file made another way is not comparable.
+    `backend`: the backend's name (the engine's method says none, as files written before backends existed)."""
+    method = {"generation": "whole sample file, file order, one engine run", "engine": dict(GOLDEN_BATCHING),
+              "scoring": "alone (one row per forward)"}
+    if backend != "engine":
+        method["backend"] = f"{backend}: static batches of {GOLDEN_BATCHING['max_batch_size']} through model.generate"
+    return method
 
 
 def composition_id(samples: list[GoldenSample]) -> str:
@@ -82,14 +90,15 @@ def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) 
 
 def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                 config: EngineConfig | None = None) -> GenerationRun:
-    """Greedy outputs of `samples`, all submitted at once in this order to one engine (GOLDEN_BATCHING unless
-    `config`): the composition is exactly this list."""
+    """Greedy outputs of `samples`, all submitted at once in this order to one backend of the model
+    (GOLDEN_BATCHING unless `config`): the composition is exactly this list."""
     import torch
 
     requests = golden_requests(samples, loaded.tokenizer, max_model_len)
     wall, cpu = time.perf_counter(), time.process_time()
-    with Engine(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len)) as engine:
-        results = engine.generate(requests)
+    backend = choice_for(loaded).build(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len))
+    with backend:
+        results = backend.generate(requests)
     outputs = [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text) for s, r in zip(samples, results)]
     return GenerationRun(outputs, time.perf_counter() - wall, time.process_time() - cpu, torch.get_num_threads(),
                          composition_id(samples))

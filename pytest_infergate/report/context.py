@@ -22,7 +22,7 @@ from pytest_infergate.report.serving import (
 )
 from pytest_infergate.results import units
 from pytest_infergate.results.records import PerfRecord, RunResults
-from pytest_infergate.results.summary import budget_metric, quality_groups, verdict_reasons
+from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
 from pytest_infergate.status import Status
 
 # the perf table's figure columns: (summary key, header)
@@ -70,7 +70,9 @@ def _perf_row(r: PerfRecord) -> dict:
     file, label = split_test_id(r.test)
     return {"test": r.test, "file": file, "label": label, "precision": r.precision, "endpoint": r.is_endpoint,
             # an endpoint run's "batching" is its load pattern; its cache is the server's business
-            "batching": engine_pattern(r), "cache": "server" if r.is_endpoint else r.engine_config.get("cache_mode"),
+            "batching": engine_pattern(r), "cache": "server" if r.is_endpoint else "transformers' cache"
+            if r.backend == HF_GENERATE else r.engine_config.get("cache_mode"),
+            "hf_generate": r.backend == HF_GENERATE, "backend_reason": r.backend_reason,
             "status": r.status.value, "reasons": verdict_reasons(r), "errors": engine.get("errors") or {},
             "slo": engine.get("slo") or {}, "requests": r.measurement.num_requests, "fallback": r.fallback,
             "s": r.summary, "memory": r.measurement.memory, "notes": r.notes, "budget": _budget_text(r),
@@ -93,6 +95,19 @@ def perf_groups(records: list[PerfRecord]) -> list[dict]:
         row = _perf_row(record)
         groups.setdefault(row["file"], []).append(row)
     return [{"file": file, "rows": rows} for file, rows in groups.items()]
+
+
+def backend_notes(results: RunResults) -> list[dict]:
+    """Where the engine did not run a workload: each distinct reason, with the models and results it applies to
+    (nothing when everything ran on the engine)."""
+    notes: dict[str, dict] = {}
+    for precision, m in results.models.items():
+        if m.get("backend") == HF_GENERATE:
+            notes.setdefault(m.get("backend_reason") or "?", {"models": [], "results": 0})["models"].append(precision)
+    for record in results.records:
+        if record.backend == HF_GENERATE:
+            notes.setdefault(record.backend_reason or "?", {"models": [], "results": 0})["results"] += 1
+    return [{"reason": reason, **where} for reason, where in notes.items()]
 
 
 def _highlight(text: str, at: int | None) -> Markup:
@@ -124,7 +139,7 @@ def _changed_samples(results: RunResults, groups) -> list[dict]:
 
 def _quality_sections(groups) -> list[dict]:
     return [{"precision": g.precision, "reference": g.reference, "status": g.status.value,
-             "self": g.is_self_comparison,
+             "self": g.is_self_comparison, "hf_generate": any(r.backend == HF_GENERATE for r in g.records),
              "tests": [{"test": r.test, "label": split_test_id(r.test)[1], "status": r.status.value,
                         "problems": r.problems, "policy": r.policy}
                        for r in g.records],
@@ -154,7 +169,7 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "capacity": capacity_sections(results.perf),
         "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
         "notes": diagnose(results, reference, history), "counts": results.gate_counts(),
-        "warnings": results.warnings, "history_href": history_href,
+        "warnings": results.warnings, "history_href": history_href, "backend_notes": backend_notes(results),
         "history_runs": len(history.runs) if history is not None else 0,
         "tests": {"passed": sum(1 for o in outcomes.values() if o == "passed"),
                   "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),

@@ -68,7 +68,7 @@ class PerfRecord:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "label": self.label, "precision": self.precision,
-                "status": self.status.value, "backend": self.backend, "backend_reason": self.backend_reason,
+                "status": self.status.value, **backend_dict(self),
                 "fallback": self.fallback, "engine_config": self.engine_config, "tags": self.tags,
                 "budget": self.budget, "fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
                 "summary": self.summary, "violations": [v.to_dict() for v in self.violations],
@@ -78,9 +78,10 @@ class PerfRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> PerfRecord:
+        backend, backend_reason = backend_of(data)
         return cls(test=data["test"], label=data.get("label", ""), precision=data["precision"],
                    status=Status(data["status"]), measurement=Measurement.from_dict(data["measurement"]),
-                   backend=data.get("backend") or "engine", backend_reason=data.get("backend_reason", ""),
+                   backend=backend, backend_reason=backend_reason,
                    fallback=bool(data.get("fallback")), engine_config=dict(data.get("engine_config") or {}),
                    tags=dict(data.get("tags") or {}), budget=dict(data.get("budget") or {}),
                    fingerprint=dict(data.get("fingerprint") or {}),
@@ -104,6 +105,8 @@ class PolicyGateRecord:
     result: Any
     policy: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    backend: str = "engine"  # what generated the outputs compared: engine, hf-generate, endpoint
+    backend_reason: str = ""  # why not the engine
 
     @property
     def precision(self) -> str:
@@ -114,12 +117,12 @@ class PolicyGateRecord:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
-                "problems": self.problems, **self.result_dict()}
+                "problems": self.problems, **backend_dict(self), **self.result_dict()}
 
     @classmethod
     def from_dict(cls, data: dict):
         return cls(data["test"], Status(data["status"]), cls.result_type.from_dict(data),
-                   dict(data.get("policy", {})), list(data.get("problems", [])))
+                   dict(data.get("policy", {})), list(data.get("problems", [])), *backend_of(data))
 
 
 @dataclass
@@ -164,6 +167,8 @@ class GoldenRecord:
     policy: dict[str, float] = field(default_factory=dict)  # the regression policy applied, defaults filled in
     problems: list[str] = field(default_factory=list)  # why it failed
     environment_mismatch: list[str] = field(default_factory=list)  # accepted file's header vs this run
+    backend: str = "engine"  # what generated the current outputs: engine, hf-generate, endpoint
+    backend_reason: str = ""  # why not the engine
 
     @property
     def near_ties(self) -> list[SampleQuality]:
@@ -179,7 +184,7 @@ class GoldenRecord:
                 "missing": self.missing, "mean_topk_kl": self.mean_topk_kl,
                 "near_ties": len(self.near_ties), "drift": len(self.drift),  # counts, derived from `changed`
                 "changed": [s.to_dict() for s in self.changed], "policy": self.policy, "problems": self.problems,
-                "environment_mismatch": self.environment_mismatch}
+                "environment_mismatch": self.environment_mismatch, **backend_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> GoldenRecord:
@@ -188,7 +193,7 @@ class GoldenRecord:
                    bool(updated), list(data.get("changes", [])), int(data.get("compared", 0)),
                    list(data.get("missing", [])), data.get("mean_topk_kl"),
                    [SampleQuality.from_dict(s) for s in data.get("changed", [])], dict(data.get("policy", {})),
-                   list(data.get("problems", [])), list(data.get("environment_mismatch", [])))
+                   list(data.get("problems", [])), list(data.get("environment_mismatch", [])), *backend_of(data))
 
 
 @dataclass
@@ -198,6 +203,16 @@ class BatchInvarianceRecord(PolicyGateRecord):
     kind: ClassVar[str] = "batch_invariance"
     result_type: ClassVar[type] = BatchInvariance
     result: BatchInvariance
+
+
+def backend_dict(record) -> dict:
+    """A record's backend and why, as written to JSON."""
+    return {"backend": record.backend, "backend_reason": record.backend_reason}
+
+
+def backend_of(data: dict) -> tuple[str, str]:
+    """(backend, why) of a record read back; files written before backends were recorded ran on the engine."""
+    return data.get("backend") or "engine", data.get("backend_reason", "")
 
 
 def _explain_undefined(summary: dict) -> dict:

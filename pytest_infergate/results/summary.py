@@ -15,6 +15,7 @@ from pytest_infergate.results.records import (
 )
 from pytest_infergate.status import Status
 
+HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
 PERF_KEYS = ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb", "success_rate",
              "goodput_per_s")
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
@@ -48,12 +49,30 @@ def model_lines(results: RunResults) -> list[Line]:
                           f"{environment.get('device')}"))
     for precision, r in results.models.items():
         note = f"  FALLBACK from {precision}: {r.get('fallback_reason')}" if r.get("fallback") else ""
-        lines.append(Line(f"  {precision:>5}: load {units.number(r['load_s'])} s, weights "
+        check = f", self-check {units.number(r['self_check_s'])} s" if r.get("self_check_s") is not None else ""
+        lines.append(Line(f"  {precision:>5}: load {units.number(r['load_s'])} s{check}, weights "
                           f"{units.mebibytes(r['weight_bytes'] / 2**20)}, load peak "
                           f"+{units.mebibytes(r.get('load_mem_delta_bytes', 0) / 2**20)} (process "
                           f"{units.mebibytes(r['peak_mem_bytes'] / 2**20)}, {r['peak_mem_method']}), fingerprint "
                           f"{r['fingerprint']}{note}"))
+        if r.get("backend") == HF_GENERATE:  # quiet on the engine: that is the default
+            lines.append(Line(f"         backend: {HF_GENERATE}, because {r.get('backend_reason') or '?'}", "yellow"))
     return lines
+
+
+def unexplained_backend_lines(results: RunResults) -> list[Line]:
+    """Why results ran on HF generate where no model line above says it (a compare model, results of a file
+    without load records)."""
+    explained = {m.get("backend_reason") for m in results.models.values() if m.get("backend") == HF_GENERATE}
+    reasons = dict.fromkeys(r.backend_reason for r in results.records
+                            if r.backend == HF_GENERATE and r.backend_reason not in explained)
+    return [Line(f"backend: {HF_GENERATE} for some results, because {reason or '?'}", "yellow") for reason in reasons]
+
+
+def backend_tag(record) -> str:
+    """` [backend: hf-generate]` on the line of a result that did not run on the engine (nothing for the engine
+    and for an endpoint, whose lines say so already); the model line above says why."""
+    return f" [backend: {record.backend}]" if record.backend == HF_GENERATE else ""
 
 
 def budget_metric(key: str) -> str:
@@ -102,8 +121,8 @@ def perf_lines(record: PerfRecord) -> list[Line]:
     errors = record.measurement.engine.get("errors")
     if errors:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
-    backend = f" [{record.backend}]" if record.backend == "hf-generate" else ""
-    lines = [Line(f"  perf {record.status.value.upper():12s} {record.test}{backend}: {figures}", _color(record.status))]
+    lines = [Line(f"  perf {record.status.value.upper():12s} {record.test}{backend_tag(record)}: {figures}",
+                  _color(record.status))]
     lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
 
@@ -151,20 +170,22 @@ def quality_line(group: QualityGroup) -> Line:
     tests = f"; {len(group.records)} tests" if len(group.records) > 1 else ""
     if group.is_self_comparison:
         return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference}: the reference "
-                    f"against itself, identical by construction{tests}")
+                    f"against itself, identical by construction{tests}{backend_tag(record)}")
     return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference} "
-                f"({record.summary['samples']} samples, {units.number(record.result.seconds)} s{tests}): "
+                f"({record.summary['samples']} samples, {units.number(record.result.seconds)} s{tests})"
+                f"{backend_tag(record)}: "
                 f"{quality_figures(record.summary)}", _color(group.status))
 
 
 def golden_lines(record: GoldenRecord) -> list[Line]:
     if record.updated:
-        return [Line(f"  golden UPDATED {record.precision}: {record.path}")] + [
+        return [Line(f"  golden UPDATED {record.precision}{backend_tag(record)}: {record.path}")] + [
             Line(f"      {change}") for change in record.changes[:20]]
     near = record.near_ties
     ties = (" (near-ties: " + ", ".join(f"{s.id} margin {s.divergence_margin:.2f}" for s in near[:3])
             + (", ..." if len(near) > 3 else "") + ")") if near else ""
-    return [Line(f"  golden {record.status.value.upper():10s} {record.precision}: {len(record.changed)} of "
+    return [Line(f"  golden {record.status.value.upper():10s} {record.precision}{backend_tag(record)}: "
+                 f"{len(record.changed)} of "
                  f"{record.compared} outputs changed, {len(record.drift)} drift, {len(near)} near-ties{ties}",
                  _color(record.status))]
 
@@ -174,7 +195,8 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
     kls = ", ".join(f"{v.name} KL {units.number(v.mean_kl, 2)}" for v in result.variants if v.mean_kl is not None)
     example = result.example()
     shown = f"; e.g. {example.id} at token {example.token}" if example else ""
-    return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}: {len(result.variant_ids)} "
+    return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}{backend_tag(record)}: "
+                f"{len(result.variant_ids)} "
                 f"of {len(result.samples)} samples change with the batch ({result.variant_share:.0%}; {kls}){shown}",
                 _color(record.status))
 
@@ -189,7 +211,7 @@ def gate_counts_line(results: RunResults) -> Line | None:
 
 def summary_lines(results: RunResults) -> list[Line]:
     """Models, every gate's verdict with its key figures, the counts, and every check that did not run as asked."""
-    lines = model_lines(results)
+    lines = model_lines(results) + unexplained_backend_lines(results)
     for record in results.perf:
         lines += perf_lines(record)
     lines += [quality_line(group) for group in quality_groups(results.quality)]
