@@ -2,6 +2,7 @@
 
     python benchmarks/engine.py                 # the full workload: 64 chat requests, embedded model, fp32
     python benchmarks/engine.py --requests 16   # a quicker look
+    python benchmarks/engine.py --model random-llama-0.5b --device cuda   # on a GPU (fp16 there by default)
 
 Prints each figure and the ratios the engine issue sets as targets. Useful output tokens are the tokens a
 request asked for: up to its own EOS or its own max_new_tokens (a static batch generating past them is waste).
@@ -54,8 +55,9 @@ def run_hf_static(loaded, requests, batch_size, eos) -> tuple[float, int]:
         batch = requests[first:first + batch_size]
         encoded = [render_prompt(tok, r) for r in batch]
         width = max(map(len, encoded))
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded])
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+        device = loaded.model.device
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded], device=device)
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
         out = loaded.model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=tok.pad_token_id,
                                     max_new_tokens=max(r.max_new_tokens for r in batch))
         for row, request in zip(out[:, width:].tolist(), batch):
@@ -69,7 +71,7 @@ def run_hf_sequential(loaded, requests, eos) -> tuple[float, int]:
     total_useful = 0
     start = time.perf_counter()
     for request in requests:
-        ids = torch.tensor([render_prompt(tok, request)])
+        ids = torch.tensor([render_prompt(tok, request)], device=loaded.model.device)
         out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                     pad_token_id=tok.pad_token_id, max_new_tokens=request.max_new_tokens)
         total_useful += useful(out[0, ids.shape[1]:].tolist(), request.max_new_tokens, eos)
@@ -108,6 +110,8 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32, help="max batch size (engine) = static batch size (HF)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--precision", help="default: fp32 on the CPU, fp16 on CUDA")
     parser.add_argument("--skip", default="", help="comma list of alternatives to skip: static,cb,sequential,poisson")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -115,12 +119,17 @@ def main() -> int:
     # on a shared machine the absolute figures move with what else runs: say how busy it was, before and after
     print(f"{datetime.date.today()}: {cpu_model()}, {os.cpu_count()} cores, load average (1/5/15 min) "
           + "/".join(f"{v:.1f}" for v in os.getloadavg()))
-    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
+    precision = args.precision or ("fp16" if args.device.startswith("cuda") else "fp32")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here (torch {torch.__version__})")
+    loaded = load_model(resolve_model(args.model, default_cache_dir()), precision, device=args.device,
+                        reference=precision)
     tok = loaded.tokenizer
     eos = {tok.eos_token_id, loaded.model.generation_config.eos_token_id} - {None}
     requests = chat_workload(tok, args.requests)
     lengths = [len(render_prompt(tok, r)) for r in requests]
-    print(f"model {args.model} fp32, torch threads {torch.get_num_threads()}, {args.requests} chat requests, "
+    print(f"model {args.model} {precision} on {args.device}, torch threads {torch.get_num_threads()}, "
+          f"{args.requests} chat requests, "
           f"prompts {min(lengths)}-{max(lengths)} tokens, "
           f"max_new_tokens {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}")
 
@@ -179,7 +188,7 @@ def main() -> int:
     for _ in range(3):
         engine_times.append(run_engine(loaded, [one], max_batch_size=1)[0])
         with torch.inference_mode():
-            ids = torch.tensor([one.prompt_token_ids])
+            ids = torch.tensor([one.prompt_token_ids], device=loaded.model.device)
             start = time.perf_counter()
             loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=128,
                                   max_new_tokens=128, pad_token_id=tok.pad_token_id)
