@@ -238,7 +238,7 @@ def test_more(infergate_bench, i):
     run("--infergate-json=serial.json").assert_outcomes(passed=3)
     run("-n", "2", "--infergate-json=xdist.json").assert_outcomes(passed=3)
     serial, xdist = (json.loads((pytester.path / name).read_text()) for name in ("serial.json", "xdist.json"))
-    timing = {"load_s", "peak_mem_bytes", "load_mem_delta_bytes", "peak_mem_method"}
+    timing = {"load_s", "peak_mem_bytes", "load_mem_delta_bytes", "peak_mem_method", "self_check_s"}
 
     def stable(models):
         return {p: {k: v for k, v in m.items() if k not in timing} for p, m in models.items()}
