@@ -20,7 +20,8 @@ from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
-from pytest_infergate.results.records import RESULT_PROPERTY, RunResults, record_from_dict
+from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")

@@ -17,7 +17,8 @@ from pytest_infergate.history.store import append_run
 from pytest_infergate.perf.budget import Violation
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.report import render as render_report
-from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Status
 
 STEP_AT = 7  # run number (1-based) of the first run at the new level

@@ -20,8 +20,8 @@ from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
     PerfRecord,
-    RunResults,
 )
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Status
 
 CANDIDATE, REFERENCE = "http://candidate:8000/v1", "http://reference:8001/v1"

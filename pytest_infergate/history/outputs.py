@@ -9,7 +9,7 @@ from pathlib import Path
 from pytest_infergate.history.page import write_history
 from pytest_infergate.history.series import History, build_history
 from pytest_infergate.history.store import append_run, load_runs
-from pytest_infergate.results.records import RunResults
+from pytest_infergate.results.run import RunResults
 
 HISTORY_PAGE = "history.html"
 

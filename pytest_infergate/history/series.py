@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pytest_infergate.history import changepoint
 from pytest_infergate.perf.baseline import COMPARED_FIELDS
 from pytest_infergate.perf.metrics import METRICS
-from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import metric_status, verdict_reasons
 from pytest_infergate.stats import percentile
 

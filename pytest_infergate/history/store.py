@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.results.records import RunResults
+from pytest_infergate.results.run import RunResults
 
 RUN_FILE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}\.json$")  # what append_run writes, and the only files it prunes
 DEFAULT_KEEP = 100

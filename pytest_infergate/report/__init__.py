@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from pytest_infergate.results import units
-from pytest_infergate.results.records import RunResults
+from pytest_infergate.results.run import RunResults
 
 
 def git_commit(where: Path | None = None) -> str | None:

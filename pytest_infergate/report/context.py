@@ -21,7 +21,8 @@ from pytest_infergate.report.serving import (
     server_metric_rows,
 )
 from pytest_infergate.results import units
-from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
 from pytest_infergate.status import Status
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from pytest_infergate.models.precision import QUANTIZED
 from pytest_infergate.results import units
-from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.run import RunResults
 
 
 @dataclass

@@ -4,7 +4,8 @@ distribution, one engine timeline, KV cache on vs off over generation length."""
 from __future__ import annotations
 
 from pytest_infergate.report import charts
-from pytest_infergate.results.records import PerfRecord, RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.run import RunResults
 
 
 def _best(records: list[PerfRecord], precision: str, value) -> float | None:

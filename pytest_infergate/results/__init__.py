@@ -7,9 +7,9 @@ from pytest_infergate.results.records import (
                                               PerfRecord,
                                               QualityRecord,
                                               Record,
-                                              RunResults,
                                               record_from_dict,
 )
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Status
 
 __all__ = ["RESULT_PROPERTY", "GoldenRecord", "PerfRecord", "QualityRecord", "Record", "RunResults", "Status",

@@ -1,20 +1,14 @@
-"""Typed result records: what every infergate gate measured and decided, and the run that holds them.
+"""Typed result records: what every infergate gate measured and decided (the run that holds them is
+`results.run.RunResults`).
 
 Each record is written to JSON (`to_dict`) and read back (`from_dict`) by the report, the CLI and the xdist
-controller. The JSON shape is versioned: `kind: "results"`, `schema_version` 3 (versions 1, written before
-`kind` existed, and 2, before runs carried a run id, commit and environment fingerprint for `infergate history`,
-are still read). Version 3 is strict JSON: a figure that is not finite (a task ratio to a reference that scored 0)
-is written as null, with the reason beside it under `<key>_undefined`, never as `Infinity` / `NaN`, which strict
-readers reject; an older reader that expects a number there is told the version instead of crashing on null.
+controller. A figure that is not finite (a task ratio to a reference that scored 0) is written as null, with the
+reason beside it under `<key>_undefined`, never as `Infinity` / `NaN`, which strict JSON readers reject.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,9 +20,6 @@ from pytest_infergate.quality.batch_invariance import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Status
 
-KIND = "results"
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
 UNDEFINED = "_undefined"  # suffix of the key that says why a figure is null
 RESULT_PROPERTY = "infergate_result"  # the user property that carries a record from a test to the controller
 
@@ -238,31 +229,6 @@ def undefined_reason(summary: dict, key: str) -> str | None:
     return None
 
 
-def finite_json(value: Any) -> Any:
-    """`value` with every non-finite float replaced by None (strict JSON has no Infinity or NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite_json(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def new_run_id(started: float) -> str:
-    """Sortable by time (UTC), unique across machines: `20250101T120000Z-1a2b3c`."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)) + "-" + secrets.token_hex(3)
-
-
-def environment_fingerprint(environment: dict) -> str:
-    """A short hash of what the run's numbers depend on besides the code: machine, library versions (not
-    pytest-infergate's own), model, device. Runs with different fingerprints are not compared in a history."""
-    versions = {k: v for k, v in (environment.get("versions") or {}).items() if k != "pytest-infergate"}
-    basis = {"machine": environment.get("machine"), "versions": versions, "model": environment.get("model"),
-             "device": environment.get("device"), "endpoint": (environment.get("endpoint") or {}).get("url")}
-    return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
 Record = PerfRecord | QualityRecord | GoldenRecord | BatchInvarianceRecord
 RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord, BatchInvarianceRecord)}
 
@@ -272,81 +238,3 @@ def record_from_dict(data: dict) -> Record:
     if kind not in RECORD_TYPES:
         raise InfergateError(f"a result record of unknown kind {kind!r}; known: {', '.join(RECORD_TYPES)}")
     return RECORD_TYPES[kind].from_dict(data)
-
-
-@dataclass
-class RunResults:
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
-    models: dict[str, dict] = field(default_factory=dict)  # precision -> load record
-    records: list[Record] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed / failed / skipped / error
-    warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
-    run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
-    commit: str | None = None  # git commit of the rootdir, when it is a git checkout
-
-    @property
-    def fingerprint(self) -> str:
-        return environment_fingerprint(self.environment)
-
-    def add(self, record: Record) -> None:
-        self.records.append(record)
-
-    def of_type(self, record_type: type) -> list:
-        return [r for r in self.records if isinstance(r, record_type)]
-
-    @property
-    def perf(self) -> list[PerfRecord]:
-        return self.of_type(PerfRecord)
-
-    @property
-    def quality(self) -> list[QualityRecord]:
-        return self.of_type(QualityRecord)
-
-    @property
-    def golden(self) -> list[GoldenRecord]:
-        return self.of_type(GoldenRecord)
-
-    @property
-    def batch_invariance(self) -> list[BatchInvarianceRecord]:
-        return self.of_type(BatchInvarianceRecord)
-
-    def gate_counts(self) -> dict[str, dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {}
-        for record in self.records:
-            gate = counts.setdefault(record.kind, {status.value: 0 for status in Status})
-            gate[record.status.value] += 1
-        return counts
-
-    def to_dict(self) -> dict:
-        if not self.run_id:
-            self.run_id = new_run_id(self.started)
-        return finite_json({
-            "kind": KIND, "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "commit": self.commit,
-            "fingerprint": self.fingerprint, "started": self.started,
-            "finished": self.finished if self.finished is not None else time.time(),
-            "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
-            "outcomes": self.outcomes, "warnings": self.warnings, "gate_counts": self.gate_counts()})
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "results file") -> RunResults:
-        from pytest_infergate.perf.baseline import file_kind
-
-        kind = file_kind(data)
-        if kind != KIND:
-            hint = (" (written by --infergate-save-baseline); this command takes a results file written by "
-                    "--infergate-json" if kind == "baseline" else "; write one with pytest --infergate-json PATH")
-            raise InfergateError(f"{source} is a {kind} file, not a results file{hint}")
-        if data.get("schema_version") not in READABLE_VERSIONS:
-            raise InfergateError(f"{source} has schema version {data.get('schema_version')!r}; this "
-                                 f"pytest-infergate reads {', '.join(map(str, READABLE_VERSIONS))}")
-        try:
-            records = [record_from_dict(r) for r in data.get("records", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InfergateError(f"{source}: a record is incomplete ({type(exc).__name__}: {exc}); was the file "
-                                 "edited by hand or cut short? Re-run pytest with --infergate-json") from None
-        return cls(started=data.get("started", 0.0), finished=data.get("finished"),
-                   environment=dict(data.get("environment", {})), models=dict(data.get("models", {})),
-                   records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])),
-                   run_id=str(data.get("run_id") or ""), commit=data.get("commit"))

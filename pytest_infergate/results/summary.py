@@ -11,8 +11,8 @@ from pytest_infergate.results.records import (
     GoldenRecord,
     PerfRecord,
     QualityRecord,
-    RunResults,
 )
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
