@@ -49,12 +49,16 @@ def test_policy_pass_and_fail_with_worst_samples(project):
                                  "*max_mean_kl: mean_kl = *", "*worst samples:*", "*first divergence at token*"])
 
 
-def test_unknown_quality_key_fails_collection(project):
+@pytest.mark.parametrize("marker_args, message", [
+    ("min_rougel=0.5", "*unknown quality key 'min_rougel'*"),
+    ("exact=2", "*exact=2 is a switch: 1 (on) or 0 (off)*"),  # a regression-gate key, checked at collection too
+])
+def test_bad_quality_marker_fails_collection(project, marker_args, message):
     pytester, run = project
-    pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(min_rougel=0.5)"))
+    pytester.makepyfile(TEST_FILE.format(marker=f"@pytest.mark.infergate_quality({marker_args})"))
     result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*unknown quality key 'min_rougel'*"])
+    result.stderr.fnmatch_lines([message])
 
 
 def test_ini_policy_per_precision(project):
@@ -201,11 +205,3 @@ def test_batch_invariance_is_recorded_and_summarized(chat_project):
     (record,) = [r for r in results["records"] if r["kind"] == "batch_invariance"]
     assert record["policy"] == {"max_batch_variant_share": 1.0} and len(record["samples"]) == 8
     assert [v["name"] for v in record["variants"]] == ["batch", "rotated"]
-
-
-def test_regression_policy_keys_are_checked_at_collection(project):
-    pytester, run = project
-    pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(exact=2)"))
-    result = run()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*exact=2 is a switch: 1 (on) or 0 (off)*"])
