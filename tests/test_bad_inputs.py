@@ -188,11 +188,12 @@ def test_golden_sample_errors_name_file_and_line(pytester, run, sample, message)
 
 def test_load_errors_print_once_without_a_chain(pytester, cache_dir):
     pytester.makepyfile("def test_a(infergate_model): pass\ndef test_b(infergate_model): pass")
+    # -rN: no short summary, which repeats each message in full where CI is set (and cut elsewhere)
     result = pytester.runpytest("--infergate-model=/nowhere/m.gguf", f"--infergate-cache-dir={cache_dir}",
-                                "--infergate-precisions=fp32")
+                                "--infergate-precisions=fp32", "-rN")
     result.assert_outcomes(errors=2)
     out = result.stdout.str()
-    assert out.count("GGUF file /nowhere/m.gguf does not exist") == 2  # once per error (the short summary cuts it)
+    assert out.count("GGUF file /nowhere/m.gguf does not exist") == 2  # once per error
     assert "During handling of the above exception" not in out
 
 
