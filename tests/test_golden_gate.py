@@ -26,6 +26,7 @@ from pytest_infergate.quality.regression import (
     GoldenRegression,
     classify_change,
     divergence_margin,
+    margin_as_generated,
 )
 from pytest_infergate.quality.scoring import topk_kl
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, record_from_dict
@@ -55,6 +56,30 @@ def test_margin_at_the_first_divergence():
     assert divergence_margin([1, 1], [0, 1], logprobs) == pytest.approx(0.1, abs=1e-5)  # accepted 1, top 0
     assert divergence_margin([0, 0], [0, 1], logprobs) == pytest.approx(3.0, abs=1e-5)  # accepted 0 at token 1
     assert divergence_margin([0, 1], [0, 1, 2], logprobs) is None  # a prefix: no token to compare
+
+
+def test_margin_read_from_the_generation_where_it_was_recorded():
+    top = [([5, 6], [-0.1, -0.4]), ([7, 1], [-0.2, -0.3])]  # per generated token: (ids, log-probs), best first
+    assert margin_as_generated([5, 1], [5, 7], top) == pytest.approx(0.1)  # accepted 1 was second, 0.1 below
+    assert margin_as_generated([5, 9], [5, 7], top) is None  # accepted token outside the recorded top: scored alone
+    assert margin_as_generated([5, 1], [5, 7], []) is None  # not recorded (HF generate)
+    assert margin_as_generated([5], [5, 7], top) is None  # a prefix
+
+
+def test_generation_records_the_distribution_each_token_was_drawn_from(tiny_fp32, sample_file):
+    samples = load_samples(sample_file)
+    run = run_samples(tiny_fp32, samples)
+    for generated in run.outputs:
+        assert len(generated.top_logprobs) == len(generated.token_ids)
+        for token, (ids, values) in zip(generated.token_ids, generated.top_logprobs):
+            assert ids[0] == token and len(ids) == 8 and values == sorted(values, reverse=True)  # greedy: the top
+    # the recorded log-probabilities are the model's own: the first token's, against a plain forward of the prompt
+    first = run.outputs[0]
+    with torch.no_grad():
+        logits = tiny_fp32.model(torch.tensor([first.prompt_ids])).logits[0, -1]
+    expected = torch.log_softmax(logits.float(), -1).topk(8)
+    assert first.top_logprobs[0][0] == expected.indices.tolist()
+    assert first.top_logprobs[0][1] == pytest.approx(expected.values.tolist(), abs=1e-4)
 
 
 def test_near_tie_needs_a_small_margin_and_a_small_accepted_kl():

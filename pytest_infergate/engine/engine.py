@@ -24,7 +24,7 @@ from pytest_infergate.engine.request import (
     render_prompt,
 )
 from pytest_infergate.engine.runner import ModelRunner
-from pytest_infergate.engine.sampling import SamplingFailure, sample
+from pytest_infergate.engine.sampling import SamplingFailure, record_top_logprobs, sample
 from pytest_infergate.engine.scheduler import Scheduler, StepPlan
 from pytest_infergate.engine.self_check import attach
 from pytest_infergate.engine.stopping import StopChecker, eos_token_ids
@@ -178,6 +178,7 @@ class Engine:
         except torch.OutOfMemoryError as exc:
             return self._degrade(plan, exc)
         tokens = sample(logits, plan.sampling)
+        record_top_logprobs(logits, plan.sampling, tokens)
         ended = self._postprocess(plan, tokens)
         self._record_step(plan, started, forward_s)
         return ended

@@ -49,6 +49,7 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    top_logprobs: int = 0  # record the log-probabilities of this many most likely tokens at each generated token
     seed: int | None = None
     deadline_s: float | None = None
     arrival_s: float = 0.0
@@ -73,6 +74,7 @@ class Request:
         self.top_p = check_number(RequestError, "Request.top_p", self.top_p, minimum=0, exclusive_minimum=True,
                                   maximum=1)
         self.top_k = check_int(RequestError, "Request.top_k (0 disables it)", self.top_k, 0)
+        self.top_logprobs = check_int(RequestError, "Request.top_logprobs (0: none recorded)", self.top_logprobs, 0)
         self.seed = check_int(RequestError, "Request.seed", self.seed, 0, optional=True)
         self.deadline_s = check_number(RequestError, "Request.deadline_s", self.deadline_s, minimum=0,
                                        exclusive_minimum=True, optional=True)
@@ -186,6 +188,9 @@ class Result:
     num_preemptions: int = 0
     is_warmup: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)
+    # with Request.top_logprobs: per generated token, (token ids, log-probabilities), most likely first, as the
+    # forward that generated it computed them (in its batch)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -218,6 +223,7 @@ class Sequence:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.output_top_logprobs: list[tuple[list[int], list[float]]] = []
         self.max_new_tokens = request.max_new_tokens  # may be clamped by the engine's limits
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
@@ -264,4 +270,5 @@ class Sequence:
         """The Result of a finished sequence; `text` is its output decoded."""
         return Result(self.request_id, self.finish_reason, self.reason, self.prompt_token_ids,
                       list(self.output_token_ids), text, self.timings, self.num_preemptions,
-                      bool(self.request.metadata.get("warmup")), self.num_cached_tokens)
+                      bool(self.request.metadata.get("warmup")), self.num_cached_tokens,
+                      list(self.output_top_logprobs))

@@ -65,3 +65,18 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | SamplingFai
         except (RuntimeError, ValueError) as exc:
             tokens[i] = SamplingFailure(f"sampling failed: {exc}")
     return tokens
+
+
+def record_top_logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int | SamplingFailure]) -> None:
+    """Append to each sequence that asks (Request.top_logprobs) the log-probabilities of its most likely next tokens
+    under this step's logits: the distribution the token was drawn from, in the batch it was computed in (a golden
+    gate reads the margin of a changed token from it). One device->host copy for all rows that ask."""
+    rows = [i for i, seq in enumerate(seqs)
+            if seq.request.top_logprobs and not isinstance(tokens[i], SamplingFailure)]
+    if not rows:
+        return
+    k = min(max(seqs[i].request.top_logprobs for i in rows), logits.shape[-1])
+    top = torch.log_softmax(logits[rows].float(), dim=-1).topk(k, dim=-1)
+    for i, ids, values in zip(rows, top.indices.tolist(), top.values.tolist()):
+        n = seqs[i].request.top_logprobs
+        seqs[i].output_top_logprobs.append((ids[:n], values[:n]))

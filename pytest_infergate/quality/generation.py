@@ -23,6 +23,9 @@ from pytest_infergate.engine.request import RequestError, render_prompt
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 
 DEFAULT_MAX_MODEL_LEN = 2048
+# log-probabilities recorded per generated token: the margin of a changed golden token is read from the run that
+# generated it (its batch's numerics included); an accepted token outside the top 8 is far from a tie
+GOLDEN_TOP_LOGPROBS = 8
 # the engine settings that decide which tokens share a forward (max_model_len only caps lengths)
 GOLDEN_BATCHING = {"batching": "continuous", "cache_mode": "paged", "max_batch_size": 64, "max_batched_tokens": 2048,
                    "prefill_chunk_size": 512, "block_size": 16, "kv_budget_bytes": 512 << 20}
@@ -34,6 +37,9 @@ class Generated:
     prompt_ids: list[int]
     token_ids: list[int]
     text: str
+    # per token, (ids, log-probabilities) of the GOLDEN_TOP_LOGPROBS most likely tokens as generated (in the batch
+    # of the fixed composition); empty where the backend does not record them (HF generate)
+    top_logprobs: list = field(default_factory=list)
 
 
 @dataclass
@@ -76,7 +82,7 @@ def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) 
     requests = []
     for sample in samples:
         try:
-            request = Request(**sample.request_kwargs(), request_id=sample.id)
+            request = Request(**sample.request_kwargs(), request_id=sample.id, top_logprobs=GOLDEN_TOP_LOGPROBS)
             length = len(render_prompt(tokenizer, request))
         except RequestError as exc:
             raise GoldenError(f"{sample.where or 'golden set'}: sample {sample.id!r}: {exc}") from None
@@ -99,7 +105,8 @@ def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAUL
     backend = choice_for(loaded).build(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len))
     with backend:
         results = backend.generate(requests)
-    outputs = [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text) for s, r in zip(samples, results)]
+    outputs = [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text, r.top_logprobs)
+               for s, r in zip(samples, results)]
     return GenerationRun(outputs, time.perf_counter() - wall, time.process_time() - cpu, torch.get_num_threads(),
                          composition_id(samples))
 

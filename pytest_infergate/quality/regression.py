@@ -42,6 +42,20 @@ def divergence_margin(accepted_tokens: list[int], current_tokens: list[int], log
     return float(row.max() - row[accepted_tokens[index]])
 
 
+def margin_as_generated(accepted_tokens: list[int], current_tokens: list[int], top_logprobs) -> float | None:
+    """The margin at the first divergence read from the log-probabilities the current run recorded while generating
+    (`Generated.top_logprobs`: its batch's numerics included, which a row scored alone does not see). None where
+    they were not recorded, one output is a prefix of the other, or the accepted token is outside the recorded top
+    tokens (then the alone scoring, which sees every token, gives the margin)."""
+    index = first_divergence(accepted_tokens, current_tokens)
+    if not top_logprobs or index is None or index >= min(len(accepted_tokens), len(current_tokens), len(top_logprobs)):
+        return None
+    ids, values = top_logprobs[index]
+    if accepted_tokens[index] not in ids:
+        return None
+    return float(values[0] - values[ids.index(accepted_tokens[index])])
+
+
 def classify_change(margin: float | None, accepted_kl: float | None, policy: RegressionPolicy) -> Classification:
     """Near-tie: the accepted token was within `near_tie_margin` of the top token where the outputs part, AND the
     current model's distribution over the whole accepted continuation stays within `max_accepted_kl` of the
@@ -117,7 +131,9 @@ def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Ge
     """Current outputs of `precision` against its own accepted golden outputs (token for token). With `model`
     (the one that produced them) each changed sample's accepted continuation is scored under it, alone as it was
     recorded (margin at the first divergence, mean top-k KL against the accepted log-probabilities), and
-    classified under `policy` (`classify_change`); without, every change counts as drift."""
+    classified under `policy` (`classify_change`); without, every change counts as drift. The margin is read from
+    the generation's own log-probabilities where the backend recorded them (`margin_as_generated`), else from the
+    alone scoring."""
     changed, missing, kls = [], [], []
     decode = tokenizer.decode
     for sample, now in zip(samples, current):
@@ -132,7 +148,9 @@ def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Ge
         if model is not None and old.top_logprobs and old.token_ids:
             logprobs = score_rows(model, [(now.prompt_ids, old.token_ids)])[0]
             quality.mean_kl = sum(topk_kl(old.top_logprobs, logprobs)) / len(old.token_ids)
-            quality.divergence_margin = divergence_margin(old.token_ids, now.token_ids, logprobs)
+            generated = margin_as_generated(old.token_ids, now.token_ids, getattr(now, "top_logprobs", None))
+            quality.divergence_margin = (generated if generated is not None
+                                         else divergence_margin(old.token_ids, now.token_ids, logprobs))
             kls.append(quality.mean_kl)
         changed.append(quality)
     regression = GoldenRegression(precision, changed, missing, len(samples) - len(missing),
