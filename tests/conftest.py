@@ -44,6 +44,16 @@ def cache_dir() -> Path:
     return CACHE_DIR
 
 
+@pytest.fixture
+def run(pytester, cache_dir):
+    """A pytester run of the plugin on tiny-random-llama, fp32 only (test_plugin.py keeps its own, all precisions)."""
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def tiny_source(cache_dir):
     from pytest_infergate.models import resolve_model

@@ -24,15 +24,6 @@ def test_regression(infergate_golden):
 """
 
 
-@pytest.fixture
-def run(pytester, cache_dir):
-    def run(*args):
-        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
-
-    return run
-
-
 def _baseline(pytester, run, budget="max_regression=0.5"):
     pytester.makepyfile(BENCH.format(budget=budget))
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)

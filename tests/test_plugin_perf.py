@@ -17,15 +17,6 @@ def test_speed(infergate_bench):
 """
 
 
-@pytest.fixture
-def run(pytester, cache_dir):
-    def run(*args):
-        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
-
-    return run
-
-
 def test_unknown_budget_key_fails_collection(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="ttft_msec=5"))
     result = run()
