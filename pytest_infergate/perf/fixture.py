@@ -14,7 +14,9 @@ from pytest_infergate.results.records import PerfRecord
 
 DEFAULT_AB_REGRESSION = 0.10
 # With --infergate-save-baseline every measurement takes at least this many repetitions: a stored baseline is the
-# yardstick of every later run, so its own sampling error would shift all of their ratios alike.
+# yardstick of every later run, so its own sampling error would shift all of their ratios alike. A run compared
+# with a stored baseline takes as many: the ratio's confidence interval resamples both sides' repetitions, and a
+# side of one repetition (a cold first call, a pause of the machine) would make a verdict the interval cannot see.
 BASELINE_MIN_REPEATS = 8
 
 
@@ -140,7 +142,7 @@ class PerfBench:
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         self._skip_unless_runnable(self.loaded, config)
-        if self.ctx.options.save_baseline is not None:
+        if self.ctx.options.save_baseline is not None or self.ctx.baseline is not None:
             repeats = max(repeats, BASELINE_MIN_REPEATS)
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                                          label=label)
