@@ -11,7 +11,6 @@ import json
 import time
 import warnings
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,12 +156,13 @@ class InfergateSession:
         if self.options.endpoint is None:
             return
         from pytest_infergate.endpoint.bench import EndpointBench
+        from pytest_infergate.endpoint.request import EndpointConfig
 
         try:
-            bench = EndpointBench(endpoint_config(self.options))
+            bench = EndpointBench(EndpointConfig.from_options(self.options))
             bench.model  # noqa: B018 - GET /v1/models once; the served name is reused by every test
             if self.options.reference_endpoint is not None:
-                reference = EndpointBench(endpoint_config(self.options, reference=True))
+                reference = EndpointBench(EndpointConfig.from_options(self.options, reference=True))
                 reference.model  # noqa: B018
                 self.reference_endpoint = reference
         except InfergateError as exc:
@@ -233,46 +233,11 @@ class InfergateSession:
         self._write_outputs(session)
 
     def _write_outputs(self, session: pytest.Session) -> None:
-        """Each output on its own: one that cannot be written is reported and does not stop the others."""
-        from pytest_infergate.atomic import write_json_atomic
+        from pytest_infergate.outputs import write_outputs
 
-        outputs = []
-        if self.options.save_baseline is not None:
-            outputs.append(("--infergate-save-baseline", self.options.save_baseline, self._save_baseline))
-        if self.options.json is not None:
-            outputs.append(("--infergate-json", self.options.json,
-                            lambda path: write_json_atomic(path, self.results.to_dict())))
-        if self.options.history is not None:
-            outputs.append(("--infergate-history", self.options.history, self._record_history))
-        if self.options.report is not None:
-            outputs.append(("--infergate-report", self.options.report, self._write_report))
-        for option, path, write in outputs:
-            try:
-                write(path)
-            except (OSError, InfergateError) as exc:
-                self.output_errors.append(f"{option} {path} was not written: {exc}")
-                if session.exitstatus == pytest.ExitCode.OK:
-                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _save_baseline(self, path: Path) -> None:
-        from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
-
-        save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in self.results.perf})
-
-    def _record_history(self, folder: Path) -> None:
-        from pytest_infergate.history.outputs import record_run
-
-        self.history = record_run(folder, self.results, self.options.history_keep, self.options.report)
-
-    def _write_report(self, path: Path) -> None:
-        from pytest_infergate.report import write_report
-
-        href = None
-        if self.history is not None:
-            from pytest_infergate.history.outputs import page_href
-
-            href = page_href(self.options.history, path)
-        write_report(self.results, path, self.results.commit, self.history, href)
+        self.output_errors, self.history = write_outputs(self.results, self.options)
+        if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         from pytest_infergate.results.summary import summary_lines
@@ -292,31 +257,6 @@ class InfergateSession:
                                         f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
         for error in self.output_errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
-
-
-def endpoint_config(options: Options, reference: bool = False):
-    """The EndpointConfig of --infergate-endpoint (or, `reference`, of --infergate-reference-endpoint) and its
-    companion options (the API key read from the named environment variable, never from the command line)."""
-    import os
-
-    from pytest_infergate.endpoint.client import EndpointConfig
-    from pytest_infergate.errors import OptionError
-
-    api_key = None
-    key_env, flag = options.api_key_env, "--infergate-api-key-env"
-    if reference and options.reference_api_key_env:
-        key_env, flag = options.reference_api_key_env, "--infergate-reference-api-key-env"
-    if key_env:
-        api_key = os.environ.get(key_env)
-        if not api_key:
-            raise OptionError(f"{flag} names {key_env!r}, but that environment variable is not set or empty: "
-                              "export it, or drop the option for a server without authentication")
-    if reference:
-        return EndpointConfig(options.reference_endpoint, options.reference_endpoint_model, api_key,
-                              options.endpoint_timeout, options.endpoint_concurrency, options.endpoint_api,
-                              option="--infergate-reference-endpoint")
-    return EndpointConfig(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
-                          options.endpoint_concurrency, options.endpoint_api, options.endpoint_metrics_url)
 
 
 def _or_fail(load, what: str):

@@ -165,11 +165,11 @@ def test_inconclusive_remeasures_then_decides():
 
 # ---- drift normalization by the calibration probe --------------------------------------------------------------
 
-def calibrated(itl_ms, tokens_per_s, probe_s, per_rep=20, noise=0.03, seed=0, peak_mb=500.0):
+def calibrated(itl_ms, tokens_per_s, probe_s, per_rep=20, noise=0.03, seed=0, peak_mb=500.0, quiet_s=()):
     """A Measurement as Bench records it: per repetition, `per_rep` ITL samples around itl_ms[i], one tokens/s
-    value, one peak memory value, and the calibration probe's seconds next to it."""
+    value, one peak memory value, the calibration probe's seconds during it and (`quiet_s`) around it."""
     rng = random.Random(seed)
-    m = Measurement(probe=calibration.PROBE)
+    m = Measurement(probe=calibration.PROBE, probe_quiet_s=list(quiet_s))
     for itl, tps, probe in zip(itl_ms, tokens_per_s, probe_s):
         m.samples.setdefault("itl_ms", []).extend(itl * (1 + rng.gauss(0, noise)) for _ in range(per_rep))
         m.samples.setdefault("tokens_per_s", []).append(tps * (1 + rng.gauss(0, noise)))
@@ -182,12 +182,15 @@ def calibrated(itl_ms, tokens_per_s, probe_s, per_rep=20, noise=0.03, seed=0, pe
 GATE = parse_budget({"max_regression": 0.10, "itl_ms": 1e12, "tokens_per_s": 1e-9, "peak_mem_mb": 1e9})
 
 
-def machine(speeds, regression=1.0, seed=0, probe_jitter=0.02):
+def machine(speeds, regression=1.0, seed=0, probe_jitter=0.02, quiet_jitter=None, noise=0.03):
     """Repetitions on a machine whose slowness varies by repetition (`speeds`, 1 = the baseline's machine); the
-    probe sees each repetition's slowness up to a small jitter; `regression` slows the code itself."""
+    probe sees each repetition's slowness up to a jitter (during it: `probe_jitter`; before and after it:
+    `quiet_jitter`, None: no quiet probes, as saved before they were); `regression` slows the code itself."""
     rng = random.Random(seed + 100)
+    quiet = [] if quiet_jitter is None else [0.040 * s * (1 + rng.gauss(0, quiet_jitter)) for s in speeds]
     return calibrated([20.0 * s * regression for s in speeds], [50.0 / (s * regression) for s in speeds],
-                      [0.040 * s * (1 + rng.gauss(0, probe_jitter)) for s in speeds], seed=seed)
+                      [0.040 * s * (1 + rng.gauss(0, probe_jitter)) for s in speeds], seed=seed, quiet_s=quiet,
+                      noise=noise)
 
 
 BASELINE_SPEEDS = [1.0, 1.05, 0.97, 1.02, 1.0]
@@ -239,6 +242,48 @@ def test_a_probe_that_does_not_track_the_machine_widens_the_interval():
     noisy_probe = evaluate_perf(machine(SLOW_SPEEDS, seed=2, probe_jitter=0.3), GATE, {}, entry).verdicts[0]
     assert noisy_probe.high - noisy_probe.low > 3 * (steady.high - steady.low)
     assert noisy_probe.status != "pass" or noisy_probe.high <= 1.1
+
+
+IDLE = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]  # an idle machine: the workload steady within 2%
+
+
+def test_idle_machine_probe_noise_during_the_workload_does_not_make_unchanged_code_inconclusive():
+    # measured on an idle 2-core machine: the probes during a repetition (competing with it for the cores) spread
+    # 23-51 ms while the workload held within 4%; normalizing each repetition by them made unchanged code
+    # inconclusive. The quiet probes around the repetitions give the machine's level without that noise.
+    entry = BaselineEntry({}, machine(IDLE, seed=1, probe_jitter=0.3, quiet_jitter=0.02, noise=0.01))
+    unchanged = evaluate_perf(machine(IDLE, seed=2, probe_jitter=0.3, quiet_jitter=0.02, noise=0.01), GATE, {},
+                              entry)
+    assert unchanged.status == "pass", unchanged.message()
+    assert all(v.normalization == "by level" for v in unchanged.verdicts if v.machine_slowdown is not None)
+    assert "quiet probes" in unchanged.notes[-1]
+    slower = evaluate_perf(machine(IDLE, regression=1.25, seed=3, probe_jitter=0.3, quiet_jitter=0.02, noise=0.01),
+                           GATE, {}, entry)
+    assert slower.status == "fail", slower.message()
+    # the same data without the quiet probes (a baseline saved before they were recorded): per repetition, and the
+    # probe's noise makes the interval too wide to pass unchanged code
+    old = evaluate_perf(machine(IDLE, seed=2, probe_jitter=0.3, noise=0.01), GATE, {},
+                        BaselineEntry({}, machine(IDLE, seed=1, probe_jitter=0.3, noise=0.01)))
+    assert old.status == "inconclusive"
+    assert all(v.normalization == "per repetition" for v in old.verdicts if v.machine_slowdown is not None)
+
+
+def test_level_normalization_cancels_a_machine_that_is_slower_throughout():
+    entry = BaselineEntry({}, machine(IDLE, seed=1, probe_jitter=0.3, quiet_jitter=0.02, noise=0.01))
+    slow = [2 * s for s in IDLE]
+    outcome = evaluate_perf(machine(slow, seed=4, probe_jitter=0.3, quiet_jitter=0.02, noise=0.01), GATE, {}, entry)
+    assert outcome.status == "pass", outcome.message()
+    itl = next(v for v in outcome.verdicts if v.metric == "itl_ms")
+    assert itl.machine_slowdown == pytest.approx(2.0, rel=0.05) and itl.raw_candidate == pytest.approx(40, rel=0.05)
+    assert "(by level)" in itl.describe()
+
+
+def test_load_that_changes_within_a_run_is_normalized_repetition_by_repetition():
+    # the probes around a repetition miss load that comes and goes during it; the probes through it track it
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1, quiet_jitter=0.4))
+    outcome = evaluate_perf(machine(SLOW_SPEEDS, seed=2, quiet_jitter=0.4), GATE, {}, entry)
+    assert outcome.status == "pass", outcome.message()
+    assert all(v.normalization == "per repetition" for v in outcome.verdicts if v.machine_slowdown is not None)
 
 
 def test_normalized_repetitions_scale_each_repetition_by_its_own_probe():

@@ -154,12 +154,13 @@ def test_baseline_from_a_faster_machine_is_normalized(pytester, run, steady_prob
     (entry,) = saved["entries"].values()
     measurement = entry["measurement"]
     assert measurement["probe_s"] == pytest.approx([0.010] * measurement["repetitions"])
+    assert measurement["probe_quiet_s"] == pytest.approx([0.010] * measurement["repetitions"])
     assert measurement["repetition_ends"]["ttft_ms"][-1] == len(measurement["samples"]["ttft_ms"])
     # as if saved on a machine 100x faster: every figure, and the probe, 100x faster
     for metric, values in measurement["samples"].items():
         factor = 100 if metric in ("tokens_per_s", "requests_per_s") else 0.01 if metric.endswith("_ms") else 1
         values[:] = [v * factor for v in values]
-    measurement["probe_s"] = [0.0001] * measurement["repetitions"]
+    measurement["probe_s"] = measurement["probe_quiet_s"] = [0.0001] * measurement["repetitions"]
     (pytester.path / "fast_machine.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=fast_machine.json", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)  # 100x slower figures on a 100x slower machine: no regression
@@ -169,7 +170,7 @@ def test_baseline_from_a_faster_machine_is_normalized(pytester, run, steady_prob
     assert all(v["machine_slowdown"] == pytest.approx(100.0) for v in record["verdicts"])
 
     # the same file without the probe, as a version-2 baseline: read, compared as measured, and said so
-    del measurement["probe"], measurement["probe_s"], measurement["repetition_ends"]
+    del measurement["probe"], measurement["probe_s"], measurement["probe_quiet_s"], measurement["repetition_ends"]
     saved["schema_version"] = 2
     (pytester.path / "v2.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=v2.json", "--infergate-json=out2.json")

@@ -3,12 +3,13 @@ one request's result as the client saw it (every instant on the client's clock).
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pytest_infergate.errors import InfergateError, OptionError
-from pytest_infergate.options import check_endpoint_settings
+from pytest_infergate.options import Options, check_endpoint_settings
 
 
 class EndpointError(InfergateError):
@@ -31,6 +32,26 @@ class EndpointConfig:
         if self.metrics_url is not None:
             check_endpoint_settings(self.metrics_url, self.timeout_s, self.max_concurrency, self.api,
                                     flag="--infergate-endpoint-metrics-url")
+
+    @classmethod
+    def from_options(cls, options: Options, reference: bool = False) -> EndpointConfig:
+        """The configuration of --infergate-endpoint (or, `reference`, of --infergate-reference-endpoint) and its
+        companion options (the API key read from the named environment variable, never from the command line)."""
+        api_key = None
+        key_env, flag = options.api_key_env, "--infergate-api-key-env"
+        if reference and options.reference_api_key_env:
+            key_env, flag = options.reference_api_key_env, "--infergate-reference-api-key-env"
+        if key_env:
+            api_key = os.environ.get(key_env)
+            if not api_key:
+                raise OptionError(f"{flag} names {key_env!r}, but that environment variable is not set or empty: "
+                                  "export it, or drop the option for a server without authentication")
+        if reference:
+            return cls(options.reference_endpoint, options.reference_endpoint_model, api_key,
+                       options.endpoint_timeout, options.endpoint_concurrency, options.endpoint_api,
+                       option="--infergate-reference-endpoint")
+        return cls(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
+                   options.endpoint_concurrency, options.endpoint_api, options.endpoint_metrics_url)
 
     @property
     def base_url(self) -> str:

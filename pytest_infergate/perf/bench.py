@@ -106,8 +106,11 @@ class Bench:
             if last is not None:
                 into.probe = calibration.PROBE
                 into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
+                quiet = sampler.between(first, first) + sampler.between(last, last)
+                if len(quiet) == 2:
+                    into.probe_quiet_s.append(calibration.repetition_probe(quiet))
             else:  # one repetition without its probe leaves the whole measurement uncalibrated
-                into.probe, into.probe_s = "", []
+                into.probe, into.probe_s, into.probe_quiet_s = "", [], []
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         planned = planned_requests(workload)  # a session's turns after a failed one never ran: failed too

@@ -9,7 +9,10 @@ the ratio of the two cancels it.
 
 Why during and not only around: on a shared 2-core runner at load 8-12, a repetition of benchmarks/gate_power.py's
 workload took 50-300 s and the load changed within it; over 12 repetitions, the probe right before and right after
-tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85.
+tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85. Why around as well: on an
+idle machine the probes during a repetition compete with it for the cores and spread 23-51 ms while the workload
+held within 4%, so the quiet probes (before and after, `Measurement.probe_quiet_s`) read the machine's level far
+better. The verdict (perf.verdict.compare_calibrated) uses whichever gives the narrower interval.
 
 The probe is fp32 GEMMs shaped like a small transformer's prefill and decode (the decode ones stream a 64 MiB
 matrix, as decoding streams the weights) and a copy, on numpy's own BLAS, not torch's: an upgrade of torch,

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.metrics import Measurement
-from pytest_infergate.perf.verdict import Verdict, calibration_usable, compare_measurements, machine_slowdown
+from pytest_infergate.perf.verdict import (
+    Verdict,
+    calibration_usable,
+    compare_measurements,
+    machine_slowdown,
+    quiet_usable,
+)
 from pytest_infergate.status import Status
 
 
@@ -103,9 +109,12 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
 def calibration_note(measurement: Measurement, baseline: Measurement, calibrated: bool) -> str:
     """What the outcome says about normalization for machine speed (perf.calibration)."""
     if calibrated:
+        how = ("by the machine's level (quiet probes before and after each repetition) or repetition by "
+               "repetition, per metric whichever gives the narrower interval" if quiet_usable(measurement, baseline)
+               else "each repetition by its own probe")
         return (f"normalized for machine speed: the calibration probe ({measurement.probe}) took "
                 f"x{machine_slowdown(measurement, baseline):.3f} its time at the baseline "
-                f"({len(measurement.probe_s)}/{len(baseline.probe_s)} repetitions, each normalized by its own probe)")
+                f"({len(measurement.probe_s)}/{len(baseline.probe_s)} repetitions; {how})")
     if measurement.probe and not baseline.probe:
         return ("not normalized for machine speed: the baseline has no calibration probe (saved by an older "
                 "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")

@@ -60,6 +60,10 @@ class Measurement:
     # sample count after each repetition, so that every sample can be normalized by its own repetition's probe.
     probe: str = ""
     probe_s: list[float] = field(default_factory=list)
+    # The probe right before and right after each repetition (geometric mean of the two), while no workload runs:
+    # a steadier reading of the machine's level than the probes during it, which compete with the workload for
+    # the cores. Empty in baselines saved before it was recorded.
+    probe_quiet_s: list[float] = field(default_factory=list)
     repetition_ends: dict[str, list[int]] = field(default_factory=dict)
 
     def value(self, metric: str, pct: float | None = 50) -> float:

@@ -38,6 +38,7 @@ class Verdict:
     # and `raw_candidate` the value measured. None: not normalized.
     machine_slowdown: float | None = None
     raw_candidate: float | None = None
+    normalization: str = ""  # "by level" or "per repetition" (compare_calibrated)
 
     def describe(self) -> str:
         where = f"p{self.percentile} " if self.percentile else ""
@@ -45,7 +46,8 @@ class Verdict:
         normalized = ""
         if self.machine_slowdown is not None:
             normalized = (f"; normalized for machine speed: calibration probe x{self.machine_slowdown:.3f} of the "
-                          f"baseline's, measured {self.raw_candidate:.4g} before normalizing, CI over repetitions")
+                          f"baseline's{f' ({self.normalization})' if self.normalization else ''}, measured "
+                          f"{self.raw_candidate:.4g} before normalizing, CI over repetitions")
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{pairing}"
@@ -117,37 +119,69 @@ def machine_slowdown(candidate: Measurement, baseline: Measurement) -> float:
     return percentile(candidate.probe_s, 50) / percentile(baseline.probe_s, 50)
 
 
+def quiet_usable(candidate: Measurement, baseline: Measurement) -> bool:
+    """Both recorded the quiet probe (right before and after, no workload running) for every repetition."""
+    return all(len(m.probe_quiet_s) == m.repetitions > 0 and min(m.probe_quiet_s) > 0 for m in (candidate, baseline))
+
+
 def compare_calibrated(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
                        pct: int | None = 50, confidence: float = 0.95, resamples: int = 2000) -> Verdict | None:
     """compare_samples for a candidate and a stored baseline that were both measured next to the calibration
-    probe: every sample is first normalized to the baseline's machine speed by the probe of its own repetition,
-    then the bootstrap resamples whole repetitions (with all their samples), not single samples, so the CI holds
-    what the probe did not cancel: the drift within a repetition and the probe's own noise. The statistic is the
-    chosen percentile of the pooled samples for per-request metrics, the geometric mean over repetitions for
-    per-repetition ones (a median of a few repetitions barely moves under resampling). None: not normalizable."""
+    probe, normalized to the baseline's machine speed in one of two ways, whichever gives the narrower interval:
+    - by the machine's level: each side scaled by the median of its quiet probes (right before and after each
+      repetition), for a machine whose speed moved between the two runs but not much within either; the probes
+      during a repetition compete with it for the cores and would add their own noise to every repetition;
+    - repetition by repetition, every sample by the probes run during its own repetition, for a machine whose load
+      changes within a run (the probe sampled through a repetition tracks it; before and after alone do not).
+    Either way the bootstrap resamples whole repetitions with their probes, so the CI holds what the probe did not
+    cancel, its own noise included. The statistic is the chosen percentile of the pooled samples for per-request
+    metrics, the geometric mean over repetitions for per-repetition ones (a median of a few repetitions barely
+    moves under resampling). None: not normalizable."""
     if not calibration.normalizes(metric) or not calibration_usable(candidate, baseline):
         return None
-    reference = percentile(baseline.probe_s, 50)
-    cand = normalized_repetitions(candidate, metric, reference)
-    base = normalized_repetitions(baseline, metric, reference)
-    if not cand or not base or not all(cand) or not all(base):
+    cand_reps, base_reps = candidate.by_repetition(metric), baseline.by_repetition(metric)
+    if not cand_reps or not base_reps or not all(cand_reps) or not all(base_reps):
         return None
-    higher_is_better = METRICS[metric][1]
+    if not METRICS[metric][2] and min(v for reps in (cand_reps, base_reps) for values in reps for v in values) <= 0:
+        return None
     if METRICS[metric][2]:
-        def stat(reps: list[list[float]]) -> float:
+        def pooled(reps: list[list[float]]) -> float:
             return percentile([v for values in reps for v in values], pct or 50)
     else:
-        def stat(reps: list[list[float]]) -> float:
+        def pooled(reps: list[list[float]]) -> float:
             return math.exp(sum(math.log(values[0]) for values in reps) / len(reps))
-    if min(v for reps in (cand, base) for values in reps for v in values) <= 0 and not METRICS[metric][2]:
+    reference = percentile(baseline.probe_s, 50)
+    cand_normalized = normalized_repetitions(candidate, metric, reference)
+    base_normalized = normalized_repetitions(baseline, metric, reference)
+    if cand_normalized is None or base_normalized is None:
         return None
-    worse, better = (base, cand) if higher_is_better else (cand, base)
-    point, low, high = _cluster_bootstrap_ratio(worse, better, stat, confidence, resamples)
+
+    def per_repetition(items: list) -> float:  # items: (samples already normalized by their own probe, unused)
+        return pooled([values for values, _ in items])
+
+    def by_level(items: list) -> float:  # items: (samples as measured, the repetition's quiet probe)
+        return pooled([values for values, _ in items]) * calibration.scale(
+            metric, percentile([probe for _, probe in items], 50), reference)
+
+    choices = [("per repetition", per_repetition, cand_normalized, base_normalized, candidate.probe_s,
+                baseline.probe_s, machine_slowdown(candidate, baseline))]
+    if quiet_usable(candidate, baseline):
+        choices.append(("by level", by_level, cand_reps, base_reps, candidate.probe_quiet_s, baseline.probe_quiet_s,
+                        percentile(candidate.probe_quiet_s, 50) / percentile(baseline.probe_quiet_s, 50)))
+    higher_is_better = METRICS[metric][1]
+    best = None
+    for name, stat, cand_values, base_values, cand_probes, base_probes, slowdown in choices:
+        cand, base = list(zip(cand_values, cand_probes)), list(zip(base_values, base_probes))
+        worse, better = (base, cand) if higher_is_better else (cand, base)
+        point, low, high = _cluster_bootstrap_ratio(worse, better, stat, confidence, resamples)
+        if best is None or high / low < best[2] / best[1]:
+            best = (point, low, high, name, stat(cand), stat(base), slowdown)
+    point, low, high, name, cand_value, base_value, slowdown = best
     threshold = 1.0 + max_regression
     raw = candidate.value(metric, pct) if METRICS[metric][2] else percentile(candidate.samples[metric], 50)
     return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold,
-                   pct if METRICS[metric][2] else None, stat(cand), stat(base), (len(cand), len(base)),
-                   machine_slowdown=machine_slowdown(candidate, baseline), raw_candidate=raw)
+                   pct if METRICS[metric][2] else None, cand_value, base_value, (len(cand_reps), len(base_reps)),
+                   machine_slowdown=slowdown, raw_candidate=raw, normalization=name)
 
 
 def _cluster_bootstrap_ratio(numerator: list, denominator: list, stat: Callable[[list], float], confidence: float,

@@ -1,0 +1,60 @@
+"""The files a run writes at its end: the stored baseline, the JSON results, the history folder and the HTML report.
+Each is written on its own, so one that cannot be written is reported and does not stop the others; the report
+is written last, because it links to the history page the run has just been appended to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_infergate.errors import InfergateError
+from pytest_infergate.options import Options
+from pytest_infergate.results.run import RunResults
+
+if TYPE_CHECKING:
+    from pytest_infergate.history import History
+
+
+def write_outputs(results: RunResults, options: Options) -> tuple[list[str], History | None]:
+    """Write every output the options ask for. Returns the errors (one line per output not written) and the
+    history when --infergate-history was written, else None."""
+    from pytest_infergate.atomic import write_json_atomic
+
+    history: History | None = None
+
+    def save_baseline(path: Path) -> None:
+        from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
+
+        save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf})
+
+    def record_history(folder: Path) -> None:
+        from pytest_infergate.history.outputs import record_run
+
+        nonlocal history
+        history = record_run(folder, results, options.history_keep, options.report)
+
+    def write_report(path: Path) -> None:
+        from pytest_infergate.report import write_report
+
+        href = None
+        if history is not None:
+            from pytest_infergate.history.outputs import page_href
+
+            href = page_href(options.history, path)
+        write_report(results, path, results.commit, history, href)
+
+    outputs: list[tuple[str, Path | None, Callable[[Path], None]]] = [
+        ("--infergate-save-baseline", options.save_baseline, save_baseline),
+        ("--infergate-json", options.json, lambda path: write_json_atomic(path, results.to_dict())),
+        ("--infergate-history", options.history, record_history),
+        ("--infergate-report", options.report, write_report)]
+    errors = []
+    for option, path, write in outputs:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except (OSError, InfergateError) as exc:
+            errors.append(f"{option} {path} was not written: {exc}")
+    return errors, history
