@@ -265,6 +265,9 @@ def test_idle_machine_probe_noise_during_the_workload_does_not_make_unchanged_co
     old = evaluate_perf(machine(IDLE, seed=2, probe_jitter=0.3, noise=0.01), GATE, {},
                         BaselineEntry({}, machine(IDLE, seed=1, probe_jitter=0.3, noise=0.01)))
     assert old.status == "inconclusive"
+    widest = max((v.high - v.low) / 2 / v.ratio for v in old.verdicts if v.status == "inconclusive")
+    assert widest > 0.10  # the interval is wider than the threshold: the message says by how much and what to do
+    assert f"spans about ±{widest:.0%} of the ratio" in old.message() and "repeats=" in old.message()
     assert all(v.normalization == "per repetition" for v in old.verdicts if v.machine_slowdown is not None)
 
 

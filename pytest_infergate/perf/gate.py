@@ -57,6 +57,14 @@ class PerfOutcome:
             lines += ["  " + v.describe() for v in bad]
             if self.remeasured:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
+            undecided = [v for v in bad if v.status == Status.INCONCLUSIVE]
+            if undecided:
+                spread = max((v.high - v.low) / 2 / v.ratio for v in undecided)
+                lines.append(f"  inconclusive: the 95% interval spans about ±{spread:.0%} of the ratio, wider than "
+                             f"the threshold allows; on this machine at this many repetitions a max_regression "
+                             f"below about {spread:.2f} cannot be confirmed either way — take more repetitions "
+                             "(repeats=), gate with infergate_bench.ab() on a shared machine, or set a "
+                             "max_regression the noise allows")
         if self.fingerprint_mismatch:
             lines.append("environment differs from the baseline's: " + "; ".join(self.fingerprint_mismatch))
         if self.relative_check_missing and self.strict:
