@@ -160,8 +160,9 @@ def compare_calibrated(metric: str, candidate: Measurement, baseline: Measuremen
         return pooled([values for values, _ in items])
 
     def by_level(items: list) -> float:  # items: (samples as measured, the repetition's quiet probe)
+        # scaled to the baseline's quiet level: the quiet probe runs alone, so it reads faster than the one during
         return pooled([values for values, _ in items]) * calibration.scale(
-            metric, percentile([probe for _, probe in items], 50), reference)
+            metric, percentile([probe for _, probe in items], 50), percentile(baseline.probe_quiet_s, 50))
 
     choices = [("per repetition", per_repetition, cand_normalized, base_normalized, candidate.probe_s,
                 baseline.probe_s, machine_slowdown(candidate, baseline))]
