@@ -349,3 +349,17 @@ def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
         sampler.close()
     assert sampler._process.poll() is not None
     assert sampler.probe_now(timeout_s=1) is None  # a closed sampler answers no more: the repetition is uncalibrated
+
+
+def test_saving_or_comparing_a_baseline_takes_at_least_the_baseline_repetitions():
+    from types import SimpleNamespace
+
+    from pytest_infergate.perf.fixture import BASELINE_MIN_REPEATS, repetitions_for
+
+    def ctx(save=None, baseline=None):
+        return SimpleNamespace(options=SimpleNamespace(save_baseline=save), baseline=baseline)
+
+    assert repetitions_for(ctx(), 1) == 1  # budgets alone: as the test asked
+    assert repetitions_for(ctx(save="b.json"), 1) == BASELINE_MIN_REPEATS
+    assert repetitions_for(ctx(baseline={}), 2) == BASELINE_MIN_REPEATS  # compared: as many as the baseline took
+    assert repetitions_for(ctx(baseline={}), 20) == 20

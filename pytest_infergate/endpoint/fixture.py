@@ -14,6 +14,7 @@ from pytest_infergate.perf.fixture import (
     budget_for,
     finish_ab,
     gate_measurement,
+    repetitions_for,
 )
 from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab
 from pytest_infergate.perf.metrics import Measurement
@@ -77,7 +78,8 @@ class EndpointPerfBench:
         """(Measurement, PerfOutcome) of one load run, recorded with the test's result; failing is the caller's."""
         requests = requests if requests is not None else self.default_workload()
         slo = self._slo(slo)
-        measurement = self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repeats, label=label)
+        measurement = self.bench.measure(requests, pattern, slo, warmup=warmup,
+                                         repeats=repetitions_for(self.ctx, repeats), label=label)
         record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
         outcome = gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
             requests, pattern, slo, warmup, measurement))

@@ -20,6 +20,14 @@ DEFAULT_AB_REGRESSION = 0.10
 BASELINE_MIN_REPEATS = 8
 
 
+def repetitions_for(ctx: TestContext, repeats: int) -> int:
+    """`repeats`, raised to BASELINE_MIN_REPEATS when this run saves or compares a stored baseline (engine and
+    endpoint measurements alike)."""
+    if ctx.options.save_baseline is not None or ctx.baseline is not None:
+        return max(repeats, BASELINE_MIN_REPEATS)
+    return repeats
+
+
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
     budget, scopes = resolve_budget(ctx.scoped_lines("infergate_budgets"), ctx.markers("infergate_budget"),
                                     precision, key)
@@ -142,10 +150,8 @@ class PerfBench:
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         self._skip_unless_runnable(self.loaded, config)
-        if self.ctx.options.save_baseline is not None or self.ctx.baseline is not None:
-            repeats = max(repeats, BASELINE_MIN_REPEATS)
-        measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
-                                         label=label)
+        measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
+                                         min_time_s=min_time_s, label=label)
         key = self.ctx.measurement_key(label)
         outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),
                                    remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
