@@ -66,8 +66,8 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     result = run("--infergate-baseline=fast.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*",
-                                 "*normalized for machine speed: the calibration probe (numpy-prefill-decode-copy/1) "
-                                 "took x*"])
+                                 "*calibration probe (numpy-prefill-decode-copy/1) x* its time at the baseline*"
+                                 "compared as measured*"])
 
     # another environment: skipped with a visible warning, or a failure under --infergate-strict
     entry["fingerprint"]["torch"] = "0.0.1"
@@ -165,8 +165,8 @@ def test_baseline_from_a_faster_machine_is_normalized(pytester, run, steady_prob
     result = run("--infergate-baseline=fast_machine.json", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)  # 100x slower figures on a 100x slower machine: no regression
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
-    note = "the calibration probe (numpy-prefill-decode-copy/1) took x100.000 its time"
-    assert any(note in n for n in record["notes"])
+    note = "calibration probe (numpy-prefill-decode-copy/1) x100.000 its time at the baseline"
+    assert any(note in n and "normalized for machine speed (tokens_per_s, ttft_ms)" in n for n in record["notes"])
     assert all(v["machine_slowdown"] == pytest.approx(100.0) for v in record["verdicts"])
 
     # the same file without the probe, as a version-2 baseline: read, compared as measured, and said so

@@ -12,7 +12,7 @@ workload took 50-300 s and the load changed within it; over 12 repetitions, the 
 tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85. Why around as well: on an
 idle machine the probes during a repetition compete with it for the cores and spread 23-51 ms while the workload
 held within 4%, so the quiet probes (before and after, `Measurement.probe_quiet_s`) read the machine's level far
-better. The verdict (perf.verdict.compare_calibrated) uses whichever gives the narrower interval.
+better. perf.stored decides when a verdict is normalized at all, and by which.
 
 The probe is fp32 GEMMs shaped like a small transformer's prefill and decode (the decode ones stream a 64 MiB
 matrix, as decoding streams the weights) and a copy, on numpy's own BLAS, not torch's: an upgrade of torch,

@@ -10,13 +10,7 @@ from dataclasses import dataclass, field
 from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.metrics import Measurement
-from pytest_infergate.perf.verdict import (
-    Verdict,
-    calibration_usable,
-    compare_measurements,
-    machine_slowdown,
-    quiet_usable,
-)
+from pytest_infergate.perf.verdict import Verdict, compare_measurements
 from pytest_infergate.status import Status
 
 
@@ -102,33 +96,36 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
     if budget.max_regression is None:
         return outcome
     outcome.baseline = baseline = baseline_entry.measurement
-    calibrated = calibration_usable(measurement, baseline)
-    outcome.verdicts = compare_measurements(measurement, baseline, budget, calibrated=calibrated)
+    outcome.verdicts = compare_measurements(measurement, baseline, budget, stored_baseline=True)
     while (remeasure is not None and outcome.remeasured < max_remeasure
            and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)):
         remeasure()
         outcome.remeasured += 1
-        calibrated = calibration_usable(measurement, baseline)
-        outcome.verdicts = compare_measurements(measurement, baseline, budget, calibrated=calibrated)
-    outcome.notes.append(calibration_note(measurement, baseline, calibrated))
+        outcome.verdicts = compare_measurements(measurement, baseline, budget, stored_baseline=True)
+    outcome.notes.append(calibration_note(measurement, baseline, outcome.verdicts))
     return outcome
 
 
-def calibration_note(measurement: Measurement, baseline: Measurement, calibrated: bool) -> str:
-    """What the outcome says about normalization for machine speed (perf.calibration)."""
-    if calibrated:
-        how = ("by the machine's level (quiet probes before and after each repetition) or repetition by "
-               "repetition, per metric whichever gives the narrower interval" if quiet_usable(measurement, baseline)
-               else "each repetition by its own probe")
-        return (f"normalized for machine speed: the calibration probe ({measurement.probe}) took "
-                f"x{machine_slowdown(measurement, baseline):.3f} its time at the baseline "
-                f"({len(measurement.probe_s)}/{len(baseline.probe_s)} repetitions; {how})")
+def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: list[Verdict]) -> str:
+    """What the outcome says about the calibration probe and normalization for machine speed (perf.stored)."""
+    probed = next((v for v in verdicts if v.machine_slowdown is not None), None)
+    if probed is not None:
+        which = "quiet probes before and after" if measurement.probe_quiet_s and baseline.probe_quiet_s \
+            else "probes during"
+        normalized = [v.metric for v in verdicts if v.normalization in ("by level", "per repetition")]
+        how = (f"normalized for machine speed ({', '.join(normalized)}): the machine's speed changed by more than "
+               "the threshold" if normalized else "not shown to have changed by more than the threshold, so "
+               "compared as measured (the probe's own noise would only widen the intervals)")
+        return (f"calibration probe ({measurement.probe}) x{probed.machine_slowdown:.3f} its time at the baseline "
+                f"({which} each of {measurement.repetitions}/{baseline.repetitions} repetitions): {how}")
     if measurement.probe and not baseline.probe:
         return ("not normalized for machine speed: the baseline has no calibration probe (saved by an older "
                 "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")
     if measurement.probe and baseline.probe != measurement.probe:
         return (f"not normalized for machine speed: the baseline's calibration probe is {baseline.probe!r}, this "
                 f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
+    if measurement.probe:
+        return "not normalized for machine speed: no time-like metric was compared repetition by repetition"
     return "not normalized for machine speed: no calibration probe ran with this measurement"
 
 

@@ -89,7 +89,7 @@ class Measurement:
     def by_repetition(self, metric: str) -> list[list[float]] | None:
         """The samples of `metric` split by repetition, or None when this measurement did not record the split."""
         values, ends = self.samples.get(metric) or [], self.repetition_ends.get(metric) or []
-        if not values or len(ends) != self.repetitions or ends != sorted(ends) or ends[-1] != len(values):
+        if not values or not ends or len(ends) != self.repetitions or ends != sorted(ends) or ends[-1] != len(values):
             return None
         return [values[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 

@@ -1,0 +1,173 @@
+"""Verdicts against a stored baseline: the run being gated and the baseline were measured at different times, maybe
+hours apart, so nothing cancels the machine's noise the way an interleaved A/B run does.
+
+Two kinds of noise, handled apart:
+- *Interference*: other work on a shared machine slows some repetitions, never speeds one up. Measured on a
+  shared 2-vCPU VM (benchmarks/gate_power.py, 326 repetitions): single repetitions ran 10-50% slower at random, in
+  spells of a few seconds, while the fastest third stayed within ~3% from run to run. So each side is summarized
+  by its least-disturbed repetitions: the Harrell-Davis estimate of the 10th percentile of its per-repetition
+  values (the budget's percentile within each repetition for per-request metrics; the value for per-repetition
+  ones), the statistic of "best of N" (Python's timeit: higher values "are typically not caused by variability in
+  Python's speed, but by other processes interfering"), kept smooth so its bootstrap interval is honest. A real
+  regression slows the fastest repetitions as much as the rest; interference does not.
+- *A machine of another speed* (another day's runner, a throttled host): the calibration probe
+  (perf.calibration), stored with the baseline, measures it. Normalizing by the probe adds the probe's own noise to
+  every interval (on the same VM it read the machine 5-15% faster or slower between processes while the workload
+  was unchanged), so a verdict is normalized only where the probe shows the machine's speed changed by more than
+  max_regression (its interval wholly outside the threshold's band); otherwise it is compared as measured, and
+  where the normalized comparison decides the other way the verdict is inconclusive and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_infergate.perf.metrics import METRICS, Measurement
+from pytest_infergate.stats import cluster_bootstrap_ratio, harrell_davis, percentile
+from pytest_infergate.status import Status
+
+FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
+MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One measurement's repetitions of one metric, oriented so that larger is worse (throughputs inverted)."""
+
+    costs: list[float]
+    during: list[float]  # the probe's time during each repetition (empty: not calibrated)
+    quiet: list[float]  # before and after each repetition, no workload running (empty: not recorded)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate/baseline cost ratio with its bootstrap interval, and the two sides' summaries in cost units."""
+
+    ratio: float
+    low: float
+    high: float
+    candidate_cost: float
+    baseline_cost: float
+    normalization: str  # "as measured", "by level" or "per repetition"
+
+    def status(self, threshold: float) -> Status:
+        if self.low > threshold:
+            return Status.FAIL
+        return Status.PASS if self.high <= threshold else Status.INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class MachineChange:
+    """How much slower the machine is now than at the baseline, by the calibration probe (1.2: 20% slower)."""
+
+    ratio: float
+    low: float
+    high: float
+    probes: str  # "quiet" or "during": which of the probe's readings
+
+    def beyond(self, threshold: float) -> bool:
+        """The whole interval lies outside [1/threshold, threshold]: the machine changed more than the gate allows."""
+        return self.low > threshold or self.high < 1.0 / threshold
+
+
+def least_disturbed(values: list[float]) -> float:
+    return harrell_davis(values, FAST_QUANTILE)
+
+
+def side(measurement: Measurement, metric: str, pct: float | None, probed: bool) -> Side | None:
+    """`metric` per repetition as a cost, with the repetitions' probes where `probed` (both sides ran the same
+    probe); None when the measurement did not keep the split by repetition, has too few repetitions or a value
+    that cannot be a cost (zero throughput)."""
+    reps = measurement.by_repetition(metric)
+    if not reps or len(reps) < MIN_REPETITIONS or not all(reps):
+        return None
+    per_request = METRICS[metric][2]
+    values = [percentile(v, pct or 50) if per_request else v[0] for v in reps]
+    if min(values) <= 0:
+        return None
+    costs = [1.0 / v for v in values] if METRICS[metric][1] else values
+    calibrated = probed and len(measurement.probe_s) == len(reps) and min(measurement.probe_s) > 0
+    quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
+    return Side(costs, list(measurement.probe_s) if calibrated else [],
+                list(measurement.probe_quiet_s) if calibrated and quiet else [])
+
+
+def as_measured(candidate: Side, baseline: Side) -> Comparison:
+    point, low, high = cluster_bootstrap_ratio(candidate.costs, baseline.costs, least_disturbed)
+    return Comparison(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
+                      "as measured")
+
+
+def machine_change(candidate: Side, baseline: Side) -> MachineChange | None:
+    """The probe's level now against the baseline's, from the quiet probes where both sides have them (they do not
+    compete with the workload), else from the probes during the repetitions."""
+    probes = "quiet" if candidate.quiet and baseline.quiet else "during" if candidate.during and baseline.during \
+        else ""
+    if not probes:
+        return None
+    point, low, high = cluster_bootstrap_ratio(getattr(candidate, probes), getattr(baseline, probes),
+                                               least_disturbed)
+    return MachineChange(point, low, high, probes)
+
+
+def normalized(candidate: Side, baseline: Side) -> Comparison | None:
+    """The comparison at the baseline's machine speed, whichever of two normalizations gives the narrower interval:
+    by the machine's level (each side's cost summary over its quiet-probe summary: a machine whose speed moved
+    between the runs but not much within either), or repetition by repetition (each cost over the probe run during
+    it: load that comes and goes within a run). The bootstrap resamples repetitions together with their probes, so
+    the interval carries the probe's own noise. Candidate and baseline summaries are in the baseline's units."""
+    if not candidate.during or not baseline.during:
+        return None
+    # Per repetition, the median: the probe already took out the interference it tracked, and a low quantile of
+    # cost/probe would pick the repetitions whose probe read slowest by its own noise.
+    options = [("per repetition",
+                [c / p for c, p in zip(candidate.costs, candidate.during)],
+                [c / p for c, p in zip(baseline.costs, baseline.during)], lambda xs: harrell_davis(xs, 0.5))]
+    if candidate.quiet and baseline.quiet:
+        def by_level(items: list[tuple[float, float]]) -> float:
+            return least_disturbed([c for c, _ in items]) / least_disturbed([p for _, p in items])
+
+        options.append(("by level", list(zip(candidate.costs, candidate.quiet)),
+                        list(zip(baseline.costs, baseline.quiet)), by_level))
+    best = None
+    for name, cand, base, statistic in options:
+        point, low, high = cluster_bootstrap_ratio(cand, base, statistic)
+        if best is None or high / low < best.high / best.low:
+            base_cost = least_disturbed(baseline.costs)
+            best = Comparison(point, low, high, point * base_cost, base_cost, name)
+    return best
+
+
+@dataclass(frozen=True)
+class StoredVerdict:
+    """What verdict.compare_stored turns into a Verdict."""
+
+    status: Status
+    chosen: Comparison
+    measured: Comparison
+    machine: MachineChange | None
+    disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
+
+
+def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
+    """The verdict as measured, or normalized where the probe shows the machine changed by more than the gate
+    allows; inconclusive where the two decide opposite ways (the probe's noise and a machine change cannot be told
+    apart then)."""
+    threshold = 1.0 + max_regression
+    measured = as_measured(candidate, baseline)
+    change = machine_change(candidate, baseline)
+    adjusted = normalized(candidate, baseline) if change is not None else None
+    if adjusted is not None and change.beyond(threshold):
+        return StoredVerdict(adjusted.status(threshold), adjusted, measured, change, "")
+    status = measured.status(threshold)
+    other = adjusted.status(threshold) if adjusted is not None else Status.INCONCLUSIVE
+    if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
+        return StoredVerdict(Status.INCONCLUSIVE, measured, measured, change,
+                             f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
+                             f"speed (probe x{change.ratio:.3f}) it would {other} (x{adjusted.ratio:.3f})")
+    return StoredVerdict(status, measured, measured, change, "")
+
+
+def in_metric_units(metric: str, cost: float) -> float:
+    """A cost back in the metric's own unit (throughputs were inverted)."""
+    return 1.0 / cost if METRICS[metric][1] and cost > 0 else cost
