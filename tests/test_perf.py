@@ -419,3 +419,21 @@ def test_saving_or_comparing_a_baseline_takes_at_least_the_baseline_repetitions(
     assert repetitions_for(ctx(save="b.json"), 1) == BASELINE_MIN_REPEATS
     assert repetitions_for(ctx(baseline={}), 2) == BASELINE_MIN_REPEATS  # compared: as many as the baseline took
     assert repetitions_for(ctx(baseline={}), 20) == 20
+
+
+def test_report_reasons_say_how_a_stored_baseline_was_compared():
+    from pytest_infergate.perf.verdict import Verdict
+    from pytest_infergate.results.summary import verdict_reasons
+
+    class Record:
+        violations, relative_check_missing, fingerprint_mismatch = [], "", []
+        verdicts = [Verdict("itl_ms", "inconclusive", 1.15, 1.12, 1.18, 1.1, 50, 23.0, 20.0, (8, 8),
+                            machine_slowdown=1.14, raw_candidate=23.0, normalization="as measured", repetitions=True,
+                            note="as measured it would fail, normalized by level it would pass"),
+                    Verdict("tokens_per_s", "pass", 1.0, 0.95, 1.05, 1.1, None, 50.0, 50.0, (8, 8),
+                            machine_slowdown=2.0, raw_candidate=25.0, normalization="by level", repetitions=True)]
+
+    itl, tps = verdict_reasons(Record())
+    # the interval lies above the threshold although the verdict is inconclusive: the line says which, and why
+    assert "(CI 1.12–1.18) > ×1.1, least-disturbed repetitions: as measured it would fail" in itl
+    assert "≤ ×1.1" in tps and "normalized by level for machine speed (probe ×2)" in tps

@@ -100,10 +100,15 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
                        f"{units.metric_value(v.key, v.limit)}")
     for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
         where = f" p{v.percentile}" if v.percentile else ""
-        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(v.status, "straddles")
+        # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
+        relation = ">" if v.low > v.threshold else "≤" if v.high <= v.threshold else "straddles"
         reasons.append(f"{v.metric}{where} {units.ratio(v.ratio)} vs baseline (CI {units.number(v.low)}–"
                        f"{units.number(v.high)}) {relation} {units.ratio(v.threshold)}"
-                       + (", paired by round" if v.paired else ""))
+                       + (", paired by round" if v.paired else "")
+                       + (", least-disturbed repetitions" if v.repetitions else "")
+                       + (f", normalized {v.normalization} for machine speed (probe {units.ratio(v.machine_slowdown)})"
+                          if v.normalization in ("by level", "per repetition") else "")
+                       + (f": {v.note}" if v.note else ""))
     if record.relative_check_missing:
         reasons.append(f"no baseline comparison: {record.relative_check_missing}")
     if record.fingerprint_mismatch:
