@@ -437,3 +437,35 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
     # the interval lies above the threshold although the verdict is inconclusive: the line says which, and why
     assert "(CI 1.12–1.18) > ×1.1, least-disturbed repetitions: as measured it would fail" in itl
     assert "≤ ×1.1" in tps and "normalized by level for machine speed (probe ×2)" in tps
+
+
+def add_repetitions(m, speeds, regression=1.0, seed=0):
+    """More repetitions into `m`, as a re-measurement adds them (see `machine`), with a probe that reads the
+    machine at its usual speed whatever `speeds` did to the workload (a spell it does not see)."""
+    more = machine(speeds, regression=regression, seed=seed, quiet_jitter=0.02, noise=0.01)
+    usual = machine([1.0] * len(speeds), seed=seed, quiet_jitter=0.02, noise=0.01)
+    more.probe_s, more.probe_quiet_s = usual.probe_s, usual.probe_quiet_s
+    for i in range(more.repetitions):
+        for metric in more.samples:
+            m.samples[metric].extend(more.by_repetition(metric)[i])
+        m.probe_s.append(more.probe_s[i])
+        m.probe_quiet_s.append(more.probe_quiet_s[i])
+        m.end_repetition()
+
+
+def test_a_failure_against_a_stored_baseline_is_decided_again_after_a_fresh_block():
+    # a spell of interference covers a whole run (even its fastest repetition 27% slower, the probe unaware: it
+    # reads the machine as usual), then passes: decided with the fresh block, the spell is set aside
+    entry = BaselineEntry({}, machine(IDLE, seed=1, quiet_jitter=0.02, noise=0.01))
+    spell = machine([1.27 * s for s in IDLE], seed=2, quiet_jitter=0.02, noise=0.01)
+    spell.probe_s[:], spell.probe_quiet_s[:] = entry.measurement.probe_s, entry.measurement.probe_quiet_s
+    assert evaluate_perf(spell, GATE, {}, entry).status == "fail"  # without re-measuring: a false failure
+    outcome = evaluate_perf(spell, GATE, {}, entry, remeasure=lambda: add_repetitions(spell, IDLE[:2], seed=3))
+    assert spell.repetitions == 16 and outcome.confirmed == 8
+    assert outcome.status == "pass", outcome.message()
+    # a real regression slows the fresh block too: the failure stands, and the message says it was re-decided
+    slow = machine(IDLE, regression=1.27, seed=4, quiet_jitter=0.02, noise=0.01)
+    regressed = evaluate_perf(slow, GATE, {}, entry,
+                              remeasure=lambda: add_repetitions(slow, IDLE[:2], regression=1.27, seed=5))
+    assert regressed.status == "fail" and regressed.confirmed == 8 and slow.repetitions == 16
+    assert "decided again after a fresh block of 8 repetitions" in regressed.message()
