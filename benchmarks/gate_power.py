@@ -167,10 +167,10 @@ def main() -> int:
             if args.mode == "baseline":
                 record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown)
                 status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
-                normalized = next((v for v in verdicts if v.machine_slowdown), None)
-                extra = (f", machine x{normalized.machine_slowdown:.3f} by the probe "
+                probed = next((v for v in verdicts if v.machine_slowdown), None)
+                extra = (f", machine x{probed.machine_slowdown:.3f} by the probe "
                          f"({', '.join(sorted({v.normalization for v in verdicts if v.normalization}))})"
-                         if normalized else ", not normalized")
+                         if probed else ", not normalized")
                 if args.json is not None:
                     dumped.append({"slowdown": slowdown, "trial": trial, "record": record.to_dict()})
                     args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in baseline.items()},

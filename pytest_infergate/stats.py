@@ -23,10 +23,11 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def bootstrap_ratio_ci(candidate: Sequence[float], baseline: Sequence[float],
-                       statistic: Callable[[Sequence[float]], float],
+def bootstrap_ratio_ci(candidate: Sequence, baseline: Sequence, statistic: Callable[[Sequence], float],
                        confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(point, low, high) of statistic(candidate) / statistic(baseline), resampling each sample independently."""
+    """(point, low, high) of statistic(candidate) / statistic(baseline), resampling each sample independently. The
+    items may be values or whole repetitions (e.g. a repetition's cost with its probe times), which `statistic`
+    then summarizes."""
     if not candidate or not baseline:
         raise ValueError("bootstrap needs two non-empty samples")
     rng = random.Random(seed)
@@ -51,23 +52,6 @@ def paired_bootstrap_ci(values: Sequence[float], statistic: Callable[[Sequence[f
     stats = [statistic([values[rng.randrange(len(values))] for _ in values]) for _ in range(resamples)]
     tail = (1 - confidence) / 2 * 100
     return statistic(values), percentile(stats, tail), percentile(stats, 100 - tail)
-
-
-def cluster_bootstrap_ratio(numerator: Sequence, denominator: Sequence, statistic: Callable[[list], float],
-                            confidence: float = 0.95, resamples: int = 2000,
-                            seed: int = 0) -> tuple[float, float, float]:
-    """(point, low, high) of statistic(numerator) / statistic(denominator), resampling each side's items (e.g.
-    whole repetitions, each with its own probe times) with replacement."""
-    rng = random.Random(seed)
-    point = statistic(list(numerator)) / statistic(list(denominator))
-    ratios = []
-    for _ in range(resamples):
-        num = [numerator[rng.randrange(len(numerator))] for _ in numerator]
-        den = statistic([denominator[rng.randrange(len(denominator))] for _ in denominator])
-        if den:
-            ratios.append(statistic(num) / den)
-    tail = (1 - confidence) / 2 * 100
-    return point, percentile(ratios, tail), percentile(ratios, 100 - tail)
 
 
 def harrell_davis(values: Sequence[float], q: float) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate.perf.metrics import METRICS, Measurement
-from pytest_infergate.stats import cluster_bootstrap_ratio, harrell_davis, percentile
+from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
 from pytest_infergate.status import Status
 
 FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
@@ -51,9 +51,7 @@ class Comparison:
     normalization: str  # "as measured", "by level" or "per repetition"
 
     def status(self, threshold: float) -> Status:
-        if self.low > threshold:
-            return Status.FAIL
-        return Status.PASS if self.high <= threshold else Status.INCONCLUSIVE
+        return Status.of_interval(self.low, self.high, threshold)
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,6 @@ class MachineChange:
     ratio: float
     low: float
     high: float
-    probes: str  # "quiet" or "during": which of the probe's readings
 
     def beyond(self, threshold: float) -> bool:
         """The whole interval lies outside [1/threshold, threshold]: the machine changed more than the gate allows."""
@@ -93,7 +90,7 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
-    point, low, high = cluster_bootstrap_ratio(candidate.costs, baseline.costs, least_disturbed)
+    point, low, high = bootstrap_ratio_ci(candidate.costs, baseline.costs, least_disturbed)
     return Comparison(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
                       "as measured")
 
@@ -105,9 +102,7 @@ def machine_change(candidate: Side, baseline: Side) -> MachineChange | None:
         else ""
     if not probes:
         return None
-    point, low, high = cluster_bootstrap_ratio(getattr(candidate, probes), getattr(baseline, probes),
-                                               least_disturbed)
-    return MachineChange(point, low, high, probes)
+    return MachineChange(*bootstrap_ratio_ci(getattr(candidate, probes), getattr(baseline, probes), least_disturbed))
 
 
 def normalized(candidate: Side, baseline: Side) -> Comparison | None:
@@ -129,11 +124,10 @@ def normalized(candidate: Side, baseline: Side) -> Comparison | None:
 
         options.append(("by level", list(zip(candidate.costs, candidate.quiet)),
                         list(zip(baseline.costs, baseline.quiet)), by_level))
-    best = None
+    best, base_cost = None, least_disturbed(baseline.costs)
     for name, cand, base, statistic in options:
-        point, low, high = cluster_bootstrap_ratio(cand, base, statistic)
+        point, low, high = bootstrap_ratio_ci(cand, base, statistic)
         if best is None or high / low < best.high / best.low:
-            base_cost = least_disturbed(baseline.costs)
             best = Comparison(point, low, high, point * base_cost, base_cost, name)
     return best
 

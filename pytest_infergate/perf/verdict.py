@@ -79,7 +79,7 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
     else:
         point, low, high = bootstrap_ratio_ci(candidate, baseline, stat, confidence, resamples)
     threshold = 1.0 + max_regression
-    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold,
+    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold,
                    pct if METRICS[metric][2] else None, stat(candidate), stat(baseline),
                    (len(candidate), len(baseline)))
 
@@ -95,7 +95,7 @@ def compare_paired(metric: str, candidate: list[float], baseline: list[float], m
         return compare_samples(metric, candidate, baseline, max_regression)
     point, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), confidence, resamples)
     threshold = 1.0 + max_regression
-    return Verdict(metric, _decide(low, high, threshold), point, low, high, threshold, None,
+    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold, None,
                    percentile(candidate, 50), percentile(baseline, 50), (len(candidate), len(baseline)),
                    paired=True)
 
@@ -120,10 +120,6 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    raw_candidate=stored.in_metric_units(metric, measured.candidate_cost),
                    normalization=chosen.normalization if machine else "", repetitions=True,
                    note=decided.disagreement)
-
-
-def _decide(low: float, high: float, threshold: float) -> Status:
-    return Status.FAIL if low > threshold else Status.PASS if high <= threshold else Status.INCONCLUSIVE
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,

@@ -101,7 +101,8 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
     for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
         where = f" p{v.percentile}" if v.percentile else ""
         # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-        relation = ">" if v.low > v.threshold else "≤" if v.high <= v.threshold else "straddles"
+        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold),
+                                                          "straddles")
         reasons.append(f"{v.metric}{where} {units.ratio(v.ratio)} vs baseline (CI {units.number(v.low)}–"
                        f"{units.number(v.high)}) {relation} {units.ratio(v.threshold)}"
                        + (", paired by round" if v.paired else "")
