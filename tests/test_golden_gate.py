@@ -9,6 +9,13 @@ import torch
 from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
 from pytest_infergate.quality.generation import composition_id, fixed_outputs, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
+from pytest_infergate.quality.golden_variants import (
+    numerics_key,
+    path_to_update,
+    select_accepted,
+    variant_tag,
+    variants,
+)
 from pytest_infergate.quality.metrics import compare_sample
 from pytest_infergate.quality.policy import (
     MAX_ACCEPTED_KL,
@@ -172,6 +179,41 @@ def test_environment_mismatch_names_what_differs():
     edited = environment_mismatch(header, {**header, "compositions": {"default.jsonl": "def"}})
     assert len(edited) == 1 and "sample set default.jsonl changed" in edited[0]
     assert "record no environment" in environment_mismatch({"versions": {}}, header)[0]
+
+
+def _accepted_file(path, environment):
+    path.write_text(json.dumps({"schema_version": 1, **({"environment": environment} if environment else {})})
+                    + "\n")
+    return path
+
+
+def test_accepted_file_is_chosen_by_kernel_path_and_updates_never_overwrite_another(tmp_path):
+    avx512 = {"cpu": "Xeon", "gpu": None, "torch": "2.13.0", "kernels": {"bnb_int8": "torch._int_mm",
+                                                                          "torch_cpu_capability": "AVX512"}}
+    avx2 = {**avx512, "cpu": "EPYC", "kernels": {"bnb_int8": "fp32 matmul", "torch_cpu_capability": "AVX2"}}
+    default = tmp_path / "cpu-int8.jsonl"
+    assert select_accepted(default, avx2) == (default, False)  # nothing accepted yet
+    assert path_to_update(default, avx2) == default
+
+    _accepted_file(default, avx512)
+    assert select_accepted(default, {**avx512, "cpu": "other Xeon", "torch": "2.14.0"}) == (default, True)
+    assert select_accepted(default, avx2) == (default, False)  # fallback: the default, with a warning
+    tagged = path_to_update(default, avx2)
+    assert tagged.name == f"cpu-int8.{variant_tag(avx2)}.jsonl" and variant_tag(avx2).startswith("avx2-")
+    assert variant_tag(avx2) != variant_tag({**avx2, "kernels": {**avx2["kernels"], "bnb_int8": "x"}})
+    assert variant_tag({**avx2, "gpu": "NVIDIA H200"}).startswith("nvidia-h200-")
+
+    _accepted_file(tagged, avx2)
+    assert select_accepted(default, avx2) == (tagged, True)
+    assert select_accepted(default, avx512) == (default, True)
+    assert path_to_update(default, avx2) == tagged
+    assert variants(default) == [default, tagged]
+
+    _accepted_file(default, None)  # an older file without an environment is rewritten in place
+    assert path_to_update(default, {**avx512, "kernels": {"torch_cpu_capability": "NEON"}}) == default
+    assert numerics_key(None) is None and numerics_key({"cpu": "x"}) is None
+    default.unlink()  # only a tagged file: it is the fallback
+    assert select_accepted(default, {**avx512, "kernels": {}}) == (tagged, False)
 
 
 # ---- fixed composition -------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Golden-sample gates through pytest, on tiny-random-llama with a small sample set."""
 
 import json
+import re
 
 import pytest
 
@@ -178,12 +179,12 @@ def test_header_from_another_environment_warns_and_fails_under_same_environment(
     pytester, run, path = chat_project
     lines = path.read_text().splitlines()
     header = json.loads(lines[0])
-    header["environment"]["cpu_flags"] = ["avx2", "fma"]
+    header["environment"]["cpu_flags"] = ["sve"]  # no flag list of an x86 machine
     path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
     warned = run("-k", "test_regression", "--infergate-json=out.json")
     warned.assert_outcomes(passed=1)
     warned.stdout.fnmatch_lines(["*WARNING *test_regression*recorded in another environment*cpu_flags: accepted "
-                                 "[[]'avx2', 'fma'[]], now *"])
+                                 "[[]'sve'[]], now *"])
     results = json.loads((pytester.path / "out.json").read_text())
     assert any("cpu_flags" in w for w in results["warnings"])
     (record,) = [r for r in results["records"] if r["kind"] == "golden"]
@@ -194,6 +195,41 @@ def test_header_from_another_environment_warns_and_fails_under_same_environment(
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines(["*same_environment=1: the accepted outputs were recorded in another environment: "
                                  "cpu_flags*"])
+
+
+def test_accepted_files_are_kept_per_kernel_path(chat_project):
+    """Files accepted on another kernel path stay; this machine's outputs are accepted beside them and compared."""
+    pytester, run, default = chat_project
+    lines = default.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["environment"]["kernels"] = {"torch_cpu_capability": "ELSEWHERE"}
+    elsewhere = json.loads(lines[1])  # outputs of the other kernel path differ in a token
+    elsewhere["token_ids"][0] = (elsewhere["token_ids"][0] + 1) % 200 + 3
+    default.write_text("\n".join([json.dumps(header), json.dumps(elsewhere)] + lines[2:]) + "\n")
+    accepted_elsewhere = default.read_text()
+
+    fallback = run("-k", "test_regression", "--infergate-json=out.json")
+    fallback.stdout.fnmatch_lines(["*WARNING *recorded in another environment*kernels: accepted*ELSEWHERE*"
+                                   "--infergate-update-golden*picks the file by kernel path*"])
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
+    assert record["path"] == str(default) and len(record["changed"]) == 1
+
+    update = run("-k", "test_regression", "--infergate-update-golden")
+    update.assert_outcomes(passed=1)
+    update.stdout.fnmatch_lines(["*a file for this machine's kernel path, beside cpu-fp32.jsonl*"])
+    assert default.read_text() == accepted_elsewhere, "the other kernel path's file was overwritten"
+    (tagged,) = default.parent.glob("cpu-fp32.*.jsonl")
+    assert re.fullmatch(r"cpu-fp32\.[a-z0-9-]+-[0-9a-f]{8}\.jsonl", tagged.name)
+
+    matched = run("-k", "test_regression", "--infergate-json=out.json")
+    matched.assert_outcomes(passed=1)
+    matched.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 8 outputs changed*"])
+    assert "WARNING" not in matched.stdout.str()
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
+    assert record["path"] == str(tagged)
+
+    run("-k", "test_regression", "--infergate-update-golden").assert_outcomes(passed=1)
+    assert set(default.parent.glob("cpu-fp32*.jsonl")) == {default, tagged}, "an update added a second tag"
 
 
 def test_batch_invariance_is_recorded_and_summarized(chat_project):

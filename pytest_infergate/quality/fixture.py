@@ -197,9 +197,10 @@ class GoldenGate:
             provenance = self.candidate.provenance(samples) if hasattr(self.candidate, "provenance") else {}
         except InfergateError as exc:
             self.ctx.fail(str(exc))
-        path, header = self.candidate.accepted(self.golden_dir, self._model_name())
+        default_path, header = self.candidate.accepted(self.golden_dir, self._model_name())
         header = {**header, **provenance}
         update = self.ctx.options.update_golden
+        path = self._accepted_path(default_path, provenance, update)
         old = None
         if path.exists():
             try:
@@ -211,6 +212,9 @@ class GoldenGate:
         if update:
             outputs = self.candidate.to_accept(samples, current)
             changes = diff_outputs(old, outputs)
+            if path != default_path and old is None:
+                changes.insert(0, f"a file for this machine's kernel path, beside {default_path.name} (accepted on "
+                                  "another one, kept)")
             write_outputs(path, header, outputs)
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
                                          changes=changes, backend=backend, backend_reason=why))
@@ -236,6 +240,14 @@ class GoldenGate:
             self.ctx.fail(regression_failure(regression, problems, path, old.header))
         return regression
 
+    @staticmethod
+    def _accepted_path(default: Path, provenance: dict, update: bool) -> Path:
+        """The accepted file of this machine's kernel path among the precision's files (golden_variants)."""
+        from pytest_infergate.quality.golden_variants import path_to_update, select_accepted
+
+        environment = provenance.get("environment")
+        return path_to_update(default, environment) if update else select_accepted(default, environment)[0]
+
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)
             return []
@@ -244,7 +256,9 @@ class GoldenGate:
         mismatch = environment_mismatch(accepted, provenance)
         if mismatch:
             self.ctx.warn(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
-                          "environment; changed outputs may come from it: " + "; ".join(mismatch))
+                          "environment; changed outputs may come from it: " + "; ".join(mismatch)
+                          + ". If the kernels differ, accept this machine kind's outputs beside them with "
+                          "--infergate-update-golden (the check then picks the file by kernel path)")
         return mismatch
 
     def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None):
