@@ -11,10 +11,10 @@ MODES = ["sequential", "static", "dynamic", "continuous"]
 
 
 def workload(tokenizer, arrivals: str):
-    requests = chat_workload(tokenizer, 10, prompt_tokens=(20, 200), max_new_tokens=(8, 40), seed=11)
+    requests = chat_workload(tokenizer, 8, prompt_tokens=(20, 200), max_new_tokens=(8, 24), seed=11)
     if arrivals == "poisson":
         return with_poisson_arrivals(requests, rate_per_s=2.0, seed=12)
-    return with_burst_arrivals(requests, burst_size=5, gap_s=1.0)
+    return with_burst_arrivals(requests, burst_size=4, gap_s=1.0)
 
 
 @pytest.mark.parametrize("arrivals", ["bursty", "poisson"])

@@ -46,7 +46,7 @@ def test_cache_speedup_grows_with_generation_length(reference_only, needs_engine
 def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
                                                 engine_config, record_property):
     needs_engine(CACHE_MODES)
-    prompts = (32, 128, 384)
+    prompts = (32, 128, 256)
     speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(p, 16) for p in prompts],
                          "kv-cache-prompt")
     ordered = [speedups[(p, 16)] for p in prompts]

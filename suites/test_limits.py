@@ -47,7 +47,7 @@ def test_max_new_tokens_cap(engine):
 def test_deadline_and_queue_cap(engine, needs_engine, infergate_tokenizer):
     needs_engine("the request queue (max_queue_len)")
     with engine(max_queue_len=4, max_batch_size=2) as e:
-        ids = [e.submit(r) for r in chat_workload(infergate_tokenizer, 8, max_new_tokens=(64, 64), seed=5)]
+        ids = [e.submit(r) for r in chat_workload(infergate_tokenizer, 8, max_new_tokens=(16, 16), seed=5)]
         fast = e.submit(Request(prompt="Hi", max_new_tokens=200, ignore_eos=True, deadline_s=0.2))
         e.run_until_done()
         reasons = [e.result(i).finish_reason for i in ids + [fast]]
@@ -59,7 +59,7 @@ def test_deadline_and_queue_cap(engine, needs_engine, infergate_tokenizer):
 
 def test_kv_exhaustion_preempts_and_loses_nothing(engine, needs_engine, infergate_tokenizer, record_property):
     needs_engine("preemption on KV exhaustion")
-    requests = chat_workload(infergate_tokenizer, 8, prompt_tokens=(100, 300), max_new_tokens=(32, 64), seed=6)
+    requests = chat_workload(infergate_tokenizer, 8, prompt_tokens=(100, 300), max_new_tokens=(16, 32), seed=6)
     with engine(kv_budget_blocks=40, block_size=16, max_model_len=512, max_batch_size=8) as e:
         results = e.generate(requests)
         preemptions = sum(r.num_preemptions for r in results)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
-from pytest_infergate.quality.generation import composition_id, fixed_outputs, run_samples
+from pytest_infergate.quality.generation import composition_id, fixed_outputs, golden_engine_config, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
 from pytest_infergate.quality.golden_variants import (
     numerics_key,
@@ -249,6 +249,24 @@ def test_batch_invariance_variants_on_tiny(tiny_fp32, sample_file):
     record = BatchInvarianceRecord("t::x[fp32]", Status.PASS, result, {"max_batch_variant_share": 0.0})
     back = record_from_dict(json.loads(json.dumps(record.to_dict())))
     assert isinstance(back, BatchInvarianceRecord) and back.to_dict() == record.to_dict()
+
+
+def test_batch_invariance_on_the_first_tokens(tiny_fp32, sample_file):
+    """A cap compares each sample's first tokens: alone they are the uncapped alone run's first tokens, and the
+    fixed-composition outputs are cut to them; the cap travels with the result."""
+    samples = load_samples(sample_file)[:4]
+    fixed = fixed_outputs(tiny_fp32, samples, {})
+    capped = check_variants(tiny_fp32, samples, fixed, 2048, max_new_tokens=5)
+    assert capped.max_new_tokens == 5 and capped.notes[0] == "each sample compared on its first 5 tokens"
+    assert BatchInvariance.from_dict(capped.to_dict()).max_new_tokens == 5
+    alone = run_samples(tiny_fp32, samples, config=golden_engine_config(max_batch_size=1)).outputs
+    alone_capped = run_samples(tiny_fp32, samples, config=golden_engine_config(max_batch_size=1),
+                               max_new_tokens=5).outputs
+    assert all(len(g.token_ids) <= 5 for g in alone_capped)
+    assert [g.token_ids for g in alone_capped] == [g.token_ids[:5] for g in alone]
+    # what the capped check compares is the uncapped comparison cut at 5 tokens: a change after token 5 is not seen
+    full = check_variants(tiny_fp32, samples, fixed, 2048)
+    assert {d.id for d in capped.variants[0].changed} == {d.id for d in full.variants[0].changed if d.token < 5}
 
 
 def test_batch_invariance_reports_a_changed_sample():

@@ -118,7 +118,9 @@ def test_regression(infergate_golden, infergate_model):
 
 
 def test_batch_invariance(infergate_golden):
-    infergate_golden.check_batch_invariance(policy={"max_batch_variant_share": 1})
+    tokens = os.environ.get("INFERGATE_TEST_TOKENS")
+    infergate_golden.check_batch_invariance(policy={"max_batch_variant_share": 1},
+                                            max_new_tokens=int(tokens) if tokens else None)
 """
 
 
@@ -241,3 +243,18 @@ def test_batch_invariance_is_recorded_and_summarized(chat_project):
     (record,) = [r for r in results["records"] if r["kind"] == "batch_invariance"]
     assert record["policy"] == {"max_batch_variant_share": 1.0} and len(record["samples"]) == 8
     assert [v["name"] for v in record["variants"]] == ["batch", "rotated"]
+
+
+def test_batch_invariance_on_the_first_tokens_is_said(chat_project, monkeypatch):
+    pytester, run, _ = chat_project
+    monkeypatch.setenv("INFERGATE_TEST_TOKENS", "6")
+    result = run("-k", "test_batch_invariance", "--infergate-json=out.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*batch invariance PASS  fp32: * of 8 samples change with the batch (*first 6 tokens"])
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"]
+                 if r["kind"] == "batch_invariance"]
+    assert record["max_new_tokens"] == 6
+    monkeypatch.setenv("INFERGATE_TEST_TOKENS", "0")
+    bad = run("-k", "test_batch_invariance")
+    bad.assert_outcomes(failed=1)
+    bad.stdout.fnmatch_lines(["*check_batch_invariance(max_new_tokens=0): give a whole number of tokens >= 1*"])

@@ -9,6 +9,11 @@ Variants of each sample, per precision, all greedy on the reference engine:
 - `rotated`: the requested samples rotated by half and run at most half of them at a time: other neighbours and
   another position (within one set, order alone changes nothing when every prompt is prefilled in the first step).
 
+With `max_new_tokens` every variant is compared on each sample's first that many tokens: `alone` and `rotated`
+generate only those, and the fixed-composition run's outputs are cut there (the tokens a batch of one generates
+first are those of its uncapped run, so `alone` is exact; `rotated` is a composition of its own either way). The
+alone runs, one sample at a time, are most of the check's cost, and a batch that tips a token usually does so early.
+
 Per variant: which samples' tokens differ from `alone`, the log-prob margin at each first divergence (teacher-
 forced alone: how close to a tie the batch tipped it), and the teacher-forced KL(alone || in a batch) of the
 alone continuation scored in that variant's neighbours (`batch`: rows in file order, 8 per forward; `rotated`:
@@ -18,7 +23,7 @@ the rotated order, 4 per forward) — the size of the batch's numerical effect, 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.quality.golden_files import GoldenSample
 from pytest_infergate.quality.metrics import first_divergence
@@ -79,6 +84,7 @@ class BatchInvariance:
     seconds: float = 0.0  # wall, everything included
     cpu_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    max_new_tokens: int | None = None  # each sample compared on its first this many tokens (None: all of them)
 
     @property
     def variant_ids(self) -> list[str]:
@@ -98,13 +104,14 @@ class BatchInvariance:
     def to_dict(self) -> dict:
         return {"precision": self.precision, "samples": self.samples, "variant_share": self.variant_share,
                 "variant_ids": self.variant_ids, "variants": [v.to_dict() for v in self.variants],
-                "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "notes": self.notes}
+                "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "notes": self.notes,
+                "max_new_tokens": self.max_new_tokens}
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchInvariance:
         return cls(data["precision"], list(data.get("samples", [])),
                    [VariantResult.from_dict(v) for v in data.get("variants", [])], float(data.get("seconds", 0.0)),
-                   float(data.get("cpu_seconds", 0.0)), list(data.get("notes", [])))
+                   float(data.get("cpu_seconds", 0.0)), list(data.get("notes", [])), data.get("max_new_tokens"))
 
 
 def rotate(samples: list, by: int | None = None) -> list:
@@ -121,18 +128,22 @@ def _kl_per_sample(alone_lp: list, batched_lp: list) -> list[float]:
     return out
 
 
-def check_variants(loaded, samples: list[GoldenSample], fixed: list, max_model_len: int, fixed_s: float = 0.0
-                   ) -> BatchInvariance:
-    """The variants of `samples` (see the module docstring); `fixed`: their outputs in the fixed-composition run."""
+def check_variants(loaded, samples: list[GoldenSample], fixed: list, max_model_len: int, fixed_s: float = 0.0,
+                   max_new_tokens: int | None = None) -> BatchInvariance:
+    """The variants of `samples` (see the module docstring); `fixed`: their outputs in the fixed-composition run;
+    `max_new_tokens`: compare each sample's first that many tokens only."""
     from pytest_infergate.quality.generation import golden_engine_config, run_samples  # torch: only when run
     from pytest_infergate.quality.scoring import score_rows
 
     wall, cpu = time.perf_counter(), time.process_time()
     n = len(samples)
-    alone = run_samples(loaded, samples, max_model_len, golden_engine_config(max_model_len, max_batch_size=1))
+    alone = run_samples(loaded, samples, max_model_len, golden_engine_config(max_model_len, max_batch_size=1),
+                        max_new_tokens)
     rotated_samples = rotate(samples)
     rotated = run_samples(loaded, rotated_samples, max_model_len,
-                          golden_engine_config(max_model_len, max_batch_size=max(1, (n + 1) // 2)))
+                          golden_engine_config(max_model_len, max_batch_size=max(1, (n + 1) // 2)), max_new_tokens)
+    if max_new_tokens is not None:
+        fixed = [_first_tokens(g, max_new_tokens, loaded.tokenizer) for g in fixed]
     rows = [(g.prompt_ids, g.token_ids) for g in alone.outputs]
     alone_lp = score_rows(loaded.model, rows)
     variants = []
@@ -147,14 +158,25 @@ def check_variants(loaded, samples: list[GoldenSample], fixed: list, max_model_l
         kls = _kl_per_sample(alone_lp, [by_index[i] for i in range(n)])
         variants.append(VariantResult(name, description, changed, n, mean(kls) if kls else None,
                                       max(kls) if kls else None, seconds))
+    notes = [f"alone: {alone.wall_s:.0f}s wall, {alone.cpu_s:.0f}s CPU; rotated: {rotated.wall_s:.0f}s wall, "
+             f"{rotated.cpu_s:.0f}s CPU; {alone.threads} torch threads"]
+    if max_new_tokens is not None:
+        notes.insert(0, f"each sample compared on its first {max_new_tokens} tokens")
     return BatchInvariance(loaded.record.requested_precision, [s.id for s in samples], variants,
-                           time.perf_counter() - wall, time.process_time() - cpu,
-                           [f"alone: {alone.wall_s:.0f}s wall, {alone.cpu_s:.0f}s CPU; rotated: {rotated.wall_s:.0f}s "
-                            f"wall, {rotated.cpu_s:.0f}s CPU; {alone.threads} torch threads"])
+                           time.perf_counter() - wall, time.process_time() - cpu, notes, max_new_tokens)
 
 
 def _in_order(run, samples: list[GoldenSample]) -> list:
     return [run.by_id[s.id] for s in samples]
+
+
+def _first_tokens(generated, count: int, tokenizer):
+    """`generated` cut to its first `count` tokens (text decoded as the engine decodes a finished output)."""
+    if len(generated.token_ids) <= count:
+        return generated
+    ids = generated.token_ids[:count]
+    return replace(generated, token_ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True),
+                   top_logprobs=generated.top_logprobs[:count])
 
 
 def _divergence(alone, variant, logprobs, tokenizer) -> Divergence:

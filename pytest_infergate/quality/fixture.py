@@ -107,12 +107,12 @@ class LocalCandidate:
 
         return outputs_to_accept(samples, current, self.loaded.model)
 
-    def batch_invariance(self, samples):
+    def batch_invariance(self, samples, max_new_tokens: int | None = None):
         from pytest_infergate.quality.batch_invariance import check_variants
         from pytest_infergate.quality.generation import fixed_outputs
 
-        return check_variants(self.loaded, samples, fixed_outputs(self.loaded, samples, self.generated,
-                                                                  self.max_model_len), self.max_model_len)
+        fixed = fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
+        return check_variants(self.loaded, samples, fixed, self.max_model_len, max_new_tokens=max_new_tokens)
 
 
 class GoldenGate:
@@ -261,19 +261,25 @@ class GoldenGate:
                           "--infergate-update-golden (the check then picks the file by kernel path)")
         return mismatch
 
-    def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None):
+    def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None,
+                               max_new_tokens: int | None = None):
         """Does this precision's greedy answer to a sample change with the batch it runs in? Each sample runs
         alone, inside the fixed-composition batch (the whole sample file), and rotated in half-size batches;
         records the share of samples whose tokens change and the KL between the variants, and fails above the
-        policy's `max_batch_variant_share` (no gate unless set). Returns the BatchInvariance."""
+        policy's `max_batch_variant_share` (no gate unless set). `max_new_tokens`: compare each sample's first
+        that many tokens only (the alone runs, one sample at a time, cost the most). Returns the BatchInvariance."""
         from pytest_infergate.quality.golden_report import batch_invariance_failure
 
         if not hasattr(self.candidate, "batch_invariance"):
             self.ctx.skip(f"batch invariance needs a local model; the {self.precision} candidate batches requests "
                           "its own way (a server's scheduler is not ours to vary)")
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                           or max_new_tokens < 1):
+            self.ctx.fail(f"check_batch_invariance(max_new_tokens={max_new_tokens!r}): give a whole number of tokens "
+                          ">= 1, or None to compare every token")
         samples = self.samples(limit, categories)
         try:
-            result = self.candidate.batch_invariance(samples)
+            result = self.candidate.batch_invariance(samples, max_new_tokens)
         except InfergateError as exc:
             self.ctx.fail(str(exc))
         rules = self.policy(policy)

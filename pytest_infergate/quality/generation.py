@@ -77,12 +77,17 @@ def composition_id(samples: list[GoldenSample]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) -> list[Request]:
-    """One greedy request per sample; a sample the engine could never serve is an error naming its file and line."""
+def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int, max_new_tokens: int | None = None
+                    ) -> list[Request]:
+    """One greedy request per sample (`max_new_tokens`: at most that many of each sample's tokens); a sample the
+    engine could never serve is an error naming its file and line."""
     requests = []
     for sample in samples:
+        kwargs = sample.request_kwargs()
+        if max_new_tokens is not None:
+            kwargs["max_new_tokens"] = min(kwargs["max_new_tokens"], max_new_tokens)
         try:
-            request = Request(**sample.request_kwargs(), request_id=sample.id, top_logprobs=GOLDEN_TOP_LOGPROBS)
+            request = Request(**kwargs, request_id=sample.id, top_logprobs=GOLDEN_TOP_LOGPROBS)
             length = len(render_prompt(tokenizer, request))
         except RequestError as exc:
             raise GoldenError(f"{sample.where or 'golden set'}: sample {sample.id!r}: {exc}") from None
@@ -95,12 +100,14 @@ def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int) 
 
 
 def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-                config: EngineConfig | None = None) -> GenerationRun:
+                config: EngineConfig | None = None, max_new_tokens: int | None = None) -> GenerationRun:
     """Greedy outputs of `samples`, all submitted at once in this order to one backend of the model
-    (GOLDEN_BATCHING unless `config`): the composition is exactly this list."""
+    (GOLDEN_BATCHING unless `config`): the composition is exactly this list. `max_new_tokens` caps every sample's
+    output: in a batch of one those are the first tokens of the uncapped run (greedy decoding is causal); in a
+    larger batch a sequence that stops sooner frees its slot sooner, so the run is a composition of its own."""
     import torch
 
-    requests = golden_requests(samples, loaded.tokenizer, max_model_len)
+    requests = golden_requests(samples, loaded.tokenizer, max_model_len, max_new_tokens)
     wall, cpu = time.perf_counter(), time.process_time()
     backend = choice_for(loaded).build(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len))
     with backend:

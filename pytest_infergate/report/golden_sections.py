@@ -79,6 +79,7 @@ class BatchInvarianceSection:
     example_margin: str
     problems: list[str]
     notes: list[str]
+    compared: str  # which tokens of each sample were compared
 
 
 def batch_invariance_sections(records: list[BatchInvarianceRecord]) -> list[BatchInvarianceSection]:
@@ -93,5 +94,6 @@ def batch_invariance_sections(records: list[BatchInvarianceRecord]) -> list[Batc
             [VariantSummary(v.name, v.description, len(v.changed), v.samples, nats(v.mean_kl), nats(v.max_kl))
              for v in result.variants],
             example, where, nats(example.margin) if example is not None else units.DASH, list(r.problems),
-            list(result.notes)))
+            list(result.notes),
+            "every token" if result.max_new_tokens is None else f"first {result.max_new_tokens} tokens"))
     return out

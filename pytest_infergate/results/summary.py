@@ -201,6 +201,8 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
     kls = ", ".join(f"{v.name} KL {units.number(v.mean_kl, 2)}" for v in result.variants if v.mean_kl is not None)
     example = result.example()
     shown = f"; e.g. {example.id} at token {example.token}" if example else ""
+    if result.max_new_tokens is not None:
+        shown += f"; first {result.max_new_tokens} tokens"
     return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}{backend_tag(record)}: "
                 f"{len(result.variant_ids)} "
                 f"of {len(result.samples)} samples change with the batch ({result.variant_share:.0%}; {kls}){shown}",
