@@ -35,11 +35,14 @@ def test_budget_violation_lists_every_metric(pytester, run):
 
 def test_generous_budget_passes_and_reports_figures(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="ttft_ms_p95=60000, tokens_per_s=0.01"))
-    result = run("--junitxml=out.xml")
+    result = run("--junitxml=out.xml", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*infergate*", "*perf PASS*test_speed*ttft_ms_p50*tokens_per_s*"])
     junit = (pytester.path / "out.xml").read_text()
     assert 'name="infergate.tokens_per_s"' in junit and "infergate_result" not in junit
+    # no stored baseline saved or compared: the calibration probe, which only such a comparison reads, did not run
+    (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
+    assert record["measurement"]["probe_s"] == [] and record["measurement"]["probe"] == ""
 
 
 def test_ini_budgets_apply_per_precision(pytester, run):

@@ -20,12 +20,15 @@ DEFAULT_AB_REGRESSION = 0.10
 BASELINE_MIN_REPEATS = 8
 
 
+def uses_stored_baseline(ctx: TestContext) -> bool:
+    """Whether this run saves (--infergate-save-baseline) or compares with (--infergate-baseline) a stored one."""
+    return ctx.options.save_baseline is not None or ctx.baseline is not None
+
+
 def repetitions_for(ctx: TestContext, repeats: int) -> int:
     """`repeats`, raised to BASELINE_MIN_REPEATS when this run saves or compares a stored baseline (engine and
     endpoint measurements alike)."""
-    if ctx.options.save_baseline is not None or ctx.baseline is not None:
-        return max(repeats, BASELINE_MIN_REPEATS)
-    return repeats
+    return max(repeats, BASELINE_MIN_REPEATS) if uses_stored_baseline(ctx) else repeats
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -108,7 +111,9 @@ class PerfBench:
         self.ctx = ctx
         self.loaded = loaded
         self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
-        self.bench = Bench(loaded, ctx.options.device)
+        # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
+        # would take a share of the cores from the workload and start a sampler process per test for nothing
+        self.bench = Bench(loaded, ctx.options.device, calibrate=None if uses_stored_baseline(ctx) else False)
         self.measurements: list[Measurement] = []
 
     @property
