@@ -135,7 +135,7 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
         candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
     else:
         candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,
-                                   options.golden_max_len)
+                                   options.golden_max_len, session.reference_scores)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
     if infergate_precision == ENDPOINT_PRECISION and session.reference_endpoint is not None:
         from pytest_infergate.endpoint.pair import ServerPairCandidate, ServerPairGate

@@ -19,6 +19,7 @@ from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
+from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
@@ -52,6 +53,7 @@ class InfergateSession:
         self.baseline = None  # measurement key -> BaselineEntry, with --infergate-baseline
         self.generated: dict = {}  # local models' golden outputs, shared by every gate that needs them
         self.comparisons: dict = {}  # one quality comparison per precision and sample set
+        self.reference_scores = ScoreCache()  # the reference's log-probabilities of its golden continuations
         self.endpoint_answers: dict = {}  # the endpoint's golden answers
         self.compare_pools: list[ModelPool] = []
         self.refused: dict[int, str] = {}  # id of a LoadedModel the engine refused under --infergate-backend engine

@@ -288,3 +288,36 @@ def test_golden_record_keeps_near_ties_and_policy():
     assert data["near_ties"] == 1 and data["drift"] == 0 and data["changed"][0]["divergence_margin"] == 0.05
     back = GoldenRecord.from_dict(data)
     assert back.near_ties[0].id == "tie" and back.policy == record.policy and back.environment_mismatch == ["cpu: x"]
+
+
+# ---- the reference's log-probabilities, scored once ---------------------------------------------------------------
+
+def test_reference_scores_are_computed_once_and_capped(tiny_fp32, monkeypatch):
+    from pytest_infergate.quality import scoring
+    from pytest_infergate.quality.score_cache import ScoreCache
+
+    rows = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])]
+    forwards = []
+    real = scoring.continuation_logprobs
+
+    def counted(model, batch):
+        forwards.append(batch)
+        return real(model, batch)
+
+    monkeypatch.setattr(scoring, "continuation_logprobs", counted)
+    cache = ScoreCache()
+    first = cache.logprobs(tiny_fp32.model, rows)
+    again = cache.logprobs(tiny_fp32.model, rows[::-1])
+    assert len(forwards) == 2  # one forward per row, the first time only
+    assert all(torch.equal(a, b) for a, b in zip(first, again[::-1]))
+    assert all(torch.equal(a, b) for a, b in zip(first, scoring.score_rows(tiny_fp32.model, rows)))
+    assert cache.bytes == sum(t.numel() * t.element_size() for t in first)
+    # the same stats through teacher_forced with and without the cache
+    with_cache, _ = scoring.teacher_forced(tiny_fp32.model, tiny_fp32.model, rows, reference_scores=cache)
+    without, _ = scoring.teacher_forced(tiny_fp32.model, tiny_fp32.model, rows)
+    assert [s.ref_nll for s in with_cache] == [s.ref_nll for s in without]
+    small = ScoreCache(max_bytes=1)  # nothing fits: every call scores again, and still answers
+    forwards.clear()
+    small.logprobs(tiny_fp32.model, rows)
+    small.logprobs(tiny_fp32.model, rows)
+    assert len(forwards) == 4 and small.bytes == 0

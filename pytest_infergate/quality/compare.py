@@ -17,6 +17,7 @@ from pytest_infergate.quality.metrics import (
     by_category,
     compare_sample,
 )
+from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.quality.scoring import teacher_forced
 
 
@@ -37,11 +38,13 @@ def compare_with_reference(reference, samples: list[GoldenSample], reference_out
 
 
 def compare_precision(reference, candidate, samples: list[GoldenSample], reference_outputs: list[Generated],
-                      candidate_outputs: list[Generated]) -> QualityResult:
-    """A local precision against the reference: both models score the reference's continuations."""
+                      candidate_outputs: list[Generated], reference_scores: ScoreCache | None = None
+                      ) -> QualityResult:
+    """A local precision against the reference: both models score the reference's continuations (the reference's
+    log-probabilities kept in `reference_scores` for the next candidate)."""
     started = time.perf_counter()
     rows = [(r.prompt_ids, r.token_ids) for r in reference_outputs]
-    stats, _ = teacher_forced(reference.model, candidate.model, rows)
+    stats, _ = teacher_forced(reference.model, candidate.model, rows, reference_scores=reference_scores)
     result = compare_with_reference(reference, samples, reference_outputs, candidate_outputs, stats,
                                     candidate.record.requested_precision, started)
     result.flags += quantization_flags(reference, candidate, result.samples)

@@ -57,6 +57,7 @@ class LocalCandidate:
     device: str
     generated: dict
     max_model_len: int = 2048  # of the engine that generates golden outputs
+    reference_scores: object = None  # the session's ScoreCache: the reference's log-probabilities, scored once
 
     @property
     def precision(self) -> str:
@@ -77,7 +78,8 @@ class LocalCandidate:
     def compare(self, reference, samples, reference_outputs) -> QualityResult:
         from pytest_infergate.quality.compare import compare_precision
 
-        return compare_precision(reference, self.loaded, samples, reference_outputs, self.outputs(samples))
+        return compare_precision(reference, self.loaded, samples, reference_outputs, self.outputs(samples),
+                                 self.reference_scores)
 
     def accepted(self, golden_dir: Path, model_name: str) -> tuple[Path, dict]:
         record = self.loaded.record

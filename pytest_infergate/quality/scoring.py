@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from pytest_infergate.quality.metrics import TokenStats
+from pytest_infergate.quality.score_cache import ScoreCache
 
 TOP_K = 10
 
@@ -45,12 +46,17 @@ def score_rows(model, rows: list[tuple[list[int], list[int]]], batch_size: int =
 
 
 def teacher_forced(reference_model, candidate_model, rows: list[tuple[list[int], list[int]]],
-                   batch_size: int = 1) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
+                   batch_size: int = 1, reference_scores: ScoreCache | None = None
+                   ) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
     """Score the reference continuations under both models, `batch_size` rows per forward (1: alone). Returns
-    per-row TokenStats and the reference's top-k log-probabilities per token (what golden files store)."""
+    per-row TokenStats and the reference's top-k log-probabilities per token (what golden files store).
+    `reference_scores`: where the reference's alone log-probabilities are kept between calls."""
     stats, topks = [], []
     for batch in _batches(rows, batch_size):
-        ref_lp = continuation_logprobs(reference_model, batch)
+        if reference_scores is not None and batch_size == 1:
+            ref_lp = reference_scores.logprobs(reference_model, batch)
+        else:
+            ref_lp = continuation_logprobs(reference_model, batch)
         cand_lp = ref_lp if candidate_model is reference_model else continuation_logprobs(candidate_model, batch)
         for (_, cont), ref, cand in zip(batch, ref_lp, cand_lp):
             stats.append(token_stats(ref, cand, cont))
