@@ -11,7 +11,7 @@ MODES = ["sequential", "static", "dynamic", "continuous"]
 
 
 def workload(tokenizer, arrivals: str):
-    requests = chat_workload(tokenizer, 8, prompt_tokens=(20, 200), max_new_tokens=(8, 24), seed=11)
+    requests = chat_workload(tokenizer, 8, prompt_tokens=(20, 200), max_new_tokens=(8, 16), seed=11)
     if arrivals == "poisson":
         return with_poisson_arrivals(requests, rate_per_s=2.0, seed=12)
     return with_burst_arrivals(requests, burst_size=4, gap_s=1.0)
@@ -36,7 +36,7 @@ def test_batching_modes(reference_only, needs_engine, infergate_bench, infergate
 def test_length_bucketing_reduces_padding(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
                                           engine_config, record_property):
     needs_engine("length bucketing")
-    requests = chat_workload(infergate_tokenizer, 12, prompt_tokens=(20, 400), max_new_tokens=(8, 8), seed=13)
+    requests = chat_workload(infergate_tokenizer, 8, prompt_tokens=(20, 400), max_new_tokens=(4, 4), seed=13)
     waste = {}
     for bucketing in (False, True):
         config = engine_config(batching="static", max_batch_size=4, length_bucketing=bucketing)
@@ -62,10 +62,10 @@ PROFILES = {
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_service_profile(reference_only, request, infergate_bench, infergate_tokenizer, engine_config, profile):
     if profile == "offline":
-        requests = chat_workload(infergate_tokenizer, 16, prompt_tokens=(40, 200), max_new_tokens=(16, 48), seed=21)
+        requests = chat_workload(infergate_tokenizer, 16, prompt_tokens=(40, 200), max_new_tokens=(16, 32), seed=21)
     elif profile == "chat":
         requests = with_poisson_arrivals(chat_workload(infergate_tokenizer, 8, prompt_tokens=(20, 120),
-                                                       max_new_tokens=(16, 32), seed=22), rate_per_s=1.0, seed=23)
+                                                       max_new_tokens=(16, 32), seed=22), rate_per_s=2.0, seed=23)
     else:
         requests = with_poisson_arrivals(chat_workload(infergate_tokenizer, 8, prompt_tokens=(40, 160),
                                                        max_new_tokens=(8, 16), seed=24), rate_per_s=2.0, seed=25)
