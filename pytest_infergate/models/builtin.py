@@ -47,11 +47,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from pytest_infergate.models.gguf_read import read_gguf_once
+
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                     dtype=torch.float32)
+        with read_gguf_once():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                         dtype=torch.float32)
     except Exception as exc:
         raise ModelLoadError(f"transformers could not read GGUF file {gguf_path}: {exc}. Is the `gguf` package "
                              "installed and the architecture supported by transformers' GGUF loader?") from exc
