@@ -23,6 +23,7 @@ from pytest_infergate.quality.golden_files import (
 )
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import RegressionPolicy, parse_policy, policy_violations, resolve_policy
+from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import Status
 
@@ -57,7 +58,7 @@ class LocalCandidate:
     device: str
     generated: dict
     max_model_len: int = 2048  # of the engine that generates golden outputs
-    reference_scores: object = None  # the session's ScoreCache: the reference's log-probabilities, scored once
+    reference_scores: ScoreCache | None = None  # the session's: the reference's log-probabilities, scored once
 
     @property
     def precision(self) -> str:
