@@ -1,6 +1,6 @@
 """On a CUDA machine only (marked `gpu`, skipped elsewhere; benchmarks/gpu_check.sh runs them): the fp16
-reference, bitsandbytes int8 / nf4 on the pinned GPU, the engine's greedy output against `model.generate`, and
-the memory split against the allocator's own counters."""
+reference, bitsandbytes int8 / nf4 on the pinned GPU, the engine's greedy output against `model.generate`, CUDA
+graphs for decode steps against eager steps, and the memory split against the allocator's own counters."""
 
 import pytest
 import torch
@@ -44,6 +44,23 @@ def test_engine_greedy_matches_generate_on_the_gpu(tiny_fp16):
     print(f"engine vs generate on CUDA, fp16: {exact}/{len(PROMPTS)} prompts token-exact")
     # fp16 kernels differ between a padded batch and one sequence; most greedy paths still agree
     assert exact >= 0.75 * len(PROMPTS)
+
+
+def test_cuda_graphs_are_captured_and_agree_with_eager_steps(tiny_fp16):
+    from engine_helpers import PROMPTS, messages
+
+    from pytest_infergate.engine import Engine, EngineConfig, Request
+
+    requests = [Request(messages=messages(p), max_new_tokens=24) for p in PROMPTS]
+    outputs = {}
+    for graphs in (True, False):
+        with Engine(tiny_fp16.model, tiny_fp16.tokenizer, EngineConfig(max_model_len=512, cuda_graphs=graphs)) as e:
+            print(f"CUDA graphs {e.cuda_graphs.describe()}")
+            assert e.cuda_graphs.enabled is graphs, e.cuda_graphs.reason
+            outputs[graphs] = [r.token_ids for r in e.generate(requests)]
+    exact = sum(a == b for a, b in zip(outputs[True], outputs[False]))
+    print(f"CUDA graphs vs eager decode steps, fp16: {exact}/{len(PROMPTS)} prompts token-exact")
+    assert exact >= 0.75 * len(PROMPTS)  # padded batches and keys change fp16 rounding, rarely a greedy choice
 
 
 def test_memory_split_matches_the_allocator():

@@ -76,12 +76,17 @@ class AttentionBatch:
     num_padding: int = 0
     max_context: int = 0  # longest context of any sequence in this forward
     observer: object | None = None  # called with every attention call's arguments (the engine's shape probe)
+    # CUDA graphs (decode_graphs.py): every layout made before capture, in fixed buffers; any other is an error
+    frozen: bool = False
     _layouts: dict = field(default_factory=dict)
 
     def layout(self, window: int | None) -> Layout:
         if window is not None and window >= self.max_context:
             window = None  # no query reaches past the window: the full layout, shared with full-attention layers
         if window not in self._layouts:
+            if self.frozen:
+                raise RuntimeError(f"a layer asked for a sliding window of {window} tokens, which the engine's CUDA "
+                                   "graph was not built for: run with EngineConfig(cuda_graphs=False) and report it")
             self._layouts[window] = Layout([self._decode_group(rows, window) for rows in self.decode_rows],
                                            [self._prefill_segment(rows, window) for rows in self.prefill_rows])
         return self._layouts[window]
@@ -92,18 +97,10 @@ class AttentionBatch:
         return tables.gather(1, positions // bs) * bs + positions % bs
 
     def _decode_group(self, rows: DecodeRows, window: int | None) -> DecodeGroup:
-        lengths = rows.lengths
-        keep = lengths if window is None else lengths.clamp(max=window)  # [n] keys each query sees
-        first = lengths - keep  # [n] position of each query's first key
-        length = int(keep.max())
-        offsets = torch.arange(length)
-        valid = offsets.unsqueeze(0) < keep.unsqueeze(1)  # [n, length]
-        # a padded key reads the query's first key again; the mask hides it
-        positions = first.unsqueeze(1) + torch.where(valid, offsets.unsqueeze(0), 0)
-        slots = self._slots(rows.tables, positions).reshape(-1).to(self.device)
-        count = len(lengths)
+        slots, valid = decode_keys(rows, window, self.block_size)
+        count, length = valid.shape
         mask = None if bool(valid.all()) else valid.view(count, 1, 1, length).to(self.device)
-        return DecodeGroup(rows.start, count, slots, length, mask)
+        return DecodeGroup(rows.start, count, slots.reshape(-1).to(self.device), length, mask)
 
     def _prefill_segment(self, rows: PrefillRows, window: int | None) -> PrefillSegment:
         start, n = rows.ctx_len, rows.q_len
@@ -117,3 +114,18 @@ class AttentionBatch:
             mask &= key_pos > query_pos - window
         slots = None if start == 0 else self._slots(rows.table.unsqueeze(0), key_pos)[0].to(self.device)
         return PrefillSegment(rows.q_start, n, slots, mask.to(self.device), is_causal=False)
+
+
+def decode_keys(rows: DecodeRows, window: int | None, block_size: int,
+                length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache slots of the keys each decoding query reads, and which of them it attends to: ([n, length] slots,
+    [n, length] bool), on the CPU. `length` defaults to the most keys any query sees; a longer one pads (the CUDA
+    graphs' fixed shapes). A padded key reads the query's first key again; the mask hides it."""
+    lengths = rows.lengths
+    keep = lengths if window is None else lengths.clamp(max=window)  # [n] keys each query sees
+    first = lengths - keep  # [n] position of each query's first key
+    length = int(keep.max()) if length is None else length
+    offsets = torch.arange(length)
+    valid = offsets.unsqueeze(0) < keep.unsqueeze(1)  # [n, length]
+    positions = first.unsqueeze(1) + torch.where(valid, offsets.unsqueeze(0), 0)
+    return rows.tables.gather(1, positions // block_size) * block_size + positions % block_size, valid

@@ -29,6 +29,10 @@ class EngineConfig:
         Default (None): 8 on the CPU, where decode attention is bound by reading the cache and padding a group to
         its longest member costs bandwidth; every decoding sequence at once on CUDA, where a small model is bound
         by kernel launches and one call per layer is what the serving engines do.
+    cuda_graphs: replay decode steps from CUDA graphs captured per batch/context bucket (decode_graphs.py).
+        Default (None): on for a model on CUDA, where each graph is checked against the eager forward when the
+        engine is built (a failed capture or check turns them off, `Engine.cuda_graphs` says why); False: off;
+        True on a device other than CUDA is an error.
     """
 
     cache_mode: str = "paged"
@@ -51,6 +55,7 @@ class EngineConfig:
     prefix_caching: bool = False
     record_steps: bool = True
     decode_group_size: int | None = None
+    cuda_graphs: bool | None = None
 
     def __post_init__(self):
         if self.cache_mode not in CACHE_MODES:
@@ -67,6 +72,9 @@ class EngineConfig:
         self.window_ms = check_number(OptionError, "EngineConfig.window_ms", self.window_ms, minimum=0)
         for name in ("truncate_input", "length_bucketing", "schedule_by_tokens", "prefix_caching", "record_steps"):
             check_bool(OptionError, f"EngineConfig.{name}", getattr(self, name))
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise OptionError(f"EngineConfig.cuda_graphs must be True, False or None (on with CUDA), got "
+                              f"{self.cuda_graphs!r}")
         if self.kv_budget_bytes is not None and self.kv_budget_blocks is not None:
             raise OptionError("EngineConfig: give kv_budget_bytes or kv_budget_blocks, not both")
         if self.prefix_caching and (self.cache_mode != "paged" or self.batching not in ("continuous", "sequential")):

@@ -37,6 +37,7 @@ class ModelRunner:
         self.is_cuda = device.type == "cuda"
         # None on CUDA: all decoding sequences in one group, one attention call per layer
         self.decode_group_size = decode_group_size or (None if self.is_cuda else CPU_DECODE_GROUP_SIZE)
+        self.graphs = None  # DecodeGraphs once the engine captured and checked them
 
     def _block_tables(self, seqs: list[Sequence], num_tokens: int) -> torch.Tensor:
         """[len(seqs), blocks covering num_tokens] block ids (short tables padded with block 0)."""
@@ -112,4 +113,11 @@ class ModelRunner:
 
     def forward(self, plan: StepPlan) -> tuple[torch.Tensor, float]:
         """Logits [num sampling chunks, vocab] (float32) in plan order, and the forward's wall time in seconds."""
-        return self.run_model(self.prepare(plan))
+        inputs = self.prepare(plan)
+        if self.graphs is None or not self.graphs.can_run(inputs):
+            return self.run_model(inputs)
+        start = time.perf_counter()
+        logits = self.graphs.run(inputs)
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        return logits, time.perf_counter() - start

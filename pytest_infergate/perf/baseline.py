@@ -95,6 +95,20 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
 def fingerprint_mismatches(current: dict, accepted: dict) -> list[str]:
     out = []
     for name in COMPARED_FIELDS:
-        if current.get(name) != accepted.get(name):
+        now = current.get(name)
+        if name == "engine_config" and isinstance(now, dict) and isinstance(accepted.get(name), dict):
+            now = without_new_defaults(now, accepted[name])
+        if now != accepted.get(name):
             out.append(f"{name}: baseline {accepted.get(name)!r}, now {current.get(name)!r}")
     return out
+
+
+def without_new_defaults(config: dict, accepted: dict) -> dict:
+    """`config` less the EngineConfig fields a baseline saved by an older version does not know, where they have
+    their default value (the engine then runs as it did before the field existed)."""
+    from dataclasses import fields
+
+    from pytest_infergate.engine.config import EngineConfig
+
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    return {k: v for k, v in config.items() if k in accepted or k not in defaults or v != defaults[k]}

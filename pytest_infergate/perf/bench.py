@@ -136,6 +136,9 @@ class Bench:
         into.engine = {**engine.config.to_dict(), "backend": engine.name,
                        "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
+        graphs = getattr(engine, "cuda_graphs", None)  # the HF generate backend has none
+        if graphs is not None:
+            into.engine["cuda_graphs"] = graphs.describe()
         reuse = PrefixCacheUse.of([r for r in results if not r.is_warmup], count_sessions(workload))
         into.engine[PREFIX_CACHE_KEY] = reuse.to_dict()
         if engine.config.prefix_caching:
