@@ -56,6 +56,16 @@ kill $smi 2>/dev/null
 echo "=== figures"
 for run in suites-tiny suites-0.5b; do
   [ -f "$out/$run.json" ] && "$python" -m pytest_infergate.cli summary "$out/$run.json"
+  # which perf records' engines replayed CUDA graphs, and why the others did not
+  [ -f "$out/$run.json" ] && "$python" - "$out/$run.json" <<'PY'
+import collections, json, sys
+data = json.load(open(sys.argv[1]))
+records = data.get("records", data) if isinstance(data, dict) else data
+seen = collections.Counter(str(((r.get("measurement") or {}).get("engine") or {}).get("cuda_graphs", "-"))[:160]
+                           for r in records if isinstance(r, dict) and r.get("kind") == "perf")
+for status, count in seen.most_common():
+    print(f"  CUDA graphs in {count} perf records: {status}")
+PY
 done
 echo "peak GPU memory used (nvidia-smi): $(sort -t, -k2 -n "$out/nvidia-smi.csv" | tail -1)"
 echo "=== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $(( $(date +%s) - began )) s"
