@@ -6,8 +6,12 @@ import pytest
 
 # pytester's in-process runs drop the modules first imported inside them when they end. torch and friends load
 # C extensions and register operators once per process: a second import of them crashes or fails. Keep them.
+# The HTTP stack too: httpcore imports its anyio backend at the first connection, and httpx maps httpcore's
+# exceptions through classes it cached; a backend imported afresh raises classes of a new httpcore generation
+# that the map does not know, so a refused connection escaped as a raw httpcore.ConnectError (seen under -n 2).
 _NATIVE = ("torch", "transformers", "bitsandbytes", "safetensors", "tokenizers", "accelerate", "gguf", "numpy",
-           "scipy", "sympy", "pytest_infergate", "jinja2", "markupsafe", "rouge_score", "nltk", "absl", "psutil")
+           "scipy", "sympy", "pytest_infergate", "jinja2", "markupsafe", "rouge_score", "nltk", "absl", "psutil",
+           "httpx", "httpcore", "httpx_sse", "anyio", "h11", "sniffio", "idna", "certifi")
 _original_snapshot_init = _pytest.pytester.SysModulesSnapshot.__init__
 
 
