@@ -6,7 +6,7 @@ On a GPU, tests/test_gpu.py runs the real capture."""
 
 import pytest
 import torch
-from zoo_models import build_model, hf_greedy_ids, prompts
+from zoo_models import cached_zoo, prompts
 
 from pytest_infergate.engine import Engine, EngineConfig, Request, decode_graphs
 from pytest_infergate.engine.attention_batch import AttentionBatch
@@ -28,15 +28,7 @@ def tokenizer(tiny_source):
 
 @pytest.fixture(scope="module")
 def zoo():
-    built = {}
-
-    def get(name):
-        if name not in built:
-            model = build_model(name)
-            built[name] = model, hf_greedy_ids(model, PROMPTS, MAX_NEW)
-        return built[name]
-
-    return get
+    return cached_zoo(PROMPTS, MAX_NEW)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ recomputed. Two families have windows shorter than the prompts on every other la
 
 import pytest
 import torch
-from zoo_models import FAMILIES, WINDOW, build_model, hf_greedy_ids, prompts
+from zoo_models import FAMILIES, WINDOW, cached_zoo, prompts
 
 from pytest_infergate.engine import (
     Engine,
@@ -59,16 +59,7 @@ def tokenizer(tiny_source):
 
 @pytest.fixture(scope="module")
 def zoo():
-    """name -> (model, its greedy model.generate outputs for PROMPTS), each built once."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            model = build_model(name)
-            built[name] = model, hf_greedy_ids(model, PROMPTS, MAX_NEW)
-        return built[name]
-
-    return get
+    return cached_zoo(PROMPTS, MAX_NEW)
 
 
 def has_window(name: str) -> bool:

@@ -110,3 +110,16 @@ def hf_greedy_ids(model, prompt_ids: list[list[int]], max_new_tokens: int, eos: 
             gen = gen[:gen.index(eos) + 1]
         outs.append(gen)
     return outs
+
+
+def cached_zoo(prompt_ids: list[list[int]], max_new_tokens: int):
+    """name -> (the family's model, its greedy model.generate outputs for `prompt_ids`), each built once."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            model = build_model(name)
+            built[name] = model, hf_greedy_ids(model, prompt_ids, max_new_tokens)
+        return built[name]
+
+    return get
