@@ -125,10 +125,7 @@ def test_a_graph_that_disagrees_turns_graphs_off(zoo, tokenizer, replays, monkey
     assert len(replays) == checked  # every step ran eagerly
 
 
-class FailingCapture:
-    def __init__(self, device):
-        pass
-
+class FailingCapture(EagerReplay):
     def capture(self, forward):
         raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 

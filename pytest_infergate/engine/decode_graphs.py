@@ -75,19 +75,43 @@ class GraphStatus:
 
 
 class CudaCapture:
-    """torch.cuda.CUDAGraph: `capture(forward)` runs it once eagerly (lazy initialisation such as cuBLAS handles
-    must not happen inside a capture), captures it into the shared pool and returns the graph's replay."""
+    """torch.cuda.CUDAGraph, captured on a side stream into one shared pool. `capture(forward)` first runs it
+    eagerly on that stream (lazy initialisation such as cuBLAS workspaces must not happen inside a capture), then
+    captures it and returns the graph's replay. What torch.cuda.graph does before every capture (synchronize,
+    gc.collect, empty_cache) is done once, in `begin`: a full collection per graph would cost the 36 graphs of a
+    default engine seconds in a large test process."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.pool = None
+        self.stream: torch.cuda.Stream | None = None
+
+    def begin(self) -> None:
+        import gc
+
+        torch.cuda.synchronize(self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+        self.stream = torch.cuda.Stream(self.device)
 
     def capture(self, forward: Callable[[], None]) -> Callable[[], None]:
-        forward()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            forward()
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            forward()
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                forward()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except Exception:  # noqa: BLE001 - the capture is invalid anyway; the first error says why
+                    pass
+                raise
+            graph.capture_end()
+        torch.cuda.synchronize(self.device)
         if self.pool is None:
             self.pool = graph.pool()
         return graph.replay
@@ -98,6 +122,9 @@ class EagerReplay:
 
     def __init__(self, device: torch.device):
         self.replays = 0
+
+    def begin(self) -> None:
+        pass
 
     def capture(self, forward: Callable[[], None]) -> Callable[[], None]:
         def replay():
@@ -166,6 +193,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
+        self.capturer.begin()
         for keys in reversed(self.context_lengths):  # largest first: the smaller ones reuse its pool memory
             for rows in reversed(self.batch_sizes):
                 self.graphs[(rows, keys)] = self.capturer.capture(self._forward(rows, keys))
