@@ -1,5 +1,5 @@
 """The CUDA code paths, exercised on the CPU with torch.cuda's functions stood in for: worker pinning under xdist,
-the memory split around a measured region, and where quantized models are placed. The same paths run for real in
+the memory split around a measured region, where quantized models are placed, and how CUDA graphs are captured. The same paths run for real in
 tests/test_gpu.py (marked `gpu`, skipped without CUDA) and benchmarks/gpu_check.sh."""
 
 from types import SimpleNamespace
@@ -82,3 +82,93 @@ def test_quantized_models_are_placed_on_the_pinned_gpu(monkeypatch, tiny_source,
         load_model(tiny_source, precision, device, reference="fp16", tokenizer=object())
     assert seen.get("device_map") == placement
     assert seen["dtype"] == (torch.float16 if precision != "fp32" else torch.float32)
+
+
+class FakeGraphs:
+    """torch.cuda's graph and stream API, recording the order of what CudaCapture does."""
+
+    def __init__(self, monkeypatch):
+        import contextlib
+
+        self.log: list = []
+        self.current = "default"
+        log = self.log
+        fake = self
+
+        class Graph:
+            count = 0
+
+            def __init__(self):
+                Graph.count += 1
+                self.name = f"graph{Graph.count}"
+
+            def capture_begin(self, pool=None):
+                log.append(("capture_begin", self.name, pool, fake.current))
+
+            def capture_end(self):
+                log.append(("capture_end", self.name))
+
+            def pool(self):
+                return f"pool-of-{self.name}"
+
+            def replay(self):
+                log.append(("replay", self.name))
+
+        class Stream:
+            def __init__(self, device=None):
+                log.append(("new_stream", device))
+
+            def wait_stream(self, other):
+                log.append(("wait_stream", other))
+
+        @contextlib.contextmanager
+        def stream(s):
+            previous, fake.current = fake.current, "side"
+            try:
+                yield
+            finally:
+                fake.current = previous
+
+        for name, value in {"CUDAGraph": Graph, "Stream": Stream, "stream": stream,
+                            "current_stream": lambda device=None: "default",
+                            "synchronize": lambda device=None: log.append(("synchronize",)),
+                            "empty_cache": lambda: log.append(("empty_cache",))}.items():
+            monkeypatch.setattr(torch.cuda, name, value, raising=False)
+
+
+def test_cuda_graphs_warm_up_and_capture_on_one_side_stream_into_one_pool(monkeypatch):
+    from pytest_infergate.engine.decode_graphs import CudaCapture
+
+    fake = FakeGraphs(monkeypatch)
+    capture = CudaCapture(torch.device("cuda", 0))
+    capture.begin()
+    assert fake.log == [("synchronize",), ("empty_cache",), ("new_stream", torch.device("cuda", 0))]
+    runs = []
+    first = capture.capture(lambda: runs.append(fake.current))
+    second = capture.capture(lambda: runs.append(fake.current))
+    assert runs == ["side"] * 4  # warm-up and capture of each, all on the side stream
+    begins = [entry for entry in fake.log if entry[0] == "capture_begin"]
+    assert begins == [("capture_begin", "graph1", None, "side"), ("capture_begin", "graph2", "pool-of-graph1", "side")]
+    assert [entry for entry in fake.log if entry[0] == "capture_end"] == [("capture_end", "graph1"),
+                                                                          ("capture_end", "graph2")]
+    second()
+    first()
+    assert fake.log[-2:] == [("replay", "graph2"), ("replay", "graph1")]
+
+
+def test_a_failing_capture_is_ended_and_its_error_raised(monkeypatch):
+    from pytest_infergate.engine.decode_graphs import CudaCapture
+
+    fake = FakeGraphs(monkeypatch)
+    capture = CudaCapture(torch.device("cuda", 0))
+    capture.begin()
+    calls = []
+
+    def forward():
+        calls.append(len(calls))
+        if len(calls) == 2:  # the warm-up runs; the capture hits something a graph cannot hold
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        capture.capture(forward)
+    assert fake.log[-1] == ("capture_end", "graph1") and capture.pool is None
