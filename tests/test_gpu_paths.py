@@ -1,6 +1,7 @@
 """The CUDA code paths, exercised on the CPU with torch.cuda's functions stood in for: worker pinning under xdist,
-the memory split around a measured region, where quantized models are placed, and how CUDA graphs are captured. The same paths run for real in
-tests/test_gpu.py (marked `gpu`, skipped without CUDA) and benchmarks/gpu_check.sh."""
+the memory split around a measured region, where quantized models are placed, and how CUDA graphs are captured.
+The same paths run for real in tests/test_gpu.py (marked `gpu`, skipped without CUDA) and
+benchmarks/gpu_check.sh."""
 
 from types import SimpleNamespace
 
