@@ -165,3 +165,27 @@ def test_a_baseline_saved_before_a_new_engine_field_still_matches():
     assert fingerprint_mismatches(current, {"engine_config": {"batching": "continuous"}}) == []
     changed = {"engine_config": {"batching": "continuous", "cuda_graphs": False}}
     assert fingerprint_mismatches(changed, {"engine_config": {"batching": "continuous"}}) != []
+
+
+def test_a_graph_pool_counts_in_the_models_memory(tiny_fp32):
+    """The pool is reserved when the engine is built, before any measured region, and replays allocate nothing:
+    the perf record adds it to what the model holds."""
+    from pytest_infergate.engine.decode_graphs import GraphStatus
+    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.metrics import Measurement
+
+    bench = Bench(tiny_fp32, calibrate=False)
+    config = EngineConfig(max_model_len=128, kv_budget_blocks=16)
+    try:
+        engine = bench.engine(config)
+        engine.cuda_graphs = GraphStatus(True, num_graphs=1, batch_sizes=(1,), context_lengths=(128,),
+                                         pool_bytes=64 << 20)
+        measurement = Measurement()
+        bench.run_once([Request(prompt_token_ids=[5, 6, 7], max_new_tokens=2)], config, 0, measurement)
+    finally:
+        bench.close()
+    memory = measurement.memory
+    assert memory["cuda_graphs_mb"] == 64
+    assert memory["peak_mb"] == pytest.approx(memory["weights_mb"] + memory["kv_allocated_mb"] + memory["other_mb"]
+                                              + 64)
+    assert "pool 64 MiB" in measurement.engine["cuda_graphs"]

@@ -59,6 +59,7 @@ class GraphStatus:
     batch_sizes: tuple[int, ...] = ()
     context_lengths: tuple[int, ...] = ()
     capture_s: float = 0.0  # capturing and checking them all
+    pool_bytes: int = 0  # GPU memory the allocator reserved while capturing (the graphs' pool, kept while on)
     max_diff: float = 0.0  # the largest |graph - eager| logit seen by the check, relative to the logit scale
 
     def describe(self) -> str:
@@ -66,12 +67,13 @@ class GraphStatus:
             return f"off: {self.reason}" if self.reason else "off"
         return (f"on: {self.num_graphs} graphs (batch {self.batch_sizes[0]}-{self.batch_sizes[-1]} x context "
                 f"{self.context_lengths[0]}-{self.context_lengths[-1]}), captured and checked against the eager "
-                f"forward in {self.capture_s:.1f} s (largest difference {self.max_diff:.1e} x the logit scale)")
+                f"forward in {self.capture_s:.1f} s (largest difference {self.max_diff:.1e} x the logit scale"
+                + (f"; pool {self.pool_bytes / 2**20:.0f} MiB)" if self.pool_bytes else ")"))
 
     def to_dict(self) -> dict:
         return {"enabled": self.enabled, "reason": self.reason, "num_graphs": self.num_graphs,
                 "batch_sizes": list(self.batch_sizes), "context_lengths": list(self.context_lengths),
-                "capture_s": self.capture_s, "max_diff": self.max_diff}
+                "capture_s": self.capture_s, "max_diff": self.max_diff, "pool_bytes": self.pool_bytes}
 
 
 class CudaCapture:
@@ -315,12 +317,23 @@ def why_not(model, cache) -> str:
     return ""
 
 
+def _reserved_after_emptying(device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
+
+
 def build(graphs: DecodeGraphs, run_eager, tolerance: float) -> GraphStatus:
     """Capture every graph and check each against the eager forward (`run_eager(inputs) -> (logits, s)`);
     graphs stay on only if every one agrees within `tolerance` x the logit scale."""
     start = time.perf_counter()
+    on_cuda = graphs.device.type == "cuda"
     try:
+        # cached blocks given back before and after, so the rise in reserved memory is what the graphs hold: their
+        # pool and the logits buffer, not the warm-up forwards' freed intermediates
+        reserved = _reserved_after_emptying(graphs.device) if on_cuda else 0
         graphs.capture_all()
+        pool = _reserved_after_emptying(graphs.device) - reserved if on_cuda else 0
         worst = 0.0
         for rows, keys in graphs.graphs:
             inputs = check_inputs(graphs, rows, keys)
@@ -343,4 +356,4 @@ def build(graphs: DecodeGraphs, run_eager, tolerance: float) -> GraphStatus:
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         return GraphStatus(False, f"capture failed: {type(exc).__name__}: {first_line}")
     return GraphStatus(True, "", len(graphs.graphs), tuple(graphs.batch_sizes), tuple(graphs.context_lengths),
-                       time.perf_counter() - start, worst)
+                       time.perf_counter() - start, worst, pool)
