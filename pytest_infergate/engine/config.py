@@ -28,7 +28,8 @@ class EngineConfig:
     decode_group_size: decoding sequences attended by one attention call per layer, grouped by context length.
         Default (None): 8 on the CPU, where decode attention is bound by reading the cache and padding a group to
         its longest member costs bandwidth; every decoding sequence at once on CUDA, where a small model is bound
-        by kernel launches and one call per layer is what the serving engines do.
+        by kernel launches and one call per layer is what the serving engines do. A step replayed from a CUDA graph
+        attends all its decoding sequences in one call whatever this is.
     cuda_graphs: replay decode steps from CUDA graphs captured per batch/context bucket (decode_graphs.py).
         Default (None): on for a model on CUDA, where each graph is checked against the eager forward when the
         engine is built (a failed capture or check turns them off, `Engine.cuda_graphs` says why); False: off;
