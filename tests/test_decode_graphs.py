@@ -80,6 +80,7 @@ def test_graphs_are_exact(zoo, tokenizer, replays, family, mode):
         assert status.enabled, status.reason
         assert status.batch_sizes == (1, 2, 4, 6) and status.context_lengths == (32, 64, 96)
         assert status.num_graphs == 12 and status.max_diff <= engine.self_check.tolerance
+        assert status.pool_bytes == 0 and "pool" not in status.describe()  # no CUDA pool on the CPU
         checked = len(replays)
         assert checked == 12  # each graph checked against the eager forward once, when the engine was built
         assert generate(engine) == cut(reference)

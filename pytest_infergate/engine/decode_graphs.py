@@ -355,5 +355,6 @@ def build(graphs: DecodeGraphs, run_eager, tolerance: float) -> GraphStatus:
             torch.cuda.synchronize(graphs.device)
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         return GraphStatus(False, f"capture failed: {type(exc).__name__}: {first_line}")
-    return GraphStatus(True, "", len(graphs.graphs), tuple(graphs.batch_sizes), tuple(graphs.context_lengths),
-                       time.perf_counter() - start, worst, pool)
+    return GraphStatus(True, num_graphs=len(graphs.graphs), batch_sizes=tuple(graphs.batch_sizes),
+                       context_lengths=tuple(graphs.context_lengths), capture_s=time.perf_counter() - start,
+                       max_diff=worst, pool_bytes=pool)
