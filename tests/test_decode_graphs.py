@@ -8,7 +8,7 @@ import pytest
 import torch
 from zoo_models import cached_zoo, prompts
 
-from pytest_infergate.engine import Engine, EngineConfig, Request, decode_graphs
+from pytest_infergate.engine import Engine, EngineConfig, Request, decode_graphs, graph_build
 from pytest_infergate.engine.attention_batch import AttentionBatch
 from pytest_infergate.engine.decode_graphs import DecodeGraphs, EagerReplay, batch_buckets, context_buckets
 from pytest_infergate.errors import OptionError
@@ -115,8 +115,8 @@ def test_graphs_need_cuda(zoo, tokenizer):
 
 def test_a_graph_that_disagrees_turns_graphs_off(zoo, tokenizer, replays, monkeypatch):
     model, reference = zoo("mistral-sliding")
-    build = decode_graphs.build
-    monkeypatch.setattr(decode_graphs, "build", lambda graphs, run_eager, tolerance: build(graphs, run_eager, -1.0))
+    build = graph_build.build
+    monkeypatch.setattr(graph_build, "build", lambda graphs, run_eager, tolerance: build(graphs, run_eager, -1.0))
     with Engine(model, tokenizer, EngineConfig(**BASE)) as engine:
         assert not engine.cuda_graphs.enabled
         assert "the graph for batch 6 x context 96 differs from the eager forward" in engine.cuda_graphs.reason
@@ -151,8 +151,8 @@ def test_no_graphs_without_a_cache_or_with_llm_int8(zoo, tokenizer, replays):
             class quantization_config:
                 load_in_8bit = True
 
-    assert "LLM.int8 picks its outlier columns at run time" in decode_graphs.why_not(Int8(), cache=object())
-    assert decode_graphs.why_not(model, cache=object()) == ""
+    assert "LLM.int8 picks its outlier columns at run time" in graph_build.why_not(Int8(), cache=object())
+    assert graph_build.why_not(model, cache=object()) == ""
 
 
 def test_a_frozen_layout_refuses_a_window_it_was_not_built_for():

@@ -9,16 +9,16 @@ on: token ids, positions, the cache slot each new K/V goes to, and for each slid
 slots of the keys each query reads with its mask (attention_batch.decode_keys). Padding rows write their K/V to a
 scratch slot no sequence owns and attend to it alone; nothing reads their logits.
 
-Every graph is captured when the engine is built (largest first, into one shared memory pool) and then checked
-against the eager forward on the same inputs within the engine's own logit tolerance. A capture that fails
-(bitsandbytes' LLM.int8 decomposition picks outlier columns at run time, which a graph cannot hold) or a graph
-that disagrees turns graphs off for that engine, says why (`Engine.cuda_graphs`), and every step runs eagerly.
+Every graph is captured when the engine is built (graph_build.py; largest first, into one shared memory pool),
+then checked against the eager forward on inputs with the most padding it serves, within the engine's own logit
+tolerance. A capture that fails (bitsandbytes' LLM.int8 decomposition picks outlier columns at run time, which a
+graph cannot hold) or a graph that disagrees turns graphs off for that engine, says why (`Engine.cuda_graphs`),
+and every step runs eagerly.
 Prefill and mixed steps always run eagerly: their shapes vary too much to bucket.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -277,84 +277,3 @@ def merged(rows: list[DecodeRows]) -> DecodeRows:
     width = max(r.tables.shape[1] for r in rows)
     tables = torch.cat([torch.nn.functional.pad(r.tables, (0, width - r.tables.shape[1])) for r in rows])
     return DecodeRows(rows[0].start, tables, torch.cat([r.lengths for r in rows]))
-
-
-def check_inputs(graphs: DecodeGraphs, rows: int, keys: int):
-    """Synthetic decode inputs that the (rows, keys) graph serves with the most padding: one sequence more than
-    the next smaller batch bucket, the longest context one token more than the next smaller context bucket, the
-    others shorter; their blocks are the first of the cache (still empty when the engine is built), token ids
-    random."""
-    from pytest_infergate.engine.runner import ForwardInputs
-
-    generator = torch.Generator().manual_seed(CHECK_SEED)
-    block_size = graphs.block_size
-    smaller = [b for b in graphs.batch_sizes if b < rows]
-    count = (smaller[-1] if smaller else 0) + 1
-    shorter = [k for k in graphs.context_lengths if k < keys]
-    longest = (shorter[-1] if shorter else 0) + 1
-    lengths = torch.linspace(longest, max(1, longest // 2), count).round().long()
-    width = -(-longest // block_size)
-    num_blocks = graphs.scratch_slot // block_size
-    tables = torch.arange(count * width).view(count, width) % num_blocks
-    last = (lengths - 1).unsqueeze(1)
-    slots = (tables.gather(1, last // block_size) * block_size + last % block_size).squeeze(1)
-    batch = AttentionBatch(graphs.cache, block_size, graphs.device, num_real_tokens=count,
-                           slot_mapping=slots.to(graphs.device), decode_rows=[DecodeRows(0, tables, lengths)],
-                           max_context=longest)
-    vocab = graphs.model.get_input_embeddings().num_embeddings
-    ids = torch.randint(0, vocab, (count,), generator=generator).tolist()
-    return ForwardInputs(batch, ids, (lengths - 1).tolist(), list(range(count)), [slots])
-
-
-def why_not(model, cache) -> str:
-    """Why decode steps of this engine cannot replay graphs ("" if they can)."""
-    if cache is None:
-        return "no KV cache (cache_mode 'none' recomputes the whole prefix: no decode step to replay)"
-    quantizer = getattr(model, "hf_quantizer", None)
-    if getattr(getattr(quantizer, "quantization_config", None), "load_in_8bit", False):
-        return ("bitsandbytes LLM.int8 picks its outlier columns at run time, a shape a graph cannot hold; "
-                "decode steps run eagerly")
-    return ""
-
-
-def _reserved_after_emptying(device: torch.device) -> int:
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_reserved(device)
-
-
-def build(graphs: DecodeGraphs, run_eager, tolerance: float) -> GraphStatus:
-    """Capture every graph and check each against the eager forward (`run_eager(inputs) -> (logits, s)`);
-    graphs stay on only if every one agrees within `tolerance` x the logit scale."""
-    start = time.perf_counter()
-    on_cuda = graphs.device.type == "cuda"
-    try:
-        # cached blocks given back before and after, so the rise in reserved memory is what the graphs hold: their
-        # pool and the logits buffer, not the warm-up forwards' freed intermediates
-        reserved = _reserved_after_emptying(graphs.device) if on_cuda else 0
-        graphs.capture_all()
-        pool = _reserved_after_emptying(graphs.device) - reserved if on_cuda else 0
-        worst = 0.0
-        for rows, keys in graphs.graphs:
-            inputs = check_inputs(graphs, rows, keys)
-            eager = run_eager(inputs)[0]
-            replayed = graphs.run(inputs)
-            if graphs.last_bucket != (rows, keys):
-                raise RuntimeError(f"the check meant for the graph of batch {rows} x context {keys} replayed "
-                                   f"{graphs.last_bucket}")
-            scale = max(1.0, float(eager.abs().max()))
-            diff = float((replayed - eager).abs().max()) / scale
-            worst = max(worst, diff)
-            if not diff <= tolerance:
-                graphs.graphs.clear()
-                return GraphStatus(False, f"the graph for batch {rows} x context {keys} differs from the eager "
-                                          f"forward by {diff:.2e} x the logit scale (tolerance {tolerance:.0e})")
-    except Exception as exc:  # noqa: BLE001 - any failure to capture means: run eagerly, and say why
-        graphs.graphs.clear()
-        if graphs.device.type == "cuda":
-            torch.cuda.synchronize(graphs.device)
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        return GraphStatus(False, f"capture failed: {type(exc).__name__}: {first_line}")
-    return GraphStatus(True, num_graphs=len(graphs.graphs), batch_sizes=tuple(graphs.batch_sizes),
-                       context_lengths=tuple(graphs.context_lengths), capture_s=time.perf_counter() - start,
-                       max_diff=worst, pool_bytes=pool)

@@ -8,11 +8,10 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from pytest_infergate.engine import decode_graphs
+from pytest_infergate.engine import graph_build
 from pytest_infergate.engine.attention import UnsupportedModelError, uninstall
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.decode_graphs import DecodeGraphs, GraphStatus
 from pytest_infergate.engine.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for
 from pytest_infergate.engine.limits import Limits
 from pytest_infergate.engine.records import DegradationEvent, StepRecord, StreamChunk
@@ -55,7 +54,7 @@ class Engine:
         self.dtype = model.get_input_embeddings().weight.dtype
         if not self.dtype.is_floating_point:
             self.dtype = torch.float32
-        graphs_wanted = self._graphs_wanted()
+        graphs_wanted = graph_build.wanted(self.config, self.device)
         self.limits = Limits.of(model, self.config)
         self.max_model_len, self.max_input_tokens = self.limits.max_model_len, self.limits.max_input_tokens
         self.eos_token_ids = eos_token_ids(model, tokenizer)
@@ -74,9 +73,8 @@ class Engine:
             self.blocks, self.cache = self._allocate_cache(geometry, scratch_slot=graphs_wanted)
             self.scheduler = Scheduler(self.config, self.blocks, self._shared_window())
             self.runner = runner(self.cache, self.config.block_size)
-            self.cuda_graphs = self._capture_graphs(pad) if graphs_wanted else GraphStatus(
-                False, "EngineConfig(cuda_graphs=False)" if self.config.cuda_graphs is False
-                else f"the model is on {self.device.type}, CUDA graphs need CUDA")
+            self.cuda_graphs = (graph_build.attach(self, pad) if graphs_wanted  # a GraphStatus
+                                else graph_build.not_wanted(self.config, self.device))
         except BaseException:
             self.close()
             raise
@@ -87,29 +85,6 @@ class Engine:
         self.steps: list[StepRecord] = []
         self.events: list[DegradationEvent] = []
         self.peak_kv_blocks = 0
-
-    def _graphs_wanted(self) -> bool:
-        wanted = self.config.cuda_graphs
-        if wanted is None:
-            return self.device.type == "cuda"
-        if wanted and decode_graphs.capture_backend(self.device) is None:
-            raise OptionError(f"EngineConfig(cuda_graphs=True) needs a model on a CUDA device, this one is on "
-                              f"{self.device}: leave cuda_graphs at None (on with CUDA) or set it to False")
-        return wanted
-
-    def _capture_graphs(self, pad_token_id: int) -> GraphStatus:
-        """Capture and check the decode graphs (decode_graphs.py); the runner replays them only if all agree."""
-        reason = decode_graphs.why_not(self.model, self.cache)
-        if reason:
-            return GraphStatus(False, reason)
-        windows = {spec.sliding_window for spec in self.layers.values()}
-        graphs = DecodeGraphs(self.model, self.cache, self.config.block_size, pad_token_id, windows,
-                              self.config.max_batch_size, self.max_model_len, self.cache.num_slots - 1,
-                              decode_graphs.capture_backend(self.device))
-        status = decode_graphs.build(graphs, self.runner.run_model, self.self_check.tolerance)
-        if status.enabled:
-            self.runner.graphs = graphs
-        return status
 
     def _allocate_cache(self, geometry, scratch_slot: bool) -> tuple[BlockManager | None, KVCache | None]:
         """The block manager and the cache tensors; with `scratch_slot`, one slot more that no block covers (where
