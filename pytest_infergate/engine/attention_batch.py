@@ -91,11 +91,6 @@ class AttentionBatch:
                                            [self._prefill_segment(rows, window) for rows in self.prefill_rows])
         return self._layouts[window]
 
-    def _slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tables [n, blocks], positions [n, L] -> cache slots [n, L]."""
-        bs = self.block_size
-        return tables.gather(1, positions // bs) * bs + positions % bs
-
     def _decode_group(self, rows: DecodeRows, window: int | None) -> DecodeGroup:
         slots, valid = decode_keys(rows, window, self.block_size)
         count, length = valid.shape
@@ -112,7 +107,9 @@ class AttentionBatch:
         mask = key_pos <= query_pos
         if window is not None:
             mask &= key_pos > query_pos - window
-        slots = None if start == 0 else self._slots(rows.table.unsqueeze(0), key_pos)[0].to(self.device)
+        slots = None  # nothing cached before the chunk: its keys are its own
+        if start:
+            slots = cache_slots(rows.table.unsqueeze(0), key_pos, self.block_size)[0].to(self.device)
         return PrefillSegment(rows.q_start, n, slots, mask.to(self.device), is_causal=False)
 
 
@@ -128,4 +125,9 @@ def decode_keys(rows: DecodeRows, window: int | None, block_size: int,
     offsets = torch.arange(length)
     valid = offsets.unsqueeze(0) < keep.unsqueeze(1)  # [n, length]
     positions = first.unsqueeze(1) + torch.where(valid, offsets.unsqueeze(0), 0)
-    return rows.tables.gather(1, positions // block_size) * block_size + positions % block_size, valid
+    return cache_slots(rows.tables, positions, block_size), valid
+
+
+def cache_slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """tables [n, blocks] of block ids, positions [n, L] -> the cache slots [n, L] holding those positions."""
+    return tables.gather(1, positions // block_size) * block_size + positions % block_size

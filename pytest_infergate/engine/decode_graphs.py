@@ -219,7 +219,7 @@ class DecodeGraphs:
         host.input_ids[count:rows] = self.pad_token_id
         host.positions[:count] = torch.tensor(inputs.positions)
         host.positions[count:rows] = 0
-        host.slot_mapping[:count] = torch.cat(inputs.slot_parts)
+        host.slot_mapping[:count] = inputs.batch.slot_mapping
         host.slot_mapping[count:rows] = self.scratch_slot
         for window, length in self.key_lengths(keys):
             slots, valid = decode_keys(decoding, window, self.block_size, length)

@@ -8,7 +8,7 @@ import time
 import torch
 
 from pytest_infergate.engine import decode_graphs
-from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows
+from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, cache_slots
 from pytest_infergate.engine.decode_graphs import CHECK_SEED, DecodeGraphs, GraphStatus
 from pytest_infergate.errors import OptionError
 
@@ -61,10 +61,9 @@ def check_inputs(graphs: DecodeGraphs, rows: int, keys: int):
     num_blocks = graphs.scratch_slot // block_size
     tables = torch.arange(count * width).view(count, width) % num_blocks
     last = (lengths - 1).unsqueeze(1)
-    slots = (tables.gather(1, last // block_size) * block_size + last % block_size).squeeze(1)
-    batch = AttentionBatch(graphs.cache, block_size, graphs.device, num_real_tokens=count,
-                           slot_mapping=slots.to(graphs.device), decode_rows=[DecodeRows(0, tables, lengths)],
-                           max_context=longest)
+    slots = cache_slots(tables, last, block_size).squeeze(1)
+    batch = AttentionBatch(graphs.cache, block_size, graphs.device, num_real_tokens=count, slot_mapping=slots,
+                           decode_rows=[DecodeRows(0, tables, lengths)], max_context=longest)
     vocab = graphs.model.get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (count,), generator=generator).tolist()
     return ForwardInputs(batch, ids, (lengths - 1).tolist(), list(range(count)), [slots])

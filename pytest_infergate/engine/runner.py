@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows
+from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows, cache_slots
 from pytest_infergate.engine.request import Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
@@ -23,7 +23,7 @@ class ForwardInputs:
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     sample_at: list[int] = field(default_factory=list)  # token index of each sampling chunk's last token
-    slot_parts: list[torch.Tensor] = field(default_factory=list)  # cache slots of the real tokens, in order
+    slot_parts: list[torch.Tensor] = field(default_factory=list)  # cache slots of the real tokens, in order (host)
 
 
 class ModelRunner:
@@ -44,9 +44,6 @@ class ModelRunner:
         width = -(-num_tokens // self.block_size)
         return torch.tensor([(s.block_table + [0] * width)[:width] for s in seqs], dtype=torch.long)
 
-    def _slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return tables.gather(1, positions // self.block_size) * self.block_size + positions % self.block_size
-
     # ---- inputs, per phase ------------------------------------------------------------------------------------
     def prepare_decode(self, decodes: list[Chunk], inputs: ForwardInputs) -> None:
         """One token per decoding sequence, in groups of similar context length (sampling follows plan order)."""
@@ -60,7 +57,8 @@ class ModelRunner:
             seqs = [c.seq for c in decodes[first:first + size]]
             lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])  # the new token included
             tables = self._block_tables(seqs, int(lengths.max()))
-            inputs.slot_parts.append(self._slots(tables, (lengths - 1).unsqueeze(1)).squeeze(1))
+            new_token = (lengths - 1).unsqueeze(1)
+            inputs.slot_parts.append(cache_slots(tables, new_token, self.block_size).squeeze(1))
             inputs.batch.decode_rows.append(DecodeRows(first, tables, lengths))
             inputs.batch.max_context = max(inputs.batch.max_context, int(lengths.max()))
 
@@ -71,7 +69,8 @@ class ModelRunner:
             table = None
             if self.cache is not None:
                 table = self._block_tables([seq], start + n)
-                inputs.slot_parts.append(self._slots(table, torch.arange(start, start + n).unsqueeze(0))[0])
+                positions = torch.arange(start, start + n).unsqueeze(0)
+                inputs.slot_parts.append(cache_slots(table, positions, self.block_size)[0])
                 table = table[0]
             inputs.batch.prefill_rows.append(PrefillRows(len(inputs.input_ids), n, start, table))
             inputs.batch.max_context = max(inputs.batch.max_context, start + n)
@@ -94,7 +93,7 @@ class ModelRunner:
         inputs.batch.num_real_tokens = len(inputs.input_ids)
         self.prepare_padding(plan.num_padding, inputs)
         if self.cache is not None and inputs.slot_parts:
-            inputs.batch.slot_mapping = torch.cat(inputs.slot_parts).to(self.device)
+            inputs.batch.slot_mapping = torch.cat(inputs.slot_parts)  # on the host: a CUDA graph copies it itself
         return inputs
 
     # ---- the forward -------------------------------------------------------------------------------------------
@@ -103,6 +102,8 @@ class ModelRunner:
         ids = torch.tensor([inputs.input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([inputs.positions], dtype=torch.long, device=self.device)
         keep = 0 if all_logits else torch.tensor(inputs.sample_at, dtype=torch.long, device=self.device)
+        if inputs.batch.slot_mapping is not None:
+            inputs.batch.slot_mapping = inputs.batch.slot_mapping.to(self.device)
         start = time.perf_counter()
         out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep,
                          infergate_batch=inputs.batch)
