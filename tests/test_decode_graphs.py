@@ -85,6 +85,7 @@ def test_graphs_are_exact(zoo, tokenizer, replays, family, mode):
         assert checked == 12  # each graph checked against the eager forward once, when the engine was built
         assert generate(engine) == cut(reference)
         engine.check_drained()
+    assert engine.runner.graphs is None  # closing let go of the graphs (on a GPU: their memory pool)
     served = replays[checked:]
     decode_steps = [s for s in engine.steps if s.num_prefill_tokens == 0]
     assert len(served) == len(decode_steps) > 0  # every decode-only step replayed a graph, no other step did

@@ -108,10 +108,13 @@ class Engine:
         return None if None in windows else max(windows)
 
     def close(self) -> None:
-        """Switch the model back to its own attention (once; later calls do nothing)."""
+        """Switch the model back to its own attention and let go of the CUDA graphs and their memory pool (once;
+        later calls do nothing)."""
         if not self._closed:
             self._closed = True
             uninstall(self.model)
+            if getattr(self, "runner", None) is not None:  # close() also runs when construction failed
+                self.runner.graphs = None
 
     def __enter__(self) -> Engine:
         return self
