@@ -147,7 +147,7 @@ class MetricsScraper:
         url = self.result.url
         try:
             response = await self._http.get(url)
-        except Exception as exc:  # noqa: BLE001 - whatever the client raises, a scrape only misses figures
+        except httpx.HTTPError as exc:
             return self._note(f"GET {url} failed ({type(exc).__name__}): server-side figures missing from then on")
         if response.status_code != 200:
             self._enabled = False  # asked again next run, not every half second

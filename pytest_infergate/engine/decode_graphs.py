@@ -27,7 +27,6 @@ import torch
 from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeGroup, DecodeRows, Layout, decode_keys
 
 MIN_CONTEXT_BUCKET = 256  # keys per query of the shortest context bucket (tests lower it)
-CHECK_SEED = 0
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -70,10 +69,6 @@ class GraphStatus:
                 f"forward in {self.capture_s:.1f} s (largest difference {self.max_diff:.1e} x the logit scale"
                 + (f"; pool {self.pool_bytes / 2**20:.0f} MiB)" if self.pool_bytes else ")"))
 
-    def to_dict(self) -> dict:
-        return {"enabled": self.enabled, "reason": self.reason, "num_graphs": self.num_graphs,
-                "batch_sizes": list(self.batch_sizes), "context_lengths": list(self.context_lengths),
-                "capture_s": self.capture_s, "max_diff": self.max_diff, "pool_bytes": self.pool_bytes}
 
 
 class CudaCapture:
@@ -155,8 +150,8 @@ class DecodeGraphs:
         pinned = self.device.type == "cuda"
         self.host = _Buffers(rows, keys, self.windows, torch.device("cpu"), pinned)
         self.on_device = _Buffers(rows, keys, self.windows, self.device, False)
-        self.host.clear(pad_token_id, scratch_slot)
-        self.on_device.copy_from(self.host, non_blocking=False)
+        for buffers in (self.host, self.on_device):  # what a warm-up forward reads before any step filled them
+            buffers.clear(pad_token_id, scratch_slot)
         self.keep = torch.arange(rows, device=self.device)
         self.logits: torch.Tensor | None = None  # [max batch, vocab] float32, made by the first forward
         self.graphs: dict[tuple[int, int], Callable[[], None]] = {}
@@ -221,7 +216,8 @@ class DecodeGraphs:
         host.positions[count:rows] = 0
         host.slot_mapping[:count] = inputs.batch.slot_mapping
         host.slot_mapping[count:rows] = self.scratch_slot
-        for window, length in self.key_lengths(keys):
+        key_lengths = self.key_lengths(keys)
+        for window, length in key_lengths:
             slots, valid = decode_keys(decoding, window, self.block_size, length)
             host.key_slots[window][:count * length] = slots.reshape(-1)
             host.key_slots[window][count * length:rows * length] = self.scratch_slot
@@ -229,7 +225,7 @@ class DecodeGraphs:
             mask[:count] = valid
             mask[count:] = False
             mask[count:, 0] = True  # a padding row attends to the scratch slot alone (no empty softmax)
-        self.on_device.copy_from(host, non_blocking=True, rows=rows, key_lengths=self.key_lengths(keys))
+        self.on_device.copy_from(host, rows, key_lengths)
         self.last_bucket = (rows, keys)
         self.graphs[(rows, keys)]()
         return self.logits[:count].clone()
@@ -257,17 +253,14 @@ class _Buffers:
             self.key_slots[window].fill_(scratch_slot)
             self.key_mask[window].fill_(True)
 
-    def copy_from(self, other: _Buffers, non_blocking: bool, rows: int | None = None,
-                  key_lengths: list[tuple[int | None, int]] | None = None) -> None:
-        """Copy the first `rows` rows (all by default) of every buffer, or of the layouts in `key_lengths`."""
-        rows = rows or len(self.input_ids)
+    def copy_from(self, other: _Buffers, rows: int, key_lengths: list[tuple[int | None, int]]) -> None:
+        """Copy the first `rows` rows of each input and of the layouts in `key_lengths` (non-blocking: from pinned
+        host memory on CUDA; the runner synchronizes after the step)."""
         for name in ("input_ids", "positions", "slot_mapping"):
-            getattr(self, name)[:rows].copy_(getattr(other, name)[:rows], non_blocking=non_blocking)
-        for window, length in key_lengths or [(w, len(t) // len(self.input_ids)) for w, t in self.key_slots.items()]:
-            self.key_slots[window][:rows * length].copy_(other.key_slots[window][:rows * length],
-                                                         non_blocking=non_blocking)
-            self.key_mask[window][:rows * length].copy_(other.key_mask[window][:rows * length],
-                                                        non_blocking=non_blocking)
+            getattr(self, name)[:rows].copy_(getattr(other, name)[:rows], non_blocking=True)
+        for window, length in key_lengths:
+            self.key_slots[window][:rows * length].copy_(other.key_slots[window][:rows * length], non_blocking=True)
+            self.key_mask[window][:rows * length].copy_(other.key_mask[window][:rows * length], non_blocking=True)
 
 
 def merged(rows: list[DecodeRows]) -> DecodeRows:

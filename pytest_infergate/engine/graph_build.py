@@ -9,8 +9,11 @@ import torch
 
 from pytest_infergate.engine import decode_graphs
 from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, cache_slots
-from pytest_infergate.engine.decode_graphs import CHECK_SEED, DecodeGraphs, GraphStatus
+from pytest_infergate.engine.decode_graphs import DecodeGraphs, GraphStatus
+from pytest_infergate.engine.runner import ForwardInputs
 from pytest_infergate.errors import OptionError
+
+CHECK_SEED = 0  # the check's random token ids
 
 
 def wanted(config, device: torch.device) -> bool:
@@ -48,8 +51,6 @@ def check_inputs(graphs: DecodeGraphs, rows: int, keys: int):
     the next smaller batch bucket, the longest context one token more than the next smaller context bucket, the
     others shorter; their blocks are the first of the cache (still empty when the engine is built), token ids
     random."""
-    from pytest_infergate.engine.runner import ForwardInputs
-
     generator = torch.Generator().manual_seed(CHECK_SEED)
     block_size = graphs.block_size
     smaller = [b for b in graphs.batch_sizes if b < rows]
