@@ -2,6 +2,8 @@
 
     python benchmarks/gate_power.py                    # --mode ab, 10 trials per condition, embedded model
     python benchmarks/gate_power.py --mode baseline    # against a stored baseline, as --infergate-baseline
+    python benchmarks/gate_power.py --mode env         # against a live baseline environment, as
+                                                       # --infergate-baseline-python (here: this python)
     python benchmarks/gate_power.py --trials 3         # a quicker look
 
 Each trial measures the same workload unchanged, with a 10% slowdown and with a 25% slowdown injected by a hook
@@ -16,7 +18,11 @@ busy` computing torch matmuls), and decides it exactly as the pytest gate does; 
   PerfBench, gated by the same budget marker (gate_measurement: each side's least-disturbed repetitions, normalized
   for machine speed where the calibration probe shows a change beyond the threshold, re-measured up to twice while
   inconclusive; perf/stored.py). `--baseline PATH` reuses a saved file (e.g.
-  one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3.
+  one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3;
+- `--mode env` (as `--infergate-baseline-python`): a worker process of another Python environment (here this
+  same interpreter: what is tested is two processes taking turns) runs the baseline side, this process the
+  candidate, through the fixture's object (PerfBench) as a test with the budget marker: at least 4 rounds, one
+  more while inconclusive, up to two, decided as an interleaved A/B.
 Prints verdict counts, false-alarm rate, detection rate and time per trial.
 """
 
@@ -38,6 +44,7 @@ from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import Options, default_cache_dir  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
+from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.fixture import PerfBench  # noqa: E402
@@ -60,13 +67,14 @@ def budget_values(args) -> dict:
     return values
 
 
-def context(args, records: list, baseline: dict | None) -> TestContext:
+def context(args, records: list, baseline: dict | None, baseline_python: str | None = None) -> TestContext:
     """What the plugin hands the infergate_bench fixture's object for one test with an infergate_budget marker
     (with --infergate-save-baseline when `args.save_baseline` is set)."""
     def fail(message):
         raise GateFailed(message)
 
-    options = Options(model=args.model, precisions=("fp32",), save_baseline=args.save_baseline)
+    options = Options(model=args.model, precisions=("fp32",), save_baseline=args.save_baseline,
+                      baseline_python=baseline_python)
     return TestContext(test_id=TEST_ID, options=options,
                        record=records.append, fail=fail, skip=fail, warn=lambda message: None,
                        add_property=lambda name, value: None, markers=lambda name: [budget_values(args)]
@@ -74,11 +82,12 @@ def context(args, records: list, baseline: dict | None) -> TestContext:
                        note_scopes=lambda option, scopes: None, baseline=baseline)
 
 
-def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slowdown: float = 0.0):
+def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slowdown: float = 0.0, env=None):
     """One `infergate_bench(requests, config, repeats=...)` call of a test: a fresh PerfBench (as the fixture
-    makes per test), gated; returns the PerfRecord it recorded."""
+    makes per test), gated, against `env` (a BaselineEnv) when given; returns the PerfRecord it recorded."""
     records: list = []
-    bench = PerfBench(context(args, records, baseline), loaded, compare_side=lambda: loaded)
+    bench = PerfBench(context(args, records, baseline, env.python if env is not None else None), loaded,
+                      compare_side=lambda: loaded, baseline_env=(lambda: env) if env is not None else None)
     bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
     try:
         with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy"):
@@ -107,7 +116,7 @@ def main() -> int:
     parser.add_argument("--max-regression", type=float, default=0.10)
     parser.add_argument("--metrics", default="itl_ms,tokens_per_s")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions per measurement (baseline mode)")
-    parser.add_argument("--mode", choices=("ab", "baseline"), default="ab")
+    parser.add_argument("--mode", choices=("ab", "baseline", "env"), default="ab")
     parser.add_argument("--rounds", type=int, default=4, help="A/B rounds per trial (as infergate_bench.ab)")
     parser.add_argument("--baseline", type=Path, help="baseline mode: compare with this saved file")
     parser.add_argument("--save-baseline", type=Path, help="baseline mode: only save the baseline file, then exit")
@@ -144,6 +153,7 @@ def main() -> int:
             child += ["--slowdown", args.slowdown]
             subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
         baseline = load_baseline(path)
+    env = BaselineEnv(sys.executable) if args.mode == "env" else None
     import torch
 
     print(f"mode {args.mode}; gate: max_regression {args.max_regression:.0%} on {args.metrics}; slowdown "
@@ -164,16 +174,16 @@ def main() -> int:
     for trial in range(args.trials):  # the conditions take turns, so drift of the machine hits them alike
         for slowdown in slowdowns:
             start = time.perf_counter()
-            if args.mode == "baseline":
-                record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown)
+            if args.mode in ("baseline", "env"):
+                record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown, env)
                 status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
                 probed = next((v for v in verdicts if v.machine_slowdown), None)
                 extra = (f", machine x{probed.machine_slowdown:.3f} by the probe "
                          f"({', '.join(sorted({v.normalization for v in verdicts if v.normalization}))})"
-                         if probed else ", not normalized")
+                         if probed else ", not normalized" if env is None else "")
                 if args.json is not None:
                     dumped.append({"slowdown": slowdown, "trial": trial, "record": record.to_dict()})
-                    args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in baseline.items()},
+                    args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in (baseline or {}).items()},
                                                      "trials": dumped}, default=str))
             else:
                 _, outcome = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
@@ -184,6 +194,8 @@ def main() -> int:
             print(f"  slowdown {slowdown:4.0%} trial {trial + 1:2d}: {status:12s} {ratios}{extra}"
                   f"{f' (re-measured {remeasured}x)' if remeasured else ''} {durations[-1]:.0f} s", flush=True)
     bench.close()
+    if env is not None:
+        env.close()
 
     print("\nverdicts (pass / inconclusive / fail):")
     for slowdown, counts in outcomes.items():

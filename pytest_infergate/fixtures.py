@@ -109,7 +109,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     session = session_of(request.config)
     loaded = request.getfixturevalue("infergate_model")
     bench = PerfBench(session.context(request.node), loaded,
-                      lambda: session.compare_side(loaded.record.requested_precision))
+                      lambda: session.compare_side(loaded.record.requested_precision), session.baseline_env)
     yield bench
     bench.close()
 

@@ -62,6 +62,11 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "fingerprint, to PATH as the new accepted baseline", None, "PATH"),
     OptionSpec("baseline", "path", "compare perf measurements with the baseline file PATH "
                "(noise-aware: bootstrap confidence interval of the ratio against max_regression)", None, "PATH"),
+    OptionSpec("baseline_python", "str", "measure the baseline now, in another Python environment (e.g. the venv "
+               "with the torch / transformers / bitsandbytes being upgraded from, pytest-infergate installed there): "
+               "every infergate_bench measurement with a max_regression runs there and here alternately, repetition "
+               "by repetition, and is gated as an interleaved A/B - unlike a stored baseline, immune to the machine "
+               "being faster or slower than when it was saved", None, "PYTHON"),
     OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
                "inconclusive verdicts (default: warn and report them)", False),
     OptionSpec("compare_model", "str", "a second model for interleaved A/B perf gates (infergate_bench.ab): "
@@ -139,6 +144,7 @@ class Options:
     fallback: bool = False
     save_baseline: Path | None = None
     baseline: Path | None = None
+    baseline_python: str | None = None
     strict: bool = False
     compare_model: str | None = None
     golden_dir: Path | None = None
@@ -176,6 +182,8 @@ class Options:
         if self.reference_endpoint is not None and self.endpoint is None:
             raise OptionError("--infergate-reference-endpoint is the reference of --infergate-endpoint: give the "
                               "candidate server with --infergate-endpoint URL too")
+        if self.baseline_python is not None:
+            self._check_baseline_python()
         if self.backend not in BACKENDS:
             raise OptionError(f"--infergate-backend / infergate_backend = {self.backend!r} is not a backend: choose "
                               f"from {', '.join(BACKENDS)} (auto: the engine, HF generate where it refuses the model)")
@@ -188,6 +196,17 @@ class Options:
         if not str(self.model).strip():
             raise OptionError("--infergate-model is empty: give an alias (smollm2-135m, tiny-random-llama), "
                               "a directory, a .gguf file or a hub id")
+
+    def _check_baseline_python(self) -> None:
+        from pytest_infergate.perf.baseline_env import FLAG, resolve_python
+
+        if self.baseline is not None:
+            raise OptionError(f"{FLAG} and --infergate-baseline both name the baseline: give one (the stored file, "
+                              "or the environment to measure it in now)")
+        if self.endpoint is not None:
+            raise OptionError(f"{FLAG} measures the local engine in another environment; an endpoint's baseline "
+                              "is another server (--infergate-reference-endpoint) or a stored file")
+        object.__setattr__(self, "baseline_python", resolve_python(self.baseline_python))
 
     @property
     def device(self) -> str:

@@ -62,6 +62,7 @@ class InfergateSession:
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
         self.history = None  # history.History, once this run is appended to --infergate-history
+        self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
             from pytest_infergate.perf.baseline import load_baseline
 
@@ -148,6 +149,20 @@ class InfergateSession:
         return self._with_backend(_or_fail(lambda: self.compare_pools[0].get(precision),
                                            "infergate could not load the compare model"))
 
+    def baseline_env(self):
+        """The worker of --infergate-baseline-python, started at the first measurement that needs it; a worker that
+        cannot start fails that test with the reason (and every later one that needs it)."""
+        from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError
+
+        if self._baseline_env is None:
+            try:
+                self._baseline_env = BaselineEnv(self.options.baseline_python)
+            except BaselineEnvError as exc:
+                self._baseline_env = exc  # not retried: every test that needs it fails with the same reason
+        if isinstance(self._baseline_env, BaselineEnvError):
+            pytest.fail(f"infergate could not start the baseline environment: {self._baseline_env}", pytrace=False)
+        return self._baseline_env
+
     def tokenizer(self):
         return _or_fail(lambda: self.pool.tokenizer, "infergate could not load the tokenizer")
 
@@ -218,6 +233,9 @@ class InfergateSession:
             self.results.environment["reference_endpoint"] = self.reference_endpoint.fingerprint()
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._baseline_env is not None and not isinstance(self._baseline_env, Exception):
+            self._baseline_env.close()
+            self._baseline_env = None
         self._describe_run()
         if self.is_worker:
             self.config.workeroutput[WORKER_OUTPUT] = json.dumps({

@@ -18,6 +18,9 @@ DEFAULT_AB_REGRESSION = 0.10
 # with a stored baseline takes as many: the ratio's confidence interval resamples both sides' repetitions, and a
 # side of one repetition (a cold first call, a pause of the machine) would make a verdict the interval cannot see.
 BASELINE_MIN_REPEATS = 8
+# Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
+# comparison's interval needs a few rounds whatever `repeats` the test asked for.
+ENV_MIN_ROUNDS = 4
 
 
 def uses_stored_baseline(ctx: TestContext) -> bool:
@@ -105,12 +108,14 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
 class PerfBench:
     """Callable returned by the `infergate_bench` fixture; see its docstring in the plugin's fixtures."""
 
-    def __init__(self, ctx: TestContext, loaded, compare_side: Callable[[], object]):
+    def __init__(self, ctx: TestContext, loaded, compare_side: Callable[[], object],
+                 baseline_env: Callable[[], object] | None = None):
         from pytest_infergate.perf.bench import Bench
 
         self.ctx = ctx
         self.loaded = loaded
         self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
+        self.baseline_env = baseline_env  # with --infergate-baseline-python: the session's perf.baseline_env worker
         # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
         # would take a share of the cores from the workload and start a sampler process per test for nothing
         self.bench = Bench(loaded, ctx.options.device, calibrate=None if uses_stored_baseline(ctx) else False)
@@ -155,15 +160,60 @@ class PerfBench:
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         self._skip_unless_runnable(self.loaded, config)
+        key = self.ctx.measurement_key(label)
+        if self.ctx.options.baseline_python is not None and self.baseline_env is not None:
+            budget = budget_for(self.ctx, self.precision, key)
+            if budget.max_regression is not None:
+                return self._against_baseline_env(key, budget, requests, config, warmup, max(repeats, ENV_MIN_ROUNDS),
+                                                  label, tags)
         measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
                                          min_time_s=min_time_s, label=label)
-        key = self.ctx.measurement_key(label)
         outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),
                                    remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         self.measurements.append(measurement)
         if outcome.failed:
             self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")
         return measurement
+
+    def _against_baseline_env(self, key: str, budget: Budget, requests, config, warmup: int, rounds: int,
+                              label: str, tags: dict | None) -> Measurement:
+        """--infergate-baseline-python: the workload in the baseline environment (A) and here (B), alternately,
+        gated as an interleaved A/B on the budget's max_regression; the budget's absolute limits are checked on B."""
+        import torch
+
+        from pytest_infergate.environment import library_versions
+        from pytest_infergate.perf.baseline_env import BaselineEnvError, Workload
+        from pytest_infergate.perf.budget import check_budget
+
+        env = self.baseline_env()
+        options, record = self.ctx.options, self.loaded.record
+        workload = Workload(options.model, record.precision, options.device, options.reference_precision,
+                            options.backend, str(options.cache_dir), torch.get_num_threads(), config, requests,
+                            warmup)
+        measurement_id = f"{key}#{id(self)}"
+        try:
+            b, outcome = evaluate_ab(lambda m: env.repetition(measurement_id, workload, m),
+                                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False), budget,
+                                     rounds, options.strict)
+            env.forget(measurement_id)
+        except BaselineEnvError as exc:
+            self.ctx.fail(f"infergate perf gate for {key}: {exc}")
+        outcome.violations = check_budget(b, budget)
+        b.label = label
+        result = self._record(key, label, b, config, tags)
+        result.baseline_summary = outcome.baseline.summary()
+        note = f"interleaved A/B against the {env.describe(library_versions())}, {outcome.baseline.repetitions} rounds"
+        theirs = env.model_records.get(record.precision, {}).get("backend", "")
+        if theirs and theirs != result.backend:
+            note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
+        result.notes = [note]
+        warn_about_outcome(self.ctx, key, outcome)
+        record_outcome(self.ctx, result, outcome)
+        self.measurements.append(b)
+        if outcome.failed:
+            self.ctx.fail(f"infergate perf gate failed for {key} against the baseline environment:\n"
+                          f"{outcome.message()}")
+        return b
 
     def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
            warmup: int = 1, label: str = "ab"):

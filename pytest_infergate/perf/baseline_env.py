@@ -1,0 +1,168 @@
+"""`--infergate-baseline-python PYTHON`: the baseline is another Python environment (the venv with the torch,
+transformers or bitsandbytes being upgraded from), measured now, repetition for repetition alternately with this
+run, instead of numbers stored hours earlier.
+
+Why: a library upgrade cannot be A/B-tested in one process (one process imports one torch), and a stored baseline
+on a shared machine is at the mercy of the machine's speed between the two runs (README, gate power against a
+stored baseline: a 2-vCPU VM whose speed moved 10-70% for whole runs left most unchanged trials inconclusive, and
+no calibration probe followed it closely enough). Two processes taking turns are exposed to the same machine, as
+the two sides of `infergate_bench.ab()` are, so the interleaved A/B's verdicts apply.
+
+The worker (perf.env_worker) runs in the other environment and needs pytest-infergate installed there; it is
+started once per pytest process, keeps each model it loaded, and runs one repetition per request while this
+process waits (the two never run at once).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pytest_infergate.errors import InfergateError, OptionError
+from pytest_infergate.perf.env_wire import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
+from pytest_infergate.perf.metrics import Measurement
+
+FLAG = "--infergate-baseline-python"
+STDERR_TAIL = 2000  # characters of the worker's stderr quoted in an error
+
+
+class BaselineEnvError(InfergateError):
+    """The baseline environment's worker could not start or could not run a workload; the message says why."""
+
+
+def resolve_python(value: str) -> str:
+    """The interpreter `value` names (a path, or a command on PATH), or an OptionError saying what to give."""
+    path = Path(os.path.expanduser(value))
+    found = str(path) if path.is_file() and os.access(path, os.X_OK) else shutil.which(value)
+    if not found:
+        raise OptionError(f"{FLAG} {value!r} is not an executable Python: give the interpreter of the baseline "
+                          "environment, e.g. /path/to/old-venv/bin/python (with pytest-infergate installed there)")
+    return found
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the worker needs to run the same workload as this process: the model as the user named it, the
+    precision actually loaded here, where and on which backend, and the engine config."""
+
+    model: str
+    precision: str
+    device: str
+    reference: str
+    backend: str
+    cache_dir: str
+    threads: int
+    config: Any  # EngineConfig
+    requests: list
+    warmup: int
+
+    def message(self, measurement_id: str) -> dict[str, Any]:
+        return {"op": "run", "id": measurement_id, "model": self.model, "precision": self.precision,
+                "device": self.device, "reference": self.reference, "backend": self.backend,
+                "cache_dir": self.cache_dir, "threads": self.threads, "config": config_to_wire(self.config),
+                "requests": [item_to_wire(item) for item in self.requests], "warmup": self.warmup}
+
+
+class BaselineEnv:
+    """The worker process of one baseline environment."""
+
+    def __init__(self, python: str):
+        self.python = resolve_python(python)
+        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="infergate-baseline-env-")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        try:
+            self._process = subprocess.Popen([self.python, "-m", "pytest_infergate.perf.env_worker"],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                             text=True, env=env)
+        except OSError as exc:
+            raise BaselineEnvError(f"{FLAG} {self.python}: cannot start it: {exc}") from None
+        self.model_records: dict[str, dict] = {}  # precision -> the worker's LoadRecord of that model, as a dict
+        hello = self._read("starting")
+        if hello.get("protocol") != PROTOCOL:
+            self.close()
+            raise BaselineEnvError(f"{FLAG} {self.python}: its pytest-infergate {hello.get('infergate', '?')} speaks "
+                                   f"protocol {hello.get('protocol')}, this one {PROTOCOL}: install the same "
+                                   "pytest-infergate in both environments")
+        self.infergate = str(hello.get("infergate", ""))
+        self.versions: dict[str, str] = dict(hello.get("versions") or {})
+
+    def _stderr_tail(self) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        text = self._stderr.read()
+        self._stderr.seek(0, os.SEEK_END)
+        return text[-STDERR_TAIL:].strip()
+
+    def _read(self, doing: str) -> dict[str, Any]:
+        line = self._process.stdout.readline()
+        if not line:
+            code = self._process.wait()
+            tail = self._stderr_tail()
+            hint = (" — pytest-infergate is not installed there: install it in that environment (pip install -e "
+                    "<this checkout>, or the same version as here)" if "No module named 'pytest_infergate'" in tail
+                    else "")
+            raise BaselineEnvError(f"{FLAG} {self.python}: the worker ended (exit code {code}) while {doing}"
+                                   f"{hint}\n{tail}")
+        try:
+            return decode(line, f"the baseline environment's worker ({self.python})")
+        except WireError as exc:
+            raise BaselineEnvError(str(exc)) from None
+
+    def _ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
+        try:
+            self._process.stdin.write(encode(message))
+            self._process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._read(doing)  # the worker is gone: this raises with its exit code and stderr
+        reply = self._read(doing)
+        if not reply.get("ok"):
+            raise BaselineEnvError(f"{FLAG} {self.python}: {doing} failed in the baseline environment: "
+                                   f"{reply.get('error', 'no reason given')}")
+        return reply
+
+    def repetition(self, measurement_id: str, workload: Workload, into: Measurement) -> None:
+        """One more repetition of `workload` in the baseline environment; `into` becomes the worker's measurement
+        `measurement_id` so far (its label kept)."""
+        reply = self._ask(workload.message(measurement_id),
+                          f"running {workload.model} in {workload.precision} on {workload.device}")
+        measured = Measurement.from_dict(reply["measurement"])
+        for f in fields(Measurement):
+            if f.name != "label":
+                setattr(into, f.name, getattr(measured, f.name))
+        self.model_records[workload.precision] = dict(reply.get("model") or {})
+
+    def forget(self, measurement_id: str) -> None:
+        self._ask({"op": "forget", "id": measurement_id}, "forgetting a finished measurement")
+
+    def differences(self, here: dict[str, str]) -> list[str]:
+        """The libraries whose versions differ: `name here -> in the baseline environment`."""
+        names = sorted(set(here) | set(self.versions))
+        return [f"{name} {self.versions.get(name, 'not installed')} -> {here.get(name, 'not installed')}"
+                for name in names if here.get(name) != self.versions.get(name)]
+
+    def describe(self, here: dict[str, str]) -> str:
+        changed = self.differences(here)
+        return (f"baseline environment {self.python} (baseline -> this run: {', '.join(changed)})" if changed
+                else f"baseline environment {self.python} (same library versions as this run)")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            try:
+                self._process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        for stream in (self._process.stdout, self._stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
