@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,7 +91,8 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
                       compare_side=lambda: loaded, baseline_env=(lambda: env) if env is not None else None)
     bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
     try:
-        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy"):
+        # no hook at all when unchanged: the baseline side (saved, or in the other process) runs without one
+        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy") if slowdown else nullcontext():
             bench(requests, config, warmup=2, repeats=args.repeats)
     except GateFailed:
         pass
