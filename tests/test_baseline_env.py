@@ -102,6 +102,8 @@ def test_option_is_checked_before_any_test(tmp_path):
         Options(baseline_python="nope-python")
     with pytest.raises(OptionError, match="--infergate-baseline both name the baseline: give one"):
         Options(baseline_python=sys.executable, baseline=tmp_path / "b.json")
+    with pytest.raises(OptionError, match="measures the local engine in another environment"):
+        Options(baseline_python=sys.executable, endpoint="http://127.0.0.1:9/v1")
 
 
 def test_gate_against_the_baseline_environment(pytester, cache_dir):

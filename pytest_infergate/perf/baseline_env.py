@@ -82,7 +82,11 @@ class BaselineEnv:
         except OSError as exc:
             raise BaselineEnvError(f"{FLAG} {self.python}: cannot start it: {exc}") from None
         self.model_records: dict[str, dict] = {}  # precision -> the worker's LoadRecord of that model, as a dict
-        hello = self._read("starting")
+        try:
+            hello = self._read("starting")
+        except BaselineEnvError:
+            self.close()  # a worker that wrote something else first may still be running
+            raise
         if hello.get("protocol") != PROTOCOL:
             self.close()
             raise BaselineEnvError(f"{FLAG} {self.python}: its pytest-infergate {hello.get('infergate', '?')} speaks "
