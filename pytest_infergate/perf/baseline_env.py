@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +62,15 @@ class Workload:
     requests: list
     warmup: int
 
-    def message(self, measurement_id: str) -> dict[str, Any]:
-        return {"op": "run", "id": measurement_id, "model": self.model, "precision": self.precision,
-                "device": self.device, "reference": self.reference, "backend": self.backend,
-                "cache_dir": self.cache_dir, "threads": self.threads, "config": config_to_wire(self.config),
+    @cached_property
+    def _wired(self) -> dict[str, Any]:  # the same every repetition: serialized once
+        return {"op": "run", "model": self.model, "precision": self.precision, "device": self.device,
+                "reference": self.reference, "backend": self.backend, "cache_dir": self.cache_dir,
+                "threads": self.threads, "config": config_to_wire(self.config),
                 "requests": [item_to_wire(item) for item in self.requests], "warmup": self.warmup}
+
+    def message(self, measurement_id: str) -> dict[str, Any]:
+        return {**self._wired, "id": measurement_id}
 
 
 class BaselineEnv:
@@ -92,7 +97,6 @@ class BaselineEnv:
             raise BaselineEnvError(f"{FLAG} {self.python}: its pytest-infergate {hello.get('infergate', '?')} speaks "
                                    f"protocol {hello.get('protocol')}, this one {PROTOCOL}: install the same "
                                    "pytest-infergate in both environments")
-        self.infergate = str(hello.get("infergate", ""))
         self.versions: dict[str, str] = dict(hello.get("versions") or {})
 
     def _stderr_tail(self) -> str:
@@ -144,7 +148,7 @@ class BaselineEnv:
         self._ask({"op": "forget", "id": measurement_id}, "forgetting a finished measurement")
 
     def differences(self, here: dict[str, str]) -> list[str]:
-        """The libraries whose versions differ: `name here -> in the baseline environment`."""
+        """The libraries whose versions differ: `name <in the baseline environment> -> <here>`."""
         names = sorted(set(here) | set(self.versions))
         return [f"{name} {self.versions.get(name, 'not installed')} -> {here.get(name, 'not installed')}"
                 for name in names if here.get(name) != self.versions.get(name)]

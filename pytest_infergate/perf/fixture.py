@@ -41,26 +41,39 @@ def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
     return budget
 
 
+def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tuple[Budget, list[str]]:
+    """`budget` without the keys `record.measurement` has no figure for (e.g. peak_mem_mb of a remote server,
+    goodput_per_s of the local engine), each warned about; returns it and those keys."""
+    unmeasured = [limit.key for limit in budget.limits if not record.measurement.samples.get(limit.metric)]
+    if unmeasured:
+        budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
+        what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
+        ctx.warn(f"{record.test}: budget key(s) {', '.join(unmeasured)} not checked: this {what} measurement has no "
+                 "such figure")
+    return budget, unmeasured
+
+
+def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
+                unmeasured: list[str]) -> None:
+    """Note the budget keys not checked, warn about what did not run as asked, and record the outcome with the
+    budget that was checked."""
+    if unmeasured:
+        outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
+    warn_about_outcome(ctx, record.test, outcome)
+    record.budget = {limit.key: limit.value for limit in budget.limits} | {"max_regression": budget.max_regression}
+    record_outcome(ctx, record, outcome)
+
+
 def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None
                      ) -> PerfOutcome:
     """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement`; fills in the record's
     verdict, attaches it to the test and its key figures as JUnit properties. The caller fails the test."""
-    measurement, key = record.measurement, record.test
-    budget = budget_for(ctx, record.precision, key)
-    unmeasured = [limit.key for limit in budget.limits if not measurement.samples.get(limit.metric)]
-    if unmeasured:  # e.g. peak_mem_mb of a remote server, goodput_per_s of the local engine
-        budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
-        what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
-        ctx.warn(f"{key}: budget key(s) {', '.join(unmeasured)} not checked: this {what} measurement has no such "
-                 "figure")
+    key = record.test
+    budget, unmeasured = measured_budget(ctx, record, budget_for(ctx, record.precision, key))
     entry = ctx.baseline.get(key) if ctx.baseline is not None else None
-    outcome = evaluate_perf(measurement, budget, record.fingerprint, entry, ctx.options.strict, remeasure=remeasure,
-                            baseline_given=ctx.baseline is not None)
-    if unmeasured:
-        outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
-    warn_about_outcome(ctx, key, outcome)
-    record.budget = {limit.key: limit.value for limit in budget.limits} | {"max_regression": budget.max_regression}
-    record_outcome(ctx, record, outcome)
+    outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
+                            remeasure=remeasure, baseline_given=ctx.baseline is not None)
+    finish_gate(ctx, record, outcome, budget, unmeasured)
     return outcome
 
 
@@ -198,17 +211,17 @@ class PerfBench:
             env.forget(measurement_id)
         except BaselineEnvError as exc:
             self.ctx.fail(f"infergate perf gate for {key}: {exc}")
-        outcome.violations = check_budget(b, budget)
         b.label = label
         result = self._record(key, label, b, config, tags)
+        budget, unmeasured = measured_budget(self.ctx, result, budget)
+        outcome.violations = check_budget(b, budget)
         result.baseline_summary = outcome.baseline.summary()
         note = f"interleaved A/B against the {env.describe(library_versions())}, {outcome.baseline.repetitions} rounds"
         theirs = env.model_records.get(record.precision, {}).get("backend", "")
         if theirs and theirs != result.backend:
             note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
         result.notes = [note]
-        warn_about_outcome(self.ctx, key, outcome)
-        record_outcome(self.ctx, result, outcome)
+        finish_gate(self.ctx, result, outcome, budget, unmeasured)
         self.measurements.append(b)
         if outcome.failed:
             self.ctx.fail(f"infergate perf gate failed for {key} against the baseline environment:\n"
