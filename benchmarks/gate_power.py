@@ -44,12 +44,13 @@ from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import Options, default_cache_dir  # noqa: E402
+from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.fixture import PerfBench  # noqa: E402
-from pytest_infergate.perf.gate import evaluate_ab  # noqa: E402
+from pytest_infergate.perf.gate import by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.slowdown import injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
@@ -120,6 +121,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="repetitions per measurement (baseline mode)")
     parser.add_argument("--mode", choices=("ab", "baseline", "env"), default="ab")
     parser.add_argument("--rounds", type=int, default=4, help="A/B rounds per trial (as infergate_bench.ab)")
+    parser.add_argument("--interleave", choices=("step", "repetition"), default="step",
+                        help="ab mode: take engine steps in turn (as infergate_bench.ab does on a closed batch), "
+                             "or whole repetitions (as before 2026-12-02, and for what cannot run step-locked)")
     parser.add_argument("--baseline", type=Path, help="baseline mode: compare with this saved file")
     parser.add_argument("--save-baseline", type=Path, help="baseline mode: only save the baseline file, then exit")
     parser.add_argument("--no-calibration", action="store_true", help="baseline mode: measure without the probe")
@@ -170,6 +174,16 @@ def main() -> int:
                 bench.run_once(requests, config, 1, into)
         return one
 
+    def ab_rounds(fraction):
+        """As infergate_bench.ab() runs them: step-locked (A on an engine of its own, the hook around B's steps
+        only, since both sides share the model object), or `--interleave repetition`."""
+        if args.interleave == "repetition":
+            return by_repetition(run(0.0), run(fraction))
+        def hooked(share):
+            return lambda: injected_slowdown(loaded.model, share, busy=args.slowdown == "busy")
+        return lockstep.rounds(lockstep.LocalSide(bench, requests, config, 1, instance=1, around_step=hooked(0.0)),
+                               lockstep.LocalSide(bench, requests, config, 1, around_step=hooked(fraction)))
+
     slowdowns = (0.0, 0.10, 0.25)
     outcomes: dict[float, Counter] = {slowdown: Counter() for slowdown in slowdowns}
     durations, dumped = [], []
@@ -188,7 +202,7 @@ def main() -> int:
                     args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in (baseline or {}).items()},
                                                      "trials": dumped}, default=str))
             else:
-                _, outcome = evaluate_ab(run(0.0), run(slowdown), budget, args.rounds)
+                _, outcome = evaluate_ab(ab_rounds(slowdown), budget, args.rounds)
                 status, verdicts, remeasured, extra = outcome.status, outcome.verdicts, outcome.remeasured, ""
             durations.append(time.perf_counter() - start)
             outcomes[slowdown][status] += 1

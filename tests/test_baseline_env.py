@@ -123,7 +123,8 @@ def test_gate_against_the_baseline_environment(pytester, cache_dir):
     assert same["status"] in ("pass", "inconclusive") and same["baseline_summary"]["tokens_per_s"] > 0
     assert {v["metric"] for v in same["verdicts"]} == {"tokens_per_s"} and same["verdicts"][0]["paired"]
     assert same["budget"] == {"tokens_per_s": 1e-9, "max_regression": 0.5}  # what was checked, as in every record
-    assert any("interleaved A/B against the baseline environment" in note and "same library versions" in note
+    assert any("step-locked A/B (engine steps in turn, each side timed on its own steps) against the baseline "
+               "environment" in note and "same library versions" in note
                for note in same["notes"])
     assert records["test_twice_as_slow"]["status"] == "fail"
     assert records["test_budgets_only"]["status"] == "pass" and not records["test_budgets_only"]["baseline_summary"]

@@ -16,7 +16,7 @@ from pytest_infergate.perf.fixture import (
     gate_measurement,
     repetitions_for,
 )
-from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab
+from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
@@ -148,9 +148,10 @@ class EndpointPerfBench:
         budget = budget_for(self.ctx, ENDPOINT_PRECISION, key)
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
-        b, outcome = evaluate_ab(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
-                                 lambda m: self.bench.run_once(requests, pattern, slo, warmup, m), budget, rounds,
-                                 self.ctx.options.strict)
+        # served models have no steps to take in turn: a whole load run per side and round
+        b, outcome = evaluate_ab(by_repetition(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
+                                               lambda m: self.bench.run_once(requests, pattern, slo, warmup, m)),
+                                 budget, rounds, self.ctx.options.strict)
         a = outcome.baseline
         record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
                                          "pattern": pattern.describe()})

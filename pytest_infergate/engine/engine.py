@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -78,7 +79,9 @@ class Engine:
         except BaseException:
             self.close()
             raise
-        self._clock0 = time.perf_counter()
+        # what the engine's timings read; perf.lockstep swaps in a clock that runs only during this engine's steps
+        self.clock: Callable[[], float] = time.perf_counter
+        self._clock0 = self.clock()
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}
         self._results: dict[str, Result] = {}
@@ -132,7 +135,20 @@ class Engine:
         return self.blocks.num_free_blocks if self.blocks is not None else None
 
     def now(self) -> float:
-        return time.perf_counter() - self._clock0
+        return self.clock() - self._clock0
+
+    @contextmanager
+    def use_clock(self, clock: Callable[[], float]) -> Iterator[None]:
+        """Time the requests run inside the block on `clock` (seconds) instead of the wall clock. Only between
+        workloads: a request's timings must all come from one clock."""
+        if self.has_unfinished:
+            raise RuntimeError("Engine.use_clock: requests are still running; switch clocks between workloads")
+        saved = self.clock, self._clock0
+        self.clock, self._clock0 = clock, clock()
+        try:
+            yield
+        finally:
+            self.clock, self._clock0 = saved
 
     # ---- submitting ---------------------------------------------------------------------------------------
     def _new_request_id(self) -> str:
@@ -178,7 +194,7 @@ class Engine:
     def step(self, *, more_arrivals: bool = False) -> list[str]:
         """One step: schedule, run the forward, sample, postprocess. Returns the ids of requests that ended."""
         self._expire()
-        started = time.perf_counter()
+        started = self.clock()
         plan = self.scheduler.schedule(started, more_arrivals)
         if plan.is_empty:
             return []
@@ -196,7 +212,7 @@ class Engine:
         """Advance the sequences past the plan's tokens, append the sampled tokens, end those that stop."""
         sampled = plan.sampling  # before advancing: which chunks reached their sequence's end
         self.scheduler.advance(plan)
-        now = time.perf_counter()
+        now = self.clock()
         ended = []
         for seq, token in zip(sampled, tokens):
             if isinstance(token, SamplingFailure):
@@ -219,18 +235,18 @@ class Engine:
                 index=len(self.steps), start_s=started - self._clock0, batch_size=len(plan.chunks),
                 num_prefill_tokens=sum(c.num_tokens for c in plan.prefills), num_decode_tokens=len(plan.decodes),
                 num_padding_tokens=plan.num_padding, kv_blocks_used=used, forward_s=forward_s,
-                step_s=time.perf_counter() - started, num_preempted=len(plan.preempted)))
+                step_s=self.clock() - started, num_preempted=len(plan.preempted)))
 
     def _end(self, seq: Sequence, reason: FinishReason, detail: str) -> str:
         if seq.status != SequenceStatus.FINISHED:
             self.scheduler.remove(seq)
-            seq.finish(reason, detail, time.perf_counter())
+            seq.finish(reason, detail, self.clock())
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
             self._results[seq.request_id] = seq.result(text)
         return seq.request_id
 
     def _expire(self) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
             if seq.cancel_requested:
                 self._end(seq, FinishReason.CANCELLED, "cancelled by the caller")

@@ -69,8 +69,12 @@ class Workload:
                 "threads": self.threads, "config": config_to_wire(self.config),
                 "requests": [item_to_wire(item) for item in self.requests], "warmup": self.warmup}
 
-    def message(self, measurement_id: str) -> dict[str, Any]:
-        return {**self._wired, "id": measurement_id}
+    def message(self, measurement_id: str, op: str = "run") -> dict[str, Any]:
+        return {**self._wired, "op": op, "id": measurement_id}
+
+    @property
+    def doing(self) -> str:
+        return f"running {self.model} in {self.precision} on {self.device}"
 
 
 class BaselineEnv:
@@ -121,7 +125,7 @@ class BaselineEnv:
         except WireError as exc:
             raise BaselineEnvError(str(exc)) from None
 
-    def _ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
+    def ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
         try:
             self._process.stdin.write(encode(message))
             self._process.stdin.flush()
@@ -133,19 +137,32 @@ class BaselineEnv:
                                    f"{reply.get('error', 'no reason given')}")
         return reply
 
+    def prepare(self, workload: Workload) -> str:
+        """Load `workload`'s model there and build its backend; returns the backend's name ("engine", or HF
+        generate where the engine refused the model in that environment)."""
+        reply = self.ask(workload.message("", "prepare"), f"loading {workload.model} in {workload.precision}")
+        self.model_records[workload.precision] = dict(reply.get("model") or {})
+        return str(reply.get("backend", ""))
+
     def repetition(self, measurement_id: str, workload: Workload, into: Measurement) -> None:
         """One more repetition of `workload` in the baseline environment; `into` becomes the worker's measurement
         `measurement_id` so far (its label kept)."""
-        reply = self._ask(workload.message(measurement_id),
-                          f"running {workload.model} in {workload.precision} on {workload.device}")
+        self.adopt(self.ask(workload.message(measurement_id), workload.doing), workload, into)
+
+    def adopt(self, reply: dict[str, Any], workload: Workload, into: Measurement) -> None:
+        """A reply holding the worker's measurement so far: copied into `into` (its label kept)."""
         measured = Measurement.from_dict(reply["measurement"])
         for f in fields(Measurement):
             if f.name != "label":
                 setattr(into, f.name, getattr(measured, f.name))
         self.model_records[workload.precision] = dict(reply.get("model") or {})
 
+    def side(self, measurement_id: str, workload: Workload) -> EnvSide:
+        """The baseline environment as one side of a step-locked A/B (perf.lockstep)."""
+        return EnvSide(self, measurement_id, workload)
+
     def forget(self, measurement_id: str) -> None:
-        self._ask({"op": "forget", "id": measurement_id}, "forgetting a finished measurement")
+        self.ask({"op": "forget", "id": measurement_id}, "forgetting a finished measurement")
 
     def differences(self, here: dict[str, str]) -> list[str]:
         """The libraries whose versions differ: `name <in the baseline environment> -> <here>`."""
@@ -174,3 +191,27 @@ class BaselineEnv:
                 stream.close()
             except OSError:
                 pass
+
+
+class EnvSide:
+    """One repetition in the baseline environment, driven step by step (a perf.lockstep.StepSide): the worker
+    takes a step each time this process asks, so the two environments' steps take turns."""
+
+    def __init__(self, env: BaselineEnv, measurement_id: str, workload: Workload):
+        self.env, self.measurement_id, self.workload = env, measurement_id, workload
+
+    def begin(self) -> None:
+        self.env.ask(self.workload.message(self.measurement_id, "begin"), self.workload.doing)
+
+    def step(self) -> bool:
+        return bool(self.env.ask({"op": "step", "id": self.measurement_id}, self.workload.doing)["running"])
+
+    def finish(self, into: Measurement) -> None:
+        reply = self.env.ask({"op": "finish", "id": self.measurement_id}, self.workload.doing)
+        self.env.adopt(reply, self.workload, into)
+
+    def abort(self) -> None:
+        try:  # a failed round: the worker drops the repetition (and this measurement) if it still can
+            self.env.ask({"op": "forget", "id": self.measurement_id}, "dropping a failed repetition")
+        except BaselineEnvError:
+            pass

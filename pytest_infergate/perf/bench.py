@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
-from pytest_infergate.memory import PeakMemory
+from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 from pytest_infergate.perf.sessions import (
@@ -54,9 +53,11 @@ class Bench:
         self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
 
-    def engine(self, config: EngineConfig):
-        """The backend that runs `config` (OptionError under HF generate for what only the engine does)."""
-        key = repr(config)
+    def engine(self, config: EngineConfig, instance: int = 0):
+        """The backend that runs `config` (OptionError under HF generate for what only the engine does).
+        `instance` 1, 2, ...: another engine of the same config (its own cache and scheduler), for a step-locked
+        A/B of a model against itself (perf.lockstep)."""
+        key = repr(config) + (f"#{instance}" if instance else "")
         if key not in self._engines:
             self._engines[key] = choice_for(self.loaded).build(self.loaded.model, self.loaded.tokenizer,
                                                                replace(config))
@@ -89,28 +90,44 @@ class Bench:
         Multi-turn `Session`s in the workload run turn by turn (perf/sessions.py). Returns the workload's results."""
         probe = self.calibrate if probe is None else probe
         sampler = self.sampler() if probe else None
-        engine = self.engine(config)
-        if warmup:
-            engine.generate(warmup_requests(requests, warmup))
-        engine.steps.clear()
-        engine.peak_kv_blocks = 0
-        engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
-        workload = fresh_copies(requests, next(self._runs))
+        engine, workload = self.begin_repetition(requests, config, warmup)
         first = sampler.probe_now() if sampler is not None else None
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
-        if probe:  # the machine's speed over this repetition: the probes from right before to right after it
-            last = sampler.probe_now() if first is not None else None
-            if last is not None:
-                into.probe = calibration.PROBE
-                into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
-                quiet = sampler.between(first, first) + sampler.between(last, last)
-                if len(quiet) == 2:
-                    into.probe_quiet_s.append(calibration.repetition_probe(quiet))
-            else:  # one repetition without its probe leaves the whole measurement uncalibrated
-                into.probe, into.probe_s, into.probe_quiet_s = "", [], []
+        if probe:
+            self._probe_after(sampler, first, into)
+        self.record_repetition(into, engine, workload, results, wall, peak.result)
+        return results
+
+    def begin_repetition(self, requests: list[Request | Session], config: EngineConfig, warmup: int, instance: int = 0):
+        """The start of one repetition driven step by step from outside (perf.lockstep): warm-up requests run,
+        the engine cleared as run_once clears it. Returns the engine and this repetition's fresh workload."""
+        engine = self.engine(config, instance)
+        if warmup:
+            engine.generate(warmup_requests(requests, warmup))
+        engine.steps.clear()
+        engine.peak_kv_blocks = 0
+        engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
+        return engine, fresh_copies(requests, next(self._runs))
+
+    def _probe_after(self, sampler, first, into: Measurement) -> None:
+        """The machine's speed over a repetition: the probes from right before to right after it."""
+        last = sampler.probe_now() if first is not None else None
+        if last is not None:
+            into.probe = calibration.PROBE
+            into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
+            quiet = sampler.between(first, first) + sampler.between(last, last)
+            if len(quiet) == 2:
+                into.probe_quiet_s.append(calibration.repetition_probe(quiet))
+        else:  # one repetition without its probe leaves the whole measurement uncalibrated
+            into.probe, into.probe_s, into.probe_quiet_s = "", [], []
+
+    def record_repetition(self, into: Measurement, engine, workload: list, results: list[Result], wall: float,
+                          peak: PeakMemoryResult) -> None:
+        """One repetition's results into `into`: per-request latencies, throughput over `wall` seconds, memory
+        (with `peak`, what serving raised the process's memory by), the engine's figures and step timeline."""
         samples = into.samples
         ok = [r for r in results if r.ok and not r.is_warmup]
         planned = planned_requests(workload)  # a session's turns after a failed one never ran: failed too
@@ -126,7 +143,7 @@ class Bench:
         weights = self.loaded.record.weight_bytes
         kv_allocated = engine.kv_allocated_bytes
         kv_used = engine.peak_kv_blocks * engine.kv_bytes_per_token * engine.config.block_size
-        rise = peak.result.delta_bytes
+        rise = peak.delta_bytes
         # a CUDA graph pool is reserved when the engine is built and allocates nothing while replayed, so no
         # region's peak sees it; it is this model's memory all the same
         graphs = getattr(engine, "cuda_graphs", None)
@@ -137,7 +154,7 @@ class Bench:
         into.memory = {"weights_mb": weights / MIB, "kv_allocated_mb": kv_allocated / MIB,
                        "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "cuda_graphs_mb": pool / MIB,
                        "peak_mb": attributable / MIB,
-                       "process_peak_mb": peak.result.peak_bytes / MIB, "method": peak.result.method}
+                       "process_peak_mb": peak.peak_bytes / MIB, "method": peak.method}
         into.engine = {**engine.config.to_dict(), "backend": engine.name,
                        "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
@@ -149,7 +166,6 @@ class Bench:
             samples.setdefault("prefix_cache_hit_rate", []).append(reuse.hit_rate)
         into.steps = [s.to_dict() for s in engine.steps]
         into.end_repetition()
-        return results
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:
@@ -169,13 +185,3 @@ class Bench:
         for _ in range(repeats):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
         return measurement
-
-
-def measure_interleaved(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None],
-                        rounds: int) -> tuple[Measurement, Measurement]:
-    """A/B measurement: A, B, A, B, ... so that drift of the machine affects both sides alike."""
-    a, b = Measurement(label="A"), Measurement(label="B")
-    for _ in range(rounds):
-        run_a(a)
-        run_b(b)
-    return a, b

@@ -17,7 +17,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.workload_files import Session, Turn
 
 # Bumped whenever a message changes shape: both sides must speak the same one.
-PROTOCOL = 1
+PROTOCOL = 2  # 2: prepare, and begin / step / finish for a step-locked A/B
 
 
 class WireError(InfergateError):

@@ -9,6 +9,11 @@ one reply per request line:
   "config", "requests", "warmup"}`: one more repetition into the measurement named `id` (begun at the first
   request with that id), as `Bench.run_once` measures it in the pytest run; the reply holds the whole
   measurement so far and the loaded model's record.
+- `{"op": "prepare", ...the same fields}`: load the model and build its backend; the reply names the backend
+  (`"engine"`, or HF generate where the engine refused the model) and holds the model's record.
+- `{"op": "begin", ...the same fields}`, then `{"op": "step", "id"}` while the reply says `"running": true`,
+  then `{"op": "finish", "id"}`: one repetition driven step by step, so that the pytest run can take its own
+  steps in between (a step-locked A/B, perf.lockstep); `finish` replies as `run` does.
 - `{"op": "forget", "id"}`: that measurement is no longer needed.
 """
 
@@ -26,6 +31,7 @@ class Worker:
     def __init__(self):
         self.benches: dict[tuple, Any] = {}  # (model, precision, device, reference, backend) -> perf.bench.Bench
         self.measurements: dict[str, Any] = {}
+        self.stepping: dict[str, Any] = {}  # id -> perf.lockstep.LocalSide of the repetition begun under that id
 
     def hello(self) -> dict[str, Any]:
         import pytest_infergate
@@ -47,23 +53,74 @@ class Worker:
             self.benches[key] = Bench(loaded, device, calibrate=False)
         return self.benches[key]
 
+    def _measurement(self, measurement_id: str):
+        from pytest_infergate.perf.metrics import Measurement
+
+        return self.measurements.setdefault(measurement_id, Measurement(label="baseline environment"))
+
+    def _measured(self, bench, measurement_id: str) -> dict[str, Any]:
+        return {"ok": True, "measurement": self.measurements[measurement_id].to_dict(),
+                "model": bench.loaded.record.to_dict()}
+
+    def prepare(self, message: dict[str, Any]) -> dict[str, Any]:
+        bench = self.bench(message)
+        backend = bench.engine(config_from_wire(message["config"]))
+        return {"ok": True, "backend": backend.name, "model": bench.loaded.record.to_dict()}
+
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        from pytest_infergate.perf.metrics import Measurement
-
         torch.set_num_threads(int(message["threads"]))
         bench = self.bench(message)
-        measurement = self.measurements.setdefault(message["id"], Measurement(label="baseline environment"))
         bench.run_once([item_from_wire(item) for item in message["requests"]], config_from_wire(message["config"]),
-                       int(message["warmup"]), measurement, probe=False)
-        return {"ok": True, "measurement": measurement.to_dict(), "model": bench.loaded.record.to_dict()}
+                       int(message["warmup"]), self._measurement(message["id"]), probe=False)
+        return self._measured(bench, message["id"])
+
+    def begin(self, message: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        from pytest_infergate.perf.lockstep import LocalSide
+
+        torch.set_num_threads(int(message["threads"]))
+        self.abort(message["id"])
+        side = LocalSide(self.bench(message), [item_from_wire(item) for item in message["requests"]],
+                         config_from_wire(message["config"]), int(message["warmup"]))
+        self._measurement(message["id"])
+        side.begin()
+        self.stepping[message["id"]] = side
+        return {"ok": True}
+
+    def _side(self, measurement_id: str):
+        side = self.stepping.get(measurement_id)
+        if side is None:
+            raise KeyError(f"no repetition begun under {measurement_id!r}: send begin first")
+        return side
+
+    def step(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"ok": True, "running": self._side(message["id"]).step()}
+        except Exception:
+            self.abort(message["id"])
+            raise
+
+    def finish(self, message: dict[str, Any]) -> dict[str, Any]:
+        side = self.stepping.pop(message["id"], None) or self._side(message["id"])
+        side.finish(self.measurements[message["id"]])
+        return self._measured(side.bench, message["id"])
+
+    def abort(self, measurement_id: str) -> None:
+        side = self.stepping.pop(measurement_id, None)
+        if side is not None:
+            side.abort()
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
-        if op == "run":
-            return self.run(message)
+        handlers = {"prepare": self.prepare, "run": self.run, "begin": self.begin, "step": self.step,
+                    "finish": self.finish}
+        if op in handlers:
+            return handlers[op](message)
         if op == "forget":
+            self.abort(message.get("id"))
             self.measurements.pop(message.get("id"), None)
             return {"ok": True}
         return {"ok": False, "error": f"unknown op {op!r} (protocol {PROTOCOL})"}

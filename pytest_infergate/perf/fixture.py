@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
-from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab, evaluate_perf
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
@@ -205,9 +206,15 @@ class PerfBench:
                             warmup)
         measurement_id = f"{key}#{id(self)}"
         try:
-            b, outcome = evaluate_ab(lambda m: env.repetition(measurement_id, workload, m),
-                                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False), budget,
-                                     rounds, options.strict)
+            theirs = env.prepare(workload)
+            refused = lockstep.refusal(requests, {"A": theirs, "B": self.bench.engine(config).name})
+            if refused:
+                run_round = by_repetition(lambda m: env.repetition(measurement_id, workload, m),
+                                          lambda m: self.bench.run_once(requests, config, warmup, m, probe=False))
+            else:
+                run_round = lockstep.rounds(env.side(measurement_id, workload),
+                                            lockstep.LocalSide(self.bench, requests, config, warmup))
+            b, outcome = evaluate_ab(run_round, budget, rounds, options.strict)
             env.forget(measurement_id)
         except BaselineEnvError as exc:
             self.ctx.fail(f"infergate perf gate for {key}: {exc}")
@@ -216,8 +223,8 @@ class PerfBench:
         budget, unmeasured = measured_budget(self.ctx, result, budget)
         outcome.violations = check_budget(b, budget)
         result.baseline_summary = outcome.baseline.summary()
-        note = f"interleaved A/B against the {env.describe(library_versions())}, {outcome.baseline.repetitions} rounds"
-        theirs = env.model_records.get(record.precision, {}).get("backend", "")
+        note = (f"{lockstep.how(refused)} against the {env.describe(library_versions())}, "
+                f"{outcome.baseline.repetitions} rounds")
         if theirs and theirs != result.backend:
             note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
         result.notes = [note]
@@ -250,16 +257,25 @@ class PerfBench:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
             # no calibration probe: the interleaving itself cancels drift of the machine
-            b, outcome = evaluate_ab(lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
-                                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False), budget,
-                                     rounds, self.ctx.options.strict)
+            refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config).name,
+                                                  "B": self.bench.engine(config).name})
+            if refused:
+                run_round = by_repetition(
+                    lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
+                    lambda m: self.bench.run_once(requests, config, warmup, m, probe=False))
+            else:  # the same model on both sides: side A gets an engine of its own
+                run_round = lockstep.rounds(
+                    lockstep.LocalSide(other_bench, requests, other_config, warmup,
+                                       instance=1 if other_bench is self.bench else 0),
+                    lockstep.LocalSide(self.bench, requests, config, warmup))
+            b, outcome = evaluate_ab(run_round, budget, rounds, self.ctx.options.strict)
         finally:
             if other_bench is not self.bench:
                 other_bench.close()
         a = outcome.baseline
         other_precision = other.record.requested_precision
         record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
-        note = f"interleaved A/B against {other_precision}, {rounds} rounds"
+        note = f"{lockstep.how(refused)} against {other_precision}, {a.repetitions} rounds"
         if other.backend is not None and other.backend.name != record.backend:
             note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
         finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}", note)

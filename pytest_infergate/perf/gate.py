@@ -155,18 +155,29 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
     return "not normalized for machine speed: no calibration probe ran with this measurement"
 
 
-def evaluate_ab(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None], budget: Budget,
-                rounds: int, strict: bool = False, max_remeasure: int = 2) -> tuple[Measurement, PerfOutcome]:
-    """Interleaved A/B gate: `rounds` of A then B (each `run_x(measurement)` adds one repetition), then one more
-    round at a time while a verdict is inconclusive, up to `max_remeasure`. Returns B's Measurement and the
-    outcome, whose `baseline` is A's."""
-    from pytest_infergate.perf.bench import measure_interleaved
+RoundRunner = Callable[[Measurement, Measurement, int], None]  # one round into (A, B); the int: which round
 
-    a, b = measure_interleaved(run_a, run_b, rounds)
-    outcome = PerfOutcome(strict=strict, baseline=a, verdicts=compare_measurements(b, a, budget, paired=True))
-    while outcome.remeasured < max_remeasure and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts):
+
+def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None]) -> RoundRunner:
+    """Rounds of one whole repetition per side, A then B (`run_x(measurement)` adds one repetition): for what
+    cannot run step-locked (perf.lockstep)."""
+    def run_round(a: Measurement, b: Measurement, index: int) -> None:
         run_a(a)
         run_b(b)
+    return run_round
+
+
+def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int, strict: bool = False,
+                max_remeasure: int = 2) -> tuple[Measurement, PerfOutcome]:
+    """Interleaved A/B gate: `rounds` rounds (each adds one repetition to A and one to B: step-locked, or
+    `by_repetition`), then one more round at a time while a verdict is inconclusive, up to `max_remeasure`.
+    Every metric is compared round by round. Returns B's Measurement and the outcome, whose `baseline` is A's."""
+    a, b = Measurement(label="A"), Measurement(label="B")
+    for index in range(rounds):
+        run_round(a, b, index)
+    outcome = PerfOutcome(strict=strict, baseline=a, verdicts=compare_measurements(b, a, budget, paired=True))
+    while outcome.remeasured < max_remeasure and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts):
+        run_round(a, b, rounds + outcome.remeasured)
         outcome.remeasured += 1
         outcome.verdicts = compare_measurements(b, a, budget, paired=True)
     return b, outcome

@@ -85,19 +85,39 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
 
 
 def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
-                   confidence: float = 0.95, resamples: int = 2000) -> Verdict:
-    """Like compare_samples for a per-repetition metric of an interleaved A/B run, where candidate[i] and
+                   confidence: float = 0.95, resamples: int = 2000, pct: int | None = None,
+                   shown: tuple[float, float] | None = None) -> Verdict:
+    """Like compare_samples for one value per round of an interleaved A/B run, where candidate[i] and
     baseline[i] were measured back to back: the ratio is taken within each round, so drift of the machine
-    between rounds cancels instead of widening the interval; the CI bootstraps the median over rounds."""
+    between rounds cancels instead of widening the interval; the CI bootstraps the median over rounds.
+    `pct`: the values are each round's percentile of a per-request metric; `shown`: the (candidate, baseline)
+    values to show (default: the medians of the per-round values)."""
     higher_is_better = METRICS[metric][1]
     ratios = [(b / c if higher_is_better else c / b) for c, b in zip(candidate, baseline) if c > 0 and b > 0]
     if len(ratios) != len(candidate):
         return compare_samples(metric, candidate, baseline, max_regression)
     point, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), confidence, resamples)
     threshold = 1.0 + max_regression
-    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold, None,
-                   percentile(candidate, 50), percentile(baseline, 50), (len(candidate), len(baseline)),
-                   paired=True)
+    shown = shown or (percentile(candidate, 50), percentile(baseline, 50))
+    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold, pct,
+                   shown[0], shown[1], (len(candidate), len(baseline)), paired=True)
+
+
+def compare_paired_percentiles(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
+                               pct: int | None) -> Verdict | None:
+    """A per-request metric of an interleaved A/B run, round by round: each round's percentile on each side, then
+    as compare_paired. Pooling the requests instead takes them as independent, and a spell of interference on one
+    side's repetition moves hundreds of them at once (README: a false failure of unchanged code, ITL p50 x1.206).
+    None: a side without the split by repetition, or the rounds do not pair up."""
+    split_c, split_b = candidate.by_repetition(metric), baseline.by_repetition(metric)
+    if split_c is None or split_b is None or len(split_c) != len(split_b) or len(split_c) < 2:
+        return None
+    if not all(split_c) or not all(split_b):
+        return None
+    pct = pct or 50
+    return compare_paired(metric, [percentile(xs, pct) for xs in split_c], [percentile(xs, pct) for xs in split_b],
+                          max_regression, pct=pct,
+                          shown=(candidate.value(metric, pct), baseline.value(metric, pct)))
 
 
 def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
@@ -141,6 +161,11 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
             verdicts.append(compare_paired(metric, a, b, budget.max_regression))
             continue
         pct = next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile)
+        by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
+            if paired and METRICS[metric][2] else None
+        if by_round is not None:
+            verdicts.append(by_round)
+            continue
         verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
         verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
     return verdicts

@@ -1,0 +1,160 @@
+"""Step-locked A/B: the two sides' engine steps take turns, A B B A A B ..., and each side is timed on a clock that
+runs only during its own steps.
+
+Why: on a shared machine the speed moves in spells of seconds (README, gate power). Two repetitions run one after
+the other (~2 s each) fall in different spells, so the per-round ratios of unchanged code spread by ±10-20%; two
+steps (tens of ms) taken in turn fall in the same one. Measured on the 2-vCPU VM (2026-12-02, 12 rounds of the
+gate-power workload, code unchanged): the standard deviation of the log per-round ratio was 0.069 with a
+repetition per side and turn, 0.033 step-locked. The order flips after every step (A B, then B A) so that
+whatever a step leaves behind for the next one (caches, the CPU's clock) falls on both sides alike.
+
+What each side measures is what it would measure alone, minus the other side's steps: its requests' arrival,
+first token and token times are read on its own clock, so TTFT, ITL and tokens/s keep their meaning.
+
+Only for what both sides run on the reference engine as one closed batch (every request at once, no multi-turn
+sessions, no deadlines): arrivals, turns and deadlines are wall-clock by definition. For anything else the A/B
+interleaves whole repetitions (`refusal` says why).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import Protocol
+
+from pytest_infergate.memory import PeakMemory, PeakMemoryResult
+from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.workload_files import Session
+
+
+class SideClock:
+    """Seconds one side has run: advances only inside `running()`."""
+
+    def __init__(self):
+        self._elapsed = 0.0
+        self._since: float | None = None
+
+    def __call__(self) -> float:
+        running = time.perf_counter() - self._since if self._since is not None else 0.0
+        return self._elapsed + running
+
+    @contextmanager
+    def running(self):
+        self._since = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._elapsed += time.perf_counter() - self._since
+            self._since = None
+
+
+class StepSide(Protocol):
+    """One side of a step-locked round: `begin` (warm-up, submit), `step` while it returns True, `finish`."""
+
+    def begin(self) -> None: ...
+
+    def step(self) -> bool: ...
+
+    def finish(self, into: Measurement) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+def refusal(requests: list, backends: dict[str, str]) -> str:
+    """Why this workload cannot run step-locked ("" if it can). `backends`: side name -> backend name."""
+    if any(isinstance(item, Session) for item in requests):
+        return "the workload has multi-turn sessions (each turn is sent when the one before it is answered)"
+    if any(item.arrival_s > 0 for item in requests):
+        return "the workload's requests arrive over time (arrival_s), and arrivals are wall-clock"
+    if any(item.deadline_s is not None for item in requests):
+        return "the workload's requests have deadlines, and deadlines are wall-clock"
+    other = {side: name for side, name in backends.items() if name != "engine"}
+    if other:
+        return ", ".join(f"side {side} runs on {name}" for side, name in sorted(other.items())) + (
+            ", which has no steps to take in turn")
+    return ""
+
+
+class LocalSide:
+    """A side in this process: a Bench's engine (`instance` > 0: another engine of the same config, when both sides
+    are the same model), stepped from outside. `around_step` wraps each step (benchmarks inject a slowdown there
+    when both sides share one model object)."""
+
+    def __init__(self, bench, requests: list, config, warmup: int, instance: int = 0,
+                 around_step: Callable[[], AbstractContextManager] | None = None):
+        self.bench, self.requests, self.config, self.warmup = bench, requests, config, warmup
+        self.instance = instance
+        self.around_step = around_step or nullcontext
+        self._stack: ExitStack | None = None
+
+    def begin(self) -> None:
+        self.engine, self.workload = self.bench.begin_repetition(self.requests, self.config, self.warmup,
+                                                                 self.instance)
+        self.clock = SideClock()
+        self._stack = ExitStack()
+        self._stack.enter_context(self.engine.use_clock(self.clock))
+        self.rise = self.peak = 0
+        self.method = ""
+        with self.clock.running():  # tokenizing and queueing count, as in Engine.generate
+            self.ids = [self.engine.submit(item) for item in self.workload]
+
+    def step(self) -> bool:
+        # the peak of each own step, measured from just before it: the other side's steps are not counted
+        with self.around_step(), PeakMemory(self.bench.device) as peak, self.clock.running():
+            self.engine.step()
+        self.rise = max(self.rise, peak.result.delta_bytes)
+        self.peak = max(self.peak, peak.result.peak_bytes)
+        self.method = f"{peak.result.method}, own steps"
+        return self.engine.has_unfinished
+
+    def finish(self, into: Measurement) -> None:
+        results = [self.engine.result(request_id) for request_id in self.ids]
+        wall = self.clock()
+        self.abort()
+        self.bench.record_repetition(into, self.engine, self.workload, results, wall,
+                                     PeakMemoryResult(self.method, self.peak, self.peak - self.rise))
+
+    def abort(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            if self.engine.has_unfinished:  # a failed round: nothing of it may leak into the next repetition
+                for request_id in self.ids:
+                    self.engine.cancel(request_id)
+                self.engine.step()
+            stack.close()
+
+
+def lockstep_round(a: StepSide, b: StepSide, into_a: Measurement, into_b: Measurement, a_first: bool) -> None:
+    """One repetition of each side, their steps in turn (the order flipping after every step), into `into_a` and
+    `into_b`. A side that finished first waits while the other runs out."""
+    try:
+        a.begin()
+        b.begin()
+        order = [a, b] if a_first else [b, a]
+        running = {id(a): True, id(b): True}
+        while any(running.values()):
+            for side in order:
+                if running[id(side)]:
+                    running[id(side)] = side.step()
+            order.reverse()
+        a.finish(into_a)
+        b.finish(into_b)
+    except BaseException:
+        a.abort()
+        b.abort()
+        raise
+
+
+def rounds(a: StepSide, b: StepSide):
+    """A RoundRunner (perf.gate.evaluate_ab) of step-locked rounds; which side steps first alternates by round."""
+    def run_round(into_a: Measurement, into_b: Measurement, index: int) -> None:
+        lockstep_round(a, b, into_a, into_b, a_first=index % 2 == 0)
+    return run_round
+
+
+def how(refused: str) -> str:
+    """How an A/B was interleaved, for its record's note."""
+    if refused:
+        return f"interleaved A/B, a repetition per side and turn (not step-locked: {refused})"
+    return "step-locked A/B (engine steps in turn, each side timed on its own steps)"

@@ -1,0 +1,201 @@
+"""Step-locked A/B (perf.lockstep): the two sides' engine steps take turns and each side is timed on its own steps."""
+
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.perf import lockstep
+from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
+from pytest_infergate.perf.bench import Bench
+from pytest_infergate.perf.budget import parse_budget
+from pytest_infergate.perf.gate import evaluate_ab
+from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.perf.verdict import compare_measurements, compare_samples
+from pytest_infergate.status import Status
+from pytest_infergate.workload_files import Session, Turn
+
+CFG = EngineConfig(max_model_len=128, kv_budget_bytes=4 << 20)
+
+
+def requests(count=3, new=6):
+    return [Request(prompt_token_ids=[7 + i] * 12, max_new_tokens=new, ignore_eos=True) for i in range(count)]
+
+
+def test_side_clock_runs_only_inside_running():
+    clock = lockstep.SideClock()
+    time.sleep(0.02)
+    assert clock() == 0.0
+    with clock.running():
+        time.sleep(0.02)
+    ran = clock()
+    time.sleep(0.02)
+    assert clock() == ran and 0.015 < ran < 0.5
+
+
+def test_engine_times_its_requests_on_the_clock_it_is_given(tiny_fp32):
+    engine = Engine(tiny_fp32.model, tiny_fp32.tokenizer, CFG)
+    try:
+        ticks = iter(range(1000))
+        with engine.use_clock(lambda: float(next(ticks))):
+            result = engine.generate(requests(1))[0]
+        # every reading of the clock is one tick: timings come from it alone, not from the wall clock
+        assert result.timings.ttft_s == int(result.timings.ttft_s) > 0
+        assert all(gap == int(gap) for gap in result.timings.itl_s)
+        after = engine.generate(requests(1))[0]  # the wall clock is back
+        assert 0 < after.timings.e2e_s < 60 and after.timings.e2e_s != int(after.timings.e2e_s)
+        engine.submit(requests(1)[0])
+        with pytest.raises(RuntimeError, match="switch clocks between workloads"):
+            with engine.use_clock(time.perf_counter):
+                pass
+        engine.run_until_done()
+    finally:
+        engine.close()
+
+
+def test_what_cannot_run_step_locked_is_named():
+    assert lockstep.refusal(requests(), {"A": "engine", "B": "engine"}) == ""
+    assert "multi-turn sessions" in lockstep.refusal([Session([Turn("a", 4)])], {"A": "engine", "B": "engine"})
+    late = [Request(prompt_token_ids=[1] * 4, max_new_tokens=2, arrival_s=0.5)]
+    assert "arrive over time" in lockstep.refusal(late, {"A": "engine", "B": "engine"})
+    due = [Request(prompt_token_ids=[1] * 4, max_new_tokens=2, deadline_s=3.0)]
+    assert "deadlines" in lockstep.refusal(due, {"A": "engine", "B": "engine"})
+    assert lockstep.refusal(requests(), {"A": "hf-generate", "B": "engine"}) == (
+        "side A runs on hf-generate, which has no steps to take in turn")
+    assert "not step-locked: the workload has" in lockstep.how("the workload has multi-turn sessions")
+
+
+@contextmanager
+def tracing(log, name, sleep_s=0.0):
+    log.append(name)
+    yield
+    time.sleep(sleep_s)  # outside the side's clock: what the other side must not see either
+
+
+def test_steps_take_turns_and_each_side_is_timed_on_its_own_steps(tiny_fp32):
+    from pytest_infergate.perf.slowdown import injected_slowdown
+
+    bench = Bench(tiny_fp32, calibrate=False)
+    log = []
+
+    @contextmanager
+    def b_slower():  # B's forwards take 4x as long (inside its clock), then 30 ms pass outside every clock
+        log.append("B")
+        with injected_slowdown(tiny_fp32.model, 3.0):
+            yield
+        time.sleep(0.03)
+
+    try:
+        a_side = lockstep.LocalSide(bench, requests(), CFG, 1, instance=1, around_step=lambda: tracing(log, "A"))
+        b_side = lockstep.LocalSide(bench, requests(), CFG, 1, around_step=b_slower)
+        a, b = Measurement(label="A"), Measurement(label="B")
+        lockstep.lockstep_round(a_side, b_side, a, b, a_first=True)
+        assert bench.engine(CFG, 1) is not bench.engine(CFG)  # the same model, an engine per side
+        assert a.repetitions == b.repetitions == 1 and a.num_requests == b.num_requests == 3
+        assert len(a.samples["itl_ms"]) == len(b.samples["itl_ms"]) == 3 * 5
+        # A B, then B A, ...: the order flips after every step
+        assert log[:6] == ["A", "B", "B", "A", "A", "B"] and log.count("A") == log.count("B") == len(a.steps)
+        # what B's steps took is not on A's clock, what happened between steps on nobody's
+        assert max(a.samples["e2e_ms"]) < 0.03 * 1000 * log.count("B") / 2
+        assert b.value("tokens_per_s") < a.value("tokens_per_s") / 2
+        assert a.memory["method"].endswith("own steps")
+        log.clear()
+        lockstep.lockstep_round(a_side, b_side, a, b, a_first=False)  # the next round begins with B
+        assert log[:2] == ["B", "A"] and a.repetitions == 2 and len(a.samples["itl_ms"]) == 30
+    finally:
+        bench.close()
+
+
+def test_a_failed_step_leaves_no_request_behind(tiny_fp32):
+    bench = Bench(tiny_fp32, calibrate=False)
+
+    @contextmanager
+    def breaks():
+        yield
+        raise RuntimeError("injected")
+
+    try:
+        a_side = lockstep.LocalSide(bench, requests(), CFG, 0, instance=1)
+        b_side = lockstep.LocalSide(bench, requests(), CFG, 0, around_step=breaks)
+        with pytest.raises(RuntimeError, match="injected"):
+            lockstep.lockstep_round(a_side, b_side, Measurement(), Measurement(), a_first=True)
+        for engine in (bench.engine(CFG), bench.engine(CFG, 1)):
+            assert not engine.has_unfinished
+        again = Measurement()
+        bench.run_once(requests(), CFG, 0, again, probe=False)  # the engine serves the next repetition as usual
+        assert again.num_failed == 0 and again.repetitions == 1
+    finally:
+        bench.close()
+
+
+def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tiny_fp32):
+    bench = Bench(tiny_fp32, calibrate=False)
+    try:
+        run_round = lockstep.rounds(lockstep.LocalSide(bench, requests(4, 8), CFG, 1, instance=1),
+                                    lockstep.LocalSide(bench, requests(4, 8), CFG, 1))
+        budget = parse_budget({"max_regression": 5.0, "itl_ms": 1e12, "tokens_per_s": 1e-9})
+        b, outcome = evaluate_ab(run_round, budget, rounds=3)
+        assert outcome.baseline.repetitions == b.repetitions == 3
+        verdicts = {v.metric: v for v in outcome.verdicts}
+        assert set(verdicts) == {"itl_ms", "tokens_per_s"} and all(v.paired for v in verdicts.values())
+        assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (3, 3)  # one value per round
+        assert outcome.status == Status.PASS  # the same model against itself, within 6x
+    finally:
+        bench.close()
+
+
+def test_per_request_metrics_of_an_ab_compare_round_by_round():
+    """A spell of interference over one side's repetition moves all its requests at once: pooled, the requests
+    look like hundreds of independent samples and the gate fails unchanged code; by round, it is one round of
+    four, and the median ratio stays near 1."""
+    def side(rounds):
+        m = Measurement()
+        for scale in rounds:
+            m.samples.setdefault("itl_ms", []).extend(10.0 * scale * (1 + 0.001 * i) for i in range(100))
+            m.end_repetition()
+        return m
+
+    baseline, candidate = side([1.0, 1.0, 1.0, 1.0]), side([1.0, 1.3, 1.0, 1.01])
+    budget = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    pooled = compare_samples("itl_ms", candidate.samples["itl_ms"], baseline.samples["itl_ms"], 0.10)
+    (paired,) = compare_measurements(candidate, baseline, budget, paired=True)
+    assert paired.paired and paired.samples == (4, 4) and paired.status != Status.FAIL
+    assert paired.ratio == pytest.approx(1.0, abs=0.02)
+    slower = side([1.3, 1.3, 1.3, 1.3])
+    (failed,) = compare_measurements(slower, baseline, budget, paired=True)
+    assert failed.status == Status.FAIL and failed.ratio == pytest.approx(1.3, abs=0.01)
+    # the pooled comparison of the same data reads the spell as a regression of the whole distribution's tail
+    assert pooled.samples == (400, 400)
+    (tail,) = compare_measurements(candidate, baseline, parse_budget({"max_regression": 0.10, "itl_ms_p90": 1e12}),
+                                   paired=True)
+    assert tail.percentile == 90 and tail.paired
+    assert compare_samples("itl_ms", candidate.samples["itl_ms"], baseline.samples["itl_ms"], 0.10,
+                           pct=90).status == Status.FAIL and tail.status != Status.FAIL
+
+
+def test_the_baseline_environment_steps_when_asked(tiny_source, cache_dir):
+    env = BaselineEnv(sys.executable)
+    try:
+        workload = Workload("tiny-random-llama", "fp32", "cpu", "fp32", "auto", str(cache_dir), 1, CFG, requests(),
+                            1)
+        assert env.prepare(workload) == "engine" and env.model_records["fp32"]["model"] == "tiny-random-llama"
+        side = env.side("m1", workload)
+        with pytest.raises(BaselineEnvError, match="no repetition begun under 'm1': send begin first"):
+            side.step()
+        into = Measurement(label="A")
+        for _ in range(2):
+            side.begin()
+            steps = 1
+            while side.step():
+                steps += 1
+            side.finish(into)
+        assert into.label == "A" and into.repetitions == 2 and into.num_requests == 6 and into.num_failed == 0
+        assert len(into.steps) == steps and into.memory["method"].endswith("own steps")
+        side.abort()  # forgets the measurement
+        fresh = Measurement()
+        env.repetition("m1", workload, fresh)
+        assert fresh.repetitions == 1
+    finally:
+        env.close()
