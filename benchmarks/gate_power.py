@@ -10,8 +10,9 @@ Each trial measures the same workload unchanged, with a 10% slowdown and with a 
 that waits after every model forward for that fraction of the forward's own time (asleep, or with `--slowdown
 busy` computing torch matmuls), and decides it exactly as the pytest gate does; the three conditions take turns:
 - `--mode ab` (default, as `infergate_bench.ab()`): the unchanged model (A) and the candidate (B) alternate for
-  `--rounds` rounds (evaluate_ab: per-request latencies by a bootstrap CI of the ratio of percentiles, per-
-  repetition throughput by the median of per-round ratios; one more round at a time while inconclusive, up to two);
+  `--rounds` rounds, step-locked (perf.lockstep: their engine steps in turn, each side timed on its own steps; or
+  `--interleave repetition`, a whole repetition per side and turn), decided by evaluate_ab (every metric by the
+  median of per-round ratios; one more round at a time while inconclusive, up to two);
 - `--mode baseline` (as `--infergate-save-baseline`, then `--infergate-baseline`): a child process measures the
   workload through the `infergate_bench` fixture's object (PerfBench, its calibration probe included) and saves the
   baseline file as the session does; this process loads that file and measures every trial through a fresh
@@ -21,8 +22,9 @@ busy` computing torch matmuls), and decides it exactly as the pytest gate does; 
   one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3;
 - `--mode env` (as `--infergate-baseline-python`): a worker process of another Python environment (here this
   same interpreter: what is tested is two processes taking turns) runs the baseline side, this process the
-  candidate, through the fixture's object (PerfBench) as a test with the budget marker: at least 4 rounds, one
-  more while inconclusive, up to two, decided as an interleaved A/B.
+  candidate, through the fixture's object (PerfBench) as a test with the budget marker: at least 4 rounds
+  (step-locked: the worker takes a step each time this process has taken one), one more while inconclusive, up
+  to two, decided as an interleaved A/B.
 Prints verdict counts, false-alarm rate, detection rate and time per trial.
 """
 
