@@ -62,7 +62,10 @@ def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server
     assert result.points and result.points[0].passed, result.describe()
     for point in result.points:  # every planned request of a point ended in one counted outcome
         assert point.requests + point.cancelled == spec.num_requests(point.load)
-        assert point.server.get("running_requests", 0) >= 1
+        assert "running_requests" in point.server  # /metrics was scraped around every point
+    # the gauge is sampled every 0.5 s: a short point (4 requests of 12 tokens at concurrency 1) can fall between
+    # two scrapes, so only the search as a whole must have seen a request running
+    assert max(point.server["running_requests"] for point in result.points) >= 1, result.describe()
     assert result.capacity >= 1 and result.reason in ("bracket resolved", "time budget spent",
                                                       "the upper bound 16 passed: the capacity is at least that")
 
