@@ -87,6 +87,7 @@ class LocalSide:
         self.instance = instance
         self.around_step = around_step or nullcontext
         self._stack: ExitStack | None = None
+        self.ids: list[str] = []
 
     def begin(self) -> None:
         self.engine, self.workload = self.bench.begin_repetition(self.requests, self.config, self.warmup,
@@ -96,8 +97,10 @@ class LocalSide:
         self._stack.enter_context(self.engine.use_clock(self.clock))
         self.rise = self.peak = 0
         self.method = ""
+        self.ids = []
         with self.clock.running():  # tokenizing and queueing count, as in Engine.generate
-            self.ids = [self.engine.submit(item) for item in self.workload]
+            for item in self.workload:
+                self.ids.append(self.engine.submit(item))
 
     def step(self) -> bool:
         # the peak of each own step, measured from just before it: the other side's steps are not counted
