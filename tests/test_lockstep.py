@@ -68,10 +68,9 @@ def test_what_cannot_run_step_locked_is_named():
 
 
 @contextmanager
-def tracing(log, name, sleep_s=0.0):
+def tracing(log, name):
     log.append(name)
     yield
-    time.sleep(sleep_s)  # outside the side's clock: what the other side must not see either
 
 
 def test_steps_take_turns_and_each_side_is_timed_on_its_own_steps(tiny_fp32):

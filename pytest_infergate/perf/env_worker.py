@@ -104,7 +104,8 @@ class Worker:
             raise
 
     def finish(self, message: dict[str, Any]) -> dict[str, Any]:
-        side = self.stepping.pop(message["id"], None) or self._side(message["id"])
+        side = self._side(message["id"])
+        del self.stepping[message["id"]]
         side.finish(self.measurements[message["id"]])
         return self._measured(side.bench, message["id"])
 

@@ -257,16 +257,18 @@ class PerfBench:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
             # no calibration probe: the interleaving itself cancels drift of the machine
-            refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config).name,
+            # the same model on both sides: side A gets an engine of its own (asked for its name here, so that
+            # no engine is built that the rounds do not use)
+            a_instance = 1 if other_bench is self.bench else 0
+            refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config, a_instance).name,
                                                   "B": self.bench.engine(config).name})
             if refused:
                 run_round = by_repetition(
                     lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
                     lambda m: self.bench.run_once(requests, config, warmup, m, probe=False))
-            else:  # the same model on both sides: side A gets an engine of its own
+            else:
                 run_round = lockstep.rounds(
-                    lockstep.LocalSide(other_bench, requests, other_config, warmup,
-                                       instance=1 if other_bench is self.bench else 0),
+                    lockstep.LocalSide(other_bench, requests, other_config, warmup, instance=a_instance),
                     lockstep.LocalSide(self.bench, requests, config, warmup))
             b, outcome = evaluate_ab(run_round, budget, rounds, self.ctx.options.strict)
         finally:
