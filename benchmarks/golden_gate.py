@@ -1,7 +1,7 @@
 """The golden gates on the embedded model: what they cost, and the data behind the near-tie defaults.
 
     python benchmarks/golden_gate.py costs [--precisions fp32,int8,nf4] [--threads N] [--all]
-    python benchmarks/golden_gate.py classify [--precisions ...] [--emulate-avx2]
+    python benchmarks/golden_gate.py classify [--precisions ...] [--emulate-avx2] [--against default|own]
     python benchmarks/golden_gate.py noise [--precisions ...] [--scales 0.01,0.03,0.1] [--layer 15]
 
 costs: per precision, the fixed-composition generation of the whole sample file; teacher-forced scoring of its 48
@@ -10,8 +10,11 @@ costs: per precision, the fixed-composition generation of the whole sample file;
     (on a shared machine the CPU time is the steadier figure).
 classify: generate the whole file now and compare with the accepted files in golden/ (the regression gate, default
     policy): each changed sample's margin at the first divergence and accepted KL. With --emulate-avx2 the run
-    emulates an AVX2-only CPU on an AVX-512 one (MKL/oneDNN/ATen limited to AVX2, bitsandbytes' AVX512-BF16 nf4
-    kernel and torch._int_mm int8 path off): the numerics of "another machine" against files recorded here.
+    emulates an AVX2-only CPU on an AVX-512 one (benchmarks/emulate_avx2.py: MKL/oneDNN/ATen limited to AVX2,
+    bitsandbytes' AVX512-BF16 nf4 kernel and torch._int_mm int8 path off): the numerics of "another machine"
+    against files recorded here.
+    With --against own the run is compared with the file the gate picks for its kernel path (emulated AVX2: the
+    files recorded on an AVX2-only AMD EPYC).
 noise: a deliberately changed model: seeded Gaussian noise on one layer's RMSNorm weight (kept in float in every
     precision, so the same change applies to fp32, int8 and nf4), scaled to the weight's mean magnitude;
     the changed samples' margins, accepted KLs and verdicts.
@@ -28,7 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-AVX2_ENV = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def load(precision: str):
@@ -44,11 +46,17 @@ def samples():
     return load_samples(ROOT / "golden" / "default.jsonl")
 
 
-def accepted(loaded):
+def accepted(loaded, own_kernel_path: bool = False):
+    """The default accepted file; with own_kernel_path, the one the gate picks for this machine's (or the
+    emulated) kernel path."""
     from pytest_infergate.quality.golden_files import outputs_path, read_outputs
+    from pytest_infergate.quality.golden_variants import select_accepted
+    from pytest_infergate.quality.provenance import golden_environment
 
-    return read_outputs(outputs_path(ROOT / "golden", "SmolLM2-135M-Instruct", loaded.record.fingerprint, "cpu",
-                                     loaded.record.requested_precision))
+    default = outputs_path(ROOT / "golden", "SmolLM2-135M-Instruct", loaded.record.fingerprint, "cpu",
+                           loaded.record.requested_precision)
+    path = select_accepted(default, golden_environment(loaded))[0] if own_kernel_path else default
+    return read_outputs(path), path.name
 
 
 def timed(fn, *args):
@@ -92,32 +100,32 @@ def costs(args) -> None:
                                     "margins": [d.margin for d in v.changed]} for v in result.variants})
 
 
-def compare_now(loaded, tag: str, **extra) -> None:
+def compare_now(loaded, tag: str, own_kernel_path: bool = False, **extra) -> None:
     from pytest_infergate.quality.generation import run_samples
     from pytest_infergate.quality.regression import compare_with_golden
 
     ss = samples()
     run, wall, cpu = timed(run_samples, loaded, ss)
-    regression = compare_with_golden(loaded.tokenizer, ss, run.outputs, accepted(loaded),
+    golden, file = accepted(loaded, own_kernel_path)
+    regression = compare_with_golden(loaded.tokenizer, ss, run.outputs, golden,
                                      loaded.record.requested_precision, loaded.model)
-    emit(precision=loaded.record.requested_precision, what=tag, **extra, generation_wall_s=wall, generation_cpu_s=cpu,
+    emit(precision=loaded.record.requested_precision, what=tag, against=file, **extra,
+         generation_wall_s=wall, generation_cpu_s=cpu,
          changed=len(regression.changed), near_ties=len(regression.near_ties), drift=len(regression.drift),
          samples=[{"id": s.id, "token": s.first_divergence, "margin": s.divergence_margin, "kl": s.mean_kl,
                    "verdict": s.regression} for s in regression.changed])
 
 
 def classify(args) -> None:
-    if args.emulate_avx2 and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ENV})  # before torch loads
     if args.emulate_avx2:
-        import bitsandbytes.nn.modules as bnb_modules
+        from emulate_avx2 import reexec_emulated
 
-        bnb_modules.has_avx512bf16 = lambda: False  # Linear4bit takes the AVX2 CPUs' dequantize path
+        reexec_emulated()  # before torch loads
     import torch
 
     for precision in args.precisions:
         compare_now(load(precision), "emulated AVX2 vs accepted" if args.emulate_avx2 else "now vs accepted",
-                    cpu_capability=torch.backends.cpu.get_cpu_capability())
+                    own_kernel_path=args.against == "own", cpu_capability=torch.backends.cpu.get_cpu_capability())
 
 
 def noise(args) -> None:
@@ -141,6 +149,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--all", action="store_true", help="costs: batch invariance on every sample too")
     parser.add_argument("--emulate-avx2", action="store_true")
+    parser.add_argument("--against", choices=("default", "own"), default="default",
+                        help="classify: the default accepted file, or the one the gate picks for this kernel path")
     parser.add_argument("--scales", default="0.01,0.03,0.1", type=lambda s: [float(x) for x in s.split(",")])
     parser.add_argument("--layer", type=int, default=15)
     args = parser.parse_args()

@@ -10,8 +10,11 @@ from pytest_infergate.quality.batch_invariance import BatchInvariance, check_var
 from pytest_infergate.quality.generation import composition_id, fixed_outputs, golden_engine_config, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
 from pytest_infergate.quality.golden_variants import (
+    SAME_KERNELS,
+    SAME_MACHINE,
     numerics_key,
     path_to_update,
+    recorded_elsewhere,
     select_accepted,
     variant_tag,
     variants,
@@ -134,13 +137,39 @@ def test_the_gate_fails_on_drift_beyond_policy_and_on_any_change_when_exact():
                                                       ["cpu_flags: ..."]).problems()[0]
 
 
+def test_int8_drift_against_another_machine_is_inconclusive_not_a_failure():
+    """int8's outputs are not reproduced across machines (LLM.int8's outlier threshold): drift against another
+    machine's file can be neither passed nor failed. Other precisions, and this machine's file, gate as usual."""
+    def drifted(precision):
+        return GoldenRegression(precision, [changed("tie", 0.05, 0.001), changed("moved", 1.2, 0.05)], [], 10, None)
+
+    elsewhere = drifted("int8").classify(RegressionPolicy.of({}, "int8"), ["cpu: ..."], "AMD EPYC; kernels")
+    assert elsewhere.problems() == [] and elsewhere.ok  # nothing fails it ...
+    (why,) = elsewhere.undecided()  # ... and it does not pass either
+    assert "drift in 1 of 10 outputs (10.0%) against outputs accepted on another machine (AMD EPYC; kernels)" in why
+    assert "--infergate-update-golden" in why and "gate_other_machine=0" in why
+    here = drifted("int8").classify(RegressionPolicy.of({}, "int8"), [], "")
+    assert here.undecided() == [] and "drift in 1 of 10" in here.problems()[0]
+    for precision in ("fp32", "nf4", "fp16"):  # their cross-machine changes are near-ties: gated
+        other = drifted(precision).classify(RegressionPolicy.of({}, precision), [], "AMD EPYC")
+        assert other.undecided() == [] and other.problems()
+    gated = drifted("int8").classify(RegressionPolicy.of({"gate_other_machine": 1}, "int8"), [], "AMD EPYC")
+    assert gated.undecided() == [] and gated.problems()
+    within = drifted("int8").classify(RegressionPolicy.of({"max_drift_share": 0.2}, "int8"), [], "AMD EPYC")
+    assert within.ok and within.undecided() == []
+    exact = drifted("int8").classify(RegressionPolicy.of({"exact": 1}, "int8"), [], "AMD EPYC")
+    assert "exact=1" in exact.problems()[0] and exact.undecided() == []
+
+
 # ---- policy keys -------------------------------------------------------------------------------------------------
 
 def test_regression_policy_keys_are_validated():
     assert parse_policy({"exact": 1, "max_drift_share": 0.1, "max_accepted_kl": 0.02, "near_tie_margin": 0.5,
-                         "same_environment": 0, "max_batch_variant_share": 1}) == {
+                         "same_environment": 0, "gate_other_machine": 1, "max_batch_variant_share": 1}) == {
         "exact": 1.0, "max_drift_share": 0.1, "max_accepted_kl": 0.02, "near_tie_margin": 0.5,
-        "same_environment": 0.0, "max_batch_variant_share": 1.0}
+        "same_environment": 0.0, "gate_other_machine": 1.0, "max_batch_variant_share": 1.0}
+    with pytest.raises(QualityPolicyError, match=r"gate_other_machine=0.5 is a switch"):
+        parse_policy({"gate_other_machine": 0.5})
     with pytest.raises(QualityPolicyError, match=r"exact=2 is a switch: 1 \(on\) or 0 \(off\)"):
         parse_policy({"exact": 2})
     with pytest.raises(QualityPolicyError, match="max_drift_share=1.5 is a share of the samples"):
@@ -159,8 +188,9 @@ def test_regression_policy_defaults_per_precision():
     assert RegressionPolicy.of({}, "int8").max_accepted_kl == MAX_ACCEPTED_KL["int8"]
     assert RegressionPolicy.of({}, "fp32").max_accepted_kl == MAX_ACCEPTED_KL["fp32"]
     default = RegressionPolicy.of({}, "nf4")
-    assert (default.exact, default.max_drift_share, default.near_tie_margin, default.same_environment) == (
-        False, 0.0, NEAR_TIE_MARGIN, False)
+    assert (default.exact, default.max_drift_share, default.near_tie_margin, default.same_environment,
+            default.gate_other_machine) == (False, 0.0, NEAR_TIE_MARGIN, False, True)
+    assert RegressionPolicy.of({}, "int8").gate_other_machine is False
     assert RegressionPolicy.of({"max_accepted_kl": 0.5}, "nf4").max_accepted_kl == 0.5
 
 
@@ -187,33 +217,53 @@ def _accepted_file(path, environment):
     return path
 
 
-def test_accepted_file_is_chosen_by_kernel_path_and_updates_never_overwrite_another(tmp_path):
+def test_accepted_file_is_chosen_by_machine_then_kernel_path_and_updates_never_overwrite_another(tmp_path):
     avx512 = {"cpu": "Xeon", "gpu": None, "torch": "2.13.0", "kernels": {"bnb_int8": "torch._int_mm",
                                                                           "torch_cpu_capability": "AVX512"}}
     avx2 = {**avx512, "cpu": "EPYC", "kernels": {"bnb_int8": "fp32 matmul", "torch_cpu_capability": "AVX2"}}
+    intel_avx2 = {**avx2, "cpu": "Xeon E5"}  # the same kernel path on another CPU model
     default = tmp_path / "cpu-int8.jsonl"
-    assert select_accepted(default, avx2) == (default, False)  # nothing accepted yet
+    assert select_accepted(default, avx2) == (default, None)  # nothing accepted yet
     assert path_to_update(default, avx2) == default
 
     _accepted_file(default, avx512)
-    assert select_accepted(default, {**avx512, "cpu": "other Xeon", "torch": "2.14.0"}) == (default, True)
-    assert select_accepted(default, avx2) == (default, False)  # fallback: the default, with a warning
+    assert select_accepted(default, {**avx512, "torch": "2.14.0"}) == (default, SAME_MACHINE)  # versions: gated
+    assert select_accepted(default, {**avx512, "cpu": "other Xeon"}) == (default, SAME_KERNELS)
+    assert select_accepted(default, avx2) == (default, None)  # fallback: the default, with a warning
     tagged = path_to_update(default, avx2)
     assert tagged.name == f"cpu-int8.{variant_tag(avx2)}.jsonl" and variant_tag(avx2).startswith("avx2-")
     assert variant_tag(avx2) != variant_tag({**avx2, "kernels": {**avx2["kernels"], "bnb_int8": "x"}})
+    assert variant_tag(avx2) != variant_tag(intel_avx2)
     assert variant_tag({**avx2, "gpu": "NVIDIA H200"}).startswith("nvidia-h200-")
 
     _accepted_file(tagged, avx2)
-    assert select_accepted(default, avx2) == (tagged, True)
-    assert select_accepted(default, avx512) == (default, True)
+    assert select_accepted(default, avx2) == (tagged, SAME_MACHINE)
+    assert select_accepted(default, avx512) == (default, SAME_MACHINE)
+    assert select_accepted(default, intel_avx2) == (tagged, SAME_KERNELS)  # compared, but not this machine's
     assert path_to_update(default, avx2) == tagged
+    intel_file = path_to_update(default, intel_avx2)  # its own file: the EPYC's is kept
+    assert intel_file not in (default, tagged)
     assert variants(default) == [default, tagged]
+    _accepted_file(intel_file, intel_avx2)
+    assert select_accepted(default, intel_avx2) == (intel_file, SAME_MACHINE)
+    assert select_accepted(default, avx2) == (tagged, SAME_MACHINE)
 
     _accepted_file(default, None)  # an older file without an environment is rewritten in place
     assert path_to_update(default, {**avx512, "kernels": {"torch_cpu_capability": "NEON"}}) == default
     assert numerics_key(None) is None and numerics_key({"cpu": "x"}) is None
-    default.unlink()  # only a tagged file: it is the fallback
-    assert select_accepted(default, {**avx512, "kernels": {}}) == (tagged, False)
+    default.unlink()  # only tagged files: the first is the fallback, and an update writes the default
+    assert select_accepted(default, {**avx512, "kernels": {}}) == (sorted([tagged, intel_file])[0], None)
+    assert path_to_update(default, {**avx512, "kernels": {}}) == default
+
+
+def test_where_accepted_outputs_were_recorded_is_said_unless_it_is_this_machine():
+    header = {"environment": {"cpu": "AMD EPYC", "gpu": None, "kernels": {"bnb_int8": "fp32 matmul",
+                                                                         "torch_cpu_capability": "AVX2"}}}
+    assert recorded_elsewhere(header, SAME_MACHINE) == ""
+    assert recorded_elsewhere(header, SAME_KERNELS) == "AMD EPYC; bnb_int8 fp32 matmul, torch_cpu_capability AVX2"
+    assert recorded_elsewhere({"environment": {"gpu": "NVIDIA H200", "cpu": "x", "kernels": {}}}, None) \
+        == "NVIDIA H200"
+    assert "does not record" in recorded_elsewhere({}, None)
 
 
 # ---- fixed composition -------------------------------------------------------------------------------------------
@@ -282,12 +332,15 @@ def test_batch_invariance_reports_a_changed_sample():
 def test_golden_record_keeps_near_ties_and_policy():
     tie = changed("tie", 0.05, 0.001)
     tie.regression = NEAR_TIE
-    record = GoldenRecord("t", Status.PASS, "int8", "p", compared=10, changed=[tie],
-                          policy=RegressionPolicy.of({}, "int8").to_dict(), environment_mismatch=["cpu: x"])
+    record = GoldenRecord("t", Status.INCONCLUSIVE, "int8", "p", compared=10, changed=[tie],
+                          policy=RegressionPolicy.of({}, "int8").to_dict(), environment_mismatch=["cpu: x"],
+                          undecided=["drift against another machine"])
     data = json.loads(json.dumps(record.to_dict()))
     assert data["near_ties"] == 1 and data["drift"] == 0 and data["changed"][0]["divergence_margin"] == 0.05
+    assert data["policy"]["gate_other_machine"] == 0.0
     back = GoldenRecord.from_dict(data)
     assert back.near_ties[0].id == "tie" and back.policy == record.policy and back.environment_mismatch == ["cpu: x"]
+    assert back.status == Status.INCONCLUSIVE and back.undecided == ["drift against another machine"]
 
 
 # ---- the reference's log-probabilities, scored once ---------------------------------------------------------------

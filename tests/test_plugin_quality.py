@@ -199,7 +199,7 @@ def test_header_from_another_environment_warns_and_fails_under_same_environment(
                                  "cpu_flags*"])
 
 
-def test_accepted_files_are_kept_per_kernel_path(chat_project):
+def test_accepted_files_are_kept_per_machine(chat_project):
     """Files accepted on another kernel path stay; this machine's outputs are accepted beside them and compared."""
     pytester, run, default = chat_project
     lines = default.read_text().splitlines()
@@ -212,13 +212,13 @@ def test_accepted_files_are_kept_per_kernel_path(chat_project):
 
     fallback = run("-k", "test_regression", "--infergate-json=out.json")
     fallback.stdout.fnmatch_lines(["*WARNING *recorded in another environment*kernels: accepted*ELSEWHERE*"
-                                   "--infergate-update-golden*picks the file by kernel path*"])
+                                   "--infergate-update-golden*picks the file by machine*"])
     (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
     assert record["path"] == str(default) and len(record["changed"]) == 1
 
     update = run("-k", "test_regression", "--infergate-update-golden")
     update.assert_outcomes(passed=1)
-    update.stdout.fnmatch_lines(["*a file for this machine's kernel path, beside cpu-fp32.jsonl*"])
+    update.stdout.fnmatch_lines(["*a file for this machine, beside cpu-fp32.jsonl*"])
     assert default.read_text() == accepted_elsewhere, "the other kernel path's file was overwritten"
     (tagged,) = default.parent.glob("cpu-fp32.*.jsonl")
     assert re.fullmatch(r"cpu-fp32\.[a-z0-9-]+-[0-9a-f]{8}\.jsonl", tagged.name)
@@ -232,6 +232,43 @@ def test_accepted_files_are_kept_per_kernel_path(chat_project):
 
     run("-k", "test_regression", "--infergate-update-golden").assert_outcomes(passed=1)
     assert set(default.parent.glob("cpu-fp32*.jsonl")) == {default, tagged}, "an update added a second tag"
+
+
+def test_drift_against_another_machine_is_inconclusive_where_the_policy_says_it_cannot_be_told(chat_project,
+                                                                                               monkeypatch):
+    """gate_other_machine=0 (int8's default): drift against a file accepted on another CPU model is neither a pass
+    nor a failure but inconclusive, a warning that says what to do, and a failure under --infergate-strict; against
+    this machine's own file the same drift fails."""
+    pytester, run, path = chat_project
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    fp32: gate_other_machine=0\n")
+    monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.3")  # a changed model: drift
+    here = run("-k", "test_regression")
+    here.assert_outcomes(failed=1)
+    here.stdout.fnmatch_lines(["*drift in 8 of 8 outputs (100.0%), policy max_drift_share 0*"])
+
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["environment"]["cpu"] = "Another CPU model"  # the same kernel path, another machine
+    path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    elsewhere = run("-k", "test_regression", "--infergate-json=out.json")
+    elsewhere.assert_outcomes(passed=1)
+    elsewhere.stdout.fnmatch_lines(["*golden INCONCLUSIVE fp32: 8 of 8 outputs changed, 8 drift*",
+                                    "*drift against outputs accepted on another machine*--infergate-update-golden*"])
+    elsewhere.stdout.fnmatch_lines(["*WARNING *test_regression*: inconclusive: drift in 8 of 8 outputs (100.0%) "
+                                    "against outputs accepted on another machine (Another CPU model; *"])
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
+    assert record["status"] == "inconclusive" and "gate_other_machine=0" in record["undecided"][0]
+    assert record["path"] == str(path), "the file of the same kernel path is the one compared"
+
+    strict = run("-k", "test_regression", "--infergate-strict")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(["*8 of 8 golden outputs of fp32 changed: 8 drift*",
+                                 "*against outputs accepted on another machine (Another CPU model*"])
+
+    monkeypatch.setenv("INFERGATE_TEST_NOISE", "0")
+    unchanged_model = run("-k", "test_regression")  # no drift: nothing to decide, it passes
+    unchanged_model.assert_outcomes(passed=1)
+    unchanged_model.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 8 outputs changed*"])
 
 
 def test_batch_invariance_is_recorded_and_summarized(chat_project):

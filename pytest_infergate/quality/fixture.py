@@ -21,6 +21,7 @@ from pytest_infergate.quality.golden_files import (
     read_outputs,
     write_outputs,
 )
+from pytest_infergate.quality.golden_variants import SAME_MACHINE, path_to_update, recorded_elsewhere, select_accepted
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import RegressionPolicy, parse_policy, policy_violations, resolve_policy
 from pytest_infergate.quality.score_cache import ScoreCache
@@ -203,7 +204,9 @@ class GoldenGate:
         default_path, header = self.candidate.accepted(self.golden_dir, self._model_name())
         header = {**header, **provenance}
         update = self.ctx.options.update_golden
-        path = self._accepted_path(default_path, provenance, update)
+        environment = provenance.get("environment")  # the accepted file of this machine (golden_variants)
+        path, match = ((path_to_update(default_path, environment), SAME_MACHINE) if update
+                       else select_accepted(default_path, environment))
         old = None
         if path.exists():
             try:
@@ -216,8 +219,8 @@ class GoldenGate:
             outputs = self.candidate.to_accept(samples, current)
             changes = diff_outputs(old, outputs)
             if path != default_path and old is None:
-                changes.insert(0, f"a file for this machine's kernel path, beside {default_path.name} (accepted on "
-                                  "another one, kept)")
+                changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on "
+                                  "another machine, kept)")
             write_outputs(path, header, outputs)
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
                                          changes=changes, backend=backend, backend_reason=why))
@@ -230,26 +233,22 @@ class GoldenGate:
             self.ctx.skip(message)
         mismatch = self._environment_mismatch(old.header, provenance, path)
         rules = RegressionPolicy.of(self.policy(policy), self.precision)
-        regression = self.candidate.regression(samples, current, old).classify(rules, mismatch)
-        problems = regression.problems()
-        self.ctx.record(GoldenRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, regression.precision,
+        other = recorded_elsewhere(old.header, match) if provenance else ""
+        regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
+        problems, undecided = regression.problems(), regression.undecided()
+        status = Status.FAIL if problems else Status.INCONCLUSIVE if undecided else Status.PASS
+        self.ctx.record(GoldenRecord(self.ctx.test_id, status, regression.precision,
                                      str(path), compared=regression.compared, missing=regression.missing,
                                      mean_topk_kl=regression.mean_topk_kl, changed=regression.changed,
                                      policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
-                                     backend=backend, backend_reason=why))
+                                     backend=backend, backend_reason=why, undecided=undecided))
         self.ctx.add_property("infergate.golden.changed", len(regression.changed))
         self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
-        if problems:
-            self.ctx.fail(regression_failure(regression, problems, path, old.header))
+        if problems or (undecided and self.ctx.options.strict):
+            self.ctx.fail(regression_failure(regression, problems or undecided, path, old.header))
+        if undecided:
+            self.ctx.warn(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
-
-    @staticmethod
-    def _accepted_path(default: Path, provenance: dict, update: bool) -> Path:
-        """The accepted file of this machine's kernel path among the precision's files (golden_variants)."""
-        from pytest_infergate.quality.golden_variants import path_to_update, select_accepted
-
-        environment = provenance.get("environment")
-        return path_to_update(default, environment) if update else select_accepted(default, environment)[0]
 
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)
@@ -260,8 +259,8 @@ class GoldenGate:
         if mismatch:
             self.ctx.warn(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
                           "environment; changed outputs may come from it: " + "; ".join(mismatch)
-                          + ". If the kernels differ, accept this machine kind's outputs beside them with "
-                          "--infergate-update-golden (the check then picks the file by kernel path)")
+                          + ". If the machine differs, accept this machine's outputs beside them with "
+                          "--infergate-update-golden (the check then picks the file by machine)")
         return mismatch
 
     def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None,

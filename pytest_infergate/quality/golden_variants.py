@@ -3,16 +3,18 @@
 int8 and nf4 outputs depend on which kernels run: bitsandbytes multiplies int8 with `torch._int_mm` on AVX-512
 and in fp32 on AVX2, and runs nf4 as a bf16 gemv with AVX512-BF16 and dequantize-then-matmul without. Outputs
 accepted on one kernel path are not a regression baseline for the other: 12 of 48 int8 samples read as drift on
-an AVX2 machine against files recorded with AVX-512, with no code changed. So a precision may have several
-accepted files side by side:
+an AVX2 machine against files recorded with AVX-512, with no code changed. Even on one kernel path another CPU
+model's MKL blocks differently: fp32 and nf4 keep their tokens, int8 does not (LLM.int8's outlier threshold turns
+last-bit differences into other columns; measured 9 of 48 drift, policy key `gate_other_machine`). So a precision
+may have several accepted files side by side, one per machine (CPU model, kernels, GPU):
 
     cpu-int8.jsonl                 the default (the first one accepted)
-    cpu-int8.avx2-3f9c01ab.jsonl   accepted on another kernel path
+    cpu-int8.avx2-3f9c01ab.jsonl   accepted on another machine
 
-The check compares with the file whose header records this machine's kernel path (`numerics_key`: the kernels
-and the GPU, not the library versions, which are what a golden check gates); without one it falls back to the
-default file and warns that the environments differ. An update rewrites the file of this kernel path, writing a
-tagged file only when the default belongs to another one.
+The check compares with the file whose header records this machine (`machine_key`); else with one recorded on the
+same kernel path (`numerics_key`: the kernels and the GPU, not the library versions, which are what a golden check
+gates); else with the default file. Either way it warns that the environments differ. An update rewrites this
+machine's file, writing a tagged file when the default belongs to another machine.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def numerics_key(environment: dict | None) -> dict | None:
 
 
 def variant_tag(environment: dict) -> str:
-    """A short, readable and unique file tag for a numerics key: `avx2-3f9c01ab`, `nvidia-h200-0c1d2e3f`."""
-    key = numerics_key(environment) or {}
+    """A short, readable and unique file tag for a machine: `avx2-3f9c01ab`, `nvidia-h200-0c1d2e3f`."""
+    key = machine_key(environment) or {}
     label = key.get("gpu") or (key.get("kernels") or {}).get("torch_cpu_capability") or "numerics"
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
     return f"{re.sub(r'[^a-z0-9]+', '-', str(label).lower()).strip('-')}-{digest}"
@@ -45,33 +47,59 @@ def variants(default: Path) -> list[Path]:
     return [default, *sorted(default.parent.glob(f"{stem}.*.jsonl"))]
 
 
-def _recorded_key(path: Path) -> dict | None:
-    """The numerics key in a file's header line; None when absent or unreadable (the full read reports why)."""
+def machine_key(environment: dict | None) -> dict | None:
+    """The numerics key and the CPU model: what must be equal for outputs to be reproduced bit for bit."""
+    key = numerics_key(environment)
+    return None if key is None else {**key, "cpu": environment.get("cpu")}
+
+
+def _recorded_environment(path: Path) -> dict | None:
+    """The `environment` in a file's header line; None when absent or unreadable (the full read reports why)."""
     try:
         with open(path, encoding="utf-8") as handle:
             header = json.loads(handle.readline())
     except (OSError, ValueError):
         return None
-    return numerics_key(header.get("environment")) if isinstance(header, dict) else None
+    return header.get("environment") if isinstance(header, dict) else None
 
 
-def select_accepted(default: Path, environment: dict | None) -> tuple[Path, bool]:
-    """(file to compare with, whether its header records this machine's kernel path). Without a match: the default
-    file, or the first tagged one if there is no default."""
-    key = numerics_key(environment)
-    if key is not None:
-        for path in variants(default):
-            if path.exists() and _recorded_key(path) == key:
-                return path, True
+# how closely the chosen accepted file matches this machine (select_accepted)
+SAME_MACHINE = "machine"  # CPU model, kernels and GPU: outputs reproduce bit for bit
+SAME_KERNELS = "kernels"  # the kernel path only: another CPU model's MKL may change last bits
+
+
+def select_accepted(default: Path, environment: dict | None) -> tuple[Path, str | None]:
+    """(file to compare with, SAME_MACHINE / SAME_KERNELS / None): the file recorded on this machine, else one
+    recorded on its kernel path, else the default file (or the first tagged one if there is no default)."""
     existing = [path for path in variants(default) if path.exists()]
-    return (existing[0] if existing else Path(default)), False
+    if numerics_key(environment) is not None:
+        recorded = [(path, _recorded_environment(path)) for path in existing]
+        for match, key in ((SAME_MACHINE, machine_key), (SAME_KERNELS, numerics_key)):
+            for path, header_environment in recorded:
+                if header_environment is not None and key(header_environment) == key(environment):
+                    return path, match
+    return (existing[0] if existing else Path(default)), None
 
 
 def path_to_update(default: Path, environment: dict | None) -> Path:
-    """Where --infergate-update-golden writes: the file of this kernel path; the default when it is absent or
-    records no kernel path (an older file); a new tagged file when the default belongs to another kernel path."""
+    """Where --infergate-update-golden writes: this machine's file; the default when it is absent or records no
+    kernel path (an older file); a new tagged file when the default belongs to another machine."""
     default = Path(default)
-    path, matches = select_accepted(default, environment)
-    if matches or numerics_key(environment) is None or not default.exists() or _recorded_key(default) is None:
-        return path
+    path, match = select_accepted(default, environment)
+    if match == SAME_MACHINE or numerics_key(environment) is None or not default.exists() \
+            or numerics_key(_recorded_environment(default)) is None:
+        return path if match == SAME_MACHINE else default
     return default.with_name(f"{default.name[:-len('.jsonl')]}.{variant_tag(environment)}.jsonl")
+
+
+def recorded_elsewhere(header: dict, match: str | None) -> str:
+    """"" when an accepted file (its `header`, chosen with `match`) was recorded on this machine; else the machine
+    it was recorded on, in words, for the gate's messages."""
+    if match == SAME_MACHINE:
+        return ""
+    environment = header.get("environment") or {}
+    if not environment:
+        return "a machine its header does not record"
+    kernels = ", ".join(f"{name} {path}" for name, path in sorted((environment.get("kernels") or {}).items()))
+    return "; ".join(part for part in (environment.get("gpu") or environment.get("cpu") or "an unnamed CPU", kernels)
+                     if part)

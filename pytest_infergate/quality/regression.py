@@ -82,12 +82,17 @@ class GoldenRegression:
     mean_topk_kl: float | None  # over the changed samples that could be scored (unchanged ones are not scored)
     policy: RegressionPolicy = field(default_factory=RegressionPolicy)
     environment_mismatch: list[str] = field(default_factory=list)
+    other_machine: str = ""  # where the accepted outputs were recorded, when that is not this machine
 
-    def classify(self, policy: RegressionPolicy, environment_mismatch: list[str] | None = None) -> GoldenRegression:
-        """(Re)classify every changed sample under `policy`; returns self."""
+    def classify(self, policy: RegressionPolicy, environment_mismatch: list[str] | None = None,
+                 other_machine: str | None = None) -> GoldenRegression:
+        """(Re)classify every changed sample under `policy`; returns self. `other_machine`: the machine the accepted
+        outputs were recorded on, when not this one ("" when it is)."""
         self.policy = policy
         if environment_mismatch is not None:
             self.environment_mismatch = list(environment_mismatch)
+        if other_machine is not None:
+            self.other_machine = other_machine
         for sample in self.changed:
             verdict = classify_change(sample.divergence_margin, sample.mean_kl, policy)
             sample.regression, sample.regression_reason = verdict.verdict, verdict.reason
@@ -113,13 +118,30 @@ class GoldenRegression:
         if self.policy.exact and self.changed:
             out.append(f"exact=1: {len(self.changed)} of {self.compared} outputs changed "
                        f"({len(self.near_ties)} of them near-ties)")
-        elif self.drift and self.drift_share > self.policy.max_drift_share:
+        elif self._drift_beyond_policy() and not self._drift_undecidable():
             out.append(f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}), policy "
                        f"max_drift_share {self.policy.max_drift_share:g}")
         if self.policy.same_environment and self.environment_mismatch:
             out.append("same_environment=1: the accepted outputs were recorded in another environment: "
                        + "; ".join(self.environment_mismatch))
         return out
+
+    def undecided(self) -> list[str]:
+        """Why the gate can neither pass nor fail (empty: it can): drift beyond policy against outputs accepted on
+        another machine, for a precision whose outputs are not reproduced across machines (gate_other_machine=0)."""
+        if self.problems() or not (self._drift_beyond_policy() and self._drift_undecidable()):
+            return []
+        return [f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}) against outputs "
+                f"accepted on another machine ({self.other_machine}), which cannot be told from the machine under "
+                f"gate_other_machine=0 (int8's default: its outputs differ across machines by more than any tie). "
+                "Accept this machine's outputs beside them with --infergate-update-golden and commit the file; until "
+                "then the verdict is inconclusive (a failure under --infergate-strict)"]
+
+    def _drift_beyond_policy(self) -> bool:
+        return bool(self.drift) and self.drift_share > self.policy.max_drift_share
+
+    def _drift_undecidable(self) -> bool:
+        return bool(self.other_machine) and not self.policy.gate_other_machine
 
     @property
     def ok(self) -> bool:

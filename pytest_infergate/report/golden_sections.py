@@ -39,6 +39,7 @@ class GoldenSection:
     problems: list[str]
     environment_mismatch: list[str]
     policy: str  # the regression policy applied, as text
+    undecided: list[str]  # why it is inconclusive
 
 
 def golden_sections(records: list[GoldenRecord]) -> list[GoldenSection]:
@@ -50,7 +51,8 @@ def golden_sections(records: list[GoldenRecord]) -> list[GoldenSection]:
         out.append(GoldenSection(r.test, r.precision, "updated" if r.updated else r.status.value, r.path, r.compared,
                                  len(r.near_ties), len(r.drift), drift_first, list(r.problems),
                                  list(r.environment_mismatch),
-                                 ", ".join(f"{key} {units.number(value)}" for key, value in r.policy.items())))
+                                 ", ".join(f"{key} {units.number(value)}" for key, value in r.policy.items()),
+                                 list(r.undecided)))
     return out
 
 

@@ -160,6 +160,7 @@ class GoldenRecord:
     environment_mismatch: list[str] = field(default_factory=list)  # accepted file's header vs this run
     backend: str = "engine"  # what generated the current outputs: engine, hf-generate, endpoint
     backend_reason: str = ""  # why not the engine
+    undecided: list[str] = field(default_factory=list)  # why it is inconclusive (drift against another machine)
 
     @property
     def near_ties(self) -> list[SampleQuality]:
@@ -175,7 +176,7 @@ class GoldenRecord:
                 "missing": self.missing, "mean_topk_kl": self.mean_topk_kl,
                 "near_ties": len(self.near_ties), "drift": len(self.drift),  # counts, derived from `changed`
                 "changed": [s.to_dict() for s in self.changed], "policy": self.policy, "problems": self.problems,
-                "environment_mismatch": self.environment_mismatch, **backend_dict(self)}
+                "environment_mismatch": self.environment_mismatch, "undecided": self.undecided, **backend_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> GoldenRecord:
@@ -184,7 +185,8 @@ class GoldenRecord:
                    bool(updated), list(data.get("changes", [])), int(data.get("compared", 0)),
                    list(data.get("missing", [])), data.get("mean_topk_kl"),
                    [SampleQuality.from_dict(s) for s in data.get("changed", [])], dict(data.get("policy", {})),
-                   list(data.get("problems", [])), list(data.get("environment_mismatch", [])), *backend_of(data))
+                   list(data.get("problems", [])), list(data.get("environment_mismatch", [])), *backend_of(data),
+                   undecided=list(data.get("undecided", [])))
 
 
 @dataclass

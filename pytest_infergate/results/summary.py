@@ -193,7 +193,10 @@ def golden_lines(record: GoldenRecord) -> list[Line]:
     return [Line(f"  golden {record.status.value.upper():10s} {record.precision}{backend_tag(record)}: "
                  f"{len(record.changed)} of "
                  f"{record.compared} outputs changed, {len(record.drift)} drift, {len(near)} near-ties{ties}",
-                 _color(record.status))]
+                 _color(record.status))] + [
+        Line("      drift against outputs accepted on another machine, which this precision's outputs do not "
+             "reproduce (gate_other_machine=0): accept this machine's with --infergate-update-golden",
+             _color(record.status)) for _ in record.undecided[:1]]
 
 
 def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
