@@ -374,3 +374,23 @@ def test_reference_scores_are_computed_once_and_capped(tiny_fp32, monkeypatch):
     small.logprobs(tiny_fp32.model, rows)
     small.logprobs(tiny_fp32.model, rows)
     assert len(forwards) == 4 and small.bytes == 0
+
+
+# ---- another machine, emulated -------------------------------------------------------------------------------------
+
+def test_avx2_emulation_reaches_the_kernel_path_every_process_reports(tmp_path):
+    """benchmarks/emulate_avx2.py: a process it starts runs ATen on AVX2 and bitsandbytes on its AVX2-only paths, so
+    the golden header records (and the gate picks) the AVX2 kernel path; on an AVX2-only CPU nothing changes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    probe = ("import torch; import bitsandbytes.functional as f; from bitsandbytes.backends.cpu import ops; "
+             "print(torch.backends.cpu.get_cpu_capability(), f.has_avx512bf16(), ops._has_avx512)")
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "emulate_avx2.py"), sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[-3:] == ["AVX2", "False", "False"], out.stderr
+    usage = subprocess.run([sys.executable, str(root / "benchmarks" / "emulate_avx2.py")], capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode != 0 and "emulate_avx2.py .venv/bin/pytest suites/" in usage.stderr
