@@ -5,7 +5,7 @@ and in fp32 on AVX2, and runs nf4 as a bf16 gemv with AVX512-BF16 and dequantize
 accepted on one kernel path are not a regression baseline for the other: 12 of 48 int8 samples read as drift on
 an AVX2 machine against files recorded with AVX-512, with no code changed. Even on one kernel path another CPU
 model's MKL blocks differently: fp32 and nf4 keep their tokens, int8 does not (LLM.int8's outlier threshold turns
-last-bit differences into other columns; measured 9 of 48 drift, policy key `gate_other_machine`). So a precision
+last-bit differences into other columns; measured 9-16 of 48 drift, policy key `gate_other_machine`). So a precision
 may have several accepted files side by side, one per machine (CPU model, kernels, GPU):
 
     cpu-int8.jsonl                 the default (the first one accepted)
