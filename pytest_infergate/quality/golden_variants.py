@@ -86,9 +86,11 @@ def path_to_update(default: Path, environment: dict | None) -> Path:
     kernel path (an older file); a new tagged file when the default belongs to another machine."""
     default = Path(default)
     path, match = select_accepted(default, environment)
-    if match == SAME_MACHINE or numerics_key(environment) is None or not default.exists() \
-            or numerics_key(_recorded_environment(default)) is None:
-        return path if match == SAME_MACHINE else default
+    if match == SAME_MACHINE:
+        return path
+    default_unkeyed = not default.exists() or numerics_key(_recorded_environment(default)) is None
+    if numerics_key(environment) is None or default_unkeyed:  # nothing to keep apart: the default file
+        return default
     return default.with_name(f"{default.name[:-len('.jsonl')]}.{variant_tag(environment)}.jsonl")
 
 
