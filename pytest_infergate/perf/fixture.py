@@ -8,10 +8,12 @@ from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.perf import lockstep
-from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf.budget import Budget, check_budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab, evaluate_perf
-from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.status import Status
 
 DEFAULT_AB_REGRESSION = 0.10
 # With --infergate-save-baseline every measurement takes at least this many repetitions: a stored baseline is the
@@ -79,11 +81,8 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
 
 
 def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
-    """Warn (not fail) about the checks of `outcome` that did not run as asked: a baseline from another
-    environment, a relative check that could not run, a verdict still inconclusive after re-measuring."""
-    if outcome.fingerprint_mismatch and not ctx.options.strict:
-        ctx.warn(f"{key}: baseline from another environment, relative check skipped: "
-                 + "; ".join(outcome.fingerprint_mismatch))
+    """Warn (not fail) about the checks of `outcome` that did not run as asked: a relative check that could not
+    run, a verdict still inconclusive after re-measuring (a baseline from another machine, a busy runner)."""
     if outcome.relative_check_missing and not ctx.options.strict:
         ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
     if outcome.status == "inconclusive":
@@ -112,7 +111,8 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
     record.status = outcome.status
     record.violations, record.verdicts = outcome.violations, outcome.verdicts
     record.notes = record.notes + outcome.notes
-    record.fingerprint_mismatch, record.remeasured = outcome.fingerprint_mismatch, outcome.remeasured
+    record.machine_mismatch, record.changes = outcome.machine_mismatch, outcome.changes
+    record.remeasured = outcome.remeasured
     record.relative_check_missing = outcome.relative_check_missing
     ctx.record(record)
     for name, value in record.summary.items():
@@ -197,7 +197,6 @@ class PerfBench:
 
         from pytest_infergate.environment import library_versions
         from pytest_infergate.perf.baseline_env import BaselineEnvError, Workload
-        from pytest_infergate.perf.budget import check_budget
 
         env = self.baseline_env()
         options, record = self.ctx.options, self.loaded.record
@@ -235,6 +234,22 @@ class PerfBench:
                           f"{outcome.message()}")
         return b
 
+    def _interleaved(self, other_bench, other_config, config, requests, warmup: int):
+        """The rounds of an A/B (A: `other_bench` on `other_config`, B: this model on `config`): step-locked where
+        both sides can step, else a whole repetition per side and turn. Returns the RoundRunner and why it is not
+        step-locked ("" if it is)."""
+        # no calibration probe: the interleaving itself cancels drift of the machine
+        # the same model on both sides: side A gets an engine of its own (asked for its name here, so that no
+        # engine is built that the rounds do not use)
+        a_instance = 1 if other_bench is self.bench else 0
+        refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config, a_instance).name,
+                                              "B": self.bench.engine(config).name})
+        if refused:
+            return by_repetition(lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
+                                 lambda m: self.bench.run_once(requests, config, warmup, m, probe=False)), refused
+        return lockstep.rounds(lockstep.LocalSide(other_bench, requests, other_config, warmup, instance=a_instance),
+                               lockstep.LocalSide(self.bench, requests, config, warmup)), refused
+
     def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
            warmup: int = 1, label: str = "ab"):
         """Interleaved A/B: the baseline side and this test's model are measured alternately, A B A B ..., so
@@ -256,20 +271,7 @@ class PerfBench:
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
-            # no calibration probe: the interleaving itself cancels drift of the machine
-            # the same model on both sides: side A gets an engine of its own (asked for its name here, so that
-            # no engine is built that the rounds do not use)
-            a_instance = 1 if other_bench is self.bench else 0
-            refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config, a_instance).name,
-                                                  "B": self.bench.engine(config).name})
-            if refused:
-                run_round = by_repetition(
-                    lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
-                    lambda m: self.bench.run_once(requests, config, warmup, m, probe=False))
-            else:
-                run_round = lockstep.rounds(
-                    lockstep.LocalSide(other_bench, requests, other_config, warmup, instance=a_instance),
-                    lockstep.LocalSide(self.bench, requests, config, warmup))
+            run_round, refused = self._interleaved(other_bench, other_config, config, requests, warmup)
             b, outcome = evaluate_ab(run_round, budget, rounds, self.ctx.options.strict)
         finally:
             if other_bench is not self.bench:
@@ -282,6 +284,47 @@ class PerfBench:
             note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
         finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
         return a, b
+
+    def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], rounds: int = 3,
+                warmup: int = 1, metric: str = "tokens_per_s", tags: dict | None = None) -> Speedup:
+        """How many times faster this model runs `requests` on `config` than on `slower_config`: `rounds`
+        interleaved rounds of the two (step-locked where both can step), the ratio taken within each round, with
+        its 95% bootstrap interval (perf.experiment). Each side is recorded and checked against its budgets under
+        its label (`labels`: config's, slower_config's); deciding what the speedup shows is the test's, through
+        `conclude()`."""
+        for each in (config, slower_config):
+            self._skip_unless_runnable(self.loaded, each)
+        run_round, refused = self._interleaved(self.bench, slower_config, config, requests, warmup)
+        slow, fast = Measurement(label=labels[1]), Measurement(label=labels[0])
+        for index in range(rounds):
+            run_round(slow, fast, index)
+        result = speedup(f"{labels[0]} over {labels[1]}", fast.samples[metric], slow.samples[metric],
+                         higher_is_better=METRICS[metric][1])
+        note = (f"one side of a speed experiment, {lockstep.how(refused)}, {rounds} rounds: {result.describe()}; "
+                "compared with the other side, not with a stored baseline")
+        for measured, each, label in ((fast, config, labels[0]), (slow, slower_config, labels[1])):
+            key = self.ctx.measurement_key(label)
+            record = self._record(key, label, measured, each, tags)
+            budget, unmeasured = measured_budget(self.ctx, record, budget_for(self.ctx, self.precision, key))
+            outcome = PerfOutcome(violations=check_budget(measured, budget))
+            record.notes = [note]
+            finish_gate(self.ctx, record, outcome, budget, unmeasured)
+            self.measurements.append(measured)
+            if outcome.failed:
+                self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")
+        return result
+
+    def conclude(self, experiment: str, findings: list[Finding]) -> Status:
+        """Decide a speed experiment on its findings (perf.experiment.faster / grows): a finding whose intervals
+        lie on the wrong side fails the test; an undecided one is a warning that names the intervals (a failure
+        under --infergate-strict), and the test passes."""
+        status, message = conclusion(experiment, findings)
+        self.ctx.add_property("infergate.experiment", str(status))
+        if status == Status.FAIL or (status == Status.INCONCLUSIVE and self.ctx.options.strict):
+            self.ctx.fail(message)
+        if status == Status.INCONCLUSIVE:
+            self.ctx.warn(f"{self.ctx.test_id}: {message}")
+        return status
 
     def close(self) -> None:
         self.bench.close()
