@@ -200,7 +200,9 @@ def test_hub_id_without_network_fails_fast_with_the_fix(pytester, cache_dir, mon
     start = time.perf_counter()
     result = pytester.runpytest("--infergate-model=no-such-org/no-such-model", f"--infergate-cache-dir={cache_dir}",
                                 "--infergate-precisions=fp32")
-    assert time.perf_counter() - start < 60  # no retry loop (a generous bound; it takes seconds)
+    # no retry loop: the whole inner run took 6.4 s on a loaded 2-core VM, so 60 s holds on a machine 3x slower
+    # still, and a hub client retrying with backoff would pass it
+    assert time.perf_counter() - start < 60
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*'no-such-org/no-such-model' is not in the local Hugging Face cache*"
                                  "pass its directory or a .gguf file*"])

@@ -58,6 +58,8 @@ def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server
     started = time.perf_counter()
     result = search_capacity(EndpointConfig(llama_server.url, timeout_s=60), [_chat("Count to five.", 12)], spec)
     elapsed = time.perf_counter() - started
+    # the in-flight requests are cancelled at the budget: the overrun was at most 1.4 s on a loaded 2-core VM (26.4 s for
+    # the whole test), so 10 s holds on a machine 3x slower
     assert elapsed < spec.budget_s + 10, f"{elapsed:.1f}s: {result.describe()}"
     assert result.points and result.points[0].passed, result.describe()
     for point in result.points:  # every planned request of a point ended in one counted outcome
@@ -94,7 +96,9 @@ def test_a_server_killed_mid_run_ends_every_request_in_one_outcome(own_llama_ser
 
         run = _run(main())
         elapsed = time.perf_counter() - started
-    assert elapsed < 30 and [r.request_id for r in run.results] == [f"k{i}" for i in range(10)]
+    # nothing waited for its timeout (60 s) on the dead server; this took 7.2 s on a loaded 2-core VM, so the
+    # bound holds on a machine 3x slower
+    assert elapsed < config.timeout_s and [r.request_id for r in run.results] == [f"k{i}" for i in range(10)]
     assert sum(r.ok for r in run.results) >= 1 and set(run.errors) <= FAILED_MID_RUN, run.errors
     assert sum(run.errors.values()) >= 7  # the killed server answers no one after the first
     assert any("metrics failed (ConnectError)" in note for note in run.server_metrics.notes)
@@ -112,7 +116,9 @@ def test_a_server_too_slow_for_the_timeout_counts_timeouts(own_llama_server):
         run = run_load(config, requests, LoadPattern(concurrency=4), Slo(ttft_ms=60_000))
         elapsed = time.perf_counter() - started
     assert len(run.results) == 4 and run.errors.get("timeout", 0) >= 3, run.errors
-    assert set(run.errors) == {"timeout"} and elapsed < 2.0 + 5
+    # the 4 timeouts ran at once, not one after another (that would take 4 x 2 s): this took 2.2 s on a loaded
+    # 2-core VM, 0.2 s beyond the timeout, so the bound holds on a machine 3x slower
+    assert set(run.errors) == {"timeout"} and elapsed < len(requests) * config.timeout_s
     assert all(r.error_detail.startswith("no complete answer within 2s") for r in run.results if not r.ok)
 
 

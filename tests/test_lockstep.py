@@ -32,7 +32,8 @@ def test_side_clock_runs_only_inside_running():
         time.sleep(0.02)
     ran = clock()
     time.sleep(0.02)
-    assert clock() == ran and 0.015 < ran < 0.5
+    # no upper bound on `ran`: a sleep can overshoot by any amount on a loaded machine; the equalities are the test
+    assert clock() == ran and ran >= 0.015
 
 
 def test_engine_times_its_requests_on_the_clock_it_is_given(tiny_fp32):
@@ -44,8 +45,8 @@ def test_engine_times_its_requests_on_the_clock_it_is_given(tiny_fp32):
         # every reading of the clock is one tick: timings come from it alone, not from the wall clock
         assert result.timings.ttft_s == int(result.timings.ttft_s) > 0
         assert all(gap == int(gap) for gap in result.timings.itl_s)
-        after = engine.generate(requests(1))[0]  # the wall clock is back
-        assert 0 < after.timings.e2e_s < 60 and after.timings.e2e_s != int(after.timings.e2e_s)
+        after = engine.generate(requests(1))[0]  # the wall clock is back: fractions of a second, not ticks
+        assert 0 < after.timings.e2e_s and after.timings.e2e_s != int(after.timings.e2e_s)
         engine.submit(requests(1)[0])
         with pytest.raises(RuntimeError, match="switch clocks between workloads"):
             with engine.use_clock(time.perf_counter):
@@ -90,15 +91,21 @@ def test_steps_take_turns_and_each_side_is_timed_on_its_own_steps(tiny_fp32):
         a_side = lockstep.LocalSide(bench, requests(), CFG, 1, instance=1, around_step=lambda: tracing(log, "A"))
         b_side = lockstep.LocalSide(bench, requests(), CFG, 1, around_step=b_slower)
         a, b = Measurement(label="A"), Measurement(label="B")
+        started = time.perf_counter()
         lockstep.lockstep_round(a_side, b_side, a, b, a_first=True)
+        wall = time.perf_counter() - started
         assert bench.engine(CFG, 1) is not bench.engine(CFG)  # the same model, an engine per side
         assert a.repetitions == b.repetitions == 1 and a.num_requests == b.num_requests == 3
         assert len(a.samples["itl_ms"]) == len(b.samples["itl_ms"]) == 3 * 5
         # A B, then B A, ...: the order flips after every step
         assert log[:6] == ["A", "B", "B", "A", "A", "B"] and log.count("A") == log.count("B") == len(a.steps)
-        # what B's steps took is not on A's clock, what happened between steps on nobody's
-        assert max(a.samples["e2e_ms"]) < 0.03 * 1000 * log.count("B") / 2
-        assert b.value("tokens_per_s") < a.value("tokens_per_s") / 2
+        # what B's steps took is not on A's clock, what happened between steps on nobody's: the two clocks (each
+        # side's longest request spans its clock) and the sleeps outside both fit in the round's wall time, which
+        # any double counting would exceed. No bound on A's own time: A's 6 steps of the tiny model took up to
+        # 1.6 s on a loaded 2-core VM
+        assert (max(a.samples["e2e_ms"]) + max(b.samples["e2e_ms"])) / 1000 + 0.03 * log.count("B") <= wall
+        # B's forwards take 4x as long, its scheduling does not: x2.6 to x4.3 measured on that loaded VM
+        assert b.value("tokens_per_s") < a.value("tokens_per_s") / 1.5
         assert a.memory["method"].endswith("own steps")
         log.clear()
         lockstep.lockstep_round(a_side, b_side, a, b, a_first=False)  # the next round begins with B
