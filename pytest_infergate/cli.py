@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.results import units
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
+from pytest_infergate.status import Status
 
 
 def _load_results(path: str) -> RunResults:
@@ -90,29 +92,33 @@ def _cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_runs(a: RunResults, b: RunResults, max_regression: float) -> tuple[list[list[str]], bool]:
-    """Rows of (test, metric, A, B, change, verdict) for every perf metric both runs measured; True if any
-    metric regressed beyond max_regression with confidence."""
-    from pytest_infergate.perf.verdict import compare_samples
+def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = None, strict: bool = False
+                 ) -> tuple[list[list[str]], Status, list[str]]:
+    """Rows of (test, metric, A, B, change, verdict) for every perf metric B's gate compares, decided as the
+    in-run gate decides against a stored baseline (results.compare); the run's verdict (fail over inconclusive
+    over pass; strict: inconclusive fails) and the notes a reader needs (what changed, another machine)."""
+    from pytest_infergate.results.compare import compare_records
 
-    rows, regressed = [], False
-    old, new = {r.test: r for r in a.perf}, {r.test: r for r in b.perf}
-    for test in sorted(set(old) | set(new)):
-        if test not in old or test not in new:
-            rows.append([test, "-", "present" if test in old else "missing", "present" if test in new else "missing",
-                         "", "not compared"])
-            continue
-        sa, sb = old[test].measurement.samples, new[test].measurement.samples
-        for metric in ("ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s", "peak_mem_mb"):
-            if not sa.get(metric) or not sb.get(metric):
-                continue
-            verdict = compare_samples(metric, sb[metric], sa[metric], max_regression, 50)
-            regressed |= verdict.status == "fail"
-            change = verdict.candidate / verdict.baseline - 1 if verdict.baseline else 0.0
-            rows.append([test, metric, units.metric_value(metric, verdict.baseline),
-                         units.metric_value(metric, verdict.candidate), units.change(change),
-                         f"{verdict.status} ({units.ratio(verdict.ratio)}, CI {units.number(verdict.low)}–"
-                         f"{units.number(verdict.high)})"])
+    rows, statuses, notes = [], [], []
+    pairs, only_a, only_b = compare_records(a.perf, b.perf, max_regression)
+    for test in only_a + only_b:
+        rows.append([test, "-", "present" if test in only_a else "missing",
+                     "present" if test in only_b else "missing", "", "not compared"])
+    for pair in pairs:
+        outcome = pair.outcome
+        outcome.strict = strict
+        statuses.append(outcome.status)
+        for v in outcome.verdicts:
+            change = v.candidate / v.baseline - 1 if v.baseline else 0.0
+            rows.append([pair.test, v.metric, units.metric_value(v.metric, v.baseline),
+                         units.metric_value(v.metric, v.candidate), units.change(change),
+                         f"{v.status} ({units.ratio(v.ratio)}, CI {units.number(v.low)}–{units.number(v.high)})"])
+            if v.note:
+                notes.append(f"{pair.test} {v.metric}: inconclusive because {v.note}")
+        if outcome.changes:
+            notes.append(f"{pair.test}: changed since A: {', '.join(outcome.changes)}")
+        if outcome.machine_mismatch:
+            notes.append(f"{pair.test}: A was measured on another machine: {', '.join(outcome.machine_mismatch)}")
     qa, qb = ({(g.precision, g.reference): g for g in quality_groups(run.quality)} for run in (a, b))
     for key in sorted(set(qa) & set(qb)):
         sa, sb = qa[key].comparisons[0].summary, qb[key].comparisons[0].summary
@@ -121,8 +127,25 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float) -> tuple[l
             if units.is_number(va) and units.is_number(vb):
                 rows.append([f"quality {key[0]} vs {key[1]}", metric, units.number(va, 4), units.number(vb, 4),
                              f"{'+' if vb >= va else '−'}{units.number(abs(vb - va), 3)}", qb[key].status.value])
-                regressed |= qb[key].status == "fail"
-    return rows, regressed
+        statuses.append(qb[key].status)
+    verdict = Status.worst(statuses)
+    if strict and verdict == Status.INCONCLUSIVE:
+        verdict = Status.FAIL
+    return rows, verdict, notes
+
+
+def regression_fraction(text: str) -> float:
+    """--max-regression: a fraction (0.10) or a percentage (10%); as the budget marker, from 0 to below 10."""
+    value = text.strip()
+    try:
+        number = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a fraction such as 0.10 or a "
+                                         "percentage such as 10%") from None
+    if not math.isfinite(number) or not 0 <= number < 10:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction from 0 to below 10 (0.10 = 10% slower "
+                                         "tolerated), or a percentage such as 10%")
+    return number
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -132,11 +155,15 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    """Compare two results files; exit 1 when B regressed against A."""
-    rows, regressed = compare_runs(_load_results(args.a), _load_results(args.b), args.max_regression)
+    """Compare two results files as the in-run gate would; exit 1 when B regressed against A."""
+    rows, verdict, notes = compare_runs(_load_results(args.a), _load_results(args.b), args.max_regression,
+                                        args.strict)
     print(_table(rows, ["test", "metric", "A", "B", "change", "verdict"]) if rows else "nothing to compare")
-    print("REGRESSION" if regressed else "no regression")
-    return 1 if regressed else 0
+    for note in notes:
+        print(note)
+    print({Status.FAIL: "REGRESSION", Status.INCONCLUSIVE: "INCONCLUSIVE: could not decide (see above); rerun, or "
+           "--strict to fail on it", Status.PASS: "no regression"}[verdict])
+    return 1 if verdict == Status.FAIL else 0
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -187,8 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="compare two results files; exit 1 on a regression")
     compare.add_argument("a", help="the accepted run")
     compare.add_argument("b", help="the candidate run")
-    compare.add_argument("--max-regression", type=float, default=0.10,
-                         help="tolerated slowdown as a fraction (default 0.10)")
+    compare.add_argument("--max-regression", type=regression_fraction, default=None, metavar="FRACTION",
+                         help="tolerated slowdown, 0.10 or 10%% (default: the max_regression B's gate used, else "
+                         "0.10)")
+    compare.add_argument("--strict", action="store_true", help="an inconclusive comparison fails (exit 1)")
     compare.set_defaults(func=_cmd_compare)
     summary = sub.add_parser("summary", help="summarize a results file")
     summary.add_argument("results")

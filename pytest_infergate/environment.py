@@ -48,6 +48,6 @@ def machine_fingerprint(device: str) -> dict:
 
 def perf_fingerprint(record, engine_config: dict, device: str) -> dict:
     """What a perf measurement depends on: machine, library versions, model, precision, engine config."""
-    return {**machine_fingerprint(device), **{k: v for k, v in record.versions.items() if k != "pytest-infergate"},
+    return {**machine_fingerprint(device), **record.versions,
             "model_fingerprint": record.fingerprint, "precision": record.precision,
             "requested_precision": record.requested_precision, "engine_config": engine_config}

@@ -12,7 +12,7 @@ from pytest_infergate.engine import Engine, EngineConfig, Request, decode_graphs
 from pytest_infergate.engine.attention_batch import AttentionBatch
 from pytest_infergate.engine.decode_graphs import DecodeGraphs, EagerReplay, batch_buckets, context_buckets
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf.baseline import fingerprint_mismatches
+from pytest_infergate.perf.fingerprint import diff_fingerprints
 
 MAX_NEW = 16
 PROMPTS = prompts()  # 6 prompts of 5..60 tokens: contexts up to 76, across the context buckets 32, 64, 96
@@ -164,9 +164,10 @@ def test_a_frozen_layout_refuses_a_window_it_was_not_built_for():
 
 def test_a_baseline_saved_before_a_new_engine_field_still_matches():
     current = {"engine_config": {"batching": "continuous", "cuda_graphs": None}}
-    assert fingerprint_mismatches(current, {"engine_config": {"batching": "continuous"}}) == []
+    assert diff_fingerprints(current, {"engine_config": {"batching": "continuous"}}).under_test == []
     changed = {"engine_config": {"batching": "continuous", "cuda_graphs": False}}
-    assert fingerprint_mismatches(changed, {"engine_config": {"batching": "continuous"}}) != []
+    (change,) = diff_fingerprints(changed, {"engine_config": {"batching": "continuous"}}).under_test
+    assert change.describe() == "engine_config.cuda_graphs – → False"
 
 
 def test_a_graph_pool_counts_in_the_models_memory(tiny_fp32):

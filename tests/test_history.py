@@ -91,13 +91,30 @@ def test_eight_runs_are_enough_to_find_a_step(seed):
     assert _findings(synthetic_runs(seed=seed, runs=8, step=False, creep_per_run=0.0)) == {}
 
 
-def test_a_changed_environment_splits_the_series_instead_of_finding_a_change():
+def test_a_library_change_is_a_marked_point_of_the_series_and_a_machine_change_splits_it():
     history = build_history(synthetic_runs(env_change_at=5))
     tpot = next(s for s in history.series if s.metric == "tpot_ms")
+    assert [len(s.points) for s in tpot.segments] == [12]  # torch 2.5.0 → 2.6.0 is what a history is read for
+    assert tpot.points[4].changes == "torch 2.5.0 → 2.6.0" and not tpot.points[5].changes
+    (step,) = [f for f in findings(history) if f.series is tpot]
+    assert step.run.index == 5 and step.worse and step.changes == "torch 2.5.0 → 2.6.0"
+    table = text_table(history)
+    assert "tpot_ms: regressed at run #5 (commit c05): +" in table and "%), with torch 2.5.0 → 2.6.0" in table
+    assert "changed under test at run #5: torch 2.5.0 → 2.6.0" in table
+    # the same runs with the CPU model changing at run 5: timings of two machines are two series
+    moved = synthetic_runs(env_change_at=5)
+    for run in moved[4:]:
+        for record in run.perf:
+            record.fingerprint = {**record.fingerprint, "cpu": "another", "torch": "2.5.0"}
+    for run in moved[:4]:
+        for record in run.perf:
+            record.fingerprint = {**record.fingerprint, "cpu": "synthetic", "torch": "2.5.0"}
+    history = build_history(moved)
+    tpot = next(s for s in history.series if s.metric == "tpot_ms")
     assert [len(s.points) for s in tpot.segments] == [4, 8]
-    assert tpot.segments[1].change_from_previous == "torch 2.5.0 → 2.6.0"
+    assert tpot.segments[1].change_from_previous == "cpu synthetic → another"
     assert not any(f.series is tpot for f in findings(history))
-    assert "environment changed at run #5: torch 2.5.0 → 2.6.0" in text_table(history)
+    assert "machine changed at run #5: cpu synthetic → another (a new series)" in text_table(history)
 
 
 def test_change_point_statistics_directly():

@@ -21,7 +21,7 @@ def describe(f: Finding) -> str:
     if f.kind == "step":
         verb = "regressed" if f.worse else "improved"
         return (f"{verb} at {where}: {units.change(f.change)} (95% CI {units.change(f.low)} to "
-                f"{units.change(f.high)})")
+                f"{units.change(f.high)})" + (f", with {f.changes}" if f.changes else ""))
     verb = "creeping worse" if f.worse else "creeping better"
     gates = ", every gate passed" if f.passed else ""
     return (f"{verb} since {where}: {units.change(f.change)} over the window, {units.change(f.per_run)} per run "
@@ -38,8 +38,14 @@ def text_table(history: History) -> str:
     for f in found:
         lines.append(f"{f.series.test} {f.series.metric}: {describe(f)}")
     for run, text in environment_changes(history):
-        lines.append(f"environment changed at run #{run}: {text}")
+        lines.append(f"machine changed at run #{run}: {text} (a new series)")
+    for run, text in under_test_changes(history):
+        lines.append(f"changed under test at run #{run}: {text}")
     return "\n".join(lines)
+
+
+def under_test_changes(history: History) -> list[tuple[int, str]]:
+    return sorted({(p.run, p.changes) for s in history.series for p in s.points if p.changes})
 
 
 def environment_changes(history: History) -> list[tuple[int, str]]:

@@ -1,5 +1,8 @@
 """A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
-the environment changed, with its change points and any creep."""
+the machine changed (timings of two machines are no one series), with its change points and any creep. A change
+under test (model, libraries, engine config) is a marked point of the series, not a new series: it is what a
+history is read for. Each run is also decided against the run before it by the gate's own decision
+(results.compare.decide_pair), so the history says what `infergate compare` says of the same pair."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from pytest_infergate.history import changepoint
-from pytest_infergate.perf.baseline import COMPARED_FIELDS
+from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
@@ -45,7 +48,11 @@ class Point:
     samples: list[float]
     status: str | None  # this metric's gate verdict in that run; None when no gate checked it
     why: str  # what the gate said
-    environment: dict  # what the value depends on besides the code
+    environment: dict  # the machine the value was measured on (a change splits the series)
+    changes: str = ""  # what under test changed since the series' previous point ("torch 2.5.0 → 2.6.0")
+    # this metric's verdict against the series' previous point, by the gate's decision (results.compare); "" when
+    # not decided (the first point, or a metric the pair's budget does not compare)
+    against_previous: str = ""
 
 
 @dataclass
@@ -88,7 +95,7 @@ class History:
 
 
 def _environment(record: PerfRecord, run: RunResults) -> dict:
-    fingerprint = {k: v for k, v in record.fingerprint.items() if k in COMPARED_FIELDS}
+    fingerprint = machine_key(record.fingerprint)
     return fingerprint or {"run environment": run.fingerprint}
 
 
@@ -105,14 +112,26 @@ def _key(environment: dict) -> str:
     return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str) -> Point | None:
+def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, previous: PerfRecord | None
+           ) -> Point | None:
     samples = [v for v in record.measurement.samples.get(metric) or [] if isinstance(v, (int, float)) and v > 0]
     if not samples:
         return None
     status = metric_status(record, metric)
     why = "; ".join(reason for reason in verdict_reasons(record) if reason.startswith(metric))
-    return Point(run_index, percentile(samples, 50), percentile(samples, 25), percentile(samples, 75), samples,
-                 status.value if status else None, why, _environment(record, run))
+    point = Point(run_index, percentile(samples, 50), percentile(samples, 25), percentile(samples, 75), samples,
+                  status.value if status else None, why, _environment(record, run))
+    if previous is not None:
+        point.changes = diff_fingerprints(record.fingerprint, previous.fingerprint).under_test_text()
+        point.against_previous = _against_previous(previous, record, metric)
+    return point
+
+
+def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> str:
+    from pytest_infergate.results.compare import decide_pair
+
+    verdict = next((v for v in decide_pair(previous, record).verdicts if v.metric == metric), None)
+    return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().split(' → ')[0]}"
 
 
 def _segments(points: list[Point]) -> list[Segment]:
@@ -138,16 +157,21 @@ def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_MET
     infos = [RunInfo(i, run.run_id or f"run-{i}", run.commit, run.started,
                      all(r.status.value == "pass" for r in run.records)) for i, run in enumerate(runs, start=1)]
     points: dict[tuple[str, str], list[Point]] = {}
+    last: dict[str, tuple[PerfRecord, RunResults]] = {}  # each measurement key's latest record, with its run
     for info, run in zip(infos, runs):
         seen = set()
         for record in run.perf:
             if record.test in seen:  # one measurement key per run
                 continue
             seen.add(record.test)
+            previous, previous_run = last.get(record.test, (None, None))
+            if previous is not None and _environment(previous, previous_run) != _environment(record, run):
+                previous = None  # another machine: no verdict against it (its series starts anew)
             for metric in metrics:
-                point = _point(info.index, run, record, metric)
+                point = _point(info.index, run, record, metric, previous)
                 if point:
                     points.setdefault((record.test, metric), []).append(point)
+            last[record.test] = (record, run)
     series = []
     for (test, metric), found in sorted(points.items(), key=lambda kv: (kv[0][0], metrics.index(kv[0][1]))):
         s = Series(test, metric, _segments(found))
@@ -170,6 +194,7 @@ class Finding:
     per_run: float | None = None
     p_value: float = 1.0
     passed: bool = True  # a creep: every gate on this metric passed in the window
+    changes: str = ""  # a step: what under test changed at that run
 
     @property
     def worse(self) -> bool:
@@ -181,8 +206,9 @@ def findings(history: History) -> list[Finding]:
     for s in history.series:
         for segment in s.segments:
             for cp in segment.change_points:
-                out.append(Finding(s, history.run(segment.points[cp.index].run), "step", cp.change, cp.low, cp.high,
-                                   p_value=cp.p_value))
+                at = segment.points[cp.index]
+                out.append(Finding(s, history.run(at.run), "step", cp.change, cp.low, cp.high, p_value=cp.p_value,
+                                   changes=at.changes))
             c = segment.creep
             if c:
                 window = segment.points[c.start:]

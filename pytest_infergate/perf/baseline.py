@@ -22,9 +22,6 @@ from pytest_infergate.perf.metrics import Measurement
 KIND = "baseline"
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # version 1 had no `kind`; version 3 added the calibration probe per repetition
-# fingerprint fields whose change makes a relative comparison meaningless
-COMPARED_FIELDS = ("cpu", "cpu_count", "torch_threads", "gpu", "cuda", "device", "torch", "transformers",
-                   "bitsandbytes", "model_fingerprint", "precision", "engine_config")
 
 
 class BaselineError(InfergateError):
@@ -90,25 +87,3 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
             raise BaselineError(f"baseline file {path}: entry {key!r} lacks a measurement or fingerprint; "
                                 "re-create the file with --infergate-save-baseline") from None
     return entries
-
-
-def fingerprint_mismatches(current: dict, accepted: dict) -> list[str]:
-    out = []
-    for name in COMPARED_FIELDS:
-        now = current.get(name)
-        if name == "engine_config" and isinstance(now, dict) and isinstance(accepted.get(name), dict):
-            now = without_new_defaults(now, accepted[name])
-        if now != accepted.get(name):
-            out.append(f"{name}: baseline {accepted.get(name)!r}, now {current.get(name)!r}")
-    return out
-
-
-def without_new_defaults(config: dict, accepted: dict) -> dict:
-    """`config` less the EngineConfig fields a baseline saved by an older version does not know, where they have
-    their default value (the engine then runs as it did before the field existed)."""
-    from dataclasses import fields
-
-    from pytest_infergate.engine.config import EngineConfig
-
-    defaults = {f.name: f.default for f in fields(EngineConfig)}
-    return {k: v for k, v in config.items() if k in accepted or k not in defaults or v != defaults[k]}

@@ -1,14 +1,19 @@
 """The perf gate's decision for one measurement: absolute budgets, then the noise-aware comparison with a baseline
-(a stored baseline entry, or side A of an interleaved A/B run). Both modes return one PerfOutcome."""
+(a stored baseline entry, or side A of an interleaved A/B run). Both modes return one PerfOutcome.
+
+`evaluate_perf` is the one decision against a stored baseline: the in-run gate, `infergate compare`, the report
+(which shows the records the gate wrote) and the history (each run against the one before it) all go through it,
+so they cannot disagree on the same data."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from pytest_infergate.perf.baseline import BaselineEntry, fingerprint_mismatches
+from pytest_infergate.perf import calibration
+from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
+from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.perf.verdict import Verdict, compare_measurements
 from pytest_infergate.status import Status
@@ -24,7 +29,10 @@ class PerfOutcome:
     notes: list[str] = field(default_factory=list)
     remeasured: int = 0
     strict: bool = False
-    fingerprint_mismatch: list[str] = field(default_factory=list)
+    # the baseline's machine differs (timings not comparable: those verdicts are inconclusive), and what under
+    # test changed since the baseline (compared, and named in every message)
+    machine_mismatch: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
     # a relative check was asked for (max_regression) but could not run; a warning, a failure under strict
     relative_check_missing: str = ""
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run)
@@ -34,7 +42,7 @@ class PerfOutcome:
     def status(self) -> Status:
         if self.violations or any(v.status == Status.FAIL for v in self.verdicts):
             return Status.FAIL
-        if self.strict and (self.fingerprint_mismatch or self.relative_check_missing):
+        if self.strict and self.relative_check_missing:
             return Status.FAIL
         if any(v.status == Status.INCONCLUSIVE for v in self.verdicts):
             return Status.FAIL if self.strict else Status.INCONCLUSIVE
@@ -52,7 +60,9 @@ class PerfOutcome:
         bad = [v for v in self.verdicts if v.status != Status.PASS]
         if bad:
             lines.append("regression against the baseline:")
-            lines += ["  " + v.describe() for v in bad]
+            what = ", ".join(self.changes) if self.changes else "nothing under test changed"
+            lines += [f"  {what}: {v.headline()}" for v in bad]
+            lines += ["    " + v.describe() for v in bad]
             if self.remeasured:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
             if self.confirmed:
@@ -65,24 +75,21 @@ class PerfOutcome:
                              f"below about {spread:.2f} cannot be confirmed either way — take more repetitions "
                              "(repeats=), gate with infergate_bench.ab() on a shared machine, or set a "
                              "max_regression the noise allows")
-        if self.fingerprint_mismatch:
-            lines.append("environment differs from the baseline's: " + "; ".join(self.fingerprint_mismatch))
+        if self.machine_mismatch:
+            lines.append("the baseline was measured on another machine: " + ", ".join(self.machine_mismatch))
         if self.relative_check_missing and self.strict:
             lines.append(f"relative check not run (a failure under --infergate-strict): {self.relative_check_missing}")
         lines += self.notes
         return "\n".join(lines)
 
 
-def normalize_fingerprint(fingerprint: dict) -> dict:
-    """Engine configs and nested values compare as canonical JSON strings."""
-    return {k: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for k, v in fingerprint.items()}
-
-
 def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,
                   strict: bool = False, remeasure: Callable[[], None] | None = None, max_remeasure: int = 2,
                   baseline_given: bool = True) -> PerfOutcome:
     """Budgets, then the stored baseline's entry for this measurement (re-measuring while inconclusive).
-    `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run."""
+    `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run.
+    What under test changed since the baseline (model, libraries, engine config) is compared and named; a
+    baseline from another machine makes the timing verdicts inconclusive, naming the difference."""
     outcome = PerfOutcome(violations=check_budget(measurement, budget), strict=strict)
     if baseline_entry is None:
         if budget.max_regression is not None:
@@ -93,29 +100,55 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
             if not baseline_given:  # budgets alone were asked for: nothing was silently skipped
                 outcome.relative_check_missing = ""
         return outcome
-    mismatch = fingerprint_mismatches(normalize_fingerprint(fingerprint),
-                                      normalize_fingerprint(baseline_entry.fingerprint))
-    if mismatch:
-        outcome.fingerprint_mismatch = mismatch
-        outcome.notes.append("relative check skipped: the baseline was measured in another environment")
-        return outcome
     if budget.max_regression is None:
         return outcome
+    diff = diff_fingerprints(fingerprint, baseline_entry.fingerprint)
+    outcome.machine_mismatch = [change.describe() for change in diff.machine]
+    outcome.changes = [change.describe() for change in diff.under_test]
     outcome.baseline = baseline = baseline_entry.measurement
-    outcome.verdicts = compare_measurements(measurement, baseline, budget, stored_baseline=True)
+
+    def decide() -> list[Verdict]:
+        return judged(compare_measurements(measurement, baseline, budget, stored_baseline=True), diff)
+
+    outcome.verdicts = decide()
     while (remeasure is not None and outcome.remeasured < max_remeasure
-           and any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)):
+           and any(v.status == Status.INCONCLUSIVE and not machine_bound(v, diff) for v in outcome.verdicts)):
         remeasure()
         outcome.remeasured += 1
-        outcome.verdicts = compare_measurements(measurement, baseline, budget, stored_baseline=True)
+        outcome.verdicts = decide()
     if remeasure is not None and any(v.status == Status.FAIL and v.repetitions for v in outcome.verdicts):
-        confirm_failure(outcome, measurement, baseline, budget, remeasure)
+        confirm_failure(outcome, measurement, remeasure, decide)
     outcome.notes.append(calibration_note(measurement, baseline, outcome.verdicts))
     return outcome
 
 
-def confirm_failure(outcome: PerfOutcome, measurement: Measurement, baseline: Measurement, budget: Budget,
-                    remeasure: Callable[[], None]) -> None:
+def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:
+    """Whether `verdict` compares figures that the baseline's other machine makes incomparable: timings, and
+    every figure where the device changed. Re-measuring cannot decide such a verdict."""
+    return bool(diff.machine) and (calibration.normalizes(verdict.metric) or diff.device_changed)
+
+
+def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
+    """The verdicts with what the fingerprints say applied: against another machine, timings (and, where the
+    device changed, every figure) are inconclusive; with nothing under test changed, a candidate much faster than
+    its baseline says the baseline was disturbed, not that anything improved."""
+    out = []
+    for v in verdicts:
+        timing = calibration.normalizes(v.metric)
+        if machine_bound(v, diff):
+            v = replace(v, status=Status.INCONCLUSIVE,
+                        note=f"the baseline was measured on another machine ({diff.machine_text()}), so its "
+                             f"figures are no yardstick here; re-save the baseline on this runner")
+        elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / v.threshold:
+            v = replace(v, status=Status.INCONCLUSIVE,
+                        note=f"nothing under test changed, yet this run is x{1.0 / v.ratio:.2f} as fast as the "
+                             "baseline: the baseline was likely measured on a busy runner; re-save it on a quiet one")
+        out.append(v)
+    return out
+
+
+def confirm_failure(outcome: PerfOutcome, measurement: Measurement, remeasure: Callable[[], None],
+                    decide: Callable[[], list[Verdict]]) -> None:
     """A failure against a stored baseline is decided again after a fresh block of repetitions. The least-disturbed
     repetitions' interval is narrow and takes the repetitions as independent, but interference on a shared machine
     comes in spells that can cover a whole run: measured on a 2-vCPU VM, one unchanged run of 8 repetitions had
@@ -129,30 +162,33 @@ def confirm_failure(outcome: PerfOutcome, measurement: Measurement, baseline: Me
         if measurement.repetitions == before:  # the callback added nothing: nothing fresh to decide with
             break
     outcome.confirmed = measurement.repetitions - first
-    outcome.verdicts = compare_measurements(measurement, baseline, budget, stored_baseline=True)
+    outcome.verdicts = decide()
 
 
 def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: list[Verdict]) -> str:
-    """What the outcome says about the calibration probe and normalization for machine speed (perf.stored)."""
+    """What the outcome says about the calibration probe (perf.stored: it tells which way the machine moved,
+    never scales a figure)."""
     probed = next((v for v in verdicts if v.machine_slowdown is not None), None)
     if probed is not None:
         which = "quiet probes before and after" if measurement.probe_quiet_s and baseline.probe_quiet_s \
             else "probes during"
-        normalized = [v.metric for v in verdicts if v.normalization in ("by level", "per repetition")]
-        how = (f"normalized for machine speed ({', '.join(normalized)}): the machine's speed changed by more than "
-               "the threshold" if normalized else "not shown to have changed by more than the threshold, so "
-               "compared as measured (the probe's own noise would only widen the intervals)")
-        return (f"calibration probe ({measurement.probe}) x{probed.machine_slowdown:.3f} its time at the baseline "
+        moved = probed.machine_slowdown
+        threshold = probed.threshold
+        how = ("the machine is slower now by more than the threshold: only a pass as measured stands"
+               if moved > threshold else
+               "the machine is faster now by more than the threshold: only a failure as measured stands"
+               if moved < 1.0 / threshold else "within the threshold: compared as measured")
+        return (f"calibration probe ({measurement.probe}) x{moved:.3f} its time at the baseline "
                 f"({which} each of {measurement.repetitions}/{baseline.repetitions} repetitions): {how}")
     if measurement.probe and not baseline.probe:
-        return ("not normalized for machine speed: the baseline has no calibration probe (saved by an older "
+        return ("machine speed not checked: the baseline has no calibration probe (saved by an older "
                 "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")
     if measurement.probe and baseline.probe != measurement.probe:
-        return (f"not normalized for machine speed: the baseline's calibration probe is {baseline.probe!r}, this "
+        return (f"machine speed not checked: the baseline's calibration probe is {baseline.probe!r}, this "
                 f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
     if measurement.probe:
-        return "not normalized for machine speed: no time-like metric was compared repetition by repetition"
-    return "not normalized for machine speed: no calibration probe ran with this measurement"
+        return "machine speed not checked: no time-like metric was compared repetition by repetition"
+    return "machine speed not checked: no calibration probe ran with this measurement"
 
 
 RoundRunner = Callable[[Measurement, Measurement, int], None]  # one round into (A, B); the int: which round

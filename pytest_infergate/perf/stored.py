@@ -10,12 +10,17 @@ Two kinds of noise, handled apart:
   ones), the statistic of "best of N" (Python's timeit: higher values "are typically not caused by variability in
   Python's speed, but by other processes interfering"), kept smooth so its bootstrap interval is honest. A real
   regression slows the fastest repetitions as much as the rest; interference does not.
-- *A machine of another speed* (another day's runner, a throttled host): the calibration probe
-  (perf.calibration), stored with the baseline, measures it. Normalizing by the probe adds the probe's own noise to
-  every interval (on the same VM it read the machine 5-15% faster or slower between processes while the workload
-  was unchanged), so a verdict is normalized only where the probe shows the machine's speed changed by more than
-  max_regression (its interval wholly outside the threshold's band); otherwise it is compared as measured, and
-  where the normalized comparison decides the other way the verdict is inconclusive and says so.
+- *A machine of another speed or load* (a busy shared runner, another day's host): the calibration probe
+  (perf.calibration), stored with the baseline, measures it. It does not make the two sides comparable: under a
+  CPU hog the engine's threads lose more than the probe does (they wait on each other), so a baseline saved on a
+  busy runner, normalized by the probe, gave a quiet unchanged run a false failure at x1.84. So the probe only
+  says *which way* the machine moved, and the verdict keeps what holds whatever the size of the move:
+  interference only ever slows. When the machine is slower now than at the baseline (the probe's interval wholly
+  above 1 + max_regression), a pass as measured still holds (the candidate passed despite the machine) and
+  anything else is inconclusive, saying the runner was busy; when it is faster now (the baseline was saved on a
+  busy runner), a failure as measured still holds and anything else is inconclusive, saying the baseline should
+  be re-saved on a quiet runner. Neither a failure nor a pass is ever made by the probe. Within the band the
+  sides are compared as measured; where normalizing by the probe would decide the other way, inconclusive.
 """
 
 from __future__ import annotations
@@ -137,29 +142,47 @@ class StoredVerdict:
     """What verdict.compare_stored turns into a Verdict."""
 
     status: Status
-    chosen: Comparison
     measured: Comparison
     machine: MachineChange | None
     disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
 
 
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
-    """The verdict as measured, or normalized where the probe shows the machine changed by more than the gate
-    allows; inconclusive where the two decide opposite ways (the probe's noise and a machine change cannot be told
-    apart then)."""
+    """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
+    module's docstring. The normalized comparison is reported, never decisive."""
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
+    status = measured.status(threshold)
     change = machine_change(candidate, baseline)
     adjusted = normalized(candidate, baseline) if change is not None else None
-    if adjusted is not None and change.beyond(threshold):
-        return StoredVerdict(adjusted.status(threshold), adjusted, measured, change, "")
-    status = measured.status(threshold)
+    if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
+        if status == Status.PASS:
+            return StoredVerdict(status, measured, change, "")
+        return StoredVerdict(Status.INCONCLUSIVE, measured, change,
+                             f"the runner was busy: the calibration probe ran x{change.ratio:.2f} slower than when the "
+                             f"baseline was saved, so a slowdown as measured (x{measured.ratio:.3f}) cannot be told "
+                             f"from the machine's{_normalized_aside(adjusted, threshold)}; rerun on a quiet runner")
+    if change is not None and change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
+        if status == Status.FAIL:
+            return StoredVerdict(status, measured, change, "")
+        return StoredVerdict(Status.INCONCLUSIVE, measured, change,
+                             f"the baseline was saved on a busy runner: the calibration probe ran "
+                             f"x{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
+                             f"(x{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
+                             "the baseline on a quiet runner")
     other = adjusted.status(threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
-        return StoredVerdict(Status.INCONCLUSIVE, measured, measured, change,
+        return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
                              f"speed (probe x{change.ratio:.3f}) it would {other} (x{adjusted.ratio:.3f})")
-    return StoredVerdict(status, measured, measured, change, "")
+    return StoredVerdict(status, measured, change, "")
+
+
+def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
+    if adjusted is None:
+        return ""
+    return (f" (normalized by the probe it would read x{adjusted.ratio:.3f}, "
+            f"{adjusted.status(threshold)}, but the probe does not slow as the engine does)")
 
 
 def in_metric_units(metric: str, cost: float) -> float:

@@ -31,11 +31,9 @@ class Verdict:
     samples: tuple[int, int]
     paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
     # Against a stored baseline (perf.stored): the calibration probe's time now / when the baseline was measured
-    # (1.2: the machine is 20% slower now), whether or not the verdict was normalized by it; `candidate` is then
-    # the value at the baseline's machine speed and `raw_candidate` the value as measured. None: no probe.
+    # (1.2: the machine is 20% slower now). It never scales the figures: it says which verdicts the machine's move
+    # could have made (perf.stored.decide). None: no probe.
     machine_slowdown: float | None = None
-    raw_candidate: float | None = None
-    normalization: str = ""  # "as measured", "by level" or "per repetition" (perf.stored); "": no probe
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
     note: str = ""  # why a decisive comparison was made inconclusive
 
@@ -44,17 +42,19 @@ class Verdict:
         how = ", paired by round" if self.paired else ""
         if self.repetitions:
             how += f", least-disturbed repetitions (p{stored.FAST_QUANTILE * 100:g} of per-repetition values)"
-        if self.normalization in ("by level", "per repetition"):
-            how += (f"; normalized for machine speed: calibration probe x{self.machine_slowdown:.3f} of the "
-                    f"baseline's ({self.normalization}), measured {self.raw_candidate:.4g} before normalizing")
-        elif self.machine_slowdown is not None:
-            how += (f"; calibration probe x{self.machine_slowdown:.3f} of the baseline's, not shown to exceed the "
-                    "threshold: compared as measured")
+        if self.machine_slowdown is not None:
+            how += f"; calibration probe x{self.machine_slowdown:.3f} of the baseline's"
         if self.note:
             how += f"; inconclusive because {self.note}"
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
+
+    def headline(self) -> str:
+        """One line a reviewer reads: metric, ratio with its interval, the threshold, the verdict."""
+        where = f" p{self.percentile}" if self.percentile else ""
+        return (f"{self.metric}{where} slowdown x{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
+                f"(threshold x{self.threshold:.3f}) → {self.status.upper()}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,14 +132,11 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     if cand is None or base is None:
         return None
     decided = stored.decide(cand, base, max_regression)
-    chosen, measured, machine = decided.chosen, decided.measured, decided.machine
-    return Verdict(metric, decided.status, chosen.ratio, chosen.low, chosen.high, 1.0 + max_regression,
-                   pct if METRICS[metric][2] else None, stored.in_metric_units(metric, chosen.candidate_cost),
-                   stored.in_metric_units(metric, chosen.baseline_cost), (len(cand.costs), len(base.costs)),
-                   machine_slowdown=machine.ratio if machine else None,
-                   raw_candidate=stored.in_metric_units(metric, measured.candidate_cost),
-                   normalization=chosen.normalization if machine else "", repetitions=True,
-                   note=decided.disagreement)
+    measured, machine = decided.measured, decided.machine
+    return Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
+                   pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),
+                   stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
+                   machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement)
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,

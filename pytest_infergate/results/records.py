@@ -44,7 +44,8 @@ class PerfRecord:
     violations: list[Violation] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    fingerprint_mismatch: list[str] = field(default_factory=list)
+    machine_mismatch: list[str] = field(default_factory=list)  # how the baseline's machine differs from this one
+    changes: list[str] = field(default_factory=list)  # what under test changed since the baseline ("torch a → b")
     remeasured: int = 0
     relative_check_missing: str = ""
     baseline_summary: dict | None = None  # side A of an interleaved A/B run
@@ -64,7 +65,7 @@ class PerfRecord:
                 "budget": self.budget, "fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
                 "summary": self.summary, "violations": [v.to_dict() for v in self.violations],
                 "verdicts": [v.to_dict() for v in self.verdicts], "notes": self.notes,
-                "fingerprint_mismatch": self.fingerprint_mismatch, "remeasured": self.remeasured,
+                "machine_mismatch": self.machine_mismatch, "changes": self.changes, "remeasured": self.remeasured,
                 "relative_check_missing": self.relative_check_missing, "baseline_summary": self.baseline_summary}
 
     @classmethod
@@ -78,7 +79,9 @@ class PerfRecord:
                    fingerprint=dict(data.get("fingerprint") or {}),
                    violations=[Violation.from_dict(v) for v in data.get("violations", [])],
                    verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
-                   notes=list(data.get("notes", [])), fingerprint_mismatch=list(data.get("fingerprint_mismatch", [])),
+                   notes=list(data.get("notes", [])),
+                   machine_mismatch=list(data.get("machine_mismatch", data.get("fingerprint_mismatch", []))),
+                   changes=list(data.get("changes", [])),
                    remeasured=int(data.get("remeasured", 0)),
                    relative_check_missing=data.get("relative_check_missing", ""),
                    baseline_summary=data.get("baseline_summary"))

@@ -107,13 +107,14 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
                        f"{units.number(v.high)}) {relation} {units.ratio(v.threshold)}"
                        + (", paired by round" if v.paired else "")
                        + (", least-disturbed repetitions" if v.repetitions else "")
-                       + (f", normalized {v.normalization} for machine speed (probe {units.ratio(v.machine_slowdown)})"
-                          if v.normalization in ("by level", "per repetition") else "")
+                       + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
                        + (f": {v.note}" if v.note else ""))
     if record.relative_check_missing:
         reasons.append(f"no baseline comparison: {record.relative_check_missing}")
-    if record.fingerprint_mismatch:
-        reasons.append("baseline from another environment: " + ", ".join(record.fingerprint_mismatch))
+    if record.machine_mismatch:
+        reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
+    if record.changes:
+        reasons.append("changed since the baseline: " + ", ".join(record.changes))
     return reasons
 
 

@@ -1,0 +1,103 @@
+"""What a stored baseline's fingerprint says about a comparison, split in two:
+
+- the **machine** (CPU model, core and thread count, GPU, CUDA, device, the endpoint's address): where it differs,
+  timings are not comparable, and a relative verdict on them is inconclusive with the reason;
+- the **change under test** (model weights, precision, library versions, engine config, backend, this plugin's
+  version, the served model): what a stored baseline exists to gate. It is compared, never a reason to skip, and
+  every verdict names it ("torch 2.12.0 → 2.13.0, engine_config.max_batch_size 8 → 4").
+
+Fields a fingerprint does not carry (an older baseline, an endpoint measurement) are not compared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MACHINE_FIELDS = ("cpu", "cpu_count", "platform", "torch_threads", "device", "gpu", "cuda", "gpu_capability", "url")
+# a change of these makes even memory figures incomparable (another device's allocator and kernels)
+DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
+UNDER_TEST_FIELDS = ("model_fingerprint", "served_model", "precision", "requested_precision", "backend", "api",
+                     "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
+                     "pytest-infergate")
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One fingerprint field that differs between the baseline and now (engine config keys one by one)."""
+
+    name: str  # "torch", or "engine_config.max_batch_size"
+    baseline: Any
+    now: Any
+
+    def describe(self) -> str:
+        return f"{self.name} {_show(self.baseline)} → {_show(self.now)}"
+
+
+@dataclass(frozen=True)
+class FingerprintDiff:
+    machine: list[FieldChange] = field(default_factory=list)
+    under_test: list[FieldChange] = field(default_factory=list)
+
+    @property
+    def device_changed(self) -> bool:
+        return any(change.name in DEVICE_FIELDS for change in self.machine)
+
+    def machine_text(self) -> str:
+        return ", ".join(change.describe() for change in self.machine)
+
+    def under_test_text(self) -> str:
+        return ", ".join(change.describe() for change in self.under_test)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "–"
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
+    """How `current` (this run's fingerprint) differs from `accepted` (the baseline's), field by field."""
+    machine = [FieldChange(name, accepted.get(name), current.get(name)) for name in MACHINE_FIELDS
+               if name in accepted and name in current and _canonical(accepted[name]) != _canonical(current[name])]
+    under_test = []
+    for name in UNDER_TEST_FIELDS:
+        if name not in accepted and name not in current:
+            continue
+        old, new = accepted.get(name), current.get(name)
+        if name == "engine_config" and isinstance(old, dict) and isinstance(new, dict):
+            under_test += _config_changes(name, without_new_defaults(new, old), old)
+        elif name in accepted and _canonical(old) != _canonical(new):
+            under_test.append(FieldChange(name, old, new))
+    return FingerprintDiff(machine, under_test)
+
+
+def _config_changes(prefix: str, new: dict, old: dict) -> list[FieldChange]:
+    return [FieldChange(f"{prefix}.{key}", old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if _canonical(old.get(key)) != _canonical(new.get(key))]
+
+
+def _canonical(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
+
+
+def without_new_defaults(config: dict, accepted: dict) -> dict:
+    """`config` less the EngineConfig fields a baseline saved by an older version does not know, where they have
+    their default value (the engine then runs as it did before the field existed)."""
+    from dataclasses import fields
+
+    from pytest_infergate.engine.config import EngineConfig
+
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    return {k: v for k, v in config.items() if k in accepted or k not in defaults or v != defaults[k]}
+
+
+def machine_key(fingerprint: dict) -> dict:
+    """The machine part of a fingerprint: what a history splits its series on."""
+    return {name: fingerprint[name] for name in MACHINE_FIELDS if name in fingerprint}
+
+
+def under_test_part(fingerprint: dict) -> dict:
+    """The change-under-test part of a fingerprint: a change in it is a marked point of a history's series."""
+    return {name: fingerprint[name] for name in UNDER_TEST_FIELDS if name in fingerprint}
