@@ -1,0 +1,78 @@
+"""One decision against a stored baseline: the in-run gate, `infergate compare`, the report and the history give
+the same verdict on the same recorded pair of runs."""
+
+import re
+from html import unescape
+from types import SimpleNamespace
+
+import pytest
+from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, machine
+
+from pytest_infergate.cli import compare_runs
+from pytest_infergate.history.series import build_history
+from pytest_infergate.perf.baseline import BaselineEntry
+from pytest_infergate.perf.fixture import record_outcome
+from pytest_infergate.perf.gate import evaluate_perf
+from pytest_infergate.report import render as render_report
+from pytest_infergate.results import RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.summary import summary_lines, verdict_reasons
+from pytest_infergate.status import Status
+
+TEST = "suites/test_speed.py::test_chat[fp32]"
+FINGERPRINT = {"cpu": "synthetic", "cpu_count": 2, "torch": "2.13.0", "engine_config": {"max_batch_size": 8}}
+BUDGET = {"itl_ms": 1e12, "tokens_per_s": 1e-9, "peak_mem_mb": 1e9, "max_regression": 0.10}
+
+
+def recorded_run(measurement, fingerprint, started, gate_against=None) -> RunResults:
+    """A run's results as the session writes them; with `gate_against` (the accepted run), its record carries the
+    in-run gate's outcome against that run's measurement saved as the baseline."""
+    record = PerfRecord(test=TEST, label="", precision="fp32", status=Status.PASS, measurement=measurement,
+                        budget=dict(BUDGET), fingerprint=fingerprint)
+    if gate_against is not None:
+        accepted = gate_against.perf[0]
+        outcome = evaluate_perf(measurement, GATE, fingerprint, BaselineEntry(accepted.fingerprint,
+                                                                             accepted.measurement))
+        record_outcome(SimpleNamespace(record=lambda r: None, add_property=lambda name, value: None), record, outcome)
+    run = RunResults(started=started, run_id=f"run{started}")
+    run.add(record)
+    return run
+
+
+PAIRS = {
+    "unchanged": (BASELINE_SPEEDS, 1.0, FINGERPRINT, Status.PASS),
+    "25% slower with a torch upgrade": (BASELINE_SPEEDS, 1.25, {**FINGERPRINT, "torch": "2.14.0"}, Status.FAIL),
+    "unchanged on a busy runner": (SLOW_SPEEDS, 1.0, FINGERPRINT, Status.INCONCLUSIVE),
+}
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_gate_compare_report_and_history_agree_on_a_recorded_pair(name):
+    speeds, regression, fingerprint, expected = PAIRS[name]
+    accepted = recorded_run(machine(BASELINE_SPEEDS, seed=1), FINGERPRINT, 1_700_000_000)
+    candidate = recorded_run(machine(speeds, regression=regression, seed=2), fingerprint, 1_700_003_600,
+                             gate_against=accepted)
+    gated = candidate.perf[0]
+    assert gated.status == expected, gated.verdicts
+    timed = {v.metric: v.status for v in gated.verdicts if v.metric != "peak_mem_mb"}
+
+    # infergate compare A B
+    rows, verdict, notes = compare_runs(accepted, candidate)
+    assert verdict == expected
+    assert {row[1]: row[5].split(" ")[0] for row in rows if row[1] in timed} == {m: s.value for m, s in timed.items()}
+    if fingerprint["torch"] != FINGERPRINT["torch"]:
+        assert f"{TEST}: changed since A: torch 2.13.0 → 2.14.0" in notes
+
+    # the report: the terminal summary and the HTML show the gate's verdict and its reasons
+    text = "\n".join(line.text for line in summary_lines(candidate))
+    assert f"perf {expected.value.upper()}" in text and TEST in text
+    shown = " ".join(unescape(re.sub(r"<[^>]+>", " ", render_report(candidate))).split())
+    assert expected.value in shown
+    assert all(" ".join(reason.split()) in shown for reason in verdict_reasons(gated))
+
+    # the history: the candidate's point against the accepted run's, per metric
+    history = build_history([accepted, candidate], metrics=tuple(timed))
+    for series in history.series:
+        (first, second) = series.points
+        assert first.against_previous == ""
+        assert second.against_previous.split(" ")[0] == timed[series.metric].value.upper()
