@@ -5,6 +5,7 @@ the config says (2 x layers x kv_heads x head_dim x bytes per token)?"""
 import torch
 
 from pytest_infergate.engine import Engine, Request
+from pytest_infergate.perf.experiment import Speedup, faster, grows
 from pytest_infergate.workloads import chat_prompt_with_length
 
 
@@ -13,18 +14,30 @@ def _one_request(tokenizer, prompt_tokens: int, max_new: int) -> list[Request]:
     return [Request(messages=[{"role": "user", "content": text}], max_new_tokens=max_new, ignore_eos=True)]
 
 
-def _speedups(infergate_bench, engine_config, tokenizer, points, experiment):
+# Rounds of each point, cache on and off step-locked. A single pair of timings swung from 1.5x to 10.5x on a loaded
+# 2-core VM, and even step-locked rounds there spread from x2.5 to x13.7 (a stall of seconds hits one side's step):
+# only an interval can tell. The no-cache side costs quadratically in max_new_tokens: with 3 rounds of every
+# point this file took 15 min of that VM, so the 16/32/64 experiment takes 2 (its interval is then the two
+# rounds' range). An interval that cannot decide is a warning, not a failure.
+PROMPT_ROUNDS, LENGTH_ROUNDS = 3, 2
+
+
+def _speedups(infergate_bench, engine_config, tokenizer, points, experiment, rounds: int) -> dict:
+    """The speedup of the paged KV cache over recomputing ('none') at each (prompt_tokens, max_new) point."""
     speedups = {}
     for prompt_tokens, max_new in points:
-        requests = _one_request(tokenizer, prompt_tokens, max_new)
         tags = {"experiment": experiment, "max_new_tokens": max_new, "prompt_tokens": prompt_tokens}
-        measured = {}
-        for mode in ("paged", "none"):
-            m = infergate_bench(requests, engine_config(cache_mode=mode, batching="sequential"), warmup=1, repeats=1,
-                                label=f"{experiment}-{mode}-p{prompt_tokens}-n{max_new}", tags=tags)
-            measured[mode] = m.value("tokens_per_s")
-        speedups[(prompt_tokens, max_new)] = measured["paged"] / measured["none"]
+        name = f"{experiment}-p{prompt_tokens}-n{max_new}"
+        speedups[(prompt_tokens, max_new)] = infergate_bench.speedup(
+            _one_request(tokenizer, prompt_tokens, max_new), engine_config(cache_mode="paged", batching="sequential"),
+            engine_config(cache_mode="none", batching="sequential"), labels=(f"{name}-paged", f"{name}-none"),
+            name=f"paged over none at {prompt_tokens}+{max_new} tokens", rounds=rounds, tags=tags)
     return speedups
+
+
+def _record(record_property, prefix: str, s: Speedup) -> None:
+    record_property(prefix, round(s.ratio, 2))
+    record_property(f"{prefix}_ci", [round(s.low, 2), round(s.high, 2)])
 
 
 CACHE_MODES = "the KV cache on/off experiment (cache_mode 'paged' against 'none')"
@@ -33,14 +46,13 @@ CACHE_MODES = "the KV cache on/off experiment (cache_mode 'paged' against 'none'
 def test_cache_speedup_grows_with_generation_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
                                                      engine_config, kv_lengths, record_property):
     needs_engine(CACHE_MODES)
-    lengths = kv_lengths
-    speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(32, n) for n in lengths],
-                         "kv-cache-length")
-    for (_, n), s in speedups.items():
-        record_property(f"kv_speedup_max_new_{n}", round(s, 2))
-    ordered = [speedups[(32, n)] for n in lengths]
-    assert all(s > 1.0 for s in ordered), f"use_cache=True was not faster than recomputing: {ordered}"
-    assert ordered[-1] > ordered[0], f"the KV cache gain did not grow with max_new_tokens: {ordered}"
+    speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(32, n) for n in kv_lengths],
+                         "kv-cache-length", LENGTH_ROUNDS)
+    ordered = [speedups[(32, n)] for n in kv_lengths]
+    for n, s in zip(kv_lengths, ordered):
+        _record(record_property, f"kv_speedup_max_new_{n}", s)
+    infergate_bench.conclude("KV cache on vs off over max_new_tokens",
+                             [faster(s) for s in ordered] + [grows(ordered[0], ordered[-1])])
 
 
 def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
@@ -48,11 +60,14 @@ def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, in
     needs_engine(CACHE_MODES)
     prompts, max_new = (32, 128, 256), 8  # 8 new tokens: recomputing a 256-token prompt for each is the cost
     speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(p, max_new) for p in prompts],
-                         "kv-cache-prompt")
+                         "kv-cache-prompt", PROMPT_ROUNDS)
     ordered = [speedups[(p, max_new)] for p in prompts]
     for p, s in zip(prompts, ordered):
-        record_property(f"kv_speedup_prompt_{p}", round(s, 2))
-    assert ordered[-1] > ordered[0], f"the KV cache gain did not grow with the prompt length: {ordered}"
+        _record(record_property, f"kv_speedup_prompt_{p}", s)
+    # claimed faster where recomputing the prompt is the cost (x14 and x4 at 128 and 256 tokens on a loaded VM);
+    # at 32 tokens the gap is small (x1.75 there) and the claim is its growth
+    infergate_bench.conclude("KV cache on vs off over the prompt length",
+                             [faster(s) for s in ordered[1:]] + [grows(ordered[0], ordered[-1])])
 
 
 def test_kv_bytes_per_token_measured_vs_config(infergate_model, infergate_tokenizer, needs_engine, record_property):

@@ -285,20 +285,20 @@ class PerfBench:
         finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
         return a, b
 
-    def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], rounds: int = 3,
+    def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], name: str = "", rounds: int = 3,
                 warmup: int = 1, metric: str = "tokens_per_s", tags: dict | None = None) -> Speedup:
         """How many times faster this model runs `requests` on `config` than on `slower_config`: `rounds`
         interleaved rounds of the two (step-locked where both can step), the ratio taken within each round, with
         its 95% bootstrap interval (perf.experiment). Each side is recorded and checked against its budgets under
-        its label (`labels`: config's, slower_config's); deciding what the speedup shows is the test's, through
-        `conclude()`."""
+        its label (`labels`: config's, slower_config's); `name` names the speedup in messages (default: "<label> over
+        <label>"). Deciding what the speedup shows is the test's, through `conclude()`."""
         for each in (config, slower_config):
             self._skip_unless_runnable(self.loaded, each)
         run_round, refused = self._interleaved(self.bench, slower_config, config, requests, warmup)
         slow, fast = Measurement(label=labels[1]), Measurement(label=labels[0])
         for index in range(rounds):
             run_round(slow, fast, index)
-        result = speedup(f"{labels[0]} over {labels[1]}", fast.samples[metric], slow.samples[metric],
+        result = speedup(name or f"{labels[0]} over {labels[1]}", fast.samples[metric], slow.samples[metric],
                          higher_is_better=METRICS[metric][1])
         note = (f"one side of a speed experiment, {lockstep.how(refused)}, {rounds} rounds: {result.describe()}; "
                 "compared with the other side, not with a stored baseline")
