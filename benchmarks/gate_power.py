@@ -39,6 +39,7 @@ import argparse
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="baseline mode: write every trial's record (measurement, probe "
                         "times, verdicts) here, for analysis")
     args = parser.parse_args()
+    # a SIGTERM (timeout, kill) unwinds like an exception, so the CPU hog's processes are always killed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.threads:
         import torch
 
