@@ -58,8 +58,8 @@ def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server
     started = time.perf_counter()
     result = search_capacity(EndpointConfig(llama_server.url, timeout_s=60), [_chat("Count to five.", 12)], spec)
     elapsed = time.perf_counter() - started
-    # the in-flight requests are cancelled at the budget: the overrun was at most 1.4 s on a loaded 2-core VM (26.4 s for
-    # the whole test), so 10 s holds on a machine 3x slower
+    # the in-flight requests are cancelled at the budget: the overrun was at most 1.4 s on a loaded 2-core VM
+    # (26.4 s for the whole test), so 10 s holds on a machine 3x slower
     assert elapsed < spec.budget_s + 10, f"{elapsed:.1f}s: {result.describe()}"
     assert result.points and result.points[0].passed, result.describe()
     for point in result.points:  # every planned request of a point ended in one counted outcome

@@ -295,3 +295,20 @@ def test_batch_invariance_on_the_first_tokens_is_said(chat_project, monkeypatch)
     bad = run("-k", "test_batch_invariance")
     bad.assert_outcomes(failed=1)
     bad.stdout.fnmatch_lines(["*check_batch_invariance(max_new_tokens=0): give a whole number of tokens >= 1*"])
+
+
+def test_new_weights_are_gated_against_the_accepted_outputs_of_the_weights_before(chat_project, monkeypatch):
+    pytester, run, path = chat_project
+    # the accepted release was another model fingerprint: its folder beside the one this model's outputs would take
+    before = path.parent.parent / "0123456789abcdef"
+    path.parent.rename(before)
+    same = run("-k", "test_regression", "--infergate-json=out.json")
+    same.assert_outcomes(passed=1)
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
+    assert record["path"].startswith(str(before)) and record["compared"] == 8
+    assert record["environment_mismatch"][0].startswith(f"model fingerprint 0123456789abcdef → {path.parent.name}")
+    monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.3")  # new weights whose outputs moved: drift, naming the change
+    drift = run("-k", "test_regression")
+    drift.assert_outcomes(failed=1)
+    drift.stdout.fnmatch_lines(["*8 of 8 golden outputs of fp32 changed: 8 drift*"])
+    assert "model fingerprint 0123456789abcdef →" in drift.stdout.str()

@@ -21,7 +21,13 @@ from pytest_infergate.quality.golden_files import (
     read_outputs,
     write_outputs,
 )
-from pytest_infergate.quality.golden_variants import SAME_MACHINE, path_to_update, recorded_elsewhere, select_accepted
+from pytest_infergate.quality.golden_variants import (
+    SAME_MACHINE,
+    accepted_for_another_model,
+    path_to_update,
+    recorded_elsewhere,
+    select_accepted,
+)
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import RegressionPolicy, parse_policy, policy_violations, resolve_policy
 from pytest_infergate.quality.score_cache import ScoreCache
@@ -208,12 +214,13 @@ class GoldenGate:
         path, match = ((path_to_update(default_path, environment), SAME_MACHINE) if update
                        else select_accepted(default_path, environment))
         old = None
-        if path.exists():
+        if path.exists() and not update:
+            old = self._read_or_fail(path)
+        elif path.exists():
             try:
                 old = read_outputs(path)
-            except GoldenError as exc:
-                if not update:
-                    self.ctx.fail(str(exc))
+            except GoldenError:  # rewritten anyway
+                pass
         backend, why = self.backend()
         if update:
             outputs = self.candidate.to_accept(samples, current)
@@ -225,13 +232,19 @@ class GoldenGate:
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
                                          changes=changes, backend=backend, backend_reason=why))
             return None
+        model_change = ""
+        if old is None and (previous := accepted_for_another_model(default_path)) is not None:
+            path, match = select_accepted(previous, environment)  # the accepted release, before the new weights
+            old = self._read_or_fail(path)
+            model_change = (f"model fingerprint {previous.parent.name} → {default_path.parent.name}: compared with "
+                            "the accepted outputs of the weights before these")
         if old is None:
             message = (f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
                        "commit the file")
             if self.ctx.options.strict:  # under strict a check that cannot run fails
                 self.ctx.fail(message)
             self.ctx.skip(message)
-        mismatch = self._environment_mismatch(old.header, provenance, path)
+        mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
         rules = RegressionPolicy.of(self.policy(policy), self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
@@ -245,10 +258,17 @@ class GoldenGate:
         self.ctx.add_property("infergate.golden.changed", len(regression.changed))
         self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
         if problems or (undecided and self.ctx.options.strict):
-            self.ctx.fail(regression_failure(regression, problems or undecided, path, old.header))
+            self.ctx.fail((f"{model_change}\n" if model_change else "")
+                          + regression_failure(regression, problems or undecided, path, old.header))
         if undecided:
             self.ctx.warn(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
+
+    def _read_or_fail(self, path: Path):
+        try:
+            return read_outputs(path)
+        except GoldenError as exc:
+            self.ctx.fail(str(exc))
 
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)

@@ -81,6 +81,15 @@ def select_accepted(default: Path, environment: dict | None) -> tuple[Path, str 
     return (existing[0] if existing else Path(default)), None
 
 
+def accepted_for_another_model(default: Path) -> Path | None:
+    """The accepted file of the same model name, device and precision recorded for other weights (another model
+    fingerprint folder beside this one's): the accepted release a model upgrade is gated against. The most
+    recently written one; None when there is none."""
+    default = Path(default)
+    others = [path for path in default.parent.parent.glob(f"*/{default.name}") if path.parent != default.parent]
+    return max(others, key=lambda path: (path.stat().st_mtime, path.parent.name)) if others else None
+
+
 def path_to_update(default: Path, environment: dict | None) -> Path:
     """Where --infergate-update-golden writes: this machine's file; the default when it is absent or records no
     kernel path (an older file); a new tagged file when the default belongs to another machine."""
