@@ -191,6 +191,7 @@ class Options:
             raise OptionError(f"--infergate-golden-max-len must be at least 16 tokens, got {self.golden_max_len}")
         if self.history is not None:
             check_folder_path(self.history, "--infergate-history")
+        check_distinct_outputs(self)
         if self.history_keep < 2:
             raise OptionError(f"--infergate-history-keep must keep at least 2 runs, got {self.history_keep}")
         if not str(self.model).strip():
@@ -255,6 +256,19 @@ def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, ap
         raise OptionError(f"--infergate-endpoint-concurrency must be at least 1 (an integer), got {max_concurrency}")
     if api not in ENDPOINT_APIS:
         raise OptionError(f"--infergate-endpoint-api {api!r} is not one of {', '.join(ENDPOINT_APIS)}")
+
+
+def check_distinct_outputs(options: Options) -> None:
+    """Two outputs given one path would leave only the one written last: refused before any test runs."""
+    outputs = [(spec.flag, getattr(options, spec.name)) for spec in OPTION_SPECS
+               if spec.kind in ("output", "folder") and getattr(options, spec.name, None) is not None]
+    seen: dict[Path, str] = {}
+    for flag, path in outputs:
+        resolved = Path(path).expanduser().resolve()
+        if resolved in seen:
+            raise OptionError(f"{seen[resolved]} and {flag} both write {path}: one would overwrite the other; give "
+                              "each output its own path")
+        seen[resolved] = flag
 
 
 def check_output_path(path: Path, flag: str) -> None:

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from pytest_infergate.history import History
 
 
-def write_outputs(results: RunResults, options: Options) -> tuple[list[str], History | None]:
+def write_outputs(results: RunResults, options: Options, interrupted: bool = False
+                  ) -> tuple[list[str], History | None]:
     """Write every output the options ask for. Returns the errors (one line per output not written) and the
-    history when --infergate-history was written, else None."""
+    history when --infergate-history was written, else None. `interrupted` (Ctrl-C, a crash of the session): the
+    baseline is not written, so an accepted one is never replaced by a run that did not finish."""
     from pytest_infergate.atomic import write_json_atomic
 
     history: History | None = None
@@ -26,6 +28,9 @@ def write_outputs(results: RunResults, options: Options) -> tuple[list[str], His
     def save_baseline(path: Path) -> None:
         from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
 
+        if interrupted:
+            raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
+                                 "was: save the baseline from a run that completes")
         save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf})
 
     def record_history(folder: Path) -> None:

@@ -255,7 +255,8 @@ class InfergateSession:
     def _write_outputs(self, session: pytest.Session) -> None:
         from pytest_infergate.outputs import write_outputs
 
-        self.output_errors, self.history = write_outputs(self.results, self.options)
+        interrupted = session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        self.output_errors, self.history = write_outputs(self.results, self.options, interrupted)
         if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

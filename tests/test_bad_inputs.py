@@ -49,6 +49,13 @@ USAGE_ERRORS = [
      "*--infergate-save-baseline afile/b.json: afile is a file*"),
     ("cache-dir-under-a-file", [], ["--infergate-cache-dir=afile/cache"], "*--infergate-cache-dir afile/cache*file*"),
     ("golden-max-len-too-small", [], ["--infergate-golden-max-len=4"], "*--infergate-golden-max-len must be at least*"),
+    # two outputs on one path: only the one written last would survive (issue #32 rows 2 and 3)
+    ("json-and-report-one-path", [], ["--infergate-json=out", "--infergate-report=out"],
+     "*--infergate-report and --infergate-json both write out: one would overwrite the other*"),
+    ("baseline-and-json-one-path", [], ["--infergate-save-baseline=b.json", "--infergate-json=./b.json"],
+     "*--infergate-save-baseline and --infergate-json both write b.json*"),
+    ("history-and-report-one-path", [], ["--infergate-history=h", "--infergate-report=h"],
+     "*--infergate-report and --infergate-history both write h*"),
 ]
 
 
@@ -80,6 +87,45 @@ def test_same_scope_on_two_lines_merges(pytester, run):
 
 
 # ---- baselines: a relative check that cannot run is never silent ------------------------------------------------
+def test_an_interrupted_save_leaves_the_accepted_baseline_untouched(pytester, run, cache_dir):
+    _baseline(pytester, run)
+    accepted = (pytester.path / "base.json").read_text()
+    pytester.makepyfile(BENCH.format(budget="max_regression=0.5") + """
+def test_zz_interrupted():
+    raise KeyboardInterrupt
+""")
+    # in a subprocess: in-process, the interrupt would reach this test session too
+    result = pytester.runpytest_subprocess("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                           "--infergate-precisions=fp32", "-p", "no:cacheprovider",
+                                           "--infergate-save-baseline=base.json")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*--infergate-save-baseline base.json was not written: the run was interrupted*"])
+    assert (pytester.path / "base.json").read_text() == accepted
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda saved: saved.update(entries=list(saved["entries"].values())), "*`entries` must be a mapping*list*"),
+    (lambda saved: [values.clear() for entry in saved["entries"].values()
+                    for values in entry["measurement"]["samples"].values()], "*entry*has no samples*"),
+], ids=["entries-a-list", "empty-samples"])
+def test_a_damaged_baseline_says_what_is_wrong(pytester, run, damage, message):
+    saved = _baseline(pytester, run)
+    damage(saved)
+    (pytester.path / "damaged.json").write_text(json.dumps(saved))
+    result = run("--infergate-baseline=damaged.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
+    from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, save_baseline
+    from pytest_infergate.perf.metrics import Measurement
+
+    with pytest.raises(BaselineError, match=r"have no samples .*: t::all_failed; fix them or deselect them"):
+        save_baseline(tmp_path / "b.json", {"t::all_failed": BaselineEntry({}, Measurement(samples={"ttft_ms": []}))})
+    assert not (tmp_path / "b.json").exists()
+
+
 def test_missing_baseline_entry_warns_and_fails_under_strict(pytester, run):
     saved = _baseline(pytester, run)
     saved["entries"] = {"some_other_test.py::test": next(iter(saved["entries"].values()))}

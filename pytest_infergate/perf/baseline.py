@@ -42,7 +42,12 @@ class BaselineEntry:
 
 
 def save_baseline(path: Path, entries: dict[str, BaselineEntry]) -> None:
-    """entries: measurement key (test id, plus ::label) -> BaselineEntry."""
+    """entries: measurement key (test id, plus ::label) -> BaselineEntry. A measurement without a single sample
+    (every request failed or timed out) is no yardstick: refused, naming it, and nothing is written."""
+    empty = [key for key, entry in entries.items() if not any(entry.measurement.samples.values())]
+    if empty:
+        raise BaselineError(f"{len(empty)} measurement(s) have no samples (every request failed or was rejected): "
+                            f"{', '.join(empty)}; fix them or deselect them before saving a baseline")
     write_json_atomic(path, {"kind": KIND, "schema_version": SCHEMA_VERSION, "created": time.time(),
                              "entries": {key: entry.to_dict() for key, entry in entries.items()}})
 
@@ -75,7 +80,10 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
         hint = (" (written by --infergate-json); a baseline is written by --infergate-save-baseline"
                 if kind == "results" else "; create a baseline with --infergate-save-baseline")
         raise BaselineError(f"--infergate-baseline {path} is a {kind} file, not a baseline file{hint}")
-    if data.get("schema_version") not in READABLE_VERSIONS or not isinstance(data.get("entries"), dict):
+    if data.get("schema_version") in READABLE_VERSIONS and not isinstance(data.get("entries"), dict):
+        raise BaselineError(f"baseline file {path}: `entries` must be a mapping of measurement key to entry, found "
+                            f"{type(data.get('entries')).__name__}; re-create it with --infergate-save-baseline")
+    if data.get("schema_version") not in READABLE_VERSIONS:
         raise BaselineError(f"baseline file {path} has schema version {data.get('schema_version')!r}, this "
                             f"pytest-infergate reads {', '.join(map(str, READABLE_VERSIONS))}; re-create it with "
                             "--infergate-save-baseline")
@@ -86,4 +94,7 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
         except (KeyError, TypeError, ValueError):
             raise BaselineError(f"baseline file {path}: entry {key!r} lacks a measurement or fingerprint; "
                                 "re-create the file with --infergate-save-baseline") from None
+        if not any(entries[key].measurement.samples.values()):
+            raise BaselineError(f"baseline file {path}: entry {key!r} has no samples, so nothing can be compared "
+                                "with it; re-create the file with --infergate-save-baseline")
     return entries
