@@ -43,13 +43,23 @@ def add_defaults(config: pytest.Config, budgets: list[str] = (), quality_policy:
     defaults["infergate_quality_policy"] += list(quality_policy)
 
 
+def failure_message(report: pytest.TestReport) -> str:
+    """A failed test's short message and where it failed: `AssertionError: ... (suites/test_x.py:42)`."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        first = (crash.message or "").strip().splitlines()
+        return f"{first[0] if first else 'failed'} ({crash.path}:{crash.lineno})"
+    text = str(report.longrepr or "").strip().splitlines()
+    return text[-1] if text else f"failed in {report.when}"
+
+
 class InfergateSession:
     def __init__(self, config: pytest.Config, options: Options):
         self.config = config
         self.options = options
         self.is_worker = hasattr(config, "workerinput")
         self.pool = ModelPool(options)
-        self.results = RunResults()
+        self.results = RunResults(strict=options.strict)
         self.baseline = None  # measurement key -> BaselineEntry, with --infergate-baseline
         self.generated: dict = {}  # local models' golden outputs, shared by every gate that needs them
         self.comparisons: dict = {}  # one quality comparison per precision and sample set
@@ -202,6 +212,8 @@ class InfergateSession:
             outcomes = self.results.outcomes
             if report.nodeid not in outcomes or report.outcome != "passed":
                 outcomes[report.nodeid] = "error" if report.when != "call" and report.failed else report.outcome
+            if report.failed:
+                self.results.failures.setdefault(report.nodeid, failure_message(report))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:

@@ -139,7 +139,7 @@ def test_history_folder_keeps_the_latest_runs_atomically(tmp_path):
     loaded, skipped = load_runs([tmp_path])
     assert [r.commit for r in loaded] == ["c04", "c05", "c06", "c07", "c08"]
     assert len(skipped) == 1 and skipped[0].startswith("notes.json")
-    assert all(json.loads(p.read_text())["schema_version"] == 3 for p in tmp_path.glob("2*.json"))
+    assert all(json.loads(p.read_text())["schema_version"] == 4 for p in tmp_path.glob("2*.json"))
 
 
 def test_cli_history_prints_the_table_and_writes_the_page(tmp_path, capsys):

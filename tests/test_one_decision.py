@@ -76,3 +76,41 @@ def test_gate_compare_report_and_history_agree_on_a_recorded_pair(name):
         (first, second) = series.points
         assert first.against_previous == ""
         assert second.against_previous.split(" ")[0] == timed[series.metric].value.upper()
+
+
+def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
+    """One failing plain test, one failing perf gate, one inconclusive perf gate, one golden drift and one skipped
+    golden check (a warning): FAIL, with all five named, in each of the three faces."""
+    from pytest_infergate.results.records import GoldenRecord
+
+    accepted = recorded_run(machine(BASELINE_SPEEDS, seed=1), FINGERPRINT, 1_700_000_000)
+    run = recorded_run(machine(BASELINE_SPEEDS, regression=1.25, seed=2), FINGERPRINT, 1_700_003_600,
+                       gate_against=accepted)
+    busy = recorded_run(machine(SLOW_SPEEDS, seed=3), FINGERPRINT, 1_700_003_600, gate_against=accepted).perf[0]
+    busy.test = "suites/test_speed.py::test_busy[fp32]"
+    run.add(busy)
+    run.add(GoldenRecord("suites/test_golden.py::test_regression[int8]", Status.FAIL, "int8", "golden/x.jsonl",
+                         problems=["drift in 3 of 48 outputs (6.2%), policy max_drift_share 0"]))
+    run.outcomes = {"suites/test_a.py::test_plain": "failed", "suites/test_speed.py::test_chat[fp32]": "failed"}
+    run.failures = {"suites/test_a.py::test_plain": "AssertionError: assert 3 == 4 (suites/test_a.py:7)"}
+    run.warnings = ["suites/test_golden.py::test_regression[nf4]: skipped: no accepted golden outputs at x"]
+    verdict = run.verdict()
+    assert verdict.status == Status.FAIL
+    expected = ["AssertionError: assert 3 == 4 (suites/test_a.py:7)", "suites/test_speed.py::test_chat[fp32]",
+                "suites/test_speed.py::test_busy[fp32]", "drift in 3 of 48 outputs",
+                "no accepted golden outputs at x"]
+    terminal = [line.text for line in summary_lines(run)]
+    assert terminal[-1].startswith("infergate verdict: FAIL")
+    shown = " ".join(unescape(re.sub(r"<[^>]+>", " ", render_report(run))).split())
+    assert shown.index("Verdict: FAIL") < shown.index("Summary")
+    data = run.to_dict()
+    assert list(data)[2:4] == ["verdict", "reasons"] and data["verdict"] == "fail"
+    for text in expected:
+        assert any(text in line for line in terminal), text
+        assert text in shown, text
+        assert any(text in r["message"] or text in r["name"] for r in data["reasons"]), text
+    assert [r["status"] for r in data["reasons"]].count("inconclusive") == 2  # the busy gate and the skipped check
+    # strict: the inconclusive ones fail too; a run with nothing wrong passes
+    run.strict = True
+    assert run.verdict().status == Status.FAIL
+    assert recorded_run(machine(BASELINE_SPEEDS, seed=2), FINGERPRINT, 0).verdict().status == Status.PASS

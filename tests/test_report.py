@@ -245,7 +245,7 @@ def test_undefined_task_ratio_says_why_and_never_reaches_json_as_infinity(result
 
 
 def test_results_carry_run_id_commit_and_fingerprint_and_older_files_still_read(results):
-    assert results["schema_version"] == 3 and re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", results["run_id"])
+    assert results["schema_version"] == 4 and re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", results["run_id"])
     assert len(results["fingerprint"]) == 12 and "commit" in results
     old = copy.deepcopy(results)
     for key in ("run_id", "commit", "fingerprint"):

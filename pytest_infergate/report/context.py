@@ -176,4 +176,5 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
                   "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),
                   "skipped": sum(1 for o in outcomes.values() if o == "skipped")},
         "reference": reference,
+        "verdict": results.verdict(), "verdict_strict": results.strict,
     }

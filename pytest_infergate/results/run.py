@@ -3,7 +3,10 @@
 The JSON shape is versioned: `kind: "results"`, `schema_version` 3 (versions 1, written before `kind` existed, and
 2, before runs carried a run id, commit and environment fingerprint for `infergate history`, are still read).
 Version 3 is strict JSON (see `finite_json`); an older reader that expects a number where version 3 writes null
-is told the version instead of crashing on it.
+is told the version instead of crashing on it. Version 4 opens with the run's one verdict: `verdict` (pass, fail
+or inconclusive; --infergate-strict, recorded as `strict`, turns inconclusive into fail) and `reasons` (one per
+failed or errored test, gate that did not pass and check that did not run: status, what, name, message), and
+keeps each failed test's short message and location under `failures`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from pytest_infergate.results.records import (
 from pytest_infergate.status import Status
 
 KIND = "results"
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 def finite_json(value: Any) -> Any:
@@ -66,6 +69,8 @@ class RunResults:
     models: dict[str, dict] = field(default_factory=dict)  # precision -> load record
     records: list[Record] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed / failed / skipped / error
+    failures: dict[str, str] = field(default_factory=dict)  # nodeid -> short message and location of a failure
+    strict: bool = False  # --infergate-strict: an inconclusive check fails the run
     warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
     run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
     commit: str | None = None  # git commit of the rootdir, when it is a git checkout
@@ -96,6 +101,12 @@ class RunResults:
     def batch_invariance(self) -> list[BatchInvarianceRecord]:
         return self.of_type(BatchInvarianceRecord)
 
+    def verdict(self):
+        """The run's one verdict from every gate and every pytest outcome (results.verdict)."""
+        from pytest_infergate.results.verdict import run_verdict
+
+        return run_verdict(self)
+
     def gate_counts(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {}
         for record in self.records:
@@ -107,11 +118,13 @@ class RunResults:
         if not self.run_id:
             self.run_id = new_run_id(self.started)
         return finite_json({
-            "kind": KIND, "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "commit": self.commit,
+            "kind": KIND, "schema_version": SCHEMA_VERSION, **self.verdict().to_dict(), "strict": self.strict,
+            "run_id": self.run_id, "commit": self.commit,
             "fingerprint": self.fingerprint, "started": self.started,
             "finished": self.finished if self.finished is not None else time.time(),
             "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
-            "outcomes": self.outcomes, "warnings": self.warnings, "gate_counts": self.gate_counts()})
+            "outcomes": self.outcomes, "failures": self.failures, "warnings": self.warnings,
+            "gate_counts": self.gate_counts()})
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "results file") -> RunResults:
@@ -133,4 +146,5 @@ class RunResults:
         return cls(started=data.get("started", 0.0), finished=data.get("finished"),
                    environment=dict(data.get("environment", {})), models=dict(data.get("models", {})),
                    records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])),
+                   failures=dict(data.get("failures", {})), strict=bool(data.get("strict", False)),
                    run_id=str(data.get("run_id") or ""), commit=data.get("commit"))

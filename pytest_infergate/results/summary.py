@@ -239,7 +239,14 @@ def summary_lines(results: RunResults) -> list[Line]:
             getattr(r, "fallback", False) for r in results.records):
         lines.append(Line("infergate: some precisions ran as FALLBACK to the reference precision; their results do "
                           "not measure the requested precision", "red"))
-    return lines
+    return lines + verdict_lines(results)
+
+
+def verdict_lines(results: RunResults) -> list[Line]:
+    """One line per reason, then the run's verdict: the last line, the one a CI log is read from."""
+    verdict = results.verdict()
+    return [Line(f"  {reason.text()}", _color(reason.status)) for reason in verdict.reasons] + [
+        Line(verdict.headline(), _color(verdict.status))]
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -250,7 +257,9 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def summary_markdown(results: RunResults) -> str:
-    lines = ["## pytest-infergate", ""]
+    verdict = results.verdict()
+    lines = ["## pytest-infergate", "", f"**{verdict.headline()}**", ""]
+    lines += [f"- {reason.text()}" for reason in verdict.reasons] + ([""] if verdict.reasons else [])
     for gate, c in results.gate_counts().items():
         lines.append(f"- **{gate}**: {c.get('pass', 0)} pass, {c.get('fail', 0)} fail, "
                      f"{c.get('inconclusive', 0)} inconclusive")

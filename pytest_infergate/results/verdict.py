@@ -1,0 +1,82 @@
+"""The run's one verdict — can this ship? — from every gate and every pytest outcome, computed once and shown
+first by the terminal, the HTML report and the JSON results.
+
+FAIL when a test failed or errored (an xfail-strict that passed is a failure too) or a gate failed; else
+INCONCLUSIVE when a gate could not decide or a check did not run as asked; else PASS. Under --infergate-strict an
+inconclusive run fails, as its gates do."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from pytest_infergate.status import Status
+
+if TYPE_CHECKING:
+    from pytest_infergate.results.run import RunResults
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One thing that made the verdict what it is."""
+
+    status: Status
+    what: str  # "test", "perf gate", "golden gate", "quality gate", "batch invariance", "check not run"
+    name: str  # the test id ("" for a check not run: its message names it)
+    message: str
+
+    def text(self) -> str:
+        return f"{self.status.upper()} {self.what}{' ' + self.name if self.name else ''}: {self.message}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "status": self.status.value}
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    status: Status
+    reasons: list[Reason]
+
+    def headline(self) -> str:
+        counts = {status: sum(1 for r in self.reasons if r.status == status) for status in (Status.FAIL,
+                                                                                             Status.INCONCLUSIVE)}
+        parts = [f"{n} {status.value}" for status, n in counts.items() if n]
+        return f"infergate verdict: {self.status.upper()}" + (f" ({', '.join(parts)})" if parts else "")
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.status.value, "reasons": [reason.to_dict() for reason in self.reasons]}
+
+
+GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
+              "batch_invariance": "batch invariance"}
+
+
+def _record_message(record) -> str:
+    from pytest_infergate.results.records import PerfRecord
+    from pytest_infergate.results.summary import verdict_reasons
+
+    if isinstance(record, PerfRecord):
+        lines = verdict_reasons(record)
+        bad = [line for line in lines if "straddles" in line or ">" in line or "budget" in line] or lines
+        return "; ".join(bad[:3]) or record.status.value
+    problems = list(getattr(record, "problems", []) or []) + list(getattr(record, "undecided", []) or [])
+    return "; ".join(problems[:3]) or record.status.value
+
+
+def run_verdict(results: RunResults) -> RunVerdict:
+    reasons = []
+    for nodeid, outcome in results.outcomes.items():
+        if outcome in ("failed", "error"):
+            message = results.failures.get(nodeid, "")
+            reasons.append(Reason(Status.FAIL, "test" if outcome == "failed" else "test error", nodeid,
+                                  message or outcome))
+    for record in results.records:
+        if record.status != Status.PASS:
+            reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
+                                  _record_message(record)))
+    reasons += [Reason(Status.INCONCLUSIVE, "check not run", "", warning) for warning in results.warnings]
+    status = Status.worst(reason.status for reason in reasons)
+    if results.strict and status == Status.INCONCLUSIVE:
+        status = Status.FAIL
+    order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}
+    return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
