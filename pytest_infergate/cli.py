@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     history = sub.add_parser("history", help="trends across runs: change points and slow creep per test and metric",
                              description="Read the results of many runs (files written by pytest --infergate-json, "
                              "or a folder written by --infergate-history), print where each metric changed level "
-                             "(regressed at run X (commit Y): +N%% with its 95%% CI) or is creeping, and write an "
+                             "(regressed at run X (commit Y): +N% with its 95% CI) or is creeping, and write an "
                              "HTML page of every trend.")
     history.add_argument("results", nargs="+", metavar="RESULTS|DIR")
     history.add_argument("-o", "--output", default="history.html")
@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `infergate summary | head`: the reader left; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (InfergateError, OSError) as exc:
         print(f"infergate: error: {exc}", file=sys.stderr)
         return 2

@@ -316,3 +316,14 @@ def test_backend_and_self_check_cost_are_shown_and_older_files_without_them_read
     assert any(line.startswith("  perf") and perf["test"] + " [backend: hf-generate]:" in line for line in lines)
     page = render(hf)
     assert "Run on HF generate, not the engine" in page and "for fp32 (1 result), because model family" in page
+
+
+def test_cli_output_cut_short_by_a_pipe_and_history_help_have_no_papercuts(results, tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**results, "records": results["records"] * 200}))
+    cli = str(Path(sys.executable).with_name("infergate"))
+    piped = subprocess.run(["bash", "-c", f"'{cli}' summary '{path}' | head -1"], capture_output=True, text=True,
+                           timeout=120)
+    assert piped.stdout.strip() and "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
+    helped = subprocess.run([cli, "history", "--help"], capture_output=True, text=True, timeout=60)
+    assert "+N% with its 95% CI" in " ".join(helped.stdout.split()) and "%%" not in helped.stdout
