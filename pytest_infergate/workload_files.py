@@ -109,7 +109,13 @@ def from_file(path, *, max_new_tokens: int = 64, multi_turn: bool = True, replay
 
 
 def _records(path: Path):
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise WorkloadError(f"workload file {path} line {line} is not UTF-8 text: a workload is UTF-8 JSON Lines "
+                            "(one record per line) or one JSON array") from None
     if text.lstrip().startswith("["):  # a JSON array, as ShareGPT's own files are
         try:
             records = json.loads(text)

@@ -300,3 +300,28 @@ def test_more(infergate_bench, i):
 
     assert records(xdist) == records(serial)
     assert xdist["outcomes"] == serial["outcomes"] and xdist["gate_counts"] == serial["gate_counts"]
+
+
+# ---- issue #32 rows 13, 14, 16: the input named, never a raw library error or a silent pass ----------------------
+def test_a_binary_workload_file_names_the_file_and_line(tmp_path):
+    from pytest_infergate.workload_files import WorkloadError, from_file
+
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(b'{"prompt": "hello"}\n\xff\xfe\x00binary')
+    with pytest.raises(WorkloadError, match=r"workload file .*w.jsonl line 2 is not UTF-8 text"):
+        from_file(path)
+
+
+def test_a_chat_message_without_content_is_refused_at_the_request():
+    from pytest_infergate.engine import Request
+    from pytest_infergate.engine.request import RequestError
+
+    with pytest.raises(RequestError, match=r"messages\[1\]\['content'\] is None"):
+        Request(messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": None}])
+
+
+def test_zero_repeats_is_an_error_not_a_pass(pytester, run):
+    pytester.makepyfile(BENCH.format(budget="tokens_per_s=1").replace("repeats=1", "repeats=0"))
+    result = run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*infergate_bench(repeats=0): take at least one repetition*"])

@@ -110,6 +110,9 @@ def check_messages(messages: Any) -> None:
                                f"chat message needs 'role' and 'content' (got keys {sorted(message)})")
         if not isinstance(message["role"], str):
             raise RequestError(f"Request.messages[{index}]['role'] must be a string, got {message['role']!r}")
+        if message["content"] is None:  # a chat template would fail on it deep inside jinja2
+            raise RequestError(f"Request.messages[{index}]['content'] is None: give the message's text (\"\" for "
+                               "an empty one)")
 
 
 def render_prompt(tokenizer, request: Request) -> list[int]:

@@ -171,6 +171,9 @@ class PerfBench:
                  label: str = "", tags: dict | None = None) -> Measurement:
         from pytest_infergate.engine import EngineConfig
 
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            self.ctx.fail(f"infergate_bench(repeats={repeats!r}): take at least one repetition (repeats >= 1); "
+                          "nothing measured is nothing gated")
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()
         self._skip_unless_runnable(self.loaded, config)
