@@ -13,6 +13,7 @@ from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speed
 from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab, evaluate_perf
 from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
 
 DEFAULT_AB_REGRESSION = 0.10
@@ -117,6 +118,12 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
     ctx.record(record)
     for name, value in record.summary.items():
         ctx.add_property(f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4))
+
+
+def per_round(measurement: Measurement, metric: str) -> list[float]:
+    """One value of `metric` per repetition: a per-request metric's median within each, else its samples."""
+    split = measurement.by_repetition(metric) if METRICS[metric][2] else None
+    return [percentile(xs, 50) for xs in split] if split else measurement.samples[metric]
 
 
 class PerfBench:
@@ -301,7 +308,7 @@ class PerfBench:
         slow, fast = Measurement(label=labels[1]), Measurement(label=labels[0])
         for index in range(rounds):
             run_round(slow, fast, index)
-        result = speedup(name or f"{labels[0]} over {labels[1]}", fast.samples[metric], slow.samples[metric],
+        result = speedup(name or f"{labels[0]} over {labels[1]}", per_round(fast, metric), per_round(slow, metric),
                          higher_is_better=METRICS[metric][1])
         note = (f"one side of a speed experiment, {lockstep.how(refused)}, {rounds} rounds: {result.describe()}; "
                 "compared with the other side, not with a stored baseline")
