@@ -235,9 +235,9 @@ def main() -> int:
                 record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown, env)
                 status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
                 probed = next((v for v in verdicts if v.machine_slowdown), None)
-                extra = (f", machine x{probed.machine_slowdown:.3f} by the probe "
-                         f"({', '.join(sorted({v.normalization for v in verdicts if v.normalization}))})"
-                         if probed else ", not normalized" if env is None else "")
+                why = next((v.note.split(":")[0] for v in verdicts if v.note), "")
+                extra = (f", machine x{probed.machine_slowdown:.3f} by the probe{f' ({why})' if why else ''}"
+                         if probed else ", no probe" if env is None else "")
                 if args.json is not None:
                     dumped.append({"slowdown": slowdown, "trial": trial, "record": record.to_dict()})
                     args.json.write_text(json.dumps({"baseline": {k: e.to_dict() for k, e in (baseline or {}).items()},

@@ -67,7 +67,8 @@ class PerfOutcome:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
             if self.confirmed:
                 lines.append(f"  (a failure was decided again after a fresh block of {self.confirmed} repetitions)")
-            undecided = [v for v in bad if v.status == Status.INCONCLUSIVE]
+            # undecided by the noise alone (a verdict with a note says its own reason: a busy runner, another machine)
+            undecided = [v for v in bad if v.status == Status.INCONCLUSIVE and not v.note]
             if undecided:
                 spread = max((v.high - v.low) / 2 / v.ratio for v in undecided)
                 lines.append(f"  inconclusive: the 95% interval spans about ±{spread:.0%} of the ratio, wider than "
