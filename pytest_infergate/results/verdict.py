@@ -21,7 +21,7 @@ class Reason:
     """One thing that made the verdict what it is."""
 
     status: Status
-    what: str  # "test", "perf gate", "golden gate", "quality gate", "batch invariance", "check not run"
+    what: str  # "test", "perf gate", "golden gate", "quality gate", "batch invariance", "not as asked" (a warning)
     name: str  # the test id ("" for a check not run: its message names it)
     message: str
 
@@ -74,7 +74,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
         if record.status != Status.PASS:
             reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
                                   _record_message(record)))
-    reasons += [Reason(Status.INCONCLUSIVE, "check not run", "", warning) for warning in results.warnings]
+    reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
     status = Status.worst(reason.status for reason in reasons)
     if results.strict and status == Status.INCONCLUSIVE:
         status = Status.FAIL
