@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.results import units
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
 from pytest_infergate.status import Status

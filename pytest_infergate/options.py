@@ -67,6 +67,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "every infergate_bench measurement with a max_regression runs there and here alternately, repetition "
                "by repetition, and is gated as an interleaved A/B - unlike a stored baseline, immune to the machine "
                "being faster or slower than when it was saved", None, "PYTHON"),
+    OptionSpec("baseline_python_timeout", "float", "seconds the --infergate-baseline-python worker may take to start "
+               "(import torch, transformers and pytest-infergate there) before the run stops with an error naming it "
+               "(default 300)", 300.0, "SECONDS"),
     OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
                "inconclusive verdicts (default: warn and report them)", False),
     OptionSpec("compare_model", "str", "a second model for interleaved A/B perf gates (infergate_bench.ab): "
@@ -145,6 +148,7 @@ class Options:
     save_baseline: Path | None = None
     baseline: Path | None = None
     baseline_python: str | None = None
+    baseline_python_timeout: float = 300.0
     strict: bool = False
     compare_model: str | None = None
     golden_dir: Path | None = None
@@ -182,6 +186,9 @@ class Options:
         if self.reference_endpoint is not None and self.endpoint is None:
             raise OptionError("--infergate-reference-endpoint is the reference of --infergate-endpoint: give the "
                               "candidate server with --infergate-endpoint URL too")
+        if not (math.isfinite(self.baseline_python_timeout) and self.baseline_python_timeout > 0):
+            raise OptionError("--infergate-baseline-python-timeout must be positive (a finite number of seconds), got "
+                              f"{self.baseline_python_timeout}")
         if self.baseline_python is not None:
             self._check_baseline_python()
         if self.backend not in BACKENDS:

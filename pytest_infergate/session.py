@@ -92,7 +92,10 @@ class InfergateSession:
     def unused_scope_warnings(self) -> list[str]:
         """The user's scopes that applied to no measurement of a run that measured something (typos like
         `fp23`, or a test id that no longer exists); scopes naming a precision merely not run are fine."""
-        kinds = {"infergate_budgets": self.results.perf, "infergate_quality_policy": self.results.quality}
+        # every gate a quality policy decides: comparisons with the reference, golden regression, batch invariance
+        kinds = {"infergate_budgets": self.results.perf,
+                 "infergate_quality_policy": [*self.results.quality, *self.results.golden,
+                                              *self.results.batch_invariance]}
         out = []
         for option, scoped in ((o, parse_scoped_lines(self.user_lines(o), o)) for o in SCOPED_OPTIONS):
             if not kinds[option]:
@@ -166,7 +169,8 @@ class InfergateSession:
 
         if self._baseline_env is None:
             try:
-                self._baseline_env = BaselineEnv(self.options.baseline_python)
+                self._baseline_env = BaselineEnv(self.options.baseline_python,
+                                                 self.options.baseline_python_timeout)
             except BaselineEnvError as exc:
                 self._baseline_env = exc  # not retried: every test that needs it fails with the same reason
         if isinstance(self._baseline_env, BaselineEnvError):

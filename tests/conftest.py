@@ -39,6 +39,18 @@ def pytest_collection_modifyitems(config, items):
         for item in gpu_tests:
             item.add_marker(skip)
 
+
+@pytest.fixture(autouse=True)
+def _no_load_evidence(request, monkeypatch):
+    """The kernel's evidence of a busy runner (perf.interference) turns a timing failure into an inconclusive one:
+    right on a busy CI runner, and a flake for a test that asserts a failure. Every test reads the runner as
+    quiet (not measured) unless marked `load_evidence`: tests/test_interference.py tests the evidence itself."""
+    if request.node.get_closest_marker("load_evidence") is None:
+        from pytest_infergate.perf import interference
+
+        monkeypatch.setattr(interference, "snapshot", lambda pids: None)
+
+
 CACHE_DIR = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))
 
 

@@ -39,6 +39,9 @@ USAGE_ERRORS = [
      "*infergate_quality_policy line 1*max_mean_kl=inf is not a finite number*"),
     ("same-scope-twice-conflicting", ["infergate_budgets =", "    fp32: tokens_per_s=5", "    fp32: tokens_per_s=7"],
      [], "*infergate_budgets line 2 sets tokens_per_s=7 for scope 'fp32', but infergate_budgets line 1*"),
+    # a fraction's threshold above 1 can never be met: every run would fail at the gate (issue #32 row 8)
+    ("policy-top1-over-one", ["infergate_quality_policy =", "    int8: min_top1=2"], [],
+     "*infergate_quality_policy line 1*min_top1=2* can never be met: top1 is a fraction, at most 1*"),
     ("bool-ini-typo", ["infergate_strict = maybe"], [], "*infergate_strict = 'maybe' is not a boolean*"),
     ("endpoint-timeout-nan", [], ["--infergate-endpoint=http://127.0.0.1:9/v1", "--infergate-endpoint-timeout=nan"],
      "*--infergate-endpoint-timeout must be positive (a finite number of seconds), got nan*"),
@@ -196,6 +199,21 @@ def test_scope_matching_no_test_warns_and_fails_under_strict(pytester, run):
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
 
 
+def test_policy_scope_matching_no_golden_gate_warns_and_fails_under_strict(pytester, run):
+    # only golden regression checks ran: a typo'd scope of the quality policy still warns (issue #32 row 7)
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    fp23: max_drift_share=0.5\n")
+    pytester.mkdir("golden")
+    (pytester.path / "golden" / "mine.jsonl").write_text(
+        json.dumps({"id": "s1", "category": "chat", "prompt": "Name a colour.", "max_new_tokens": 4}) + "\n")
+    pytester.makepyfile(QUALITY)
+    run("--infergate-update-golden").assert_outcomes(passed=1)
+    lenient = run()
+    lenient.assert_outcomes(passed=1)
+    lenient.stdout.fnmatch_lines(["*WARNING infergate_quality_policy: scope 'fp23' (infergate_quality_policy line 1) "
+                                  "matched no test*"])
+    assert run("--infergate-strict").ret == pytest.ExitCode.TESTS_FAILED
+
+
 # ---- outputs: written independently, failures reported --------------------------------------------------------
 def test_one_output_failing_does_not_stop_the_others(pytester, run, monkeypatch):
     from pytest_infergate import report
@@ -271,6 +289,24 @@ def test_cache_file_changed_in_place_is_rebuilt_not_loaded(tmp_path):
     load_model(again, "fp32")  # the rebuilt entry loads
 
 
+def test_cache_file_rotted_with_its_size_and_time_kept_is_rebuilt(tmp_path, monkeypatch):
+    # issue #32 row 19: bit rot, or `cp -p` over it: same size and mtime, so only the contents can tell
+    from pytest_infergate.models import cache, resolve_model
+    from pytest_infergate.models.load import model_fingerprint
+
+    source = resolve_model("tiny-random-llama", tmp_path)
+    weights = os.path.join(source.path, "model.safetensors")
+    good, stat = open(weights, "rb").read(), os.stat(weights)
+    with open(weights, "r+b") as handle:
+        handle.seek(stat.st_size // 2)
+        handle.write(b"\x00\x7f" * 8)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    monkeypatch.setattr(cache, "_VERIFIED", set())  # a new process: nothing verified yet
+    again = resolve_model("tiny-random-llama", tmp_path)
+    assert open(os.path.join(again.path, "model.safetensors"), "rb").read() == good
+    assert model_fingerprint(again) == model_fingerprint(source)
+
+
 # ---- xdist: the controller gets everything a serial run has ------------------------------------------------------
 def test_xdist_results_equal_a_serial_run_but_timings(pytester, run):
     pytester.makepyfile(BENCH.format(budget="tokens_per_s=0.01") + """
@@ -325,3 +361,55 @@ def test_zero_repeats_is_an_error_not_a_pass(pytester, run):
     result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*infergate_bench(repeats=0): take at least one repetition*"])
+
+
+def test_every_request_rejected_fails_the_budget_saying_why(pytester, run):
+    # prompts longer than the engine takes: nothing measured, so a latency budget must not pass (issue #32 row 17)
+    pytester.makepyfile("""
+import pytest
+from pytest_infergate.engine import EngineConfig, Request
+
+@pytest.mark.infergate_budget(ttft_ms_p95=60000)
+def test_speed(infergate_bench):
+    reqs = [Request(prompt_token_ids=[5] * 40, max_new_tokens=4) for _ in range(2)]
+    infergate_bench(reqs, EngineConfig(max_model_len=256, max_input_tokens=16, kv_budget_bytes=8 << 20),
+                    repeats=1, warmup=0)
+""")
+    result = run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*every one of the 2 requests failed (rejected: 2), so no budget can be checked*"])
+
+
+def test_a_prompt_over_the_context_in_a_workload_is_the_message_alone(pytester, run):
+    # issue #32 row 18: the right message came under seven frames of the plugin's traceback
+    pytester.makepyfile("""
+from pytest_infergate.engine import EngineConfig, Request
+
+def test_speed(infergate_bench):
+    reqs = [Request(prompt_token_ids=[5] * 300, max_new_tokens=4)]
+    infergate_bench(reqs, EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=1, warmup=0)
+""")
+    result = run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*infergate_bench for test_*: request 0: prompt has 300 tokens, over the context "
+                                 "window of 256*"])
+    assert "perf/bench.py" not in result.stdout.str() and "engine/limits.py" not in result.stdout.str()
+
+
+def test_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_source):
+    # issue #32 row 20: transformers built a one-token tokenizer from a directory without one, every output garbage
+    import shutil
+    from pathlib import Path
+
+    from pytest_infergate.errors import ModelLoadError
+    from pytest_infergate.models import resolve_model
+
+    own = tmp_path / "my-model"
+    own.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(Path(tiny_source.path) / name, own / name)
+    with pytest.raises(ModelLoadError, match=r"my-model has no tokenizer files \(one of tokenizer.json, "
+                                             r"tokenizer.model.*tokenizer.save_pretrained"):
+        resolve_model(str(own), tmp_path / "cache")
+    shutil.copy(Path(tiny_source.path) / "tokenizer.json", own / "tokenizer.json")
+    assert resolve_model(str(own), tmp_path / "cache").kind == "directory"

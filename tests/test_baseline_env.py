@@ -96,6 +96,22 @@ def test_a_python_without_the_plugin_is_named_with_the_fix(tmp_path):
         BaselineEnv(str(chatty))
 
 
+def test_an_interpreter_that_hangs_at_start_is_stopped_and_named(tmp_path):
+    # issue #32 row 12: pytest waited forever on a worker that never answered
+    import time
+
+    hangs = tmp_path / "python"
+    hangs.write_text("#!/bin/sh\nexec sleep 600\n")
+    hangs.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(BaselineEnvError, match=r"no answer after 1 s while starting.*--infergate-baseline-python-"
+                                               r"timeout"):
+        BaselineEnv(str(hangs), startup_timeout_s=1.0)
+    assert time.monotonic() - started < 60  # not the 600 s the interpreter would have taken
+    with pytest.raises(OptionError, match="--infergate-baseline-python-timeout must be positive"):
+        Options(baseline_python=sys.executable, baseline_python_timeout=0)
+
+
 def test_option_is_checked_before_any_test(tmp_path):
     assert Options(baseline_python=sys.executable).baseline_python == sys.executable
     with pytest.raises(OptionError, match="--infergate-baseline-python 'nope-python' is not an executable Python"):

@@ -108,6 +108,22 @@ def test_a_request_whose_sampling_fails_ends_failed_and_the_engine_goes_on(tiny_
         assert engine.generate([Request(messages=messages(PROMPTS[1]), max_new_tokens=3)])[0].ok
 
 
+def test_a_bad_request_in_a_batch_leaves_the_engine_as_it_was(tiny_fp32):
+    # issue #32 row 15: the good requests before the bad one were queued and ran in the next generate()
+    with Engine(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(max_model_len=64)) as engine:
+        good = Request(prompt_token_ids=[5] * 8, max_new_tokens=2, request_id="kept")
+        too_long = Request(prompt_token_ids=[5] * 80, max_new_tokens=2)
+        with pytest.raises(RequestError, match=r"request 1: prompt has 80 tokens.*nothing of this generate\(\) call "
+                                               r"was queued"):
+            engine.generate([good, too_long])
+        assert not engine.has_unfinished and engine.result("kept") is None
+        duplicate = Request(prompt_token_ids=[6] * 8, max_new_tokens=2, request_id="kept")
+        with pytest.raises(RequestError, match="request 1: request id 'kept' is already in use"):
+            engine.generate([good, duplicate])
+        (result,) = engine.generate([good])  # the id was never taken: re-sent, it runs once
+        assert result.ok and not engine.has_unfinished
+
+
 def test_automatic_request_ids_never_collide_with_user_ids(tiny_fp32):
     with Engine(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(max_model_len=256)) as engine:
         user = engine.submit(Request(prompt="a", max_new_tokens=1, request_id="req-1"))

@@ -182,7 +182,7 @@ def test_failing_runs_are_coloured_and_explained():
                                  violations=[violation])
     history = build_history(runs)
     point = next(s for s in history.series if s.metric == "ttft_ms").points[3]
-    assert point.status == "fail" and point.why == "ttft_ms 1,300 ms > budget 1,000 ms"
+    assert point.status == "fail" and point.why == "ttft_ms 1,300 ms > budget 1,000 ms (30% over budget)"
     assert "ttft_ms 1,300 ms &gt; budget 1,000 ms" in render_history(history)
 
 

@@ -433,13 +433,16 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
 
     class Record:
         violations, relative_check_missing, machine_mismatch, changes = [], "", [], ["torch 2.0 → 2.1"]
+        baseline_provenance = "8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
         verdicts = [Verdict("itl_ms", "inconclusive", 1.15, 1.12, 1.18, 1.1, 50, 23.0, 20.0, (8, 8),
                             machine_slowdown=1.14, repetitions=True,
                             note="as measured it would fail, normalized by level it would pass"),
                     Verdict("tokens_per_s", "pass", 1.0, 0.95, 1.05, 1.1, None, 50.0, 50.0, (8, 8),
                             machine_slowdown=2.0, repetitions=True)]
 
-    itl, tps, changed = verdict_reasons(Record())
+    itl, tps, provenance, changed = verdict_reasons(Record())
+    assert itl.startswith("itl_ms p50 baseline 20 ms → now 23 ms, 15% slower: ×1.15")
+    assert provenance == "baseline: 8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
     # the interval lies above the threshold although the verdict is inconclusive: the line says which, and why
     assert "(CI 1.12–1.18) > ×1.1, least-disturbed repetitions, calibration probe ×1.14: as measured it would fail" \
         in itl

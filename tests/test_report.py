@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from browser import needs_chromium, open_page
 
+from pytest_infergate import units
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.report import render as render_results
-from pytest_infergate.results import RunResults, units
+from pytest_infergate.results import RunResults
 from pytest_infergate.results.summary import summary_markdown as summary_of_results
 
 
@@ -106,8 +107,10 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
                             "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
                             "samples": [5, 5]}]  # written before verdicts said whether they were paired
     html = render(data)
-    assert "tokens_per_s ×2.5 vs baseline (CI 2.1–2.9) &gt; ×1.5, paired by round" in html
-    assert "tokens_per_s ×1.01 vs baseline (CI 0.9–1.1) ≤ ×1.5<" in html
+    # the baseline's figure beside the candidate's, the change in words, then the interval against the threshold
+    assert ("tokens_per_s baseline 100 tok/s → now 40 tok/s, 150% slower: ×2.5 (CI 2.1–2.9) &gt; ×1.5, paired by "
+            "round") in html
+    assert "tokens_per_s baseline 100 tok/s → now 99 tok/s, 1% slower: ×1.01 (CI 0.9–1.1) ≤ ×1.5<" in html
 
 
 def test_render_is_fast(results):

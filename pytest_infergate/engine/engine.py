@@ -280,6 +280,7 @@ class Engine:
         """Run `requests` to completion and return their results in order. A request's `arrival_s` is replayed:
         it is submitted that many seconds after the call starts (0 = all at once)."""
         requests = list(requests)
+        self._check_all(requests)
         start = self.now()
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
         ids: list[str | None] = [None] * len(requests)
@@ -301,6 +302,22 @@ class Engine:
                 # a static/dynamic batch is still forming: wait a little for arrivals or the window to close
                 time.sleep(0.001)
         return [self._results[i] for i in ids]
+
+    def _check_all(self, requests: list[Request]) -> None:
+        """Every request a generate() call would submit, checked before the first is queued: a bad one raises
+        RequestError naming it and the engine is left as it was (nothing queued, no id taken)."""
+        seen: set[str] = set()
+        for index, request in enumerate(requests):
+            try:
+                self.limits.check(request, render_prompt(self.tokenizer, request))
+            except RequestError as exc:
+                raise RequestError(f"request {index}: {exc}; nothing of this generate() call was queued") from None
+            rid = request.request_id
+            if rid is not None and (rid in self._sequences or rid in seen):
+                raise RequestError(f"request {index}: request id {rid!r} is already in use; nothing of this "
+                                   "generate() call was queued")
+            if rid is not None:
+                seen.add(rid)
 
     def run_until_done(self) -> None:
         while self.scheduler.num_unfinished:

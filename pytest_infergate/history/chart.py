@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from html import escape
 
+from pytest_infergate import units
 from pytest_infergate.history.series import History, Series
 from pytest_infergate.report.charts import PAD_B, PAD_L, PAD_R, PAD_T, PALETTE, H, W, frame, scaled, value_text
-from pytest_infergate.results import units
 from pytest_infergate.stats import percentile
 
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700", None: "#57606a"}

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from markupsafe import Markup
 
+from pytest_infergate import units
 from pytest_infergate.history import changepoint
 from pytest_infergate.history.chart import trend_chart
 from pytest_infergate.history.series import Finding, History, findings
 from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.report.context import split_test_id
-from pytest_infergate.results import units
 
 
 def describe(f: Finding) -> str:

@@ -131,7 +131,7 @@ def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> 
     from pytest_infergate.results.compare import decide_pair
 
     verdict = next((v for v in decide_pair(previous, record).verdicts if v.metric == metric), None)
-    return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().split(' → ')[0]}"
+    return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().rsplit(' → ', 1)[0]}"
 
 
 def _segments(points: list[Point]) -> list[Segment]:

@@ -56,6 +56,10 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
                                  "Hugging Face model directory (one saved with save_pretrained)")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ModelLoadError(f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): without them "
+                                 "transformers builds a one-token tokenizer and every output is garbage; save the "
+                                 f"tokenizer next to the model: tokenizer.save_pretrained({str(path)!r})")
         return ModelSource(spec, str(path.resolve()), "directory", path.name)
     looks_like_path = spec.startswith((".", "/", "~")) or path.suffix or spec.count("/") != 1
     if looks_like_path:
@@ -64,6 +68,8 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
 
 
+# a tokenizer's vocabulary, in each of the formats transformers reads (fast, SentencePiece, BPE, WordPiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 
 
@@ -182,6 +188,10 @@ def load_tokenizer(source: ModelSource):
         tokenizer = AutoTokenizer.from_pretrained(source.path)
     except Exception as exc:
         raise ModelLoadError(f"could not load the tokenizer of {source.spec}: {exc}") from exc
+    if len(tokenizer) < 2:
+        raise ModelLoadError(f"the tokenizer of {source.spec} has {len(tokenizer)} token(s): its vocabulary files are "
+                             f"missing or empty (one of {', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
+                             "with it")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # decoder-only batch generation pads on the left

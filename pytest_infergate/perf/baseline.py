@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.perf.fingerprint import machine_text
 from pytest_infergate.perf.metrics import Measurement
 
 KIND = "baseline"
@@ -32,13 +33,22 @@ class BaselineError(InfergateError):
 class BaselineEntry:
     fingerprint: dict
     measurement: Measurement
+    recorded: float = 0.0  # when it was measured (seconds since the epoch; files before 0.3: the file's creation)
 
     def to_dict(self) -> dict:
-        return {"fingerprint": self.fingerprint, "measurement": self.measurement.to_dict()}
+        return {"fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
+                "recorded": self.recorded or time.time()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> BaselineEntry:
-        return cls(dict(data["fingerprint"]), Measurement.from_dict(data["measurement"]))
+    def from_dict(cls, data: dict, created: float = 0.0) -> BaselineEntry:
+        return cls(dict(data["fingerprint"]), Measurement.from_dict(data["measurement"]),
+                   float(data.get("recorded") or created or 0.0))
+
+    def provenance(self) -> str:
+        """"8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs, 2 threads, cpu"."""
+        when = (time.strftime(" %Y-%m-%d %H:%M UTC", time.gmtime(self.recorded)) if self.recorded else "")
+        return (f"{self.measurement.repetitions} repetitions, recorded{when} on "
+                f"{machine_text(self.fingerprint)}")
 
 
 def save_baseline(path: Path, entries: dict[str, BaselineEntry]) -> None:
@@ -90,7 +100,7 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
     entries = {}
     for key, entry in data["entries"].items():
         try:
-            entries[key] = BaselineEntry.from_dict(entry)
+            entries[key] = BaselineEntry.from_dict(entry, created=float(data.get("created") or 0.0))
         except (KeyError, TypeError, ValueError):
             raise BaselineError(f"baseline file {path}: entry {key!r} lacks a measurement or fingerprint; "
                                 "re-create the file with --infergate-save-baseline") from None

@@ -16,6 +16,7 @@ process waits (the two never run at once).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -80,7 +81,7 @@ class Workload:
 class BaselineEnv:
     """The worker process of one baseline environment."""
 
-    def __init__(self, python: str):
+    def __init__(self, python: str, startup_timeout_s: float = 300.0):
         self.python = resolve_python(python)
         self._stderr = tempfile.TemporaryFile(mode="w+", prefix="infergate-baseline-env-")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -92,7 +93,7 @@ class BaselineEnv:
             raise BaselineEnvError(f"{FLAG} {self.python}: cannot start it: {exc}") from None
         self.model_records: dict[str, dict] = {}  # precision -> the worker's LoadRecord of that model, as a dict
         try:
-            hello = self._read("starting")
+            hello = self._read("starting", timeout_s=startup_timeout_s)
         except BaselineEnvError:
             self.close()  # a worker that wrote something else first may still be running
             raise
@@ -110,7 +111,14 @@ class BaselineEnv:
         self._stderr.seek(0, os.SEEK_END)
         return text[-STDERR_TAIL:].strip()
 
-    def _read(self, doing: str) -> dict[str, Any]:
+    def _read(self, doing: str, timeout_s: float | None = None) -> dict[str, Any]:
+        if timeout_s is not None and not self._answers_within(timeout_s):
+            self._process.kill()
+            self._process.wait()
+            raise BaselineEnvError(f"{FLAG} {self.python}: no answer after {timeout_s:g} s while {doing} (the "
+                                   "interpreter hangs, or importing torch there is that slow): check that it runs "
+                                   "`python -m pytest_infergate.perf.env_worker`, or raise "
+                                   f"--infergate-baseline-python-timeout\n{self._stderr_tail()}")
         line = self._process.stdout.readline()
         if not line:
             code = self._process.wait()
@@ -124,6 +132,11 @@ class BaselineEnv:
             return decode(line, f"the baseline environment's worker ({self.python})")
         except WireError as exc:
             raise BaselineEnvError(str(exc)) from None
+
+    def _answers_within(self, timeout_s: float) -> bool:
+        """Whether the worker writes (or ends) within `timeout_s`; nothing read yet, so the pipe has no buffer."""
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout_s)
+        return bool(ready)
 
     def ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
         try:

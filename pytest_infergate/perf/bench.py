@@ -4,6 +4,7 @@ model: engine.backends) and turn what happened into a Measurement."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
-from pytest_infergate.perf import calibration
+from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 from pytest_infergate.perf.sessions import (
     PREFIX_CACHE_KEY,
@@ -92,10 +93,13 @@ class Bench:
         sampler = self.sampler() if probe else None
         engine, workload = self.begin_repetition(requests, config, warmup)
         first = sampler.probe_now() if sampler is not None else None
+        ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
+        before = interference.snapshot(ours)
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
+        self._others_after(before, ours, into)
         if probe:
             self._probe_after(sampler, first, into)
         self.record_repetition(into, engine, workload, results, wall, peak.result)
@@ -111,6 +115,15 @@ class Bench:
         engine.peak_kv_blocks = 0
         engine.reset_prefix_cache()  # every repetition starts cold; the warm-up must not serve the workload
         return engine, fresh_copies(requests, next(self._runs))
+
+    def _others_after(self, before, ours: list[int], into: Measurement) -> None:
+        """What other processes took of the machine during the repetition; one repetition not measured leaves the
+        whole measurement unmeasured (the gate then has no evidence either way)."""
+        share = interference.others_share(before, interference.snapshot(ours))
+        if share is not None and len(into.others_share) == into.repetitions:
+            into.others_share.append(share)
+        else:
+            into.others_share = []
 
     def _probe_after(self, sampler, first, into: Measurement) -> None:
         """The machine's speed over a repetition: the probes from right before to right after it."""
@@ -155,7 +168,11 @@ class Bench:
                        "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "cuda_graphs_mb": pool / MIB,
                        "peak_mb": attributable / MIB,
                        "process_peak_mb": peak.peak_bytes / MIB, "method": peak.method}
-        into.engine = {**engine.config.to_dict(), "backend": engine.name,
+        failed = dict(into.engine.get("failed_requests") or {})  # why requests failed, over every repetition
+        for r in results:
+            if not r.ok and not r.is_warmup:
+                failed[r.finish_reason.value] = failed.get(r.finish_reason.value, 0) + 1
+        into.engine = {**engine.config.to_dict(), "backend": engine.name, "failed_requests": failed,
                        "kv_bytes_per_token": engine.kv_bytes_per_token,
                        "degradations": [e.__dict__ for e in engine.events]}
         if graphs is not None:  # the HF generate backend has none

@@ -14,9 +14,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pytest_infergate import units
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.metrics import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
+from pytest_infergate.status import Status
 
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")
 _DIRECTION = re.compile(r"^(?P<bound>min|max)_(?P<metric>[a-z0-9_]+)$")
@@ -142,6 +144,13 @@ class Violation:
     percentile: float | None
     samples: int
     higher_is_better: bool
+    # why this breach is no verdict on the code: a budget exceeded by time while other processes kept the runner
+    # busy (perf.interference); the breach is then inconclusive, a failure only under --infergate-strict
+    undecided: str = ""
+
+    @property
+    def status(self) -> Status:
+        return Status.INCONCLUSIVE if self.undecided else Status.FAIL
 
     @property
     def margin(self) -> float:
@@ -150,11 +159,30 @@ class Violation:
             return (self.limit - self.measured) / self.limit
         return (self.measured - self.limit) / self.limit
 
+    def shortfall(self) -> str:
+        """How far past the budget, as a person says it: "12% over budget", "38% below budget", "x14,100 the
+        budget" (a time many times over), "x0.0002 of the budget" (a throughput far below)."""
+        if self.limit <= 0 or self.measured <= 0:
+            return f"{'below' if self.higher_is_better else 'over'} budget"
+        times = self.measured / self.limit
+        if self.higher_is_better:
+            if times >= 0.01:
+                return f"{units.percent(1.0 - times)} below budget"
+            return f"{units.ratio(times)} of the budget"
+        return f"{units.percent(times - 1.0)} over budget" if times < 2 else f"{units.ratio(times)} the budget"
+
+    def _value(self, value: float) -> str:
+        """In the key's unit as every table prints it (a direction prefix such as `min_` keeps the unit)."""
+        if units.metric_unit(self.key):
+            return units.metric_value(self.key, value)
+        return f"{units.number(value)} {self.unit}".strip()
+
     def describe(self) -> str:
         bound = ">=" if self.higher_is_better else "<="
         where = f"p{self.percentile:g} " if self.percentile else ""
-        return (f"{self.key}: measured {where}{self.measured:.4g} {self.unit}, budget {bound} {self.limit:.4g} "
-                f"{self.unit} (off by {self.margin:+.1%}, n={self.samples})")
+        return (f"{self.key}: measured {where}{self._value(self.measured)}, budget {bound} "
+                f"{self._value(self.limit)} ({self.shortfall()}, n={self.samples})"
+                + (f"; inconclusive because {self.undecided}" if self.undecided else ""))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "margin": self.margin}

@@ -142,6 +142,10 @@ class Sampler:
                 self._ended = True
                 self._arrived.notify_all()
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def probe_now(self, timeout_s: float = 60.0) -> float | None:
         """Run the probe now and wait for it; returns when it began, or None when the sampler does not answer
         (numpy missing, the child gone): the repetition is then not calibrated."""

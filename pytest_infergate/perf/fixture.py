@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
-from pytest_infergate.perf import lockstep
-from pytest_infergate.perf.budget import Budget, check_budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf import interference, lockstep
+from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
-from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.gate import PerfOutcome, budget_violations, by_repetition, evaluate_ab, evaluate_perf
 from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
@@ -48,6 +48,12 @@ def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
 def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tuple[Budget, list[str]]:
     """`budget` without the keys `record.measurement` has no figure for (e.g. peak_mem_mb of a remote server,
     goodput_per_s of the local engine), each warned about; returns it and those keys."""
+    m = record.measurement
+    if budget.limits and not record.is_endpoint and m.num_requests and m.num_failed >= m.num_requests:
+        why = ", ".join(f"{reason}: {count}" for reason, count in (m.engine.get("failed_requests") or {}).items())
+        ctx.fail(f"infergate perf gate for {record.test}: every one of the {m.num_requests} requests failed"
+                 f"{f' ({why})' if why else ''}, so no budget can be checked; a rejected request's prompt is "
+                 "longer than the engine takes (max_input_tokens / max_model_len) or its KV cannot fit")
     unmeasured = [limit.key for limit in budget.limits if not record.measurement.samples.get(limit.metric)]
     if unmeasured:
         budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
@@ -78,6 +84,11 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
                             remeasure=remeasure, baseline_given=ctx.baseline is not None)
     finish_gate(ctx, record, outcome, budget, unmeasured)
+    busy = interference.busy(record.measurement.others_share)
+    if ctx.options.save_baseline is not None and busy is not None:
+        ctx.warn(f"{key}: this baseline entry was measured on a busy runner ({interference.describe(busy)}); a "
+                 "later run on a quiet runner will read faster and its verdict will be inconclusive — re-save the "
+                 "baseline on a quiet runner")
     return outcome
 
 
@@ -87,8 +98,8 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
     if outcome.relative_check_missing and not ctx.options.strict:
         ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
     if outcome.status == "inconclusive":
-        ctx.warn(f"{key}: inconclusive against the baseline after {outcome.remeasured} re-measurements:\n"
-                 f"{outcome.message()}")
+        again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
+        ctx.warn(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
 
 
 def finish_ab(ctx: TestContext, key: str, record: PerfRecord, outcome: PerfOutcome, budget, against: str,
@@ -115,6 +126,9 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
     record.machine_mismatch, record.changes = outcome.machine_mismatch, outcome.changes
     record.remeasured = outcome.remeasured
     record.relative_check_missing = outcome.relative_check_missing
+    if outcome.baseline_provenance:  # a stored baseline: its figures beside this run's in every output
+        record.baseline_provenance = outcome.baseline_provenance
+        record.baseline_summary = outcome.baseline.summary()
     ctx.record(record)
     for name, value in record.summary.items():
         ctx.add_property(f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4))
@@ -177,6 +191,7 @@ class PerfBench:
     def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
                  label: str = "", tags: dict | None = None) -> Measurement:
         from pytest_infergate.engine import EngineConfig
+        from pytest_infergate.engine.request import RequestError
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             self.ctx.fail(f"infergate_bench(repeats={repeats!r}): take at least one repetition (repeats >= 1); "
@@ -190,8 +205,12 @@ class PerfBench:
             if budget.max_regression is not None:
                 return self._against_baseline_env(key, budget, requests, config, warmup, max(repeats, ENV_MIN_ROUNDS),
                                                   label, tags)
-        measurement = self.bench.measure(requests, config, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
-                                         min_time_s=min_time_s, label=label)
+        try:
+            measurement = self.bench.measure(requests, config, warmup=warmup,
+                                             repeats=repetitions_for(self.ctx, repeats), min_time_s=min_time_s,
+                                             label=label)
+        except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
+            self.ctx.fail(f"infergate_bench for {key}: {exc}")
         outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),
                                    remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         self.measurements.append(measurement)
@@ -230,7 +249,7 @@ class PerfBench:
         b.label = label
         result = self._record(key, label, b, config, tags)
         budget, unmeasured = measured_budget(self.ctx, result, budget)
-        outcome.violations = check_budget(b, budget)
+        outcome.violations = budget_violations(b, budget)
         result.baseline_summary = outcome.baseline.summary()
         note = (f"{lockstep.how(refused)} against the {env.describe(library_versions())}, "
                 f"{outcome.baseline.repetitions} rounds")
@@ -316,7 +335,7 @@ class PerfBench:
             key = self.ctx.measurement_key(label)
             record = self._record(key, label, measured, each, tags)
             budget, unmeasured = measured_budget(self.ctx, record, budget_for(self.ctx, self.precision, key))
-            outcome = PerfOutcome(violations=check_budget(measured, budget))
+            outcome = PerfOutcome(violations=budget_violations(measured, budget))
             record.notes = [note]
             finish_gate(self.ctx, record, outcome, budget, unmeasured)
             self.measurements.append(measured)

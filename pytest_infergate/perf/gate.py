@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from pytest_infergate.perf import calibration
+from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
@@ -36,15 +36,17 @@ class PerfOutcome:
     # a relative check was asked for (max_regression) but could not run; a warning, a failure under strict
     relative_check_missing: str = ""
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run)
+    baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
     confirmed: int = 0  # repetitions of the fresh block a failure against a stored baseline was re-measured with
 
     @property
     def status(self) -> Status:
-        if self.violations or any(v.status == Status.FAIL for v in self.verdicts):
+        checks = [v.status for v in self.violations] + [v.status for v in self.verdicts]
+        if Status.FAIL in checks:
             return Status.FAIL
         if self.strict and self.relative_check_missing:
             return Status.FAIL
-        if any(v.status == Status.INCONCLUSIVE for v in self.verdicts):
+        if Status.INCONCLUSIVE in checks:
             return Status.FAIL if self.strict else Status.INCONCLUSIVE
         return Status.PASS
 
@@ -55,13 +57,18 @@ class PerfOutcome:
     def message(self) -> str:
         lines = []
         if self.violations:
-            lines.append(f"{len(self.violations)} budget(s) exceeded:")
+            undecided = sum(1 for v in self.violations if v.undecided)
+            lines.append(f"{len(self.violations)} budget(s) exceeded"
+                         + (f" ({undecided} inconclusive: the runner was busy)" if undecided else "") + ":")
             lines += ["  " + v.describe() for v in self.violations]
         bad = [v for v in self.verdicts if v.status != Status.PASS]
         if bad:
-            lines.append("regression against the baseline:")
-            what = ", ".join(self.changes) if self.changes else "nothing under test changed"
-            lines += [f"  {what}: {v.headline()}" for v in bad]
+            lines.append("regression against the baseline"
+                         + (f" ({self.baseline_provenance})" if self.baseline_provenance else "") + ":")
+            # against a stored baseline, what changed since it was saved (an A/B run names its sides elsewhere)
+            what = (", ".join(self.changes) if self.changes else "nothing under test changed") + ": " \
+                if self.baseline_provenance else ""
+            lines += [f"  {what}{v.headline()}" for v in bad]
             lines += ["    " + v.describe() for v in bad]
             if self.remeasured:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
@@ -91,7 +98,7 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
     `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run.
     What under test changed since the baseline (model, libraries, engine config) is compared and named; a
     baseline from another machine makes the timing verdicts inconclusive, naming the difference."""
-    outcome = PerfOutcome(violations=check_budget(measurement, budget), strict=strict)
+    outcome = PerfOutcome(violations=budget_violations(measurement, budget), strict=strict)
     if baseline_entry is None:
         if budget.max_regression is not None:
             outcome.relative_check_missing = (
@@ -107,12 +114,15 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
     outcome.machine_mismatch = [change.describe() for change in diff.machine]
     outcome.changes = [change.describe() for change in diff.under_test]
     outcome.baseline = baseline = baseline_entry.measurement
+    outcome.baseline_provenance = baseline_entry.provenance()
 
     def decide() -> list[Verdict]:
         return judged(compare_measurements(measurement, baseline, budget, stored_baseline=True), diff)
 
     outcome.verdicts = decide()
-    while (remeasure is not None and outcome.remeasured < max_remeasure
+    # more repetitions on a runner the kernel saw busy would take minutes to say the same (perf.interference)
+    busy_now = interference.busy(measurement.others_share) is not None
+    while (remeasure is not None and outcome.remeasured < max_remeasure and not busy_now
            and any(v.status == Status.INCONCLUSIVE and not machine_bound(v, diff) for v in outcome.verdicts)):
         remeasure()
         outcome.remeasured += 1
@@ -121,6 +131,28 @@ def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, b
         confirm_failure(outcome, measurement, remeasure, decide)
     outcome.notes.append(calibration_note(measurement, baseline, outcome.verdicts))
     return outcome
+
+
+def budget_violations(measurement: Measurement, budget: Budget) -> list[Violation]:
+    """The budgets `measurement` breaks. A breach made by time while other processes kept the runner busy
+    (perf.interference) is inconclusive with that reason, not a failure: the figure measured the machine's load
+    as much as the code — unless it is worse than the load can explain. A breach of memory, counts or rates of
+    success stands whatever the load."""
+    violations = check_budget(measurement, budget)
+    share = interference.busy(measurement.others_share)
+    if share is None:
+        return violations
+    metric_of = {limit.key: limit.metric for limit in budget.limits}
+    bound = interference.explainable_slowdown(share)
+    out = []
+    for v in violations:
+        worse, better = (v.limit, v.measured) if v.higher_is_better else (v.measured, v.limit)
+        times = worse / better if better > 0 else float("inf")  # how many times worse than the budget
+        if calibration.normalizes(metric_of.get(v.key, "")) and times <= bound:
+            v = replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the measurement, "
+                                     f"which can explain a time up to x{bound:.1f} too slow; rerun on a quiet runner")
+        out.append(v)
+    return out
 
 
 def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:

@@ -64,6 +64,9 @@ class Measurement:
     # a steadier reading of the machine's level than the probes during it, which compete with the workload for
     # the cores. Empty in baselines saved before it was recorded.
     probe_quiet_s: list[float] = field(default_factory=list)
+    # Per repetition, the share of the machine's CPU time other processes took while it ran (perf.interference):
+    # the direct evidence of a busy runner. Empty where not measured (not Linux, older baselines, endpoints).
+    others_share: list[float] = field(default_factory=list)
     repetition_ends: dict[str, list[int]] = field(default_factory=dict)
 
     def value(self, metric: str, pct: float | None = 50) -> float:

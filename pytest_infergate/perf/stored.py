@@ -21,12 +21,16 @@ Two kinds of noise, handled apart:
   busy runner), a failure as measured still holds and anything else is inconclusive, saying the baseline should
   be re-saved on a quiet runner. Neither a failure nor a pass is ever made by the probe. Within the band the
   sides are compared as measured; where normalizing by the probe would decide the other way, inconclusive.
+- *Direct evidence of a busy runner* (perf.interference: the share of the machine's CPU time other processes took
+  during each repetition, from the kernel's counters) comes first where a side has it: the same one-sided rule,
+  naming how busy the runner was, and a failure stands on a busy runner only when worse than the load can explain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
 from pytest_infergate.status import Status
@@ -42,6 +46,7 @@ class Side:
     costs: list[float]
     during: list[float]  # the probe's time during each repetition (empty: not calibrated)
     quiet: list[float]  # before and after each repetition, no workload running (empty: not recorded)
+    others: list[float] = field(default_factory=list)  # per repetition, the machine's share other processes took
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,9 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     costs = [1.0 / v for v in values] if METRICS[metric][1] else values
     calibrated = probed and len(measurement.probe_s) == len(reps) and min(measurement.probe_s) > 0
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
+    others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
-                list(measurement.probe_quiet_s) if calibrated and quiet else [])
+                list(measurement.probe_quiet_s) if calibrated and quiet else [], others)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -154,6 +160,9 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     measured = as_measured(candidate, baseline)
     status = measured.status(threshold)
     change = machine_change(candidate, baseline)
+    busy = busy_sides(candidate, baseline, measured, status)
+    if busy is not None:
+        return StoredVerdict(busy[0], measured, change, busy[1])
     adjusted = normalized(candidate, baseline) if change is not None else None
     if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
@@ -176,6 +185,30 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
                              f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
                              f"speed (probe x{change.ratio:.3f}) it would {other} (x{adjusted.ratio:.3f})")
     return StoredVerdict(status, measured, change, "")
+
+
+def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status) -> tuple[Status, str] | None:
+    """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
+    direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
+    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
+    now, then = interference.busy(candidate.others), interference.busy(baseline.others)
+    if now is None and then is None:
+        return None
+    if now is not None and then is None:
+        if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
+            return status, ""  # passed despite the load, or slower than the load can explain
+        return Status.INCONCLUSIVE, (f"the runner was busy: {interference.describe(now)} during this run, so a "
+                                     f"slowdown as measured (x{measured.ratio:.3f}) cannot be told from the machine's "
+                                     "load; rerun on a quiet runner")
+    if then is not None and now is None:
+        if status == Status.FAIL:
+            return status, ""
+        return Status.INCONCLUSIVE, (f"the baseline was saved on a busy runner: {interference.describe(then)} "
+                                     f"while it was measured, so this run being no slower (x{measured.ratio:.3f}) "
+                                     "says nothing; re-save the baseline on a quiet runner")
+    return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
+                                 f"run and {interference.describe(then).removeprefix('other processes took ')} "
+                                 "while the baseline was saved; re-save the baseline and rerun on a quiet runner")
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:

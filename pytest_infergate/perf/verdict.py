@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pytest_infergate import units
 from pytest_infergate.perf import calibration, stored
 from pytest_infergate.perf.budget import Budget
 from pytest_infergate.perf.metrics import METRICS, Measurement
@@ -51,10 +52,24 @@ class Verdict:
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
 
     def headline(self) -> str:
-        """One line a reviewer reads: metric, ratio with its interval, the threshold, the verdict."""
+        """One line a reviewer reads: metric, ratio with its interval and the threshold, the baseline's figure
+        beside the candidate's with the change said in words, the verdict."""
         where = f" p{self.percentile}" if self.percentile else ""
         return (f"{self.metric}{where} slowdown x{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"(threshold x{self.threshold:.3f}) → {self.status.upper()}")
+                f"(threshold x{self.threshold:.3f}): baseline {units.metric_value(self.metric, self.baseline)} → "
+                f"now {units.metric_value(self.metric, self.candidate)}, {self.change_in_words()} "
+                f"→ {self.status.upper()}")
+
+    def change_in_words(self) -> str:
+        """"12% slower", "3% faster", "8% more memory": the ratio (>1 worse) said for the metric's kind."""
+        worse, better = {"ms": ("slower", "faster"), "s": ("slower", "faster"), "MiB": ("more memory", "less memory")
+                         }.get(METRICS[self.metric][0], ("slower", "faster") if METRICS[self.metric][1]
+                                                          else ("worse", "better"))
+        if abs(self.ratio - 1.0) < 0.0005:
+            return "unchanged"
+        if self.ratio > 1:
+            return f"{units.percent(self.ratio - 1.0)} {worse}"
+        return f"{units.percent(1.0 - self.ratio)} {better}"
 
     def to_dict(self) -> dict:
         return asdict(self)

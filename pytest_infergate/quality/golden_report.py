@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_infergate import units
 from pytest_infergate.quality.metrics import describe_sample
-from pytest_infergate.results import units
 
 SHOWN = 5  # samples shown per list; the record has all of them
 

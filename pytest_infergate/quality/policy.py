@@ -29,6 +29,9 @@ REGRESSION_KEYS = ("exact", "max_drift_share", "max_accepted_kl", "near_tie_marg
 BATCH_KEYS = ("max_batch_variant_share",)
 FLAG_KEYS = ("exact", "same_environment", "gate_other_machine")  # 0 or 1
 SHARE_KEYS = ("max_drift_share", "max_batch_variant_share")  # 0..1
+# figures that are fractions of the samples or tokens: a threshold above 1 can never be met (min_) or never
+# be broken (max_), so it is a typo, not a policy
+FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1")
 POLICY_KEYS = (*AGGREGATE_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
 
 # Defaults of the regression gate, from the measurements in the README ("Golden regression gate"): a changed sample
@@ -65,6 +68,9 @@ def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> di
             raise QualityPolicyError(f"{where}: {key}={value!r} is a switch: 1 (on) or 0 (off)")
         if key in SHARE_KEYS and value > 1:
             raise QualityPolicyError(f"{where}: {key}={value!r} is a share of the samples, between 0 and 1")
+        if key in FRACTION_KEYS and value > 1:
+            raise QualityPolicyError(f"{where}: {key}={value!r} can never be met: {AGGREGATE_KEYS[key][0]} is a "
+                                     "fraction, at most 1 (e.g. 0.9 for 90%)")
         policy[key] = float(value)
     return policy
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pytest_infergate import units
 from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, GoldenSample
 from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
 from pytest_infergate.quality.policy import RegressionPolicy
 from pytest_infergate.quality.scoring import score_rows, teacher_forced, topk_kl
-from pytest_infergate.results import units
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pytest_infergate.results import units
+from pytest_infergate import units
 from pytest_infergate.results.run import RunResults
 
 

@@ -1,12 +1,12 @@
 """Inline SVG charts. Plain strings built from numbers; every label goes through escape(). Axes have round ticks
-(1/2/5 × 10^k) labelled like the tables (results/units.py); a ms or MiB axis whose values run past 10 s or
+(1/2/5 × 10^k) labelled like the tables (pytest_infergate/units.py); a ms or MiB axis whose values run past 10 s or
 10 GiB is drawn in s or GiB."""
 
 from __future__ import annotations
 
 from html import escape
 
-from pytest_infergate.results import units
+from pytest_infergate import units
 
 PALETTE = ("#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00")
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 560, 240, 56, 40, 28, 12

@@ -7,6 +7,7 @@ import datetime as dt
 
 from markupsafe import Markup, escape
 
+from pytest_infergate import units
 from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.quality.metrics import SampleQuality
 from pytest_infergate.report.diagnosis import diagnose
@@ -20,7 +21,6 @@ from pytest_infergate.report.serving import (
     prefix_cache_detail,
     server_metric_rows,
 )
-from pytest_infergate.results import units
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
@@ -60,7 +60,7 @@ def _cell_status(record: PerfRecord) -> dict[str, str]:
     """Each figure column the gates checked: its worst verdict (a broken budget is a fail)."""
     found: dict[str, list[Status]] = {}
     for v in record.violations:
-        found.setdefault(column(v.key), []).append(Status.FAIL)
+        found.setdefault(column(v.key), []).append(v.status)
     for v in record.verdicts:
         found.setdefault(column(v.metric, v.percentile), []).append(v.status)
     return {key: Status.worst(statuses).value for key, statuses in found.items()}

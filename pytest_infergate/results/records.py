@@ -48,7 +48,8 @@ class PerfRecord:
     changes: list[str] = field(default_factory=list)  # what under test changed since the baseline ("torch a → b")
     remeasured: int = 0
     relative_check_missing: str = ""
-    baseline_summary: dict | None = None  # side A of an interleaved A/B run
+    baseline_summary: dict | None = None  # side A of an interleaved A/B run, or the stored baseline's figures
+    baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
 
     @property
     def summary(self) -> dict[str, float]:
@@ -66,7 +67,8 @@ class PerfRecord:
                 "summary": self.summary, "violations": [v.to_dict() for v in self.violations],
                 "verdicts": [v.to_dict() for v in self.verdicts], "notes": self.notes,
                 "machine_mismatch": self.machine_mismatch, "changes": self.changes, "remeasured": self.remeasured,
-                "relative_check_missing": self.relative_check_missing, "baseline_summary": self.baseline_summary}
+                "relative_check_missing": self.relative_check_missing, "baseline_summary": self.baseline_summary,
+                "baseline_provenance": self.baseline_provenance}
 
     @classmethod
     def from_dict(cls, data: dict) -> PerfRecord:
@@ -84,7 +86,8 @@ class PerfRecord:
                    changes=list(data.get("changes", [])),
                    remeasured=int(data.get("remeasured", 0)),
                    relative_check_missing=data.get("relative_check_missing", ""),
-                   baseline_summary=data.get("baseline_summary"))
+                   baseline_summary=data.get("baseline_summary"),
+                   baseline_provenance=str(data.get("baseline_provenance") or ""))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_infergate.results import units
+from pytest_infergate import units
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
@@ -84,7 +84,7 @@ def budget_metric(key: str) -> str:
 def metric_status(record: PerfRecord, metric: str) -> Status | None:
     """What the gates said about one metric of a measurement: its budgets and its baseline verdict; None when
     nothing checked it."""
-    statuses = [Status.FAIL for v in record.violations if budget_metric(v.key) == metric]
+    statuses = [v.status for v in record.violations if budget_metric(v.key) == metric]
     statuses += [v.status for v in record.verdicts if v.metric == metric]
     gated = statuses or any(budget_metric(k) == metric for k in record.budget if k != "max_regression")
     return Status.worst(statuses) if gated else None
@@ -97,18 +97,23 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
     for v in record.violations:
         bound = "<" if v.higher_is_better else ">"
         reasons.append(f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget "
-                       f"{units.metric_value(v.key, v.limit)}")
+                       f"{units.metric_value(v.key, v.limit)} ({v.shortfall()})"
+                       + (f": inconclusive, {v.undecided}" if v.undecided else ""))
     for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
         where = f" p{v.percentile}" if v.percentile else ""
         # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
         relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold),
                                                           "straddles")
-        reasons.append(f"{v.metric}{where} {units.ratio(v.ratio)} vs baseline (CI {units.number(v.low)}–"
-                       f"{units.number(v.high)}) {relation} {units.ratio(v.threshold)}"
+        reasons.append(f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
+                       f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
+                       f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
+                       f"{units.ratio(v.threshold)}"
                        + (", paired by round" if v.paired else "")
                        + (", least-disturbed repetitions" if v.repetitions else "")
                        + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
                        + (f": {v.note}" if v.note else ""))
+    if record.baseline_provenance:
+        reasons.append(f"baseline: {record.baseline_provenance}")
     if record.relative_check_missing:
         reasons.append(f"no baseline comparison: {record.relative_check_missing}")
     if record.machine_mismatch:

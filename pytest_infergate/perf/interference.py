@@ -1,0 +1,108 @@
+"""How much of the machine other processes took while a repetition ran: the direct evidence of a busy runner.
+
+A timing cannot tell a slow change from a busy machine; the kernel can. Linux counts, per CPU, the time spent busy
+(and, on a VM, the time the hypervisor gave to other guests: steal), and per process the CPU time of all its
+threads. Over one repetition, the machine's busy time minus ours (this process and the calibration probe's
+sampler) is what other jobs took: another CI job on the runner, a CPU hog, a noisy neighbour on the host. Measured
+on the 2-vCPU CI VM (2026-12-03): see BUSY_SHARE. It is kept as a share of the machine's CPU time, so it reads the
+same on any number of cores.
+
+The gate uses it one way only (perf.gate, perf.stored): evidence of a busy runner turns a failure made by time
+into *inconclusive*, naming how busy it was; a pass is never made by it. Elsewhere than Linux (no /proc) it is not
+measured and nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from statistics import median
+
+# Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
+# beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
+BUSY_SHARE = 0.25
+# How much slower other processes can make a measurement, at most, given the share of the machine they took: our
+# threads get the rest (1 / (1 - share)), and the engine's threads, which wait on each other at every step, lose
+# more than their share. Measured on the 2-vCPU VM with one busy-loop process per core (about half the machine):
+# x4.1 on the engine's ITL, twice the share's x2; LOAD_PENALTY keeps twice that again as margin. A time worse
+# than this bound is more than the load can explain, and stands as a failure on a busy runner too.
+LOAD_PENALTY = 4.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    machine_busy: int  # clock ticks, all CPUs: user, nice, system, irq, softirq and steal
+    machine_total: int  # the same plus idle and iowait
+    ours: int  # clock ticks of our processes (every thread)
+
+
+def _machine_ticks() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already inside user
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
+def _process_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: the fields after it follow its last ')'
+    rest = text[text.rfind(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15 of proc(5)
+
+
+def snapshot(pids: list[int]) -> Snapshot | None:
+    """The machine's and our processes' CPU time now; None where /proc cannot tell (not Linux)."""
+    machine = _machine_ticks()
+    if machine is None:
+        return None
+    ours = 0
+    for pid in pids:
+        ticks = _process_ticks(pid)
+        if ticks is None and pid == os.getpid():
+            return None
+        ours += ticks or 0
+    return Snapshot(machine[0], machine[1], ours)
+
+
+def others_share(before: Snapshot | None, after: Snapshot | None) -> float | None:
+    """The share of the machine's CPU time (0-1, all CPUs together) that other processes and the hypervisor's
+    other guests took between the two snapshots; None when not measured or too short to tell (a few clock ticks:
+    a tick is 10 ms of one CPU, so a repetition of tens of ms reads coarsely; the gate takes the median)."""
+    if before is None or after is None:
+        return None
+    total = after.machine_total - before.machine_total
+    if total < 4:
+        return None
+    others = (after.machine_busy - before.machine_busy) - (after.ours - before.ours)
+    return min(1.0, max(0.0, others / total))
+
+
+def busy(per_repetition: list[float]) -> float | None:
+    """The share others took on the median repetition when a busy runner's (BUSY_SHARE or more), else None
+    (quiet, or not measured)."""
+    if not per_repetition:
+        return None
+    typical = median(per_repetition)
+    return typical if typical >= BUSY_SHARE else None
+
+
+def explainable_slowdown(share: float) -> float:
+    """The largest slowdown other processes taking `share` of the machine can cause (see LOAD_PENALTY)."""
+    return LOAD_PENALTY / max(1e-9, 1.0 - share)
+
+
+def describe(share: float) -> str:
+    """'other processes took 52% of the machine's CPU time (1.0 of 2 CPUs)'."""
+    cpus = os.cpu_count() or 1
+    return f"other processes took {share:.0%} of the machine's CPU time ({share * cpus:.1f} of {cpus} CPUs)"

@@ -1,0 +1,146 @@
+"""The direct evidence of a busy runner (perf.interference): what it reads, and the one way the gate uses it —
+a verdict made by time on a busy runner becomes inconclusive with the reason; nothing passes because of it."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pytest_infergate.perf import interference, stored
+from pytest_infergate.perf.baseline import BaselineEntry
+from pytest_infergate.perf.budget import parse_budget
+from pytest_infergate.perf.gate import budget_violations, evaluate_perf
+from pytest_infergate.perf.metrics import Measurement
+
+pytestmark = pytest.mark.load_evidence
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc (Linux)")
+
+
+def test_others_share_is_the_machines_busy_time_less_ours():
+    before = interference.Snapshot(machine_busy=1000, machine_total=5000, ours=200)
+    # 400 ticks over the interval: 300 busy, 100 of them ours, so others took 200 of 400
+    after = interference.Snapshot(machine_busy=1300, machine_total=5400, ours=300)
+    assert interference.others_share(before, after) == pytest.approx(0.5)
+    assert interference.others_share(before, before) is None  # too short to tell
+    assert interference.others_share(None, after) is None
+    assert interference.busy([0.0, 0.02, 0.01]) is None
+    assert interference.busy([0.5, 0.6, 0.0]) == pytest.approx(0.5)
+    assert "50% of the machine's CPU time" in interference.describe(0.5)
+
+
+@linux_only
+def test_a_cpu_hog_reads_as_others_and_our_own_threads_do_not():
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)  # the hogs started
+        before = interference.snapshot([os.getpid()])
+        time.sleep(1.5)
+        busy_share = interference.others_share(before, interference.snapshot([os.getpid()]))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert busy_share is not None and busy_share > 0.5, busy_share
+    # our own busy loop is counted as ours, whatever else runs on the machine
+    before = interference.snapshot([os.getpid()])
+    end = time.process_time() + 0.6  # CPU time, not wall time: on a busy runner a second of wall time is less
+    while time.process_time() < end:
+        pass
+    after = interference.snapshot([os.getpid()])
+    assert after.ours - before.ours >= 50  # clock ticks (100 a second), to within the ticks' rounding
+
+
+@linux_only
+def test_each_repetition_records_what_others_took(tiny_fp32):
+    from pytest_infergate.engine import EngineConfig, Request
+    from pytest_infergate.perf.bench import Bench
+
+    requests = [Request(prompt_token_ids=[5 + i] * 16, max_new_tokens=64, ignore_eos=True) for i in range(8)]
+    config = EngineConfig(max_model_len=128, kv_budget_bytes=4 << 20)
+    bench = Bench(tiny_fp32, calibrate=False)
+    try:
+        measurement = Measurement()
+        bench.run_once(requests, config, 0, measurement)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(os.cpu_count() or 1)]
+        try:
+            time.sleep(0.3)
+            for _ in range(2):
+                bench.run_once(requests, config, 0, measurement)
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+    finally:
+        bench.close()
+    assert len(measurement.others_share) == measurement.repetitions == 3
+    assert min(measurement.others_share[1:]) > interference.BUSY_SHARE, measurement.others_share
+
+
+def timed(itl_ms: float, reps: int = 8, others: float | None = None) -> Measurement:
+    m = Measurement()
+    for i in range(reps):
+        m.samples.setdefault("itl_ms", []).extend(itl_ms * (1 + 0.01 * ((i + j) % 3)) for j in range(10))
+        m.samples.setdefault("peak_mem_mb", []).append(900.0)
+        if others is not None:
+            m.others_share.append(others)
+        m.end_repetition()
+    return m
+
+
+def test_a_time_budget_broken_on_a_busy_runner_is_inconclusive_and_a_memory_budget_still_fails():
+    budget = parse_budget({"itl_ms": 50, "peak_mem_mb": 500})
+    quiet = budget_violations(timed(80.0, others=0.01), budget)
+    assert [v.status for v in quiet] == ["fail", "fail"]
+    busy = {v.key: v for v in budget_violations(timed(80.0, others=0.55), budget)}
+    assert busy["itl_ms"].status == "inconclusive" and busy["peak_mem_mb"].status == "fail"
+    assert "the runner was busy: other processes took 55% of the machine's CPU time" in busy["itl_ms"].undecided
+    assert "rerun on a quiet runner" in busy["itl_ms"].describe()
+    # worse than the load can explain (x4 / (1 - 0.55) ≈ x8.9): the failure stands
+    beyond = budget_violations(timed(80.0 * 10, others=0.55), parse_budget({"itl_ms": 80}))
+    assert [v.status for v in beyond] == ["fail"]
+    # not measured (not Linux, an endpoint): as before
+    assert [v.status for v in budget_violations(timed(80.0), budget)] == ["fail", "fail"]
+
+
+def test_a_busy_runner_turns_a_time_budget_failure_into_inconclusive_and_strict_fails_it():
+    budget = parse_budget({"itl_ms": 50})
+    outcome = evaluate_perf(timed(80.0, others=0.6), budget, {}, None, baseline_given=False)
+    assert outcome.status == "inconclusive"
+    assert "1 inconclusive: the runner was busy" in outcome.message()
+    strict = evaluate_perf(timed(80.0, others=0.6), budget, {}, None, strict=True, baseline_given=False)
+    assert strict.status == "fail"
+    # a budget met on a busy runner passes: the load cannot have made the code look faster
+    assert evaluate_perf(timed(40.0, others=0.6), budget, {}, None, baseline_given=False).status == "pass"
+
+
+def side(cost: float, others: float) -> stored.Side:
+    return stored.Side(costs=[cost * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[],
+                       others=[others] * 8)
+
+
+@pytest.mark.parametrize("now, then, cost, expected, says", [
+    (0.6, 0.0, 30.0, "inconclusive", "the runner was busy: other processes took 60%"),  # slower now: says nothing
+    (0.6, 0.0, 20.0, "pass", ""),  # no slower despite the load: the pass stands
+    (0.6, 0.0, 400.0, "fail", ""),  # x20: more than the load can explain (x4 / 0.4 = x10)
+    (0.0, 0.6, 20.0, "inconclusive", "the baseline was saved on a busy runner"),  # as fast as a slowed baseline
+    (0.0, 0.6, 60.0, "fail", ""),  # slower than even a slowed baseline: the failure stands
+    (0.6, 0.6, 20.0, "inconclusive", "busy on both sides"),
+    (0.6, 0.6, 60.0, "inconclusive", "busy on both sides"),
+    (0.01, 0.02, 30.0, "fail", ""),  # both quiet: as measured
+])
+def test_stored_verdicts_on_a_busy_side_keep_only_what_the_load_cannot_have_made(now, then, cost, expected, says):
+    decided = stored.decide(side(cost, now), side(20.0, then), max_regression=0.10)
+    assert decided.status == expected, decided
+    assert says in decided.disagreement
+    if says:
+        assert "quiet runner" in decided.disagreement
+
+
+def test_a_stored_baseline_verdict_names_the_busy_runner_through_the_gate():
+    gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    entry = BaselineEntry({}, timed(20.0, others=0.0))
+    outcome = evaluate_perf(timed(30.0, others=0.7), gate, {}, entry)
+    itl = next(v for v in outcome.verdicts if v.metric == "itl_ms")
+    assert outcome.status == "inconclusive" and "other processes took 70%" in itl.note
