@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-needs_chromium = pytest.mark.skipif(not shutil.which("chromedriver"),
-                                    reason="needs Debian's chromium and chromium-driver")
+_has_chromium = pytest.mark.skipif(not shutil.which("chromedriver"),
+                                   reason="needs Debian's chromium and chromium-driver")
+
+
+def needs_chromium(test):
+    """A test that drives headless Chromium: skipped without it, and in the slow tier (a browser start)."""
+    return pytest.mark.slow(_has_chromium(test))
 
 
 @dataclass

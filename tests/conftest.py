@@ -27,8 +27,19 @@ _pytest.pytester.SysModulesSnapshot.__init__ = _snapshot_init
 pytest_plugins = ["pytester"]
 
 
+# Fixtures that load or build a model, run the plugin in a pytest of its own, or start a server: a test using one
+# belongs to the slow tier. The rest (`pytest tests -m "not slow"`) is the fast tier: pure functions over records,
+# measurements and files, run first in .ci/run.
+SLOW_FIXTURES = frozenset({"pytester", "run", "project", "tiny_source", "tiny_fp32", "smollm2_fp32", "llama_server",
+                           "requantized_gguf", "own_llama_server", "cache_dir"})
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need CUDA; elsewhere they are skipped with the reason."""
+    """Tests that need a model, a server or a pytester run are marked `slow`; tests marked `gpu` need CUDA and
+    are skipped elsewhere with the reason."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("embedded"):
+            item.add_marker(pytest.mark.slow)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

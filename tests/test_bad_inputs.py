@@ -272,6 +272,7 @@ def test_hub_id_without_network_fails_fast_with_the_fix(pytester, cache_dir, mon
                                  "pass its directory or a .gguf file*"])
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_cache_file_changed_in_place_is_rebuilt_not_loaded(tmp_path):
     from pytest_infergate.models import load_model, resolve_model
     from pytest_infergate.models.load import model_fingerprint
@@ -289,6 +290,7 @@ def test_cache_file_changed_in_place_is_rebuilt_not_loaded(tmp_path):
     load_model(again, "fp32")  # the rebuilt entry loads
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_cache_file_rotted_with_its_size_and_time_kept_is_rebuilt(tmp_path, monkeypatch):
     # issue #32 row 19: bit rot, or `cp -p` over it: same size and mtime, so only the contents can tell
     from pytest_infergate.models import cache, resolve_model

@@ -241,6 +241,7 @@ def test_capacity_spec_is_validated():
     assert lo == pytest.approx(0.764, abs=0.01) and hi == pytest.approx(0.991, abs=0.01)
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_capacity_finds_the_knee_of_a_server_with_four_slots():
     """4 slots, 4 tokens 50 ms apart: a request is served in ~0.2 s, so with c in flight (closed loop) each one
     takes ~c / 4 x 0.2 s. An e2e SLO of 800 ms puts the knee near 16 in flight (lower on a busy machine)."""

@@ -378,6 +378,7 @@ def test_reference_scores_are_computed_once_and_capped(tiny_fp32, monkeypatch):
 
 # ---- another machine, emulated -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_avx2_emulation_reaches_the_kernel_path_every_process_reports(tmp_path):
     """benchmarks/emulate_avx2.py: a process it starts runs ATen on AVX2 and bitsandbytes on its AVX2-only paths, so
     the golden header records (and the gate picks) the AVX2 kernel path; on an AVX2-only CPU nothing changes."""

@@ -78,6 +78,7 @@ def test_slow_creep_is_flagged_while_every_gate_passed():
     assert ("test_latency[fp32]", "tokens_per_s", "step") not in found  # a trend is not reported as a step
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_unchanged_series_have_no_change_point():
     for seed in range(10):
         found = _findings(synthetic_runs(seed=seed, step=False, creep_per_run=0.0))
@@ -91,6 +92,7 @@ def test_eight_runs_are_enough_to_find_a_step(seed):
     assert _findings(synthetic_runs(seed=seed, runs=8, step=False, creep_per_run=0.0)) == {}
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_a_library_change_is_a_marked_point_of_the_series_and_a_machine_change_splits_it():
     history = build_history(synthetic_runs(env_change_at=5))
     tpot = next(s for s in history.series if s.metric == "tpot_ms")
@@ -142,6 +144,7 @@ def test_history_folder_keeps_the_latest_runs_atomically(tmp_path):
     assert all(json.loads(p.read_text())["schema_version"] == 4 for p in tmp_path.glob("2*.json"))
 
 
+@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
 def test_cli_history_prints_the_table_and_writes_the_page(tmp_path, capsys):
     for run in synthetic_runs():
         append_run(tmp_path / "h", run)
