@@ -150,7 +150,7 @@ def budget_violations(measurement: Measurement, budget: Budget) -> list[Violatio
         times = worse / better if better > 0 else float("inf")  # how many times worse than the budget
         if calibration.normalizes(metric_of.get(v.key, "")) and times <= bound:
             v = replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the measurement, "
-                                     f"which can explain a time up to x{bound:.1f} too slow; rerun on a quiet runner")
+                                     f"which alone can slow a time up to ×{bound:.1f}; rerun on a quiet runner")
         out.append(v)
     return out
 

@@ -1,0 +1,114 @@
+"""The documentation cannot drift from the code: the README's size and its first gate, the generated reference,
+the CI recipes' options, the modules the README names."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_is_short_and_opens_with_the_two_commands():
+    lines = README.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+    commands = "\n".join(lines[:6])
+    assert "bash setup.sh && .venv/bin/pytest suites/" in commands
+    assert "bash setup.sh test && .venv/bin/pytest tests" in commands
+
+
+def test_every_option_metric_policy_key_marker_and_command_is_in_the_generated_reference():
+    from pytest_infergate.cli import build_parser
+    from pytest_infergate.options import OPTION_SPECS
+    from pytest_infergate.perf.metrics import METRICS
+    from pytest_infergate.plugin import MARKERS
+    from pytest_infergate.quality.policy import POLICY_KEYS
+
+    docs = hooks()
+    options = docs.options_table()
+    for spec in OPTION_SPECS:
+        assert f"`{spec.flag}`" in options and f"`{spec.ini_key}`" in options
+        assert spec.help.strip(), f"{spec.flag} has no help text: the reference page would say nothing"
+    metrics = docs.metrics_table()
+    assert all(f"`{name}`" in metrics for name in METRICS)
+    policy = docs.policy_table()
+    assert all(f"`{key}`" in policy for key in POLICY_KEYS)
+    markers = docs.markers_list()
+    assert all(line.split("(")[0] in markers for line in MARKERS)
+    cli = docs.cli_help()
+    for action in build_parser()._subparsers._group_actions:
+        assert all(f"`infergate {name}`" in cli for name in action.choices)
+
+
+def test_every_docs_page_renders_its_generated_tables():
+    docs = hooks()
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    assert len(pages) >= 15
+    asked = set()
+    for page in pages:
+        text = page.read_text()
+        asked |= set(docs.GENERATED.findall(text))
+        assert "<!-- generated:" not in docs.render(text), page
+    assert asked == set(docs.GENERATORS), "a generated table no page shows, or a page asking for an unknown one"
+    with pytest.raises(ValueError, match="unknown generated table 'nope'"):
+        docs.render("<!-- generated: nope -->")
+
+
+def test_mkdocs_nav_names_only_pages_that_exist():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def pages(items):
+        for item in items:
+            for value in item.values() if isinstance(item, dict) else [item]:
+                yield from pages(value) if isinstance(value, list) else [value]
+
+    named = list(pages(config["nav"]))
+    assert named and all((ROOT / "docs" / page).is_file() for page in named)
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "docs" / "ci").glob("*.yml")), ids=lambda p: p.name)
+def test_ci_recipes_parse_and_use_only_options_that_exist(recipe):
+    from pytest_infergate.cli import build_parser
+    from pytest_infergate.options import OPTION_SPECS
+
+    yaml.safe_load(recipe.read_text())  # valid YAML
+    text = recipe.read_text()
+    flags = set(re.findall(r"--infergate-[a-z-]+", text))
+    assert flags, f"{recipe.name} uses no infergate option"
+    known = {spec.flag for spec in OPTION_SPECS}
+    assert flags <= known, f"{recipe.name} uses unknown options {sorted(flags - known)}"
+    commands = set(re.findall(r"\binfergate (\w[\w-]*)", text))
+    subcommands = {name for action in build_parser()._subparsers._group_actions for name in action.choices}
+    assert commands <= subcommands, f"{recipe.name} runs unknown commands {sorted(commands - subcommands)}"
+    assert "pytest" in text and "--infergate-report" in text
+
+
+def test_the_modules_the_readme_names_exist():
+    package = ROOT / "pytest_infergate"
+    section = README[README.index("## Development"):]
+    named = re.findall(r"`([a-z_]+(?:/|\.py))`", section)
+    assert len(named) >= 8
+    missing = [name for name in named if not (package / name.rstrip("/")).exists()]
+    assert not missing, f"README names modules that do not exist: {missing}"
+
+
+FIRST_GATE = re.search(r"## A first gate.*?```python\n(.*?)```", README, re.DOTALL).group(1)
+
+
+@pytest.mark.embedded
+def test_the_readme_first_gate_passes_as_written_on_the_cpu(pytester, cache_dir):
+    pytester.makepyfile(test_first_gate=FIRST_GATE)
+    result = pytester.runpytest(f"--infergate-cache-dir={cache_dir}", "--infergate-precisions=fp32",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*infergate verdict: PASS*"])
