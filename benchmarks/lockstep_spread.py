@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.engine import EngineConfig  # noqa: E402
+from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
-from pytest_infergate.perf.metrics import Measurement  # noqa: E402
 from pytest_infergate.perf.slowdown import injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 

@@ -28,7 +28,7 @@ def options_table() -> str:
 
 
 def metrics_table() -> str:
-    from pytest_infergate.perf.metrics import METRICS, PERCENTILES, percentile_suffix
+    from pytest_infergate.measurement import METRICS, PERCENTILES, percentile_suffix
 
     suffixes = ", ".join(f"`_{percentile_suffix(p)}`" for p in PERCENTILES)
     rows = [f"Per-request metrics take a percentile suffix in budget keys ({suffixes}; none: the budget's "

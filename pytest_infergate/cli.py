@@ -63,7 +63,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _metrics(values: list[str] | None) -> tuple[str, ...]:
     from pytest_infergate.history import DEFAULT_METRICS
-    from pytest_infergate.perf.metrics import METRICS
+    from pytest_infergate.measurement import METRICS
 
     names = tuple(dict.fromkeys(m.strip() for v in values or [] for m in v.split(",") if m.strip()))
     unknown = [m for m in names if m not in METRICS]

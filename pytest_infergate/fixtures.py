@@ -63,7 +63,7 @@ def infergate_tokenizer(pytestconfig: pytest.Config):
 
 
 def _endpoint_bench(request: pytest.FixtureRequest):
-    from pytest_infergate.endpoint.fixture import EndpointPerfBench
+    from pytest_infergate.gates.endpoint import EndpointPerfBench
 
     session = session_of(request.config)
     if session.endpoint is None:
@@ -104,7 +104,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     if infergate_precision == ENDPOINT_PRECISION:
         yield _endpoint_bench(request)
         return
-    from pytest_infergate.perf.fixture import PerfBench
+    from pytest_infergate.gates.bench import PerfBench
 
     session = session_of(request.config)
     loaded = request.getfixturevalue("infergate_model")
@@ -123,12 +123,12 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
     candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
     (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
     no local model - and `check_regression()` with its own accepted outputs."""
-    from pytest_infergate.quality.fixture import GoldenGate, LocalCandidate
+    from pytest_infergate.gates.golden import GoldenGate, LocalCandidate
 
     session = session_of(request.config)
     options = session.options
     if infergate_precision == ENDPOINT_PRECISION:
-        from pytest_infergate.endpoint.golden import EndpointCandidate
+        from pytest_infergate.gates.endpoint_golden import EndpointCandidate
 
         if session.endpoint is None:
             pytest.skip("needs a live server: pass --infergate-endpoint URL")
@@ -138,7 +138,7 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
                                    options.golden_max_len, session.reference_scores)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
     if infergate_precision == ENDPOINT_PRECISION and session.reference_endpoint is not None:
-        from pytest_infergate.endpoint.pair import ServerPairCandidate, ServerPairGate
+        from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
 
         pair = ServerPairCandidate(session.endpoint.config, session.reference_endpoint.config,
                                    session.endpoint_answers)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.models.precision import check_precision, default_reference, parse_precisions
+from pytest_infergate.precision import check_precision, default_reference, parse_precisions
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class OptionSpec:
 
 
 ENDPOINT_APIS = ("chat", "completions")
+BASELINE_PYTHON_FLAG = "--infergate-baseline-python"
 BACKENDS = ("auto", "engine", "hf")  # engine.backends.choose_backend's choices
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
@@ -206,8 +208,7 @@ class Options:
                               "a directory, a .gguf file or a hub id")
 
     def _check_baseline_python(self) -> None:
-        from pytest_infergate.perf.baseline_env import FLAG, resolve_python
-
+        FLAG = BASELINE_PYTHON_FLAG  # noqa: N806 (the same name as in perf.baseline_env's messages)
         if self.baseline is not None:
             raise OptionError(f"{FLAG} and --infergate-baseline both name the baseline: give one (the stored file, "
                               "or the environment to measure it in now)")
@@ -300,36 +301,17 @@ def check_folder_path(folder: Path, flag: str, of: Path | None = None) -> None:
         raise OptionError(f"{flag} {what}: {existing} is not writable; choose another path")
 
 
-def check_path_arguments(config) -> None:
-    """`--infergate-baseline PATH` (a space, not `=`) puts PATH among the arguments pytest reads to choose its
-    rootdir and ini file before it knows our options: a path outside the project moves the rootdir, which
-    renames every test id (baseline keys) and can lose the ini file (budgets, policies). Where it did, say so."""
-    args = list(config.invocation_params.args)
-    takes_value = {spec.flag for spec in OPTION_SPECS if spec.kind != "bool"}
-    values = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in takes_value]
-    suspects = [v for v in values if os.path.exists(os.path.join(str(config.invocation_params.dir), v))]
-    if not suspects:
-        return
-    try:
-        from _pytest.config.findpaths import determine_setup
-
-        cleaned = [a for i, a in enumerate(args) if not (a in suspects and i > 0 and args[i - 1] in takes_value)]
-        positional = [a for a in cleaned if not a.startswith("-") and os.path.exists(
-            os.path.join(str(config.invocation_params.dir), a))]
-        rootpath, inipath, *_ = determine_setup(
-            inifile=config.option.inifilename, override_ini=config.option.override_ini, args=positional,
-            rootdir_cmd_arg=config.option.rootdir or None, invocation_dir=config.invocation_params.dir)
-    except Exception:  # pytest's private API changed: nothing to compare with, say nothing
-        return
-    if rootpath != config.rootpath or inipath != config.inipath:
-        flags = ", ".join(f"{args[i]} {args[i + 1]}" for i in range(len(args) - 1)
-                          if args[i] in takes_value and args[i + 1] in suspects)
-        raise OptionError(f"{flags}: pytest read the path as a test path when it chose its rootdir "
-                          f"({config.rootpath} instead of {rootpath}), which changes every test id and baseline "
-                          "key; write the option with '=' instead, e.g. "
-                          f"{flags.split(' ')[0]}={flags.split(' ')[1]}")
-
-
 def default_cache_dir() -> Path:
     env = os.environ.get("INFERGATE_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "infergate"
+
+
+def resolve_python(value: str) -> str:
+    """The interpreter `value` names (a path, or a command on PATH), or an OptionError saying what to give."""
+    path = Path(os.path.expanduser(value))
+    found = str(path) if path.is_file() and os.access(path, os.X_OK) else shutil.which(value)
+    if not found:
+        raise OptionError(f"{BASELINE_PYTHON_FLAG} {value!r} is not an executable Python: give the interpreter of "
+                          "the baseline environment, e.g. /path/to/old-venv/bin/python (with pytest-infergate "
+                          "installed there)")
+    return found

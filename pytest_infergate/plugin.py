@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from pytest_infergate.context import ENDPOINT_PRECISION
-from pytest_infergate.errors import InfergateError
+from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.fixtures import (  # noqa: F401
     infergate_backend,
     infergate_bench,
@@ -91,7 +91,6 @@ def _pin_gpu(config: pytest.Config, options: Options) -> Options:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_infergate.options import check_path_arguments
     from pytest_infergate.perf.budget import parse_ini_budgets
     from pytest_infergate.quality.policy import parse_ini_policies
 
@@ -161,3 +160,33 @@ def pytest_html_results_summary(prefix, summary, postfix, session):
     infergate = session_of(session.config)
     if infergate is not None and infergate.options.report is not None:
         prefix.append(f'<p>LLM inference gates: <a href="{infergate.options.report}">infergate report</a></p>')
+
+
+def check_path_arguments(config: pytest.Config) -> None:
+    """`--infergate-baseline PATH` (a space, not `=`) puts PATH among the arguments pytest reads to choose its
+    rootdir and ini file before it knows our options: a path outside the project moves the rootdir, which
+    renames every test id (baseline keys) and can lose the ini file (budgets, policies). Where it did, say so."""
+    args = list(config.invocation_params.args)
+    takes_value = {spec.flag for spec in OPTION_SPECS if spec.kind != "bool"}
+    values = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in takes_value]
+    suspects = [v for v in values if os.path.exists(os.path.join(str(config.invocation_params.dir), v))]
+    if not suspects:
+        return
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        cleaned = [a for i, a in enumerate(args) if not (a in suspects and i > 0 and args[i - 1] in takes_value)]
+        positional = [a for a in cleaned if not a.startswith("-") and os.path.exists(
+            os.path.join(str(config.invocation_params.dir), a))]
+        rootpath, inipath, *_ = determine_setup(
+            inifile=config.option.inifilename, override_ini=config.option.override_ini, args=positional,
+            rootdir_cmd_arg=config.option.rootdir or None, invocation_dir=config.invocation_params.dir)
+    except Exception:  # pytest's private API changed: nothing to compare with, say nothing
+        return
+    if rootpath != config.rootpath or inipath != config.inipath:
+        flags = ", ".join(f"{args[i]} {args[i + 1]}" for i in range(len(args) - 1)
+                          if args[i] in takes_value and args[i + 1] in suspects)
+        raise OptionError(f"{flags}: pytest read the path as a test path when it chose its rootdir "
+                          f"({config.rootpath} instead of {rootpath}), which changes every test id and baseline "
+                          "key; write the option with '=' instead, e.g. "
+                          f"{flags.split(' ')[0]}={flags.split(' ')[1]}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.measurement import METRICS
 
 DASH = "–"
 # quality figures: fractions in [0, 1], divergences in nats
@@ -95,17 +95,6 @@ def metric_unit(metric: str) -> str:
     if base in METRICS:
         return METRICS[base][0]
     return "MiB" if base.endswith("_mb") else ""
-
-
-def figure(summary: dict, key: str, digits: int = 3) -> str:
-    """A summary figure, or why it has none: "undefined (the reference passed no task check)"."""
-    from pytest_infergate.results.records import undefined_reason
-
-    value = summary.get(key)
-    if is_number(value):
-        return metric_value(key, value) if metric_unit(key) else number(value, digits)
-    reason = undefined_reason(summary, key)
-    return f"undefined ({reason})" if reason else DASH
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:

@@ -121,8 +121,8 @@ def test_a_damaged_baseline_says_what_is_wrong(pytester, run, damage, message):
 
 
 def test_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
+    from pytest_infergate.measurement import Measurement
     from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, save_baseline
-    from pytest_infergate.perf.metrics import Measurement
 
     with pytest.raises(BaselineError, match=r"have no samples .*: t::all_failed; fix them or deselect them"):
         save_baseline(tmp_path / "b.json", {"t::all_failed": BaselineEntry({}, Measurement(samples={"ttft_ms": []}))})

@@ -5,10 +5,10 @@ import pytest
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.engine import EngineConfig
+from pytest_infergate.gates.bench import PerfBench
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import Options
 from pytest_infergate.perf.bench import Bench
-from pytest_infergate.perf.fixture import PerfBench
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.perf.sessions import PrefixCacheUse, prefix_cache_use
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.workload_files import Session, Turn

@@ -29,8 +29,8 @@ def test_readme_is_short_and_opens_with_the_two_commands():
 
 def test_every_option_metric_policy_key_marker_and_command_is_in_the_generated_reference():
     from pytest_infergate.cli import build_parser
+    from pytest_infergate.measurement import METRICS
     from pytest_infergate.options import OPTION_SPECS
-    from pytest_infergate.perf.metrics import METRICS
     from pytest_infergate.plugin import MARKERS
     from pytest_infergate.quality.policy import POLICY_KEYS
 

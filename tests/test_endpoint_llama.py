@@ -15,7 +15,7 @@ import pytest
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity
 from pytest_infergate.endpoint.load import add_to_measurement
-from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.workloads import from_file
 
 SYSTEM = ("You are a patient tutor who explains physics to curious students with short, plain sentences and one "

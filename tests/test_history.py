@@ -14,8 +14,8 @@ from pytest_infergate.history.changepoint import change_points, creep
 from pytest_infergate.history.outputs import record_run
 from pytest_infergate.history.page import render_history, text_table
 from pytest_infergate.history.store import append_run
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import Violation
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import interference, stored
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import budget_violations, evaluate_perf
-from pytest_infergate.perf.metrics import Measurement
 
 pytestmark = pytest.mark.load_evidence
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc (Linux)")

@@ -7,12 +7,12 @@ from contextlib import contextmanager
 import pytest
 
 from pytest_infergate.engine import Engine, EngineConfig, Request
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
 from pytest_infergate.perf.bench import Bench
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import evaluate_ab
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.perf.verdict import compare_measurements, compare_samples
 from pytest_infergate.status import Status
 from pytest_infergate.workload_files import Session, Turn

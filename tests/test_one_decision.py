@@ -9,9 +9,9 @@ import pytest
 from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, machine
 
 from pytest_infergate.cli import compare_runs
+from pytest_infergate.gates.bench import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.fixture import record_outcome
 from pytest_infergate.perf.gate import evaluate_perf
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults

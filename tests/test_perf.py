@@ -416,7 +416,7 @@ def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
 def test_saving_or_comparing_a_baseline_takes_at_least_the_baseline_repetitions():
     from types import SimpleNamespace
 
-    from pytest_infergate.perf.fixture import BASELINE_MIN_REPEATS, repetitions_for
+    from pytest_infergate.gates.bench import BASELINE_MIN_REPEATS, repetitions_for
 
     def ctx(save=None, baseline=None):
         return SimpleNamespace(options=SimpleNamespace(save_baseline=save), baseline=baseline)

@@ -10,7 +10,7 @@ from browser import needs_chromium, open_page
 from pytest_infergate.endpoint.capacity import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
 from pytest_infergate.endpoint.load import Slo
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
-from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.sessions import PREFIX_CACHE_KEY, PrefixCacheUse
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from pytest_infergate.endpoint.client import EndpointConfig
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, add_to_measurement, discover_model, run_load
-from pytest_infergate.perf.metrics import Measurement
+from pytest_infergate.measurement import Measurement
 
 
 class EndpointBench:

@@ -18,7 +18,7 @@ from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
 from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf.metrics import PERCENTILES, Measurement, add_request_latencies, percentile_suffix
+from pytest_infergate.measurement import PERCENTILES, Measurement, add_request_latencies, percentile_suffix
 from pytest_infergate.stats import percentile
 from pytest_infergate.workload_files import Session
 

@@ -13,7 +13,7 @@ from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, End
 from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf.metrics import Measurement, add_request_latencies
+from pytest_infergate.measurement import Measurement, add_request_latencies
 from pytest_infergate.workload_files import Session
 from pytest_infergate.workloads import gamma_arrival_offsets
 

@@ -31,7 +31,7 @@ VOCABULARY: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                              "llamacpp:tokens_predicted_total", "tgi_request_generated_tokens_sum")),
 }
 SERVERS = {"vllm:": "vLLM", "sglang:": "SGLang", "tgi_": "TGI", "llamacpp:": "llama.cpp"}
-# what a load run reports per vocabulary entry, as the budget metric of the same name (perf/metrics.py)
+# what a load run reports per vocabulary entry, as the budget metric of the same name (measurement.py)
 BUDGET_FIGURES = ("kv_usage", "prefix_cache_hit_rate", "preemptions", "waiting_requests", "running_requests")
 
 

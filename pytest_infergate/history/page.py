@@ -11,7 +11,7 @@ from pytest_infergate import units
 from pytest_infergate.history import changepoint
 from pytest_infergate.history.chart import trend_chart
 from pytest_infergate.history.series import Finding, History, findings
-from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.measurement import METRICS
 from pytest_infergate.report.context import split_test_id
 
 

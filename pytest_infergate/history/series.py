@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 
 from pytest_infergate.history import changepoint
+from pytest_infergate.measurement import METRICS
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
-from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import metric_status, verdict_reasons

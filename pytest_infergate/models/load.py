@@ -23,7 +23,7 @@ from pytest_infergate.models.builtin import (
     ensure_smollm2,
 )
 from pytest_infergate.models.cache import read_meta, sha256_file
-from pytest_infergate.models.precision import (
+from pytest_infergate.precision import (
     QUANTIZED,
     check_precision,
     compute_dtype_name,

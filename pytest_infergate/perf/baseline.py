@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
-from pytest_infergate.perf.metrics import Measurement
 
 KIND = "baseline"
 SCHEMA_VERSION = 3

@@ -17,34 +17,23 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, fields
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from pytest_infergate.errors import InfergateError, OptionError
+from pytest_infergate.errors import InfergateError
+from pytest_infergate.measurement import Measurement
+from pytest_infergate.options import BASELINE_PYTHON_FLAG as FLAG
+from pytest_infergate.options import resolve_python
 from pytest_infergate.perf.env_wire import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
-from pytest_infergate.perf.metrics import Measurement
 
-FLAG = "--infergate-baseline-python"
 STDERR_TAIL = 2000  # characters of the worker's stderr quoted in an error
 
 
 class BaselineEnvError(InfergateError):
     """The baseline environment's worker could not start or could not run a workload; the message says why."""
-
-
-def resolve_python(value: str) -> str:
-    """The interpreter `value` names (a path, or a command on PATH), or an OptionError saying what to give."""
-    path = Path(os.path.expanduser(value))
-    found = str(path) if path.is_file() and os.access(path, os.X_OK) else shutil.which(value)
-    if not found:
-        raise OptionError(f"{FLAG} {value!r} is not an executable Python: give the interpreter of the baseline "
-                          "environment, e.g. /path/to/old-venv/bin/python (with pytest-infergate installed there)")
-    return found
 
 
 @dataclass(frozen=True)

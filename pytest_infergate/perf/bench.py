@@ -11,9 +11,9 @@ from dataclasses import replace
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
+from pytest_infergate.measurement import Measurement, add_request_latencies
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
-from pytest_infergate.perf.metrics import Measurement, add_request_latencies
 from pytest_infergate.perf.sessions import (
     PREFIX_CACHE_KEY,
     PrefixCacheUse,

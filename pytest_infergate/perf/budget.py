@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_infergate import units
 from pytest_infergate.errors import OptionError
-from pytest_infergate.perf.metrics import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
+from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
 from pytest_infergate.status import Status
 

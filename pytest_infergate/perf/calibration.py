@@ -39,7 +39,7 @@ import time
 from functools import cache
 from pathlib import Path
 
-from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.measurement import METRICS
 
 # The probe's name and version: a baseline's probe times are comparable only with the same probe's.
 PROBE = "numpy-prefill-decode-copy/1"

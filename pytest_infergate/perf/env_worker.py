@@ -54,7 +54,7 @@ class Worker:
         return self.benches[key]
 
     def _measurement(self, measurement_id: str):
-        from pytest_infergate.perf.metrics import Measurement
+        from pytest_infergate.measurement import Measurement
 
         return self.measurements.setdefault(measurement_id, Measurement(label="baseline environment"))
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.perf.verdict import Verdict, compare_measurements
 from pytest_infergate.status import Status
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Protocol
 
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.workload_files import Session
 
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
 from pytest_infergate.status import Status
 

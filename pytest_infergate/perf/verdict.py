@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from pytest_infergate import units
+from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import calibration, stored
 from pytest_infergate.perf.budget import Budget
-from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.stats import bootstrap_ratio_ci, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
 

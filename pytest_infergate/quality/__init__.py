@@ -9,7 +9,7 @@ Modules that run models import torch when used:
 - `provenance`: what golden outputs depend on (CPU flags, GPU, libraries, kernels, method), for headers;
 - `batch_invariance`: a precision's outputs alone, in the fixed batch and in another composition;
 - `golden_report`: the failure messages of the regression and batch-invariance gates;
-- `fixture`: `GoldenGate`, the object behind the `infergate_golden` fixture.
+- the object behind the `infergate_golden` fixture is `gates.golden.GoldenGate`.
 """
 
 from pytest_infergate.quality.golden_files import GoldenError, GoldenOutput, GoldenOutputs, GoldenSample

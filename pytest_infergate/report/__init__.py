@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pytest_infergate import units
 from pytest_infergate.results.run import RunResults
+from pytest_infergate.results.summary import figure as summary_figure
 
 
 def git_commit(where: Path | None = None) -> str | None:
@@ -27,7 +28,7 @@ def template_environment():
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters.update(num=units.number, ms=units.duration_ms, mib=units.mebibytes, ratio=units.ratio,
                        pct=units.percent, change=units.change, metric=lambda v, key: units.metric_value(key, v),
-                       figure=units.figure)
+                       figure=summary_figure)
     return env
 
 

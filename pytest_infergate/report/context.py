@@ -8,7 +8,7 @@ import datetime as dt
 from markupsafe import Markup, escape
 
 from pytest_infergate import units
-from pytest_infergate.perf.metrics import METRICS
+from pytest_infergate.measurement import METRICS
 from pytest_infergate.quality.metrics import SampleQuality
 from pytest_infergate.report.diagnosis import diagnose
 from pytest_infergate.report.golden_sections import batch_invariance_sections, golden_sections
@@ -24,6 +24,7 @@ from pytest_infergate.report.serving import (
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
+from pytest_infergate.results.summary import figure as summary_figure
 from pytest_infergate.status import Status
 
 # the perf table's figure columns: (summary key, header)
@@ -80,7 +81,7 @@ def _perf_row(r: PerfRecord) -> dict:
             "cell_status": _cell_status(r), "violated": {column(v.key) for v in r.violations},
             "met": [f"{key} {text}" for key, text in _budget_text(r).items()
                     if key not in {column(v.key) for v in r.violations}],
-            "details": [(key, units.figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
+            "details": [(key, summary_figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
             "prefix_cache": prefix_cache_detail(r),
             "record": r}
 

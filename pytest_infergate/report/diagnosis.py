@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
-from pytest_infergate.models.precision import QUANTIZED
+from pytest_infergate.precision import QUANTIZED
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 

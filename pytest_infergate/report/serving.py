@@ -15,6 +15,7 @@ from pytest_infergate.endpoint.server_metrics import ServerMetrics
 from pytest_infergate.perf.sessions import prefix_cache_use
 from pytest_infergate.report import charts
 from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.summary import figure as summary_figure
 from pytest_infergate.results.summary import verdict_reasons
 
 # the server figures shown per load run: (budget metric, header); the record's samples hold them (median over
@@ -136,7 +137,7 @@ def ab_runs(records: list[PerfRecord]) -> list[AbRun]:
             b = (str(record.engine_config.get("served_model") or "?"), str(record.engine_config.get("url") or ""))
         else:
             a, b = (str(record.tags.get("baseline_precision", "?")), ""), (record.precision, "")
-        sides = [AbSide(role, name, url, [units.figure(summary, key) for key, _ in AB_COLUMNS])
+        sides = [AbSide(role, name, url, [summary_figure(summary, key) for key, _ in AB_COLUMNS])
                  for role, (name, url), summary in (("A (baseline)", a, record.baseline_summary),
                                                     ("B (candidate)", b, record.summary))]
         out.append(AbRun(record.test, record.status.value, sides, verdict_reasons(record),

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_infergate.measurement import METRICS
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, BudgetError, parse_budget
 from pytest_infergate.perf.gate import PerfOutcome, evaluate_perf
-from pytest_infergate.perf.metrics import METRICS
 from pytest_infergate.results.records import PerfRecord
 
 # metrics compared when the candidate's record names none in its budget (a run with max_regression alone)
@@ -40,7 +40,7 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
     regression = DEFAULT_MAX_REGRESSION if regression is None else regression
     if not budget.limits:  # a limit no measurement can break names a metric without gating its value
         budget = parse_budget({metric: 1e-300 if METRICS[metric][1] else 1e300 for metric in DEFAULT_COMPARED})
-    # as the in-run gate (perf.fixture.measured_budget): a key the measurement has no figure for is not checked
+    # as the in-run gate (gates.bench.measured_budget): a key the measurement has no figure for is not checked
     measured = tuple(limit for limit in budget.limits if record.measurement.samples.get(limit.metric))
     return Budget(measured, budget.percentile, regression)
 

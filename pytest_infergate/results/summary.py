@@ -11,6 +11,7 @@ from pytest_infergate.results.records import (
     GoldenRecord,
     PerfRecord,
     QualityRecord,
+    undefined_reason,
 )
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Status
@@ -31,6 +32,15 @@ class Line:
     @property
     def markup(self) -> dict[str, bool]:
         return {self.color: True} if self.color else {}
+
+
+def figure(summary: dict, key: str, digits: int = 3) -> str:
+    """A summary figure, or why it has none: "undefined (the reference passed no task check)"."""
+    value = summary.get(key)
+    if units.is_number(value):
+        return units.metric_value(key, value) if units.metric_unit(key) else units.number(value, digits)
+    reason = undefined_reason(summary, key)
+    return f"undefined ({reason})" if reason else units.DASH
 
 
 def _color(status: Status) -> str | None:
@@ -125,7 +135,7 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
 
 def perf_figures(summary: dict) -> str:
     """Figures named by their keys, as budgets name them: `ttft_ms_p50 4,540 ms, tokens_per_s 12.3 tok/s`."""
-    return ", ".join(f"{k} {units.figure(summary, k)}" for k in PERF_KEYS if k in summary)
+    return ", ".join(f"{k} {figure(summary, k)}" for k in PERF_KEYS if k in summary)
 
 
 def perf_lines(record: PerfRecord) -> list[Line]:
@@ -140,7 +150,7 @@ def perf_lines(record: PerfRecord) -> list[Line]:
 
 
 def quality_figures(summary: dict) -> str:
-    return ", ".join(f"{k} {units.figure(summary, k)}" for k in QUALITY_KEYS if k in summary)
+    return ", ".join(f"{k} {figure(summary, k)}" for k in QUALITY_KEYS if k in summary)
 
 
 @dataclass
@@ -274,11 +284,11 @@ def summary_markdown(results: RunResults) -> str:
         keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
         lines += _markdown_table(["test", "precision", "verdict", "TTFT p50", "TPOT p50", "throughput", "peak memory"],
                                  [[f"`{r.test}`", r.precision, _why_markdown(r),
-                                   *[units.figure(r.summary, k) for k in keys]] for r in results.perf])
+                                   *[figure(r.summary, k) for k in keys]] for r in results.perf])
     if results.quality:
         lines += _markdown_table(["precision", "vs", "verdict", *(QUALITY_NAMES[k] for k in QUALITY_KEYS)],
                                  [[g.precision, g.reference, g.status.value,
-                                   *[units.figure(g.comparisons[0].summary, k) for k in QUALITY_KEYS]]
+                                   *[figure(g.comparisons[0].summary, k) for k in QUALITY_KEYS]]
                                   for g in quality_groups(results.quality)])
     return "\n".join(lines) + "\n"
 

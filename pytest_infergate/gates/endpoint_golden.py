@@ -147,7 +147,7 @@ def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: 
 
 
 class EndpointCandidate:
-    """The server as the candidate of a golden gate (see quality.fixture.Candidate): its greedy answers, asked
+    """The server as the candidate of a golden gate (see gates.golden.Candidate): its greedy answers, asked
     once per session, compared with the local reference precision; its accepted outputs are keyed by the name
     it serves and store tokens and text only (an endpoint's logits are not a local model's)."""
 

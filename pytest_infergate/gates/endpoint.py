@@ -6,18 +6,18 @@ from __future__ import annotations
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
 from pytest_infergate.endpoint.load import LoadPattern, Slo, sweep_patterns
-from pytest_infergate.endpoint.pair import REFERENCE_ENDPOINT
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.fixture import (
+from pytest_infergate.gates.bench import (
     DEFAULT_AB_REGRESSION,
     budget_for,
     finish_ab,
     gate_measurement,
     repetitions_for,
 )
+from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
+from pytest_infergate.measurement import Measurement
+from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab
-from pytest_infergate.perf.metrics import Measurement
 from pytest_infergate.results.records import PerfRecord
 
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import PerfOutcome, budget_violations, by_repetition, evaluate_ab, evaluate_perf
-from pytest_infergate.perf.metrics import METRICS, Measurement
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
