@@ -47,6 +47,8 @@ def policy_table() -> str:
     for key, (figure, direction) in policy.AGGREGATE_KEYS.items():
         bound = "0 to 1" if key in policy.FRACTION_KEYS else "≥ 0"
         rows.append(f"| `{key}` | `check()` against the reference | {direction}imum `{figure}` | {bound} |")
+    for key in policy.CATEGORY_KEYS:
+        rows.append(f"| `{key}` | `check()`, per sample category | minimum `task_ratio` of every category | ≥ 0 |")
     for key in policy.REGRESSION_KEYS:
         bound = "0 or 1" if key in policy.FLAG_KEYS else "0 to 1" if key in policy.SHARE_KEYS else "≥ 0"
         rows.append(f"| `{key}` | `check_regression()` against accepted outputs | see the golden gate | {bound} |")

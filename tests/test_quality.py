@@ -162,3 +162,25 @@ def test_unquantized_precision_is_flagged(tiny_fp32):
     same = compare_sample(sample(), [1, 2], "a", [1, 2], "a", None)
     same.mean_kl = 0.0
     assert "int8 looks unquantized" in quantization_flags(tiny_fp32, fake, [same])[0]
+
+
+def test_a_collapsed_category_is_flagged_while_the_mean_passes_and_can_be_gated():
+    # issue #31 point 7: the task ratio fell to 0 in one category, fine on average
+    from pytest_infergate.quality.policy import category_findings, parse_policy, policy_violations
+
+    categories = {"code": {"samples": 8, "task_ratio": 0.0, "rougeL": 0.2},
+                  "factual": {"samples": 8, "task_ratio": 1.0, "rougeL": 0.9},
+                  "chat": {"samples": 8, "task_ratio": 1.05, "rougeL": 0.8}}
+    summary = {"task_ratio": 0.9, "rougeL": 0.63}
+    lenient = parse_policy({"min_task_ratio": 0.85, "min_rouge_l": 0.5})
+    assert policy_violations(summary, lenient) == []
+    violations, flagged = category_findings(categories, lenient)
+    assert violations == []
+    assert flagged == ["category 'code' (8 samples): task_ratio 0 below the policy's min_task_ratio=0.85; gate it "
+                       "with min_category_task_ratio",
+                       "category 'code' (8 samples): rougeL 0.2 below the policy's min_rouge_l=0.5; gate it with "
+                       "min_category_task_ratio"]
+    gated = parse_policy({"min_task_ratio": 0.85, "min_category_task_ratio": 0.5})
+    violations, flagged = category_findings(categories, gated)
+    assert violations == ["min_category_task_ratio: category 'code' task_ratio = 0 (8 samples), policy >= 0.5"]
+    assert flagged == []

@@ -29,7 +29,13 @@ from pytest_infergate.quality.golden_variants import (
     select_accepted,
 )
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
-from pytest_infergate.quality.policy import RegressionPolicy, parse_policy, policy_violations, resolve_policy
+from pytest_infergate.quality.policy import (
+    RegressionPolicy,
+    category_findings,
+    parse_policy,
+    policy_violations,
+    resolve_policy,
+)
 from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import Status
@@ -182,8 +188,13 @@ class GoldenGate:
                 self.ctx.fail(str(exc))
         result = self.comparisons[key]
         rules = self.policy(policy)
-        problems = policy_violations(result.summary, rules) + result.flags
+        by_category, flagged = category_findings(result.categories, rules)
+        problems = policy_violations(result.summary, rules) + by_category + result.flags
         status = Status.FAIL if problems else Status.PASS
+        for finding in flagged:  # the mean passed; a collapsed category is loud all the same
+            self.ctx.warn(f"{self.ctx.test_id}: {result.precision} vs {result.reference_precision}: {finding}")
+        if flagged:
+            result.notes = [*result.notes, *flagged]
         self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
         for name in QUALITY_PROPERTIES:
             if name in result.summary:

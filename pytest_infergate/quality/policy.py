@@ -27,12 +27,15 @@ AGGREGATE_KEYS = {
 REGRESSION_KEYS = ("exact", "max_drift_share", "max_accepted_kl", "near_tie_margin", "same_environment",
                    "gate_other_machine")
 BATCH_KEYS = ("max_batch_variant_share",)
+# per category of the golden samples: the lowest category's task-score ratio (a category whose answers collapse
+# while the mean over all samples holds)
+CATEGORY_KEYS = ("min_category_task_ratio",)
 FLAG_KEYS = ("exact", "same_environment", "gate_other_machine")  # 0 or 1
 SHARE_KEYS = ("max_drift_share", "max_batch_variant_share")  # 0..1
 # figures that are fractions of the samples or tokens: a threshold above 1 can never be met (min_) or never
 # be broken (max_), so it is a typo, not a policy
 FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1")
-POLICY_KEYS = (*AGGREGATE_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
+POLICY_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
 
 # Defaults of the regression gate, from the measurements in the README ("Golden regression gate"): a changed sample
 # is a near-tie when, at its first divergence, the current model puts the accepted token within NEAR_TIE_MARGIN
@@ -113,6 +116,26 @@ def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list
             bound = ">=" if direction == "min" else "<="
             problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {bound} {threshold:g}")
     return problems
+
+
+def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, float]) -> tuple[list[str], list[str]]:
+    """Per category of the samples: (violations of `min_category_task_ratio`, which fail the gate; categories below
+    the aggregate policy's `min_task_ratio` / `min_rouge_l` while the mean may pass, which are flagged)."""
+    violations, flagged = [], []
+    checks = [("task_ratio", "min_task_ratio"), ("rougeL", "min_rouge_l")]
+    for name, figures in sorted(categories.items()):
+        ratio = figures.get("task_ratio")
+        floor = policy.get("min_category_task_ratio")
+        if floor is not None and ratio is not None and ratio < floor:
+            violations.append(f"min_category_task_ratio: category {name!r} task_ratio = {ratio:.3g} "
+                              f"({figures.get('samples', '?')} samples), policy >= {floor:g}")
+            continue
+        for figure, key in checks:
+            value = figures.get(figure)
+            if key in policy and value is not None and value < policy[key]:
+                flagged.append(f"category {name!r} ({figures.get('samples', '?')} samples): {figure} {value:.3g} "
+                               f"below the policy's {key}={policy[key]:g}; gate it with min_category_task_ratio")
+    return violations, flagged
 
 
 @dataclass(frozen=True)
