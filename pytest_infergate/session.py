@@ -53,6 +53,14 @@ def failure_message(report: pytest.TestReport) -> str:
     return text[-1] if text else f"failed in {report.when}"
 
 
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why a test was skipped, as pytest -rs prints it."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "skipped")
+
+
 class InfergateSession:
     def __init__(self, config: pytest.Config, options: Options):
         self.config = config
@@ -218,6 +226,8 @@ class InfergateSession:
                 outcomes[report.nodeid] = "error" if report.when != "call" and report.failed else report.outcome
             if report.failed:
                 self.results.failures.setdefault(report.nodeid, failure_message(report))
+            if report.skipped:
+                self.results.skips.setdefault(report.nodeid, skip_reason(report))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:

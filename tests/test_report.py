@@ -330,3 +330,28 @@ def test_cli_output_cut_short_by_a_pipe_and_history_help_have_no_papercuts(resul
     assert piped.stdout.strip() and "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
     helped = subprocess.run([cli, "history", "--help"], capture_output=True, text=True, timeout=60)
     assert "+N% with its 95% CI" in " ".join(helped.stdout.split()) and "%%" not in helped.stdout
+
+
+def test_checks_that_did_not_run_are_a_table_with_why_and_how(results):
+    # issue #31 point 6: check, test, why, how to make it run; skipped golden checks included
+    from pytest_infergate.results.not_run import not_run
+
+    data = copy.deepcopy(results)
+    data["warnings"] = [
+        "suites/test_golden.py::test_against_accepted_golden[fp32]: golden regression check not run: no accepted "
+        "golden outputs at golden/m/f/cpu-fp32.jsonl: review a run with --infergate-update-golden and commit the file",
+        "suites/test_speed.py::test_chat[fp32]: relative check not run: the baseline file has no entry for this "
+        "measurement (record one with --infergate-save-baseline)",
+    ]
+    data["skips"] = {"suites/test_limits.py::test_x[int8]": "the limits suite runs on the reference precision",
+                     "suites/test_limits.py::test_x[nf4]": "the limits suite runs on the reference precision"}
+    run = RunResults.from_dict(data)
+    rows, by_design = not_run(run)
+    golden, relative = rows
+    assert golden.check == "golden regression" and golden.test.endswith("test_against_accepted_golden[fp32]")
+    assert golden.fix == "review a run with --infergate-update-golden and commit the file"
+    assert relative.check == "relative perf check" and "no entry for this measurement" in relative.why
+    assert by_design == {"the limits suite runs on the reference precision": 2}
+    html = render(data)
+    assert '<table class="not-run">' in html and "how to make it run" in html
+    assert "Skipped by design: 2 × the limits suite runs on the reference precision" in html

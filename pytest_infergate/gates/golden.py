@@ -254,6 +254,7 @@ class GoldenGate:
                        "commit the file")
             if self.ctx.options.strict:  # under strict a check that cannot run fails
                 self.ctx.fail(message)
+            self.ctx.warn(f"{self.ctx.test_id}: golden regression check not run: {message}")
             self.ctx.skip(message)
         mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
         rules = RegressionPolicy.of(self.policy(policy), self.precision)

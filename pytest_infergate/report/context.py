@@ -21,6 +21,7 @@ from pytest_infergate.report.serving import (
     prefix_cache_detail,
     server_metric_rows,
 )
+from pytest_infergate.results.not_run import not_run
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
@@ -171,7 +172,8 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "capacity": capacity_sections(results.perf),
         "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
         "notes": diagnose(results, reference, history), "counts": results.gate_counts(),
-        "warnings": results.warnings, "history_href": history_href, "backend_notes": backend_notes(results),
+        "warnings": results.warnings, "not_run": not_run(results)[0], "skipped_by_design": not_run(results)[1],
+        "history_href": history_href, "backend_notes": backend_notes(results),
         "history_runs": len(history.runs) if history is not None else 0,
         "tests": {"passed": sum(1 for o in outcomes.values() if o == "passed"),
                   "failed": sum(1 for o in outcomes.values() if o in ("failed", "error")),

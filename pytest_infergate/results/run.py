@@ -70,6 +70,7 @@ class RunResults:
     records: list[Record] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed / failed / skipped / error
     failures: dict[str, str] = field(default_factory=dict)  # nodeid -> short message and location of a failure
+    skips: dict[str, str] = field(default_factory=dict)  # nodeid -> why it was skipped
     strict: bool = False  # --infergate-strict: an inconclusive check fails the run
     warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
     run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
@@ -123,7 +124,7 @@ class RunResults:
             "fingerprint": self.fingerprint, "started": self.started,
             "finished": self.finished if self.finished is not None else time.time(),
             "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
-            "outcomes": self.outcomes, "failures": self.failures, "warnings": self.warnings,
+            "outcomes": self.outcomes, "failures": self.failures, "skips": self.skips, "warnings": self.warnings,
             "gate_counts": self.gate_counts()})
 
     @classmethod
@@ -146,5 +147,6 @@ class RunResults:
         return cls(started=data.get("started", 0.0), finished=data.get("finished"),
                    environment=dict(data.get("environment", {})), models=dict(data.get("models", {})),
                    records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])),
-                   failures=dict(data.get("failures", {})), strict=bool(data.get("strict", False)),
+                   failures=dict(data.get("failures", {})), skips=dict(data.get("skips", {})),
+                   strict=bool(data.get("strict", False)),
                    run_id=str(data.get("run_id") or ""), commit=data.get("commit"))
