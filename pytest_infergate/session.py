@@ -22,6 +22,7 @@ from pytest_infergate.options import Options
 from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
+from pytest_infergate.results.verdict import record_message
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
@@ -119,6 +120,10 @@ class InfergateSession:
     def context(self, item: pytest.Item) -> TestContext:
         def record(result) -> None:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
+            # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
+            item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
+            if result.status != "pass":
+                item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
 
         def fail(message: str):
             # `from None`: a failure raised while handling an error shows its message once, not the chain

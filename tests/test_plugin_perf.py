@@ -26,8 +26,12 @@ def test_unknown_budget_key_fails_collection(pytester, run):
 
 def test_budget_violation_lists_every_metric(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="ttft_ms_p95=0.001, tokens_per_s=1e9, peak_mem_mb=1e6"))
-    result = run()
+    result = run("--junitxml=out.xml")
     result.assert_outcomes(failed=1)
+    # the CI's test tab (JUnit XML) names the gate's verdict and why
+    junit = (pytester.path / "out.xml").read_text()
+    assert 'name="infergate.perf.verdict" value="fail"' in junit
+    assert 'name="infergate.perf.reason" value="ttft_ms_p95 ' in junit and "of the budget" in junit
     result.stdout.fnmatch_lines(["*infergate perf gate failed*", "*2 budget(s) exceeded:*",
                                  "*ttft_ms_p95: measured p95 * ms, budget <= 0.001 ms*n=*",
                                  "*tokens_per_s: measured * tok/s, budget >= 1,000,000,000 tok/s (×* of the budget*"])

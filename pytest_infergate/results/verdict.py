@@ -51,7 +51,8 @@ GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden 
               "batch_invariance": "batch invariance"}
 
 
-def _record_message(record) -> str:
+def record_message(record) -> str:
+    """Why a gate's record did not pass, in one line: its first three reasons."""
     from pytest_infergate.results.records import PerfRecord
     from pytest_infergate.results.summary import verdict_reasons
 
@@ -73,7 +74,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
     for record in results.records:
         if record.status != Status.PASS:
             reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
-                                  _record_message(record)))
+                                  record_message(record)))
     reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
     status = Status.worst(reason.status for reason in reasons)
     if results.strict and status == Status.INCONCLUSIVE:
