@@ -5,9 +5,49 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.precision import QUANTIZED
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
+from pytest_infergate.stats import bootstrap_ratio_ci, percentile
+
+MIN_REPETITIONS = 3  # tokens/s per repetition: fewer, and the per-request TPOT decides
+MIN_REQUESTS = 5
+# a quantized precision counts as slower when its whole interval is beyond 10%: less is no pitfall worth a note
+# (and, on a shared runner, what two precisions measured apart in time differ by anyway)
+SLOWER_BEYOND = 1.10
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """How much slower `slow` ran than `fast`, with its 95% interval and the figure it was read from; a note
+    fires only when the whole interval is beyond its threshold (evidence beyond noise)."""
+
+    ratio: float
+    low: float
+    high: float
+    evidence: str
+
+    def describe(self) -> str:
+        return (f"{units.ratio(self.ratio)} (95% CI {units.number(self.low)}–{units.number(self.high)}, "
+                f"{self.evidence})")
+
+
+def slowdown(slow: Measurement, fast: Measurement) -> Slowdown | None:
+    """`slow`'s cost over `fast`'s: tokens/s per repetition where both have MIN_REPETITIONS, else the median
+    per-request TPOT; None when neither has enough samples to tell."""
+    def median(values):
+        return percentile(values, 50)
+
+    a, b = slow.samples.get("tokens_per_s") or [], fast.samples.get("tokens_per_s") or []
+    if len(a) >= MIN_REPETITIONS and len(b) >= MIN_REPETITIONS and min(a) > 0 and min(b) > 0:
+        point, low, high = bootstrap_ratio_ci(b, a, median, resamples=1000)
+        return Slowdown(point, low, high, f"tokens/s of {len(a)} and {len(b)} repetitions")
+    a, b = slow.samples.get("tpot_ms") or [], fast.samples.get("tpot_ms") or []
+    if len(a) >= MIN_REQUESTS and len(b) >= MIN_REQUESTS and median(b) > 0:
+        point, low, high = bootstrap_ratio_ci(a, b, median, resamples=1000)
+        return Slowdown(point, low, high, f"median TPOT of {len(a)} and {len(b)} requests")
+    return None
 
 
 @dataclass
@@ -60,60 +100,73 @@ def _base_test(record: PerfRecord) -> str:
 
 
 def kv_cache_gain(results: RunResults) -> list[Note]:
+    """The cache's speedup over recomputing, where its whole interval is below 1.5x."""
     notes = []
-    by_key: dict[tuple, dict[str, dict]] = {}
+    by_key: dict[tuple, dict[str, PerfRecord]] = {}
     for r in _perf(results):
         key = (_base_test(r), r.precision, r.tags.get("max_new_tokens"), r.tags.get("prompt_tokens"))
         by_key.setdefault(key, {})[r.engine_config.get("cache_mode")] = r
     for (_, precision, max_new, _), modes in by_key.items():
         if "none" in modes and ("paged" in modes or "contiguous" in modes):
             on = modes.get("paged") or modes.get("contiguous")
-            speedup = on.summary["tokens_per_s"] / modes["none"].summary["tokens_per_s"]
-            if speedup < 1.5:
+            gain = slowdown(modes["none"].measurement, on.measurement)
+            if gain is not None and gain.high < 1.5:
                 notes.append(note("kv_gain", f"{precision}, max_new_tokens={max_new}: KV cache only "
-                                             f"{units.ratio(speedup)} faster than recomputing."))
+                                             f"{gain.describe()} faster than recomputing."))
     return notes
 
 
 def quantized_slower(results: RunResults, reference: str) -> list[Note]:
-    """One note per quantized precision that was slower than the reference in the same test."""
-    groups: dict[str, dict[str, dict]] = {}
+    """One note per quantized precision slower than the reference beyond noise: the whole interval above
+    SLOWER_BEYOND."""
+    groups: dict[str, dict[str, PerfRecord]] = {}
     for r in _perf(results):
         groups.setdefault(_base_test(r) + "|" + r.label, {})[r.precision] = r
-    slower: dict[str, list[tuple[str, float, float]]] = {}
+    slower: dict[str, list[tuple[str, Slowdown]]] = {}
     compared: dict[str, int] = {}
     for name, by_precision in groups.items():
-        ref_tps = by_precision[reference].summary.get("tokens_per_s") if reference in by_precision else None
+        if reference not in by_precision:
+            continue
         for precision in sorted(QUANTIZED):
-            if precision in by_precision and ref_tps:
-                compared[precision] = compared.get(precision, 0) + 1
-                tps = by_precision[precision].summary.get("tokens_per_s", 0)
-                if tps < ref_tps:
-                    slower.setdefault(precision, []).append((name.split("|")[0], tps, ref_tps))
+            if precision not in by_precision:
+                continue
+            found = slowdown(by_precision[precision].measurement, by_precision[reference].measurement)
+            if found is None:
+                continue
+            compared[precision] = compared.get(precision, 0) + 1
+            if found.low > SLOWER_BEYOND:
+                slower.setdefault(precision, []).append((name.split("|")[0], found))
     notes = []
     for precision, cases in slower.items():
-        test, tps, ref_tps = min(cases, key=lambda c: c[1] / c[2])
-        notes.append(note("quantized_slower", f"{precision} was slower than {reference} in {len(cases)} of "
-                          f"{compared[precision]} comparable tests (worst: {units.number(tps)} vs "
-                          f"{units.number(ref_tps)} tok/s in {test})."))
+        test, worst = max(cases, key=lambda c: c[1].ratio)
+        notes.append(note("quantized_slower", f"{precision} was more than {units.percent(SLOWER_BEYOND - 1)} slower than {reference} in "
+                          f"{len(cases)} of {compared[precision]} comparable tests (worst: {worst.describe()} in "
+                          f"{test})."))
     return notes
 
 
 def dynamic_ttft(results: RunResults) -> list[Note]:
+    """Dynamic batching's TTFT against the best other mode's, where the whole interval is above 1.5x."""
     notes = []
-    by_mode: dict[str, list[float]] = {}
+    by_mode: dict[str, list[PerfRecord]] = {}
     for r in _perf(results):
-        mode = r.engine_config.get("batching")
-        if "ttft_ms_p50" in r.summary:
-            by_mode.setdefault(mode, []).append(r.summary["ttft_ms_p50"])
-    if "dynamic" in by_mode:
-        other = by_mode.get("continuous") or by_mode.get("sequential")
-        if other:
-            dyn, best = min(by_mode["dynamic"]), min(other)
-            if dyn > 1.5 * best:
-                notes.append(note("dynamic_ttft", f"dynamic batching's p50 TTFT is {units.duration_ms(dyn)} against "
-                                  f"{units.duration_ms(best)} without the batching window: throughput went up but "
-                                  "users wait longer for the first token."))
+        if r.measurement.samples.get("ttft_ms"):
+            by_mode.setdefault(r.engine_config.get("batching"), []).append(r)
+    other = by_mode.get("continuous") or by_mode.get("sequential")
+    if "dynamic" in by_mode and other:
+        def p50(r: PerfRecord) -> float:
+            return percentile(r.measurement.samples["ttft_ms"], 50)
+
+        dyn, best = min(by_mode["dynamic"], key=p50), min(other, key=p50)
+        a, b = dyn.measurement.samples["ttft_ms"], best.measurement.samples["ttft_ms"]
+        if len(a) >= MIN_REQUESTS and len(b) >= MIN_REQUESTS and p50(best) > 0:
+            point, low, high = bootstrap_ratio_ci(a, b, lambda xs: percentile(xs, 50), resamples=1000)
+            if low > 1.5:
+                notes.append(note("dynamic_ttft", f"dynamic batching's p50 TTFT is {units.duration_ms(p50(dyn))} "
+                                  f"against {units.duration_ms(p50(best))} without the batching window "
+                                  f"({units.ratio(point)}, 95% CI {units.number(low)}–{units.number(high)}, "
+                                  f"{len(a)} and {len(b)} requests): throughput went up but users wait longer for "
+                                  "the first token."))
     return notes
 
 
