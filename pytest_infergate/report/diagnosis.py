@@ -139,7 +139,8 @@ def quantized_slower(results: RunResults, reference: str) -> list[Note]:
     notes = []
     for precision, cases in slower.items():
         test, worst = max(cases, key=lambda c: c[1].ratio)
-        notes.append(note("quantized_slower", f"{precision} was more than {units.percent(SLOWER_BEYOND - 1)} slower than {reference} in "
+        beyond = units.percent(SLOWER_BEYOND - 1)
+        notes.append(note("quantized_slower", f"{precision} was more than {beyond} slower than {reference} in "
                           f"{len(cases)} of {compared[precision]} comparable tests (worst: {worst.describe()} in "
                           f"{test})."))
     return notes
