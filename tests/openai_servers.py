@@ -45,8 +45,10 @@ class FaultyHandler(BaseHTTPRequestHandler):
             self._send(404, b'{"error": "not found"}')
 
     def do_POST(self):
+        self.server.arrivals.append(time.perf_counter())  # the request line and headers are in: it has left
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
+        self.server.bodies.append(body)
         mode = self.server.mode
         if self.server.api_key and self.headers.get("Authorization") != f"Bearer {self.server.api_key}":
             return self._send(401, b'{"error": {"message": "invalid API key"}}')
@@ -95,6 +97,7 @@ class FaultyServer:
         self.httpd.slots = threading.Semaphore(slots)
         self.httpd.mode, self.httpd.token_delay_s, self.httpd.stall_s = mode, token_delay_s, stall_s
         self.httpd.max_tokens, self.httpd.requests, self.httpd.api_key = max_tokens, 0, api_key
+        self.httpd.arrivals, self.httpd.bodies = [], []  # when each POST arrived (perf_counter) and its JSON
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

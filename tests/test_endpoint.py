@@ -5,6 +5,7 @@ plugin with --infergate-endpoint. Capacity, /metrics, traffic files and two-serv
 
 import json
 import statistics
+import time
 
 import pytest
 from openai_servers import FaultyServer, free_port
@@ -100,6 +101,38 @@ def test_unmet_slo_counts_against_goodput_only():
     with FaultyServer("ok", token_delay_s=0.02) as server:
         run = run_load(EndpointConfig(server.url), _requests(4, 5), LoadPattern(concurrency=4), Slo(e2e_ms=1))
     assert run.success_rate == 1 and run.goodput_per_s == 0
+
+
+# --- what leaves, and when --------------------------------------------------------------------------------------
+
+def test_the_clock_starts_when_the_request_leaves_and_extra_fields_are_sent():
+    # issue #35 points 3 and 4: TTFT and e2e were timed from before the request was built; no vendor fields
+    import asyncio
+
+    from pytest_infergate.endpoint.client import EndpointClient
+
+    request = EndpointRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                              extra_body={"ignore_eos": True, "min_tokens": 4, "top_k": 1})
+
+    async def one(url):
+        async with EndpointClient(EndpointConfig(url)) as client:
+            client.model = "faulty"
+            before = time.perf_counter()
+            return before, await client.send(request)
+
+    with FaultyServer("ok") as server:
+        before, result = asyncio.run(one(server.url))
+    assert result.ok and result.sent_on_wire  # stamped by httpcore's trace, as the headers left
+    (arrived,) = server.httpd.arrivals
+    assert before <= result.sent <= arrived <= result.first_token
+    (body,) = server.httpd.bodies
+    assert body["ignore_eos"] is True and body["min_tokens"] == 4 and body["top_k"] == 1 and body["max_tokens"] == 4
+    with pytest.raises(OptionError, match="extra_body may not set stream"):
+        EndpointRequest(prompt="x", extra_body={"stream": False}).body("m", True)
+    # an engine Request's ignore_eos becomes the servers' field: a fixed output length
+    fixed = EndpointRequest.from_engine_request(Request(prompt="x", max_new_tokens=8, ignore_eos=True), api="chat")
+    assert fixed.body("m", True)["ignore_eos"] is True
+    assert "ignore_eos" not in EndpointRequest.from_engine_request(Request(prompt="x"), api="chat").body("m", True)
 
 
 # --- the plugin with --infergate-endpoint ---------------------------------------------------------------------

@@ -52,6 +52,17 @@ def test_server_metrics_and_cached_prompt_tokens_of_multi_turn_sessions(llama_se
     assert server["cached_prompt_share"] > 0.2
 
 
+def test_ignore_eos_gives_exactly_max_tokens_on_the_real_server(llama_server):
+    # issue #35 point 4: a fixed output length, as serving benchmarks use, without a server flag
+    short = "Answer with one word: yes or no?"
+    fixed = replace(_chat(short, 24), extra_body={"ignore_eos": True}, request_id="fixed")
+    run = run_load(EndpointConfig(llama_server.url, timeout_s=120), [_chat(short, 24, "free"), fixed],
+                   LoadPattern(concurrency=1))
+    free, held = run.results
+    assert free.ok and held.ok and held.output_tokens == 24 and held.finish_reason == "length"
+    assert free.output_tokens < 24  # the same prompt ends by itself without it
+
+
 def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server):
     spec = CapacitySpec(Slo(e2e_ms=4000), target_goodput=0.9, search="concurrency", bounds=(1, 16), budget_s=25,
                         min_requests=4)

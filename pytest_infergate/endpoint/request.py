@@ -86,13 +86,18 @@ class EndpointRequest:
     logprobs: int = 0  # top logprobs per token (0: none)
     request_id: str = ""
     arrival_s: float = 0.0  # offset in the arrival schedule of a load run
+    # vendor fields merged into the JSON body last (`ignore_eos`, `min_tokens`, `top_k`, ...): a fixed output
+    # length, as serving benchmarks use, is {"ignore_eos": True} with max_tokens (vLLM, SGLang, llama.cpp)
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_engine_request(cls, request, api: str = "chat") -> EndpointRequest:
         """The same request as the reference engine's `Request` (prompt text, chat messages or token ids)."""
         common = dict(max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
                       seed=request.seed, stop=tuple(request.stop_strings), request_id=request.request_id or "",
-                      arrival_s=request.arrival_s)
+                      arrival_s=request.arrival_s,
+                      # a fixed output length: the servers gated here (vLLM, SGLang, llama.cpp) take ignore_eos
+                      extra_body={"ignore_eos": True} if request.ignore_eos else {})
         if request.messages is not None:
             if api == "chat":
                 return cls(messages=request.messages, **common)
@@ -133,6 +138,11 @@ class EndpointRequest:
                 body["logprobs"], body["top_logprobs"] = True, self.logprobs
             else:
                 body["logprobs"] = self.logprobs
+        clash = sorted(set(self.extra_body) & {"model", "stream", "messages", "prompt"})
+        if clash:
+            raise OptionError(f"EndpointRequest.extra_body may not set {', '.join(clash)}: the load generator sets "
+                              "them; give the others (e.g. ignore_eos, min_tokens, top_k)")
+        body.update(self.extra_body)
         return body
 
     @property
@@ -145,7 +155,8 @@ class EndpointResult:
     """One request as the client saw it. Instants are perf_counter seconds; `error` is None on success."""
 
     request_id: str
-    sent: float = 0.0
+    sent: float = 0.0  # when the request's first byte left (httpcore's trace), else just before it was built
+    sent_on_wire: bool = False  # `sent` is the instant the request left, not the fallback
     first_token: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
     finished: float | None = None
