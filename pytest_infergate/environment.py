@@ -7,6 +7,8 @@ import platform
 import sys
 from importlib import metadata
 
+from pytest_infergate.lazy import import_torch
+
 LIBRARIES = ("torch", "transformers", "bitsandbytes", "accelerate", "gguf", "pytest-infergate")
 
 
@@ -35,7 +37,7 @@ def machine_fingerprint(device: str) -> dict:
     """Everything about the machine that changes performance numbers."""
     info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": sys.platform, "device": device}
     if "torch" in sys.modules or device.startswith("cuda"):
-        import torch
+        torch = import_torch()
 
         info["torch_threads"] = torch.get_num_threads()
         if device.startswith("cuda") and torch.cuda.is_available():

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from pytest_infergate.lazy import import_torch
+
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
 
@@ -61,7 +63,7 @@ class PeakMemory:
 
     def __enter__(self) -> PeakMemory:
         if self.device.startswith("cuda"):
-            import torch
+            torch = import_torch()
 
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -85,7 +87,7 @@ class PeakMemory:
 
     def __exit__(self, *exc) -> None:
         if self._method.startswith("cuda"):
-            import torch
+            torch = import_torch()
 
             torch.cuda.synchronize(self.device)
             self.result = PeakMemoryResult(self._method, torch.cuda.max_memory_allocated(self.device), self._start,

@@ -27,6 +27,7 @@ from pytest_infergate.fixtures import (  # noqa: F401
     infergate_reference_model,
     infergate_tokenizer,
 )
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.options import OPTION_SPECS, Options, check_folder_path, check_output_path
 from pytest_infergate.session import PLUGIN_NAME, InfergateSession, InfergateWarning, session_of  # noqa: F401
 
@@ -74,7 +75,7 @@ def _options(config: pytest.Config) -> Options:
 
 
 def _pin_gpu(config: pytest.Config, options: Options) -> Options:
-    import torch
+    torch = import_torch()
 
     if not torch.cuda.is_available():
         raise pytest.UsageError(

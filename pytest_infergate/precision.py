@@ -6,6 +6,7 @@ Only the name tables live at module level; torch is imported inside the function
 from __future__ import annotations
 
 from pytest_infergate.errors import OptionError
+from pytest_infergate.lazy import import_torch
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4")
 QUANTIZED = frozenset({"int8", "nf4"})
@@ -41,7 +42,7 @@ def compute_dtype_name(precision: str, reference: str) -> str:
 
 
 def torch_dtype(precision: str, reference: str = "fp32"):
-    import torch
+    torch = import_torch()
 
     return getattr(torch, compute_dtype_name(precision, reference))
 

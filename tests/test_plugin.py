@@ -134,3 +134,15 @@ def test_plugin_import_does_not_import_torch(pytester):
             assert "torch" not in sys.modules and "transformers" not in sys.modules
     """)
     pytester.runpytest_subprocess("-p", "no:hypothesispytest").assert_outcomes(passed=1)
+
+
+def test_importing_the_plugin_loads_no_torch():
+    # issue #33 point 2: every pytest run of a project that installs the plugin imports it; torch loads only when
+    # an infergate fixture is used (pytest_infergate/lazy.py draws the line)
+    import subprocess
+    import sys
+
+    code = ("import sys, pytest_infergate.plugin, pytest_infergate.cli; "
+            "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

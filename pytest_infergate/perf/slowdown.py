@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from pytest_infergate.lazy import import_torch
+
 
 @contextmanager
 def injected_slowdown(model, fraction: float, busy: bool = False):
@@ -32,7 +34,7 @@ def injected_slowdown(model, fraction: float, busy: bool = False):
 
 
 def _busy_waiter():
-    import torch
+    torch = import_torch()
 
     x, w = torch.ones(32, 576), torch.ones(576, 1536)  # ~0.5 ms a matmul on an idle 2-core runner
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import RequestError, render_prompt
+from pytest_infergate.lazy import import_torch
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -105,7 +106,7 @@ def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAUL
     (GOLDEN_BATCHING unless `config`): the composition is exactly this list. `max_new_tokens` caps every sample's
     output: in a batch of one those are the first tokens of the uncapped run (greedy decoding is causal); in a
     larger batch a sequence that stops sooner frees its slot sooner, so the run is a composition of its own."""
-    import torch
+    torch = import_torch()
 
     requests = golden_requests(samples, loaded.tokenizer, max_model_len, max_new_tokens)
     wall, cpu = time.perf_counter(), time.process_time()

@@ -7,6 +7,7 @@ the policy key `same_environment=1`."""
 from __future__ import annotations
 
 from pytest_infergate.environment import cpu_model, library_versions
+from pytest_infergate.lazy import import_torch
 
 # ISA extensions whose presence changes which kernels run (and so the last bits of results)
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
@@ -31,7 +32,7 @@ def cpu_flags() -> list[str]:
 
 def kernel_paths(loaded) -> dict[str, str]:
     """Which kernels the model's quantized layers run on this machine, where bitsandbytes lets us read it."""
-    import torch
+    torch = import_torch()
 
     device = next(loaded.model.parameters()).device
     paths: dict[str, str] = {}
@@ -62,7 +63,7 @@ def kernel_paths(loaded) -> dict[str, str]:
 
 def golden_environment(loaded, threads: int | None = None) -> dict:
     """The environment of this machine for `loaded`'s golden outputs (header key `environment`)."""
-    import torch
+    torch = import_torch()
 
     device = next(loaded.model.parameters()).device
     versions = library_versions()
