@@ -33,6 +33,7 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "running_requests": ("requests", True, False),  # peak batch (requests running at once) during the run
 }
 PERCENTILES = (50, 90, 95, 99, 99.9)
+MAX_REQUEST_RECORDS = 5000  # per measurement: about 1 MB of JSON at 20 chunks a request
 
 
 def percentile_suffix(pct: float) -> str:
@@ -67,6 +68,10 @@ class Measurement:
     # Per repetition, the share of the machine's CPU time other processes took while it ran (perf.interference):
     # the direct evidence of a busy runner. Empty where not measured (not Linux, older baselines, endpoints).
     others_share: list[float] = field(default_factory=list)
+    # Endpoint load runs: one record per request (endpoint.load.request_record: when it left, its first token and
+    # each chunk's arrival in seconds from the run's start, tokens, HTTP status, error class), at most
+    # MAX_REQUEST_RECORDS per measurement, for the slow tail a percentile hides.
+    requests: list[dict[str, Any]] = field(default_factory=list)
     repetition_ends: dict[str, list[int]] = field(default_factory=dict)
 
     def value(self, metric: str, pct: float | None = 50) -> float:

@@ -368,3 +368,30 @@ def test_a_prompt_past_the_servers_context_is_counted_and_the_run_goes_on(llama_
 def test_a_load_run_takes_only_requests():
     with pytest.raises(TypeError, match="takes EndpointRequest or engine Request objects, not str"):
         run_load(EndpointConfig("http://127.0.0.1:9"), ["hello"])
+
+
+def test_every_request_is_recorded_and_the_report_shows_the_slow_tail():
+    # issue #35 point 5: per-request records in the JSON, and the report's slow-tail view built from them
+    from pytest_infergate.endpoint.load import add_to_measurement
+    from pytest_infergate.measurement import Measurement
+    from pytest_infergate.report import render
+    from pytest_infergate.results.records import PerfRecord
+    from pytest_infergate.results.run import RunResults
+    from pytest_infergate.status import Status
+
+    with FaultyServer("flaky", token_delay_s=0.001) as server:
+        run = run_load(EndpointConfig(server.url), _requests(6, 5), LoadPattern(concurrency=1))
+    measurement = Measurement()
+    add_to_measurement(run, measurement)
+    assert [r["request_id"] for r in measurement.requests] == [f"r{i}" for i in range(6)]
+    ok = [r for r in measurement.requests if r["error"] is None]
+    failed = [r for r in measurement.requests if r["error"] is not None]
+    assert len(ok) == 3 and len(failed) == 3 and all(r["error"] == "http_500" for r in failed)
+    for r in ok:
+        assert r["sent_on_wire"] and 0 <= r["sent_s"] <= r["first_token_s"] <= r["finished_s"]
+        assert len(r["chunks_s"]) == r["output_tokens"] == 5 and r["chunks_s"] == sorted(r["chunks_s"])
+    record = PerfRecord(test="t.py::test_load[endpoint]", label="", precision="endpoint", status=Status.PASS,
+                        measurement=Measurement.from_dict(measurement.to_dict()), backend="endpoint")
+    html = render(RunResults(records=[record]))
+    assert "The slow tail: slowest requests per load run" in html and "(6 requests recorded)" in html
+    assert "http_500" in html

@@ -13,7 +13,7 @@ from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, End
 from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
-from pytest_infergate.measurement import Measurement, add_request_latencies
+from pytest_infergate.measurement import MAX_REQUEST_RECORDS, Measurement, add_request_latencies
 from pytest_infergate.workload_files import Session
 from pytest_infergate.workloads import gamma_arrival_offsets
 
@@ -161,10 +161,28 @@ def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     errors.update(summary["errors"])
     into.engine.update(errors=dict(errors), pattern=summary["pattern"], slo=summary["slo"],
                        usage_reported=summary["usage_reported"])
+    start = min((r.sent for r in run.results if r.sent), default=0.0)
+    room = MAX_REQUEST_RECORDS - len(into.requests)
+    into.requests += [request_record(r, start, into.repetitions - 1) for r in run.results[:max(0, room)]]
     into.engine.setdefault("failures", [])
     into.engine["failures"] += [{"request_id": r.request_id, "error": r.error, "detail": r.error_detail}
                                 for r in run.results if not r.ok][:20 - len(into.engine["failures"])]
     add_server_figures(run, into)
+
+
+MAX_CHUNKS = 4096  # chunk arrivals kept per request record
+
+
+def request_record(result: EndpointResult, start: float, repetition: int) -> dict:
+    """One request as the JSON results keep it: instants in seconds from the load run's first send."""
+    def offset(instant: float | None) -> float | None:
+        return None if instant is None else round(instant - start, 6)
+
+    return {"repetition": repetition, "request_id": result.request_id, "sent_s": offset(result.sent),
+            "first_token_s": offset(result.first_token), "finished_s": offset(result.finished),
+            "chunks_s": [offset(t) for t in result.chunk_times[:MAX_CHUNKS]],
+            "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens, "status": result.status,
+            "error": result.error, "sent_on_wire": result.sent_on_wire}
 
 
 def add_server_figures(run: LoadRun, into: Measurement) -> None:

@@ -21,6 +21,7 @@ from pytest_infergate.report.serving import (
     prefix_cache_detail,
     server_metric_rows,
 )
+from pytest_infergate.report.slow_tail import slow_tails
 from pytest_infergate.results.not_run import not_run
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
@@ -168,6 +169,7 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "batch_invariance": batch_invariance_sections(results.batch_invariance),
         "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
         "servers": server_metric_rows(results.perf), "server_columns": SERVER_COLUMNS,
+        "slow_tails": slow_tails(results.perf),
         "token_counters": TOKEN_COUNTERS, "ab_runs": ab_runs(results.perf), "ab_columns": AB_COLUMNS,
         "capacity": capacity_sections(results.perf),
         "figures": [Markup(f) for f in figures(results) if f], "changed_samples": _changed_samples(results, groups),
