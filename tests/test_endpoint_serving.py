@@ -253,12 +253,25 @@ def test_capacity_finds_the_knee_of_a_server_with_four_slots():
     assert 4 <= result.capacity <= 20, result.describe()
     assert result.reason == "bracket resolved" and result.bracket == (result.capacity, result.capacity + 1)
     assert [p.load for p in result.points][:4] == [1, 2, 4, 8]  # the coarse sweep doubles, then bisection
-    over = [p for p in result.points if p.passed is False]
+    over = [p for p in result.points if p.passed is False and not p.unresolved]
     assert over and all(p.stopped == "clearly over" and p.requests < spec.num_requests(p.load) for p in over)
     measurement = capacity_measurement(result)
     assert measurement.samples["capacity_concurrency"] == [result.capacity]
     assert measurement.samples["capacity_rps"][0] == pytest.approx(result.best.throughput_rps)
     assert measurement.engine["capacity"]["points"][0]["latency_ms"]["e2e_ms_p999"] > 0
+
+
+def test_a_point_whose_interval_holds_the_target_is_remeasured_then_unresolved():
+    # issue #35 point 6: every second request fails, so attainment sits at the 50% target: neither pass nor fail
+    spec = CapacitySpec(Slo(e2e_ms=60_000), target_goodput=0.5, search="concurrency", bounds=(2, 2), budget_s=60,
+                        min_requests=10)
+    with FaultyServer("flaky", max_tokens=2) as server:
+        result = search_capacity(EndpointConfig(server.url), [EndpointRequest(messages=CHAT, max_tokens=2)], spec,
+                                 warmup=0)
+    (point,) = result.points
+    assert point.unresolved and point.remeasured == 1 and point.requests == 20  # two batches pooled
+    assert point.ci[0] < 0.5 < point.ci[1] and point.passed is False and result.capacity is None
+    assert "unresolved (the SLO target inside the interval, not counted as passing): 2 (50.0%" in result.describe()
 
 
 def test_capacity_search_stops_within_its_time_budget():

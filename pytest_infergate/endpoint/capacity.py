@@ -103,6 +103,10 @@ class CapacityPoint:
     cancelled: int = 0  # in flight when the point stopped (not counted above)
     latency_ms: dict[str, float] = field(default_factory=dict)  # ttft_ms_p50, ..., e2e_ms_p999
     server: dict[str, float] = field(default_factory=dict)  # server /metrics figures of the point
+    # the attainment's interval contains the target even after re-measuring: the SLO can be neither confirmed
+    # nor refuted at this load; the search treats it as not passing (the capacity it reports is a resolved one)
+    unresolved: bool = False
+    remeasured: int = 0  # more batches of requests pooled into this point while its interval held the target
 
     @classmethod
     def from_dict(cls, data: dict) -> CapacityPoint:
@@ -130,7 +134,7 @@ class CapacityResult:
     def describe(self) -> str:
         unit = "req/s" if self.spec.search == "rate" else "in flight"
         if self.capacity is None:
-            return f"capacity: none within bounds {self.spec.bounds} ({self.reason})"
+            return f"capacity: none within bounds {self.spec.bounds} ({self.reason})" + self._unresolved_text()
         point = self.best
         rps = "" if self.spec.search == "rate" else f" ({self.capacity_rps:.4g} req/s)"
         return (f"capacity {self.capacity:.4g} {unit}{rps}: SLO met by "
@@ -139,7 +143,15 @@ class CapacityResult:
                 + (f"knee between {self.bracket[0]:.4g} and {self.bracket[1]:.4g}" if self.bracket[1] is not None
                    else "no knee within the bounds")
                 + f"; {self.reason}; "
-                f"{len(self.points)} points in {self.elapsed_s:.1f}s")
+                f"{len(self.points)} points in {self.elapsed_s:.1f}s" + self._unresolved_text())
+
+    def _unresolved_text(self) -> str:
+        unresolved = [p for p in self.points if p.unresolved]
+        if not unresolved:
+            return ""
+        return "; unresolved (the SLO target inside the interval, not counted as passing): " + ", ".join(
+            f"{p.load:.4g} ({p.attainment:.1%}, CI {p.ci[0]:.1%}-{p.ci[1]:.1%}, {p.requests} requests)"
+            for p in unresolved)
 
     def to_dict(self) -> dict:
         spec = asdict(self.spec)
@@ -159,6 +171,25 @@ class CapacityResult:
                    data.get("reason", ""), float(data.get("elapsed_s", 0.0)))
 
 
+MAX_REMEASURE = 1  # pooled batches added to a point whose interval holds the target
+
+
+def straddles(met: int, sent: int, target: float) -> bool:
+    """Some requests met the SLO and some did not, and the attainment's interval holds the target: at this many
+    requests it cannot be told from it. A run where every request met the SLO (or none did) is decided by the
+    count: it is the best evidence that many requests can give (confirming 90% at 95% confidence without a miss
+    would take 29 requests, 99% 299), and the verdict says how many there were."""
+    if not 0 < target < 1 or not 0 < met < sent:
+        return False
+    low, high = wilson(met, sent)
+    return low < target < high
+
+
+def _pooled(first: LoadRun, more: LoadRun) -> LoadRun:
+    return LoadRun(first.pattern, first.results + more.results, first.duration_s + more.duration_s, first.slo,
+                   more.server_metrics or first.server_metrics, more.stopped)
+
+
 def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
     sent = run.sent
     met = sum(spec.slo.met(r) for r in sent)
@@ -176,7 +207,10 @@ def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
         for pct in PERCENTILES if values else ():
             latency[f"{name}_{percentile_suffix(pct)}"] = percentile(values, pct)
     duration = run.duration_s or 1e-9
-    return CapacityPoint(load, len(sent), met, attainment, wilson(met, len(sent)), passed,
+    ci = wilson(met, len(sent)) if sent else (0.0, 1.0)
+    if passed is not None and not run.stopped and straddles(met, len(sent), spec.target_goodput):
+        passed = False  # not shown to meet the target: never a capacity until resolved (see `unresolved`)
+    return CapacityPoint(load, len(sent), met, attainment, ci, passed,
                          {"stopped early": "clearly over", "deadline": "time budget"}.get(run.stopped, ""),
                          run.duration_s, len(ok) / duration, met / duration,
                          {k: v for k, v in run.errors.items() if k not in NOT_SENT},
@@ -220,7 +254,17 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
 
         run = await run_load_async(client, batch, spec.pattern(load), spec.slo, stop=clearly_over,
                                    deadline=deadline)
-        point = _point(spec, load, run)
+        point, remeasured = _point(spec, load, run), 0
+        # a point stopped early has missed more than its whole batch allows: decided by the count, as designed
+        while (straddles(point.met, point.requests, spec.target_goodput) and not point.stopped
+               and remeasured < MAX_REMEASURE and time.perf_counter() < deadline):
+            remeasured += 1  # the same load again, pooled: more requests narrow the interval
+            again = [_renamed(items[i % len(items)], f"c{len(points)}-r{remeasured}-{i}") for i in range(count)]
+            run = _pooled(run, await run_load_async(client, again, spec.pattern(load), spec.slo,
+                                                    deadline=deadline))
+            point = _point(spec, load, run)
+        point.remeasured = remeasured
+        point.unresolved = not point.stopped and straddles(point.met, point.requests, spec.target_goodput)
         points.append(point)
         runs[load] = run
         if on_point is not None:

@@ -150,7 +150,7 @@ class CapacityPointRow:
     load: str
     requests: int
     attainment: str  # share within the SLO, with its 95% CI
-    verdict: str  # pass / fail / undecided (cut by the time budget)
+    verdict: str  # pass / fail / unresolved (the target inside the interval) / undecided (cut by the time budget)
     goodput: str
     throughput: str
     latency: list[str]  # p99 of each SLO metric
@@ -214,6 +214,7 @@ def capacity_sections(records: list[PerfRecord]) -> list[CapacitySection]:
         rows = [CapacityPointRow(units.number(p.load), p.requests,
                                  f"{units.percent(p.attainment)} (CI {units.percent(p.ci[0])}–"
                                  f"{units.percent(p.ci[1])})",
+                                 "unresolved" if p.unresolved else
                                  {True: "pass", False: "fail", None: "undecided"}[p.passed],
                                  f"{units.number(p.goodput_rps)} req/s", f"{units.number(p.throughput_rps)} req/s",
                                  [units.duration_ms(p.latency_ms.get(f"{m}_{SLO_PERCENTILE}")) for m in metrics],
