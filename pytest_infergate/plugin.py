@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_infergate import progress
 from pytest_infergate.context import ENDPOINT_PRECISION
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.fixtures import (  # noqa: F401
@@ -109,6 +110,36 @@ def pytest_configure(config: pytest.Config) -> None:
     except InfergateError as exc:
         raise pytest.UsageError(f"infergate: {exc}") from None
     config.pluginmanager.register(session, PLUGIN_NAME)
+    config.stash[_PREVIOUS_SINK] = progress.current_sink()
+    progress.set_sink(_terminal_sink(config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _PREVIOUS_SINK in config.stash:  # a pytest run inside a pytest run (pytester) gives the outer one back its own
+        progress.set_sink(config.stash[_PREVIOUS_SINK])
+
+
+_PREVIOUS_SINK = pytest.StashKey[object]()
+
+
+def _terminal_sink(config: pytest.Config):
+    """Progress lines on the terminal past output capture; none under -q, or in an xdist worker (nobody reads
+    its output)."""
+    if hasattr(config, "workerinput") or config.option.verbose < 0:
+        return None
+
+    def write(message: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is None:
+            reporter.write_line(message)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(message)
+
+    return write
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -233,3 +233,14 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL: candidate/baseline slowdown x*",
                                  "*machine speed not checked: the baseline has no calibration probe*"])
+
+
+def test_long_work_shows_progress_on_the_terminal_and_is_quiet_under_q(pytester, run):
+    # issue #34 point 5: repetitions of a measurement (a baseline save takes 8 a test) with what is left
+    pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=0.01"))
+    shown = run()
+    shown.assert_outcomes(passed=1)
+    shown.stdout.fnmatch_lines(["infergate: measuring a workload, repetition: 2 of 2, * s"])
+    quiet = run("-q")
+    quiet.assert_outcomes(passed=1)
+    assert "infergate: measuring" not in quiet.stdout.str()

@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from pytest_infergate import progress
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
 from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
 from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
@@ -266,6 +267,11 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         point.remeasured = remeasured
         point.unresolved = not point.stopped and straddles(point.met, point.requests, spec.target_goodput)
         points.append(point)
+        verdict_text = "unresolved" if point.unresolved else {True: "pass", False: "fail", None: "undecided"}[
+            point.passed]
+        progress.report(f"capacity point {load:g}: {verdict_text}, SLO met by {point.attainment:.0%} of "
+                        f"{point.requests}; {max(0.0, deadline - time.perf_counter()):.0f} s of the search's budget "
+                        "left")
         runs[load] = run
         if on_point is not None:
             on_point(point, run)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from pytest_infergate import progress
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 
 META_NAME = "infergate-meta.json"
@@ -109,10 +110,13 @@ def ensure_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[P
         tmp = root / f"{key}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        started = time.monotonic()
+        progress.report(f"building {key} in the model cache {root} (once per machine; a minute or more)")
         try:
             extra = build(tmp)
             write_meta(tmp, extra)
             os.replace(tmp, entry)
+            progress.report(f"built {key} in {time.monotonic() - started:.0f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return entry, read_meta(entry)

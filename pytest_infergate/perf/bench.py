@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import replace
 
+from pytest_infergate import progress
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
@@ -192,9 +193,11 @@ class Bench:
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
+        steps = progress.Steps(f"measuring {label or 'a workload'}, repetition", repeats)
         while measurement.repetitions < max_repeats and (
                 measurement.repetitions < repeats or time.perf_counter() - start < min_time_s):
             self.run_once(requests, config, warmup, measurement)
+            steps.step(min(measurement.repetitions, repeats))
         return measurement
 
     def extend(self, measurement: Measurement, requests: list[Request], config: EngineConfig | None = None, *,

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_infergate import progress
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import RequestError, render_prompt
@@ -149,7 +150,12 @@ def fixed_runs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: 
     for source, whole in sample_sets_of(samples).items():
         key = (loaded.record.requested_precision, source, composition_id(whole), max_model_len)
         if key not in cache:
+            started = time.monotonic()
+            progress.report(f"generating the golden outputs of {len(whole)} samples ({Path(source).name}, "
+                            f"{loaded.record.requested_precision}), once this session")
             cache[key] = run_samples(loaded, whole, max_model_len)
+            progress.report(f"golden outputs of {Path(source).name} ({loaded.record.requested_precision}) in "
+                            f"{time.monotonic() - started:.0f} s")
         runs.append(cache[key])
     return runs
 

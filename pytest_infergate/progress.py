@@ -1,0 +1,42 @@
+"""Progress of long work (model conversion, repetitions of a measurement, golden generation, capacity search, the
+baseline environment's worker) on the terminal, past pytest's output capture, with an estimate of what is left.
+
+The mechanics call `report(...)`; the session installs where it goes (pytest's terminal writer on the controller,
+nothing under -q or in an xdist worker, whose output nobody reads). With no sink installed it is silent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+_sink: Callable[[str], None] | None = None
+
+
+def current_sink() -> Callable[[str], None] | None:
+    return _sink
+
+
+def set_sink(sink: Callable[[str], None] | None) -> None:
+    global _sink
+    _sink = sink
+
+
+def report(message: str) -> None:
+    if _sink is not None:
+        _sink(f"infergate: {message}")
+
+
+class Steps:
+    """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
+
+    def __init__(self, what: str, total: int, every_s: float = 5.0):
+        self.what, self.total, self.every_s = what, total, every_s
+        self.started = self.last = time.monotonic()
+
+    def step(self, done: int) -> None:
+        now = time.monotonic()
+        if done >= self.total or now - self.last >= self.every_s:  # one line every few seconds, and the last
+            self.last = now
+            left = (now - self.started) / max(done, 1) * (self.total - done)
+            report(f"{self.what}: {done} of {self.total}" + (f", about {left:.0f} s left" if done < self.total
+                                                             else f", {now - self.started:.0f} s"))
