@@ -106,9 +106,13 @@ FIRST_GATE = re.search(r"## A first gate.*?```python\n(.*?)```", README, re.DOTA
 
 
 @pytest.mark.embedded
+@pytest.mark.load_evidence  # as a user runs it: on a busy runner a budget missed by time is inconclusive
 def test_the_readme_first_gate_passes_as_written_on_the_cpu(pytester, cache_dir):
     pytester.makepyfile(test_first_gate=FIRST_GATE)
     result = pytester.runpytest(f"--infergate-cache-dir={cache_dir}", "--infergate-precisions=fp32",
                                 "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*infergate verdict: PASS*"])
+    text = result.stdout.str()
+    # PASS on a 2-core CPU; where other jobs kept this machine busy, INCONCLUSIVE saying so (never FAIL)
+    assert "infergate verdict: PASS" in text or ("infergate verdict: INCONCLUSIVE" in text
+                                                 and "the runner was busy" in text), text[-3000:]
