@@ -355,3 +355,12 @@ def test_checks_that_did_not_run_are_a_table_with_why_and_how(results):
     html = render(data)
     assert '<table class="not-run">' in html and "how to make it run" in html
     assert "Skipped by design: 2 × the limits suite runs on the reference precision" in html
+
+
+def test_each_column_is_named_as_its_metric_defined_and_the_gated_figure_marked(results):
+    # issue #31 point 4: one figure per metric, named as the metrics reference names it; the gate's figure marked
+    html = render(copy.deepcopy(results))
+    for name in ("ttft_ms p50", "ttft_ms p95", "tpot_ms p50", "tokens_per_s", "peak_mem_mb"):
+        assert f">{name}</th>" in html
+    assert "output tokens of completed requests / the repetition&#39;s wall time, median over repetitions" in html
+    assert 'class="gated"' in html and "● marks a figure a gate checked" in html
