@@ -26,16 +26,19 @@ def report(message: str) -> None:
         _sink(f"infergate: {message}")
 
 
+EVERY_S = 5.0  # work shorter than this prints nothing; longer work a line this often, and one when it ends
+
+
 class Steps:
     """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
 
-    def __init__(self, what: str, total: int, every_s: float = 5.0):
-        self.what, self.total, self.every_s = what, total, every_s
+    def __init__(self, what: str, total: int):
+        self.what, self.total = what, total
         self.started = self.last = time.monotonic()
 
     def step(self, done: int) -> None:
         now = time.monotonic()
-        if done >= self.total or now - self.last >= self.every_s:  # one line every few seconds, and the last
+        if now - self.last >= EVERY_S or (done >= self.total and self.last > self.started):
             self.last = now
             left = (now - self.started) / max(done, 1) * (self.total - done)
             report(f"{self.what}: {done} of {self.total}" + (f", about {left:.0f} s left" if done < self.total
