@@ -109,6 +109,13 @@ class CapacityPoint:
     unresolved: bool = False
     remeasured: int = 0  # more batches of requests pooled into this point while its interval held the target
 
+    @property
+    def verdict(self) -> str:
+        """pass / fail / unresolved (the target inside the interval) / undecided (cut by the time budget)."""
+        if self.unresolved:
+            return "unresolved"
+        return {True: "pass", False: "fail", None: "undecided"}[self.passed]
+
     @classmethod
     def from_dict(cls, data: dict) -> CapacityPoint:
         point = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
@@ -267,9 +274,7 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         point.remeasured = remeasured
         point.unresolved = not point.stopped and straddles(point.met, point.requests, spec.target_goodput)
         points.append(point)
-        verdict_text = "unresolved" if point.unresolved else {True: "pass", False: "fail", None: "undecided"}[
-            point.passed]
-        progress.report(f"capacity point {load:g}: {verdict_text}, SLO met by {point.attainment:.0%} of "
+        progress.report(f"capacity point {load:g}: {point.verdict}, SLO met by {point.attainment:.0%} of "
                         f"{point.requests}; {max(0.0, deadline - time.perf_counter()):.0f} s of the search's budget "
                         "left")
         runs[load] = run

@@ -102,7 +102,12 @@ def explainable_slowdown(share: float) -> float:
     return LOAD_PENALTY / max(1e-9, 1.0 - share)
 
 
+def taken(share: float) -> str:
+    """'52% of the machine's CPU time (1.0 of 2 CPUs)'."""
+    cpus = os.cpu_count() or 1
+    return f"{share:.0%} of the machine's CPU time ({share * cpus:.1f} of {cpus} CPUs)"
+
+
 def describe(share: float) -> str:
     """'other processes took 52% of the machine's CPU time (1.0 of 2 CPUs)'."""
-    cpus = os.cpu_count() or 1
-    return f"other processes took {share:.0%} of the machine's CPU time ({share * cpus:.1f} of {cpus} CPUs)"
+    return f"other processes took {taken(share)}"

@@ -207,7 +207,7 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
                                      f"while it was measured, so this run being no slower (x{measured.ratio:.3f}) "
                                      "says nothing; re-save the baseline on a quiet runner")
     return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
-                                 f"run and {interference.describe(then).removeprefix('other processes took ')} "
+                                 f"run and {interference.taken(then)} "
                                  "while the baseline was saved; re-save the baseline and rerun on a quiet runner")
 
 

@@ -214,8 +214,7 @@ def capacity_sections(records: list[PerfRecord]) -> list[CapacitySection]:
         rows = [CapacityPointRow(units.number(p.load), p.requests,
                                  f"{units.percent(p.attainment)} (CI {units.percent(p.ci[0])}–"
                                  f"{units.percent(p.ci[1])})",
-                                 "unresolved" if p.unresolved else
-                                 {True: "pass", False: "fail", None: "undecided"}[p.passed],
+                                 p.verdict,
                                  f"{units.number(p.goodput_rps)} req/s", f"{units.number(p.throughput_rps)} req/s",
                                  [units.duration_ms(p.latency_ms.get(f"{m}_{SLO_PERCENTILE}")) for m in metrics],
                                  p.stopped)
