@@ -151,11 +151,11 @@ def fixed_runs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: 
         key = (loaded.record.requested_precision, source, composition_id(whole), max_model_len)
         if key not in cache:
             started = time.monotonic()
-            progress.report(f"generating the golden outputs of {len(whole)} samples ({Path(source).name}, "
-                            f"{loaded.record.requested_precision}), once this session")
             cache[key] = run_samples(loaded, whole, max_model_len)
-            progress.report(f"golden outputs of {Path(source).name} ({loaded.record.requested_precision}) in "
-                            f"{time.monotonic() - started:.0f} s")
+            took = time.monotonic() - started
+            if took >= progress.EVERY_S:  # quick work prints nothing, as elsewhere
+                progress.report(f"generated the golden outputs of {len(whole)} samples ({Path(source).name}, "
+                                f"{loaded.record.requested_precision}) in {took:.0f} s, once this session")
         runs.append(cache[key])
     return runs
 
