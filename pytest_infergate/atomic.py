@@ -1,11 +1,42 @@
-"""Files that appear whole or not at all: written to a temporary file beside the target, then renamed."""
+"""Files that appear whole or not at all: written to a temporary file beside the target, then renamed; and a lock
+for the outputs that are read, merged and rewritten (baseline, accepted golden outputs) by runs that may overlap
+(two CI jobs on one runner, pytest-xdist workers)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from pytest_infergate.errors import InfergateError
+
+LOCK_TIMEOUT_S = 600.0  # a merge takes milliseconds; a holder this long is a stuck process, named in the error
+
+
+@contextmanager
+def exclusive(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the machine-wide lock of one output file while it is read, merged and rewritten, so two runs that save
+    the same file at once both land (no lost entry). The lock file lives in the temporary directory, keyed by the
+    output's absolute path: beside the output it would show up in every checkout that commits its baselines."""
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:24]
+    folder = Path(tempfile.gettempdir()) / "infergate-locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder / f"{key}.lock", timeout=timeout_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InfergateError(f"{path} is being written by another run that has held its lock ({lock.lock_file}) "
+                             f"for over {timeout_s:g} s; if no other run is writing it, remove the lock file") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

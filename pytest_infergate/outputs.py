@@ -5,6 +5,7 @@ is written last, because it links to the history page the run has just been appe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,14 +17,20 @@ if TYPE_CHECKING:
     from pytest_infergate.history import History
 
 
-def write_outputs(results: RunResults, options: Options, interrupted: bool = False
-                  ) -> tuple[list[str], History | None]:
-    """Write every output the options ask for. Returns the errors (one line per output not written) and the
-    history when --infergate-history was written, else None. `interrupted` (Ctrl-C, a crash of the session): the
-    baseline is not written, so an accepted one is never replaced by a run that did not finish."""
+@dataclass
+class Written:
+    errors: list[str] = field(default_factory=list)  # one line per output not written, naming option and path
+    notes: list[str] = field(default_factory=list)  # what a reviewer should know about an output that was written
+    history: History | None = None  # when --infergate-history was written
+
+
+def write_outputs(results: RunResults, options: Options, interrupted: bool = False) -> Written:
+    """Write every output the options ask for. `interrupted` (Ctrl-C, a crash of the session): the baseline is
+    not written, so an accepted one is never replaced by a run that did not finish."""
     from pytest_infergate.atomic import write_json_atomic
 
     history: History | None = None
+    notes: list[str] = []
 
     def save_baseline(path: Path) -> None:
         from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
@@ -31,7 +38,12 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         if interrupted:
             raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
                                  "was: save the baseline from a run that completes")
-        save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf})
+        kept = save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf},
+                             run_started=results.started)
+        if kept:
+            notes.append(f"--infergate-save-baseline {path}: another run saved it while this one ran; its "
+                         f"{len(kept)} entr{'y' if len(kept) == 1 else 'ies'} this run did not measure kept "
+                         f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})")
 
     def record_history(folder: Path) -> None:
         from pytest_infergate.history.outputs import record_run
@@ -62,4 +74,4 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
             write(path)
         except (OSError, InfergateError) as exc:
             errors.append(f"{option} {path} was not written: {exc}")
-    return errors, history
+    return Written(errors, notes, history)

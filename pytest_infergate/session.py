@@ -80,6 +80,7 @@ class InfergateSession:
         self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
+        self.output_notes: list[str] = []
         self.history = None  # history.History, once this run is appended to --infergate-history
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
@@ -287,7 +288,8 @@ class InfergateSession:
         from pytest_infergate.outputs import write_outputs
 
         interrupted = session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-        self.output_errors, self.history = write_outputs(self.results, self.options, interrupted)
+        written = write_outputs(self.results, self.options, interrupted)
+        self.output_errors, self.output_notes, self.history = written.errors, written.notes, written.history
         if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -295,7 +297,7 @@ class InfergateSession:
         from pytest_infergate.results.summary import summary_lines
 
         if not self.results.models and not self.results.records and not self.results.warnings \
-                and not self.output_errors:
+                and not self.output_errors and not self.output_notes:
             return
         terminalreporter.section("infergate")
         for line in summary_lines(self.results):
@@ -307,6 +309,8 @@ class InfergateSession:
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
                                         f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
+        for note in self.output_notes:
+            terminalreporter.write_line(note, yellow=True)
         for error in self.output_errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -24,7 +25,11 @@ def free_port() -> int:
 
 class FaultyHandler(BaseHTTPRequestHandler):
     """Behaviour chosen by the server's `mode`: ok, error500, flaky (every second request a 500), stall (sleeps
-    before answering), malformed (a non-JSON data line mid-stream), no_done (stream cut before finish_reason)."""
+    before answering), malformed (a non-JSON data line mid-stream), no_done (stream cut before finish_reason),
+    killed (the connection reset after two chunks, as when the server process dies), busy (429 with Retry-After),
+    unavailable (503 with Retry-After), finished_no_done (finish_reason and usage, then the stream ends without
+    [DONE]), duplicate_chunk (one chunk sent twice, usage honest), usage_lie (usage says one token), no_usage,
+    after_finish (a text chunk after the finish_reason chunk)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -55,6 +60,12 @@ class FaultyHandler(BaseHTTPRequestHandler):
         self.server.requests += 1
         if mode == "error500" or (mode == "flaky" and self.server.requests % 2 == 0):
             return self._send(500, b'{"error": {"message": "injected failure"}}')
+        if mode in ("busy", "unavailable"):
+            self.send_response(429 if mode == "busy" else 503)
+            self.send_header("Retry-After", "2")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         with self.server.slots:  # a server with N slots serves N requests at once; the others wait their turn
             self._answer(body, mode)
 
@@ -70,15 +81,30 @@ class FaultyHandler(BaseHTTPRequestHandler):
             if mode == "malformed" and index == 2:
                 self.wfile.write(b"data: {this is not json\n\n")
                 break
+            if mode == "killed" and index == 2:
+                self.wfile.flush()
+                # SO_LINGER 0: close() sends a reset, not an orderly end, as when the server process is killed
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                self.close_connection = True
+                return
             chunk = {"choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode() * (2 if mode == "duplicate_chunk" and index == 1
+                                                                           else 1))
             self.wfile.flush()
             if self.server.token_delay_s:
                 time.sleep(self.server.token_delay_s)
-        if mode in ("ok", "flaky"):
-            last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens)}}
-            self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+        if mode in ("ok", "flaky", "finished_no_done", "duplicate_chunk", "usage_lie", "no_usage", "after_finish"):
+            completion = 1 if mode == "usage_lie" else len(tokens)
+            last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            if mode != "no_usage":
+                last["usage"] = {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion}
+            self.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
+            if mode == "after_finish":
+                late = {"choices": [{"index": 0, "delta": {"content": "late "}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(late)}\n\n".encode())
+            if mode != "finished_no_done":
+                self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
 

@@ -127,7 +127,7 @@ class EndpointClient:
             response = await self._http.post(path, json=body, extensions=self._on_the_wire(result))
             result.status = response.status_code
             if response.status_code != 200:
-                return self._fail(result, f"http_{response.status_code}", response.text[:300])
+                return self._fail(result, f"http_{response.status_code}", self._refusal(response))
             data = response.json()
             result.first_token = result.finished = time.perf_counter()
             self._take_usage(data, result)
@@ -142,7 +142,7 @@ class EndpointClient:
             result.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
-                return self._fail(result, f"http_{response.status_code}", response.text[:300])
+                return self._fail(result, f"http_{response.status_code}", self._refusal(response))
             pieces: list[str] = []
             done = False
             async for event in source.aiter_sse():
@@ -158,6 +158,9 @@ class EndpointClient:
                 self._take_usage(data, result)
                 for choice in data.get("choices") or []:
                     text = choice_text(choice)
+                    if text and result.finish_reason is not None:
+                        return self._fail(result, "malformed_stream", "a content chunk came after the chunk with "
+                                          f"finish_reason {result.finish_reason!r}: chunks out of order")
                     if text:
                         if result.first_token is None:
                             result.first_token = now
@@ -173,7 +176,19 @@ class EndpointClient:
                                   "server cut the answer short")
             if result.output_tokens is None:
                 result.output_tokens = len(result.chunk_times)
+            elif result.output_tokens < len(result.chunk_times):
+                # every content chunk carries at least one token: fewer tokens than chunks is a usage figure that
+                # lies or a chunk sent twice, and tokens/s from either would be wrong
+                return self._fail(result, "inconsistent_usage", f"usage.completion_tokens is {result.output_tokens} "
+                                  f"but {len(result.chunk_times)} content chunks arrived")
         return None
+
+    @staticmethod
+    def _refusal(response: httpx.Response) -> str:
+        """The answer of a non-200 response, with its Retry-After (429, 503): the request is recorded as refused,
+        not re-sent, so the load generator's schedule stays the one asked for."""
+        retry = response.headers.get("Retry-After")
+        return (f"Retry-After: {retry}; " if retry else "") + response.text[:300]
 
     @staticmethod
     def _take_usage(data: dict, result: EndpointResult) -> None:

@@ -168,7 +168,7 @@ class EndpointResult:
     output_tokens: int | None = None  # from the server's usage; else the number of text chunks
     usage_reported: bool = False
     error: str | None = None  # http_<status>, timeout, connect, transport, malformed_stream, incomplete_stream,
-    # server_error
+    # inconsistent_usage, server_error
     error_detail: str = ""
     logprobs: list[dict] = field(default_factory=list)  # [{"token": str, "logprob": float, "top": {str: float}}]
 

@@ -14,12 +14,11 @@ from pytest_infergate.quality.golden_files import (
     GoldenError,
     GoldenOutputs,
     GoldenSample,
-    diff_outputs,
     find_sample_sets,
     load_samples,
     outputs_path,
     read_outputs,
-    write_outputs,
+    update_outputs,
 )
 from pytest_infergate.quality.golden_variants import (
     SAME_MACHINE,
@@ -224,25 +223,16 @@ class GoldenGate:
         environment = provenance.get("environment")  # the accepted file of this machine (golden_variants)
         path, match = ((path_to_update(default_path, environment), SAME_MACHINE) if update
                        else select_accepted(default_path, environment))
-        old = None
-        if path.exists() and not update:
-            old = self._read_or_fail(path)
-        elif path.exists():
-            try:
-                old = read_outputs(path)
-            except GoldenError:  # rewritten anyway
-                pass
         backend, why = self.backend()
         if update:
-            outputs = self.candidate.to_accept(samples, current)
-            changes = diff_outputs(old, outputs)
-            if path != default_path and old is None:
+            changes = self._update(path, header, samples, current)
+            if path != default_path and changes[0].startswith("new golden file"):
                 changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on "
                                   "another machine, kept)")
-            write_outputs(path, header, outputs)
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
                                          changes=changes, backend=backend, backend_reason=why))
             return None
+        old = self._read_or_fail(path) if path.exists() else None
         model_change = ""
         if old is None and (previous := accepted_for_another_model(default_path)) is not None:
             path, match = select_accepted(previous, environment)  # the accepted release, before the new weights
@@ -275,6 +265,14 @@ class GoldenGate:
         if undecided:
             self.ctx.warn(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
+
+    def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list) -> list[str]:
+        outputs = self.candidate.to_accept(samples, current)
+        try:
+            return update_outputs(path, header, outputs, [sample.id for sample in self.samples()])
+        except (OSError, InfergateError) as exc:
+            self.ctx.fail(f"--infergate-update-golden could not write {path}: {exc}; the accepted file is left as it "
+                          "was")
 
     def _read_or_fail(self, path: Path):
         try:

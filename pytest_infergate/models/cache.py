@@ -99,6 +99,16 @@ def ensure_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[P
         return entry, read_meta(entry)
     except CacheCorrupted:
         pass
+    try:
+        return _build_entry(root, key, build)
+    except OSError as exc:  # disk full, a read-only or foreign-owned cache: the entries already built are intact
+        raise ModelLoadError(f"the model cache {root} could not be written while building {key} ({exc.strerror or exc}"
+                             f"{': ' + str(exc.filename) if exc.filename else ''}): free space there or set "
+                             "--infergate-cache-dir (or $INFERGATE_CACHE_DIR) to a writable folder") from None
+
+
+def _build_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict]:
+    entry = root / key
     with FileLock(str(root / (key + ".lock"))):
         if entry.exists():
             try:

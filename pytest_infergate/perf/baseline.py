@@ -51,15 +51,40 @@ class BaselineEntry:
                 f"{machine_text(self.fingerprint)}")
 
 
-def save_baseline(path: Path, entries: dict[str, BaselineEntry]) -> None:
+def save_baseline(path: Path, entries: dict[str, BaselineEntry], run_started: float | None = None) -> list[str]:
     """entries: measurement key (test id, plus ::label) -> BaselineEntry. A measurement without a single sample
-    (every request failed or timed out) is no yardstick: refused, naming it, and nothing is written."""
+    (every request failed or timed out) is no yardstick: refused, naming it, and nothing is written.
+
+    Saving replaces the file, except that entries another run saved into it after this run started (two CI jobs,
+    e.g. shards of one suite, saving one baseline at once) are kept when this run did not measure them: the
+    file is read and rewritten under a lock, so neither job's entries are lost. Returns the keys kept that way."""
+    from pytest_infergate.atomic import exclusive
+
     empty = [key for key, entry in entries.items() if not any(entry.measurement.samples.values())]
     if empty:
         raise BaselineError(f"{len(empty)} measurement(s) have no samples (every request failed or was rejected): "
                             f"{', '.join(empty)}; fix them or deselect them before saving a baseline")
-    write_json_atomic(path, {"kind": KIND, "schema_version": SCHEMA_VERSION, "created": time.time(),
-                             "entries": {key: entry.to_dict() for key, entry in entries.items()}})
+    with exclusive(path):
+        concurrent = _saved_since(Path(path), run_started) if run_started is not None else {}
+        kept = {key: entry for key, entry in concurrent.items() if key not in entries}
+        write_json_atomic(path, {"kind": KIND, "schema_version": SCHEMA_VERSION, "created": time.time(),
+                                 "entries": {key: entry.to_dict() for key, entry in {**kept, **entries}.items()}})
+    return sorted(kept)
+
+
+def _saved_since(path: Path, since: float) -> dict[str, BaselineEntry]:
+    """The entries of the baseline at `path` if another run saved it after `since`, else nothing (a file saved
+    before this run started is the accepted baseline this run replaces)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or float(data.get("created") or 0.0) < since:
+        return {}
+    try:
+        return load_baseline(path)
+    except BaselineError:
+        return {}
 
 
 def file_kind(data: object) -> str:

@@ -185,6 +185,26 @@ def write_outputs(path: Path, header: dict, outputs: list[GoldenOutput]) -> None
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
+def update_outputs(path: Path, header: dict, outputs: list[GoldenOutput], known_ids: list[str]) -> list[str]:
+    """Rewrite an accepted file with `outputs` (--infergate-update-golden) and say what changed. Accepted outputs
+    of other samples still in the sample sets (`known_ids`, in their order) are kept: a test that updates with a
+    `limit` or `categories`, or two runs updating one file at once, keep each other's samples. Read and written
+    under the file's lock."""
+    from pytest_infergate.atomic import exclusive
+
+    produced = {output.id for output in outputs}
+    with exclusive(path):
+        old = None
+        if path.exists():
+            try:
+                old = read_outputs(path)
+            except GoldenError:  # rewritten anyway
+                pass
+        kept = [old.outputs[id_] for id_ in known_ids if old is not None and id_ in old.outputs and id_ not in produced]
+        write_outputs(path, header, outputs + kept)
+    return diff_outputs(old, outputs + kept)
+
+
 def diff_outputs(old: GoldenOutputs | None, new: list[GoldenOutput]) -> list[str]:
     """Human-readable lines saying which samples an update changed."""
     if old is None:

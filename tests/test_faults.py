@@ -1,0 +1,238 @@
+"""The fault classes of issue #32 beyond bad inputs: two runs writing one output at once, a full or read-only disk,
+and an endpoint that misbehaves mid-stream. Each asserts the expected end state: every entry landed, the earlier
+file intact and the error naming the path, every request classified once."""
+
+import errno
+import json
+import multiprocessing
+import os
+import re
+import time
+
+import pytest
+from openai_servers import FaultyServer
+
+from pytest_infergate import atomic
+from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, run_load
+from pytest_infergate.errors import ModelLoadError
+from pytest_infergate.history.store import append_run, load_runs
+from pytest_infergate.measurement import Measurement
+from pytest_infergate.models.cache import ensure_entry
+from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline
+from pytest_infergate.quality.golden_files import GoldenOutput, read_outputs, update_outputs, write_outputs
+from pytest_infergate.results.run import RunResults
+
+WRITERS = 6  # processes writing one output at once; unlocked, the read-merge-write of 6 loses entries every time
+FORK = multiprocessing.get_context("fork")  # the writers are plain functions of this module; no torch in them
+
+
+def _measurement(value: float = 1.0) -> Measurement:
+    m = Measurement(samples={"ttft_ms": [value, value + 1]})
+    m.end_repetition()
+    return m
+
+
+def _at_once(target, args: list[tuple]) -> None:
+    """Run target(barrier, *a) in one process per args, all released together; each must exit 0."""
+    barrier = FORK.Barrier(len(args))
+    processes = [FORK.Process(target=target, args=(barrier, *a)) for a in args]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0] * len(args)
+
+
+def _save_one(barrier, path, key, run_started):
+    entry = BaselineEntry({"cpu": "x"}, _measurement())
+    barrier.wait()
+    save_baseline(path, {key: entry}, run_started=run_started)
+
+
+def test_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
+    path = tmp_path / "baseline.json"
+    save_baseline(path, {"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())})  # before the runs began
+    started = time.time() + 1e-3
+    time.sleep(0.01)
+    _at_once(_save_one, [(path, f"test_{i}", started) for i in range(WRITERS)])
+    # every concurrent run's entry landed; the accepted file from before the runs was replaced, as a save does
+    assert sorted(load_baseline(path)) == [f"test_{i}" for i in range(WRITERS)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_later_save_replaces_the_baseline_and_says_what_a_concurrent_one_kept(tmp_path):
+    path = tmp_path / "baseline.json"
+    started = time.time()
+    save_baseline(path, {"a": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=started - 10)
+    # another run saved `a` after this run (started at `started - 20`) began: kept, and returned so it is said
+    assert save_baseline(path, {"b": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=started - 20) == ["a"]
+    # a run that began after that save replaces the file: `a` was accepted before it and is not its measurement
+    assert save_baseline(path, {"c": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=time.time() + 1) == []
+    assert sorted(load_baseline(path)) == ["c"]
+
+
+def _update_one(barrier, path, index, known):
+    output = GoldenOutput(f"s{index}", [index], f"text {index}", [])
+    barrier.wait()
+    update_outputs(path, {"precision": "int8"}, [output], known)
+
+
+def test_two_runs_updating_one_golden_file_keep_each_others_samples(tmp_path):
+    path = tmp_path / "golden" / "int8.jsonl"
+    known = [f"s{i}" for i in range(WRITERS)]
+    _at_once(_update_one, [(path, i, known) for i in range(WRITERS)])
+    accepted = read_outputs(path)
+    assert sorted(accepted.outputs) == known
+    assert all(accepted.outputs[f"s{i}"].token_ids == [i] for i in range(WRITERS))
+
+
+def test_a_golden_update_drops_samples_no_longer_in_the_sample_sets(tmp_path):
+    path = tmp_path / "int8.jsonl"
+    write_outputs(path, {"precision": "int8"}, [GoldenOutput(s, [1], s, []) for s in ("a", "b", "gone")])
+    changes = update_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [2], "a2", [])], ["a", "b"])
+    assert sorted(read_outputs(path).outputs) == ["a", "b"]
+    assert any(line.startswith("~ a") for line in changes) and "- gone: removed" in changes
+
+
+def _append_one(barrier, folder, index):
+    run = RunResults(started=1_000_000.0 + index)
+    barrier.wait()
+    append_run(folder, run, keep=100)
+
+
+def test_two_runs_appending_to_one_history_both_land(tmp_path):
+    _at_once(_append_one, [(tmp_path, i) for i in range(WRITERS)])
+    runs, skipped = load_runs([tmp_path])
+    assert len(runs) == WRITERS and not skipped
+
+
+def _build_entry(barrier, root, log):
+    def build(out):
+        with open(log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        time.sleep(0.3)  # long enough that the other workers arrive while it builds
+        (out / "weights.bin").write_bytes(b"w" * 64)
+        return {}
+
+    barrier.wait()
+    entry, meta = ensure_entry(root, "model", build)
+    assert (entry / "weights.bin").read_bytes() == b"w" * 64 and meta["files"]["weights.bin"]["size"] == 64
+
+
+def test_workers_converting_one_model_the_first_time_build_it_once(tmp_path):
+    log = tmp_path / "builds.log"
+    _at_once(_build_entry, [(tmp_path / "cache", log)] * 4)
+    assert len(log.read_text().split()) == 1
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["model", "model.lock"]
+
+
+# --- a full or read-only disk: a clear error naming the path, earlier files intact ------------------------------
+
+def _disk_full(monkeypatch):
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        handle = real_fdopen(fd, *args, **kwargs)
+
+        def write(text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        handle.write = write
+        return handle
+
+    monkeypatch.setattr(atomic.os, "fdopen", fdopen)
+
+
+def _read_only(monkeypatch):
+    def mkstemp(prefix="", suffix="", dir=None):
+        raise OSError(errno.EROFS, "Read-only file system", os.path.join(dir, prefix + "XXXX" + suffix))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize("fault", [_disk_full, _read_only], ids=["disk full", "read-only"])
+def test_a_full_or_read_only_disk_leaves_the_previous_outputs(pytester, monkeypatch, fault):
+    pytester.makepyfile("def test_ok():\n    assert True\n")
+    pytester.path.joinpath("results.json").write_text("the previous results\n")
+    fault(monkeypatch)
+    result = pytester.runpytest("--infergate-json=results.json", "-p", "no:cacheprovider")
+    assert result.ret == 1  # the tests passed, but an output the run was asked for is missing
+    reason = "No space left on device" if fault is _disk_full else "Read-only file system"
+    result.stdout.fnmatch_lines([f"ERROR --infergate-json results.json was not written: *{reason}*"])
+    assert pytester.path.joinpath("results.json").read_text() == "the previous results\n"
+    assert not list(pytester.path.glob("results.json.*"))
+
+
+def test_a_golden_update_on_a_read_only_disk_fails_naming_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "int8.jsonl"
+    write_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [1], "a", [])])
+    before = path.read_text()
+    _read_only(monkeypatch)
+    with pytest.raises(OSError, match="Read-only file system"):
+        update_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [2], "a", [])], ["a"])
+    assert path.read_text() == before
+
+
+def test_a_model_cache_on_a_full_disk_names_the_cache_and_the_fix(tmp_path):
+    ensure_entry(tmp_path, "built-before", lambda out: (out / "w").write_bytes(b"x") and {})
+
+    def build(out):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+
+    with pytest.raises(ModelLoadError, match=r"model cache .* could not be written while building new \(No space "
+                                             r"left on device: .*model.safetensors\): free space there or set "
+                                             r"--infergate-cache-dir"):
+        ensure_entry(tmp_path, "new", build)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["built-before", "built-before.lock", "new.lock"]
+    assert (tmp_path / "built-before" / "w").read_bytes() == b"x"
+
+
+# --- the endpoint misbehaving: every request ends classified, once, on the schedule asked for -----------------
+
+def _requests(count: int) -> list[EndpointRequest]:
+    return [EndpointRequest(prompt="hi", max_tokens=6, request_id=f"r{i}") for i in range(count)]
+
+
+@pytest.mark.parametrize("mode, kind, detail", [
+    ("killed", "transport", "ReadError|RemoteProtocolError"),  # connection reset mid-stream
+    ("busy", "http_429", "Retry-After: 2"),
+    ("unavailable", "http_503", "Retry-After: 2"),
+    ("no_done", "incomplete_stream", "before any finish_reason"),
+    ("stall", "timeout", "--infergate-endpoint-timeout"),  # accepts the connection, never answers in time
+    ("duplicate_chunk", "inconsistent_usage", "completion_tokens is 6 but 7 content chunks"),
+    ("usage_lie", "inconsistent_usage", "completion_tokens is 1 but 6 content chunks"),
+    ("after_finish", "malformed_stream", "after the chunk with finish_reason 'length': chunks out of order"),
+    ("finished_no_done", None, ""),  # finish_reason and usage arrived: the answer is whole without [DONE]
+    ("no_usage", None, ""),  # tokens counted from the chunks, and the summary says usage was not reported
+])
+def test_a_misbehaving_endpoint_ends_every_request_classified_once(mode, kind, detail):
+    with FaultyServer(mode, stall_s=3.0) as server:
+        run = run_load(EndpointConfig(server.url, timeout_s=1.0, api="completions"), _requests(4),
+                       LoadPattern(concurrency=2), scrape=False)
+        seen = len(server.httpd.bodies)
+    assert sorted(r.request_id for r in run.results) == ["r0", "r1", "r2", "r3"]  # none lost, none twice
+    assert [r.error for r in run.results] == [kind] * 4
+    if kind is None:
+        assert run.success_rate == 1 and all(r.output_tokens == 6 for r in run.results)
+        assert run.summary()["usage_reported"] is (mode != "no_usage")
+    else:
+        assert run.errors == {kind: 4} and run.success_rate == 0
+        assert all(re.search(detail, r.error_detail) for r in run.results), [r.error_detail for r in run.results]
+    # a refusal is recorded, not re-sent (a reset after the answer began is a verdict too): each request once
+    assert seen == 4
+
+
+def test_refusals_keep_the_load_schedule():
+    pattern = LoadPattern(rate_per_s=20.0, seed=3)
+    requests = _requests(8)
+    with FaultyServer("busy") as server:
+        run = run_load(EndpointConfig(server.url, api="completions"), requests, pattern, scrape=False)
+        seen = len(server.httpd.bodies)
+    offsets = pattern.offsets_for(requests)
+    first = min(r.sent for r in run.results)
+    sent = {r.request_id: r.sent - first for r in run.results}
+    order = sorted(sent, key=sent.get)
+    assert order == sorted(sent, key=lambda rid: offsets[int(rid[1:])])  # sent in the schedule's order
+    # none early (a refusal did not pull the later arrivals forward), none re-sent after its Retry-After
+    assert all(sent[f"r{i}"] >= offsets[i] - offsets[0] - 0.005 for i in range(8))
+    assert seen == 8 and json.loads(json.dumps(run.errors)) == {"http_429": 8}
