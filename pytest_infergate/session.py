@@ -24,6 +24,7 @@ from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.verdict import record_message
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
+from pytest_infergate.signals import TerminateAsInterrupt
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
 _DEFAULTS = pytest.StashKey[dict]()
@@ -81,6 +82,7 @@ class InfergateSession:
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
         self.output_notes: list[str] = []
+        self.terminate_as_interrupt = TerminateAsInterrupt()
         self.history = None  # history.History, once this run is appended to --infergate-history
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
@@ -197,7 +199,8 @@ class InfergateSession:
     # ---- hooks --------------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """With --infergate-endpoint, the server must answer before any test runs: a server that is down is one
-        clear usage error, not a hang or a failure per test."""
+        clear usage error, not a hang or a failure per test. From here on a SIGTERM ends the run as Ctrl-C does."""
+        self.terminate_as_interrupt.install()
         if self.options.endpoint is None:
             return
         from pytest_infergate.endpoint.bench import EndpointBench
@@ -274,6 +277,7 @@ class InfergateSession:
                 "models": self.results.models, "environment": self.results.environment,
                 "warnings": self.results.warnings,
                 "used_scopes": {option: sorted(scopes) for option, scopes in self.used_scopes.items()}}, default=str)
+            self.terminate_as_interrupt.restore()
             return
         from pytest_infergate.report import git_commit
 
@@ -283,6 +287,7 @@ class InfergateSession:
         if self.options.strict and self.results.warnings and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # under strict a check that did not run fails the run
         self._write_outputs(session)
+        self.terminate_as_interrupt.restore()
 
     def _write_outputs(self, session: pytest.Session) -> None:
         from pytest_infergate.outputs import write_outputs

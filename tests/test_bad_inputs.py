@@ -62,7 +62,11 @@ USAGE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("ini,args,message", [row[1:] for row in USAGE_ERRORS], ids=[row[0] for row in USAGE_ERRORS])
+TABLED = ("json-and-report-one-path", "baseline-and-json-one-path", "policy-top1-over-one")  # rows 2, 3, 8 of #32
+
+
+@pytest.mark.parametrize("ini,args,message", [row[1:] for row in USAGE_ERRORS if row[0] not in TABLED],
+                         ids=[row[0] for row in USAGE_ERRORS if row[0] not in TABLED])
 def test_usage_errors_name_the_input(pytester, run, ini, args, message):
     (pytester.path / "afile").write_text("a regular file in the way")
     if ini:
@@ -72,6 +76,12 @@ def test_usage_errors_name_the_input(pytester, run, ini, args, message):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
     assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def check_a_usage_error_names_the_input(pytester, run, case):
+    """One of USAGE_ERRORS, by id (the rows of issue #32's table among them run in tests/test_reliability.py)."""
+    (_, ini, args, message), = [row for row in USAGE_ERRORS if row[0] == case]
+    test_usage_errors_name_the_input(pytester, run, ini, args, message)
 
 
 def test_nan_in_a_marker_is_a_usage_error(pytester, run):
@@ -90,12 +100,16 @@ def test_same_scope_on_two_lines_merges(pytester, run):
 
 
 # ---- baselines: a relative check that cannot run is never silent ------------------------------------------------
-def test_an_interrupted_save_leaves_the_accepted_baseline_untouched(pytester, run, cache_dir):
+INTERRUPTS = {"Ctrl-C": "raise KeyboardInterrupt",
+              "SIGTERM": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"}  # a CI job cancelled
+
+
+def check_an_interrupted_save_leaves_the_accepted_baseline_untouched(pytester, run, cache_dir, interrupt="Ctrl-C"):
     _baseline(pytester, run)
     accepted = (pytester.path / "base.json").read_text()
-    pytester.makepyfile(BENCH.format(budget="max_regression=0.5") + """
+    pytester.makepyfile(BENCH.format(budget="max_regression=0.5") + f"""
 def test_zz_interrupted():
-    raise KeyboardInterrupt
+    {INTERRUPTS[interrupt]}
 """)
     # in a subprocess: in-process, the interrupt would reach this test session too
     result = pytester.runpytest_subprocess("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
@@ -106,12 +120,16 @@ def test_zz_interrupted():
     assert (pytester.path / "base.json").read_text() == accepted
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda saved: saved.update(entries=list(saved["entries"].values())), "*`entries` must be a mapping*list*"),
-    (lambda saved: [values.clear() for entry in saved["entries"].values()
-                    for values in entry["measurement"]["samples"].values()], "*entry*has no samples*"),
-], ids=["entries-a-list", "empty-samples"])
-def test_a_damaged_baseline_says_what_is_wrong(pytester, run, damage, message):
+DAMAGES = {  # issue #32 rows 6 and 5: (damage to a saved baseline, what the error says)
+    "entries-a-list": (lambda saved: saved.update(entries=list(saved["entries"].values())),
+                       "*`entries` must be a mapping*list*"),
+    "empty-samples": (lambda saved: [values.clear() for entry in saved["entries"].values()
+                                     for values in entry["measurement"]["samples"].values()], "*entry*has no samples*"),
+}
+
+
+def check_a_damaged_baseline_says_what_is_wrong(pytester, run, case):
+    damage, message = DAMAGES[case]
     saved = _baseline(pytester, run)
     damage(saved)
     (pytester.path / "damaged.json").write_text(json.dumps(saved))
@@ -120,7 +138,7 @@ def test_a_damaged_baseline_says_what_is_wrong(pytester, run, damage, message):
     result.stderr.fnmatch_lines([message])
 
 
-def test_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
+def check_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
     from pytest_infergate.measurement import Measurement
     from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, save_baseline
 
@@ -199,7 +217,7 @@ def test_scope_matching_no_test_warns_and_fails_under_strict(pytester, run):
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
 
 
-def test_policy_scope_matching_no_golden_gate_warns_and_fails_under_strict(pytester, run):
+def check_policy_scope_matching_no_golden_gate_warns_and_fails_under_strict(pytester, run):
     # only golden regression checks ran: a typo'd scope of the quality policy still warns (issue #32 row 7)
     pytester.makeini("[pytest]\ninfergate_quality_policy =\n    fp23: max_drift_share=0.5\n")
     pytester.mkdir("golden")
@@ -290,8 +308,7 @@ def test_cache_file_changed_in_place_is_rebuilt_not_loaded(tmp_path):
     load_model(again, "fp32")  # the rebuilt entry loads
 
 
-@pytest.mark.slow  # builds a model, starts processes or runs many bootstraps
-def test_cache_file_rotted_with_its_size_and_time_kept_is_rebuilt(tmp_path, monkeypatch):
+def check_cache_file_rotted_with_its_size_and_time_kept_is_rebuilt(tmp_path, monkeypatch):
     # issue #32 row 19: bit rot, or `cp -p` over it: same size and mtime, so only the contents can tell
     from pytest_infergate.models import cache, resolve_model
     from pytest_infergate.models.load import model_fingerprint
@@ -341,7 +358,7 @@ def test_more(infergate_bench, i):
 
 
 # ---- issue #32 rows 13, 14, 16: the input named, never a raw library error or a silent pass ----------------------
-def test_a_binary_workload_file_names_the_file_and_line(tmp_path):
+def check_a_binary_workload_file_names_the_file_and_line(tmp_path):
     from pytest_infergate.workload_files import WorkloadError, from_file
 
     path = tmp_path / "w.jsonl"
@@ -350,7 +367,7 @@ def test_a_binary_workload_file_names_the_file_and_line(tmp_path):
         from_file(path)
 
 
-def test_a_chat_message_without_content_is_refused_at_the_request():
+def check_a_chat_message_without_content_is_refused_at_the_request():
     from pytest_infergate.engine import Request
     from pytest_infergate.engine.request import RequestError
 
@@ -358,14 +375,14 @@ def test_a_chat_message_without_content_is_refused_at_the_request():
         Request(messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": None}])
 
 
-def test_zero_repeats_is_an_error_not_a_pass(pytester, run):
+def check_zero_repeats_is_an_error_not_a_pass(pytester, run):
     pytester.makepyfile(BENCH.format(budget="tokens_per_s=1").replace("repeats=1", "repeats=0"))
     result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*infergate_bench(repeats=0): take at least one repetition*"])
 
 
-def test_every_request_rejected_fails_the_budget_saying_why(pytester, run):
+def check_every_request_rejected_fails_the_budget_saying_why(pytester, run):
     # prompts longer than the engine takes: nothing measured, so a latency budget must not pass (issue #32 row 17)
     pytester.makepyfile("""
 import pytest
@@ -382,7 +399,7 @@ def test_speed(infergate_bench):
     result.stdout.fnmatch_lines(["*every one of the 2 requests failed (rejected: 2), so no budget can be checked*"])
 
 
-def test_a_prompt_over_the_context_in_a_workload_is_the_message_alone(pytester, run):
+def check_a_prompt_over_the_context_in_a_workload_is_the_message_alone(pytester, run):
     # issue #32 row 18: the right message came under seven frames of the plugin's traceback
     pytester.makepyfile("""
 from pytest_infergate.engine import EngineConfig, Request
@@ -398,7 +415,7 @@ def test_speed(infergate_bench):
     assert "perf/bench.py" not in result.stdout.str() and "engine/limits.py" not in result.stdout.str()
 
 
-def test_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_source):
+def check_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_source):
     # issue #32 row 20: transformers built a one-token tokenizer from a directory without one, every output garbage
     import shutil
     from pathlib import Path

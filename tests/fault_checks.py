@@ -1,6 +1,7 @@
 """The fault classes of issue #32 beyond bad inputs: two runs writing one output at once, a full or read-only disk,
-and an endpoint that misbehaves mid-stream. Each asserts the expected end state: every entry landed, the earlier
-file intact and the error naming the path, every request classified once."""
+an interrupt at every output write, and an endpoint that misbehaves mid-stream. Each check asserts the expected end
+state: every entry landed, the earlier file intact and the error naming the path, every request classified once.
+They run as rows of the table in tests/test_reliability.py (named check_*, so they run there only)."""
 
 import errno
 import json
@@ -15,11 +16,14 @@ from openai_servers import FaultyServer
 from pytest_infergate import atomic
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, run_load
 from pytest_infergate.errors import ModelLoadError
+from pytest_infergate.history.page import write_history
+from pytest_infergate.history.series import build_history
 from pytest_infergate.history.store import append_run, load_runs
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.models.cache import ensure_entry
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline
 from pytest_infergate.quality.golden_files import GoldenOutput, read_outputs, update_outputs, write_outputs
+from pytest_infergate.report import write_report
 from pytest_infergate.results.run import RunResults
 
 WRITERS = 6  # processes writing one output at once; unlocked, the read-merge-write of 6 loses entries every time
@@ -49,7 +53,7 @@ def _save_one(barrier, path, key, run_started):
     save_baseline(path, {key: entry}, run_started=run_started)
 
 
-def test_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
+def check_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
     path = tmp_path / "baseline.json"
     save_baseline(path, {"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())})  # before the runs began
     started = time.time() + 1e-3
@@ -60,7 +64,7 @@ def test_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_later_save_replaces_the_baseline_and_says_what_a_concurrent_one_kept(tmp_path):
+def check_a_later_save_replaces_the_baseline_and_says_what_a_concurrent_one_kept(tmp_path):
     path = tmp_path / "baseline.json"
     started = time.time()
     save_baseline(path, {"a": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=started - 10)
@@ -77,7 +81,7 @@ def _update_one(barrier, path, index, known):
     update_outputs(path, {"precision": "int8"}, [output], known)
 
 
-def test_two_runs_updating_one_golden_file_keep_each_others_samples(tmp_path):
+def check_two_runs_updating_one_golden_file_keep_each_others_samples(tmp_path):
     path = tmp_path / "golden" / "int8.jsonl"
     known = [f"s{i}" for i in range(WRITERS)]
     _at_once(_update_one, [(path, i, known) for i in range(WRITERS)])
@@ -86,7 +90,7 @@ def test_two_runs_updating_one_golden_file_keep_each_others_samples(tmp_path):
     assert all(accepted.outputs[f"s{i}"].token_ids == [i] for i in range(WRITERS))
 
 
-def test_a_golden_update_drops_samples_no_longer_in_the_sample_sets(tmp_path):
+def check_a_golden_update_drops_samples_no_longer_in_the_sample_sets(tmp_path):
     path = tmp_path / "int8.jsonl"
     write_outputs(path, {"precision": "int8"}, [GoldenOutput(s, [1], s, []) for s in ("a", "b", "gone")])
     changes = update_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [2], "a2", [])], ["a", "b"])
@@ -100,7 +104,7 @@ def _append_one(barrier, folder, index):
     append_run(folder, run, keep=100)
 
 
-def test_two_runs_appending_to_one_history_both_land(tmp_path):
+def check_two_runs_appending_to_one_history_both_land(tmp_path):
     _at_once(_append_one, [(tmp_path, i) for i in range(WRITERS)])
     runs, skipped = load_runs([tmp_path])
     assert len(runs) == WRITERS and not skipped
@@ -119,7 +123,7 @@ def _build_entry(barrier, root, log):
     assert (entry / "weights.bin").read_bytes() == b"w" * 64 and meta["files"]["weights.bin"]["size"] == 64
 
 
-def test_workers_converting_one_model_the_first_time_build_it_once(tmp_path):
+def check_workers_converting_one_model_the_first_time_build_it_once(tmp_path):
     log = tmp_path / "builds.log"
     _at_once(_build_entry, [(tmp_path / "cache", log)] * 4)
     assert len(log.read_text().split()) == 1
@@ -128,7 +132,7 @@ def test_workers_converting_one_model_the_first_time_build_it_once(tmp_path):
 
 # --- a full or read-only disk: a clear error naming the path, earlier files intact ------------------------------
 
-def _disk_full(monkeypatch):
+def disk_full(monkeypatch):
     real_fdopen = os.fdopen
 
     def fdopen(fd, *args, **kwargs):
@@ -143,37 +147,40 @@ def _disk_full(monkeypatch):
     monkeypatch.setattr(atomic.os, "fdopen", fdopen)
 
 
-def _read_only(monkeypatch):
+def read_only(monkeypatch):
     def mkstemp(prefix="", suffix="", dir=None):
         raise OSError(errno.EROFS, "Read-only file system", os.path.join(dir, prefix + "XXXX" + suffix))
 
     monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
 
 
-@pytest.mark.parametrize("fault", [_disk_full, _read_only], ids=["disk full", "read-only"])
-def test_a_full_or_read_only_disk_leaves_the_previous_outputs(pytester, monkeypatch, fault):
+DISK_FAULTS = {"disk full": (disk_full, "No space left on device"),
+               "read-only": (read_only, "Read-only file system")}
+
+
+def check_a_full_or_read_only_disk_leaves_the_previous_outputs(pytester, monkeypatch, fault):
+    inject, reason = DISK_FAULTS[fault]
     pytester.makepyfile("def test_ok():\n    assert True\n")
     pytester.path.joinpath("results.json").write_text("the previous results\n")
-    fault(monkeypatch)
+    inject(monkeypatch)
     result = pytester.runpytest("--infergate-json=results.json", "-p", "no:cacheprovider")
     assert result.ret == 1  # the tests passed, but an output the run was asked for is missing
-    reason = "No space left on device" if fault is _disk_full else "Read-only file system"
     result.stdout.fnmatch_lines([f"ERROR --infergate-json results.json was not written: *{reason}*"])
     assert pytester.path.joinpath("results.json").read_text() == "the previous results\n"
     assert not list(pytester.path.glob("results.json.*"))
 
 
-def test_a_golden_update_on_a_read_only_disk_fails_naming_the_file(tmp_path, monkeypatch):
+def check_a_golden_update_on_a_read_only_disk_fails_naming_the_file(tmp_path, monkeypatch):
     path = tmp_path / "int8.jsonl"
     write_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [1], "a", [])])
     before = path.read_text()
-    _read_only(monkeypatch)
+    read_only(monkeypatch)
     with pytest.raises(OSError, match="Read-only file system"):
         update_outputs(path, {"precision": "int8"}, [GoldenOutput("a", [2], "a", [])], ["a"])
     assert path.read_text() == before
 
 
-def test_a_model_cache_on_a_full_disk_names_the_cache_and_the_fix(tmp_path):
+def check_a_model_cache_on_a_full_disk_names_the_cache_and_the_fix(tmp_path):
     ensure_entry(tmp_path, "built-before", lambda out: (out / "w").write_bytes(b"x") and {})
 
     def build(out):
@@ -189,11 +196,7 @@ def test_a_model_cache_on_a_full_disk_names_the_cache_and_the_fix(tmp_path):
 
 # --- the endpoint misbehaving: every request ends classified, once, on the schedule asked for -----------------
 
-def _requests(count: int) -> list[EndpointRequest]:
-    return [EndpointRequest(prompt="hi", max_tokens=6, request_id=f"r{i}") for i in range(count)]
-
-
-@pytest.mark.parametrize("mode, kind, detail", [
+MISBEHAVIOURS = [  # (server mode, error kind, what its detail says)
     ("killed", "transport", "ReadError|RemoteProtocolError"),  # connection reset mid-stream
     ("busy", "http_429", "Retry-After: 2"),
     ("unavailable", "http_503", "Retry-After: 2"),
@@ -204,8 +207,13 @@ def _requests(count: int) -> list[EndpointRequest]:
     ("after_finish", "malformed_stream", "after the chunk with finish_reason 'length': chunks out of order"),
     ("finished_no_done", None, ""),  # finish_reason and usage arrived: the answer is whole without [DONE]
     ("no_usage", None, ""),  # tokens counted from the chunks, and the summary says usage was not reported
-])
-def test_a_misbehaving_endpoint_ends_every_request_classified_once(mode, kind, detail):
+]
+
+def _requests(count: int) -> list[EndpointRequest]:
+    return [EndpointRequest(prompt="hi", max_tokens=6, request_id=f"r{i}") for i in range(count)]
+
+
+def check_a_misbehaving_endpoint_ends_every_request_classified_once(mode, kind, detail):
     with FaultyServer(mode, stall_s=3.0) as server:
         run = run_load(EndpointConfig(server.url, timeout_s=1.0, api="completions"), _requests(4),
                        LoadPattern(concurrency=2), scrape=False)
@@ -222,7 +230,7 @@ def test_a_misbehaving_endpoint_ends_every_request_classified_once(mode, kind, d
     assert seen == 4
 
 
-def test_refusals_keep_the_load_schedule():
+def check_refusals_keep_the_load_schedule():
     pattern = LoadPattern(rate_per_s=20.0, seed=3)
     requests = _requests(8)
     with FaultyServer("busy") as server:
@@ -236,3 +244,46 @@ def test_refusals_keep_the_load_schedule():
     # none early (a refusal did not pull the later arrivals forward), none re-sent after its Retry-After
     assert all(sent[f"r{i}"] >= offsets[i] - offsets[0] - 0.005 for i in range(8))
     assert seen == 8 and json.loads(json.dumps(run.errors)) == {"http_429": 8}
+
+
+# --- an interrupt at every output write: the previous file survives, no temporary file is left ------------------
+
+OUTPUT_WRITERS = {
+    "report": lambda path: write_report(RunResults(), path),
+    "json results": lambda path: atomic.write_json_atomic(path, RunResults().to_dict()),
+    "baseline": lambda path: save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, _measurement())}),
+    "golden outputs": lambda path: write_outputs(path, {"precision": "fp32"}, []),
+    "history page": lambda path: write_history(build_history([]), path),
+}
+INTERRUPT_POINTS = ("while writing", "before the rename")
+
+
+def check_an_interrupted_write_leaves_the_previous_file(tmp_path, monkeypatch, output, when):
+    """A Ctrl-C while the new file's bytes are written, or just before it takes the old one's place."""
+    target = tmp_path / "out" / "file"
+    target.parent.mkdir()
+    target.write_text("the accepted file\n")
+    if when == "while writing":
+        real_fdopen = os.fdopen
+
+        def half_then_ctrl_c(fd, *args, **kwargs):
+            handle = real_fdopen(fd, *args, **kwargs)
+            real_write = handle.write
+
+            def write(text):
+                real_write(text[: len(text) // 2])
+                raise KeyboardInterrupt
+
+            handle.write = write
+            return handle
+
+        monkeypatch.setattr(atomic.os, "fdopen", half_then_ctrl_c)
+    else:
+        def ctrl_c(src, dst):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(atomic.os, "replace", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        OUTPUT_WRITERS[output](target)
+    assert target.read_text() == "the accepted file\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["file"]  # no temporary file left behind
