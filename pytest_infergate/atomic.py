@@ -39,13 +39,18 @@ def exclusive(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         lock.release()
 
 
+def plain_file_mode() -> int:
+    """What open() would have given: mkstemp creates 0600, and a renamed output should look like any other file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the result should look like any other file
+    os.chmod(tmp, plain_file_mode())
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)

@@ -28,6 +28,7 @@ from pytest_infergate.fixtures import (  # noqa: F401
     infergate_reference_model,
     infergate_tokenizer,
 )
+from pytest_infergate.junit_file import AtomicJUnitXml
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.options import OPTION_SPECS, Options, check_folder_path, check_output_path
 from pytest_infergate.session import PLUGIN_NAME, InfergateSession, InfergateWarning, session_of  # noqa: F401
@@ -110,6 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except InfergateError as exc:
         raise pytest.UsageError(f"infergate: {exc}") from None
     config.pluginmanager.register(session, PLUGIN_NAME)
+    config.pluginmanager.register(AtomicJUnitXml(), f"{PLUGIN_NAME}-junitxml")
     config.stash[_PREVIOUS_SINK] = progress.current_sink()
     progress.set_sink(_terminal_sink(config))
 

@@ -287,3 +287,27 @@ def check_an_interrupted_write_leaves_the_previous_file(tmp_path, monkeypatch, o
         OUTPUT_WRITERS[output](target)
     assert target.read_text() == "the accepted file\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["file"]  # no temporary file left behind
+
+
+def check_an_interrupt_while_pytest_writes_junit_xml_leaves_the_previous_file(pytester):
+    """pytest's own --junitxml writer, made to be interrupted half-way (in a subprocess: in-process, the interrupt
+    would reach this session too); a run that completes replaces it whole."""
+    pytester.makepyfile("def test_ok():\n    assert True\n")
+    pytester.path.joinpath("junit.xml").write_text("<previous/>\n")
+    pytester.makeconftest("""
+import _pytest.junitxml
+
+def interrupted(self):
+    raise KeyboardInterrupt  # after the XML header was written to the file
+
+_pytest.junitxml.LogXML._get_global_properties_node = interrupted
+""")
+    result = pytester.runpytest_subprocess("--junitxml=junit.xml", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    assert pytester.path.joinpath("junit.xml").read_text() == "<previous/>\n"
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("junit")) == ["junit.xml"]
+    pytester.path.joinpath("conftest.py").unlink()
+    complete = pytester.runpytest_subprocess("--junitxml=junit.xml", "-p", "no:cacheprovider")
+    assert complete.ret == 0
+    complete.stdout.fnmatch_lines([f"*generated xml file: {pytester.path / 'junit.xml'}*"])
+    assert 'name="test_ok"' in pytester.path.joinpath("junit.xml").read_text()

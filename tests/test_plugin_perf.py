@@ -112,7 +112,7 @@ def test_interleaved_ab(pytester, run):
         import pytest
         from pytest_infergate.engine import EngineConfig, Request
 
-        REQS = [Request(prompt_token_ids=[5 + i] * 40, max_new_tokens=24, ignore_eos=True) for i in range(6)]
+        REQS = [Request(prompt_token_ids=[5 + i] * 40, max_new_tokens=24, ignore_eos=True) for i in range(16)]
         CFG = EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20)
 
         @pytest.mark.infergate_budget(max_regression=0.5, tokens_per_s=1e-9)

@@ -118,6 +118,8 @@ ROWS = [
     *[Row("endpoint", f"server: {mode}", kind or "answered", partial(
           faults.check_a_misbehaving_endpoint_ends_every_request_classified_once, mode=mode, kind=kind, detail=detail))
       for mode, kind, detail in faults.MISBEHAVIOURS],
+    Row("interrupt", "Ctrl-C while pytest writes --junitxml", "the previous XML survives, no temporary file",
+        faults.check_an_interrupt_while_pytest_writes_junit_xml_leaves_the_previous_file),
     Row("endpoint", "429 with Retry-After under an arrival rate", "recorded, not re-sent; the schedule kept",
         faults.check_refusals_keep_the_load_schedule),
 ]
