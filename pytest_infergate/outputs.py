@@ -56,10 +56,12 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
 
         href = None
         if history is not None:
-            from pytest_infergate.history.outputs import page_href
+            from pytest_infergate.history.outputs import keep_report, page_href
 
             href = page_href(options.history, path)
         write_report(results, path, results.commit, history, href)
+        if history is not None:  # a copy in the history folder, which each point of the history links to
+            keep_report(options.history, results, history, path)
 
     outputs: list[tuple[str, Path | None, Callable[[Path], None]]] = [
         ("--infergate-save-baseline", options.save_baseline, save_baseline),

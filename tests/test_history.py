@@ -4,6 +4,7 @@
 import json
 import math
 import random
+import re
 
 import pytest
 from browser import needs_chromium, open_page
@@ -213,3 +214,63 @@ def test_history_options_are_checked_before_any_test_runs(pytester, args, messag
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
     result.stderr.fnmatch_lines([message])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def _slowed_runs(slowdown_from: int | None, runs: int = 10, seed: int = 5):
+    """Ten runs of one TTFT series, each with its report kept beside it; from `slowdown_from` on, 20% slower."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(1, runs + 1):
+        level = 100.0 * (1.2 if slowdown_from and i >= slowdown_from else 1.0)
+        run = RunResults(started=1_700_000_000 + 3600 * i, environment=ENV, run_id=f"run{i:02d}", commit=f"c{i:02d}")
+        run.add(_record("suites/test_a.py::test_latency[fp32]", {"ttft_ms": _samples(rng, level, 30)}))
+        out.append(run)
+    return out
+
+
+@pytest.mark.parametrize("slowdown_from", [6, None], ids=["20%-slower-from-run-6", "unchanged"])
+def test_cli_history_marks_an_injected_slowdown_and_links_its_report(tmp_path, capsys, slowdown_from):
+    folder = tmp_path / "h"
+    for run in _slowed_runs(slowdown_from):
+        path = append_run(folder, run)
+        path.with_suffix(".html").write_text(f"<title>report of {run.run_id}</title>")
+    assert cli_main(["history", str(folder), "-o", str(folder / "history.html")]) == 0
+    out = capsys.readouterr().out
+    html = (folder / "history.html").read_text()
+    # every run links to its report, kept beside its results: from its point and from the runs table
+    assert all(html.count(f'href="run{i:02d}.html"') >= 2 for i in range(1, 11))
+    if slowdown_from is None:
+        assert "regressed" not in out and "No change point and no creep in any series." in html
+        return
+    assert f"ttft_ms: regressed at run #{slowdown_from} (commit c{slowdown_from:02d}): +" in out
+    finding = html[html.index('<table id="findings">'):html.index("</table>")]
+    assert f"regressed at run #{slowdown_from}" in finding and f'href="run{slowdown_from:02d}.html"' in finding
+
+
+def test_history_marks_a_failed_gate_apart_from_the_series_colour_and_memory_from_zero():
+    runs = synthetic_runs(runs=8)
+    violation = Violation("ttft_ms", 1300.0, 1000.0, "ms", 50, 30, False)
+    runs[3].records[0] = _record(runs[3].records[0].test, runs[3].records[0].measurement.samples,
+                                 violations=[violation])
+    for run in runs:
+        run.add(_record("suites/test_m.py::test_memory[fp32]", {"peak_mem_mb": [500.0 + run.started % 7]}))
+    html = render_history(build_history(runs, metrics=("ttft_ms", "peak_mem_mb")))
+    ttft = html[html.index("ttft_ms · test_latency"):]
+    ttft = ttft[:ttft.index("</svg>")]
+    assert ttft.count('class="gate-fail"') == 1  # the failed run, marked apart from its dot
+    assert len(set(re.findall(r'<circle cx="[\d.]+" cy="[\d.]+" r="3.5" fill="([^"]+)"', ttft))) == 1  # one colour
+    memory = html[html.index("peak_mem_mb · test_memory"):]
+    memory = memory[:memory.index("</svg>")]
+    assert re.search(r'class="tk">0</text>', memory)  # the axis starts at zero: 500-506 MiB is no cliff
+
+
+def test_a_run_with_history_and_report_keeps_its_report_in_the_history(pytester, run):
+    pytester.makepyfile("def test_ok():\n    assert True\n")
+    for _ in range(2):
+        run("--infergate-history=h", "--infergate-report=report.html").assert_outcomes(passed=1)
+    kept = sorted(p.name for p in (pytester.path / "h").iterdir())
+    reports = [name for name in kept if name.endswith(".html") and name != "history.html"]
+    assert len(reports) == 2 and all(name[:-5] + ".json" in kept for name in reports)
+    page = (pytester.path / "h" / "history.html").read_text()
+    assert all(f'href="{name}"' in page for name in reports)
+    assert 'href="history.html"' in (pytester.path / "h" / reports[-1]).read_text()  # its link works from there

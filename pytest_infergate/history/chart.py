@@ -1,7 +1,9 @@
 """One metric's trend across runs as inline SVG, in the report's chart style: each run's median with its
-interquartile range, coloured by that run's gate verdict on the metric; the line broken where the environment
-changed; each change point marked with its change; the level of each stretch between changes; a creep's fitted
-line over its window."""
+interquartile range in the series' colour, and apart from it a marker of that run's gate verdict on the metric
+(a red cross for a failure, an amber ring for an inconclusive one), each point a link to its run's report when
+the history keeps one; the line broken where the environment changed; each change point marked with its change;
+the level of each stretch between changes; a creep's fitted line over its window. Memory axes start at zero, so
+a few megabytes of allocator noise do not draw as a cliff."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from pytest_infergate.history.series import History, Series
 from pytest_infergate.report.charts import PAD_B, PAD_L, PAD_R, PAD_T, PALETTE, H, W, frame, scaled, value_text
 from pytest_infergate.stats import percentile
 
-STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700", None: "#57606a"}
+FAIL_MARK, INCONCLUSIVE_MARK = "#cf222e", "#bf8700"
 WORSE, BETTER, CREEP = "#cf222e", "#1a7f37", "#bf8700"
+FROM_ZERO_UNITS = ("MiB",)  # memory: a level, read against zero (and its budget), not a trend to magnify
 
 
 def _y_axis(ticks: list[float], unit: str, py) -> str:
@@ -30,12 +33,16 @@ def _y_axis(ticks: list[float], unit: str, py) -> str:
     return "".join(out)
 
 
-def trend_chart(history: History, series: Series, unit: str) -> str:
+def trend_chart(history: History, series: Series, unit: str, links: dict[int, str] | None = None) -> str:
+    """links: run index -> href of that run's report."""
     points = series.points
     if not points:
         return ""
+    links = links or {}
+    from_zero = unit in FROM_ZERO_UNITS
     divisor, unit = scaled([p.high for p in points], unit)
-    ticks = units.nice_ticks(min(p.low for p in points) / divisor, max(p.high for p in points) / divisor)
+    low = 0.0 if from_zero else min(p.low for p in points) / divisor
+    ticks = units.nice_ticks(low, max(p.high for p in points) / divisor)
     y0, y1 = ticks[0], ticks[-1]
     n = len(history.runs)
     plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_B - PAD_T
@@ -65,18 +72,30 @@ def trend_chart(history: History, series: Series, unit: str) -> str:
         body.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.5" points="{line}"/>')
         body += _creep(segment, px, py, divisor)
         for p in segment.points:
-            run = history.run(p.run)
-            why = f" · {p.status}" + (f": {p.why}" if p.why else "") if p.status else " · not gated"
-            body.append(f'<line x1="{px(p.run):.1f}" y1="{py(p.low / divisor):.1f}" x2="{px(p.run):.1f}" '
-                        f'y2="{py(p.high / divisor):.1f}" stroke="#8c959f"/>'
-                        f'<circle cx="{px(p.run):.1f}" cy="{py(p.value / divisor):.1f}" r="3.5" '
-                        f'fill="{STATUS_COLORS.get(p.status, STATUS_COLORS[None])}"><title>'
-                        f'{escape(run.label)}, {escape(run.when)}: {escape(value_text(p.value / divisor, unit))} '
-                        f'(middle half {escape(value_text(p.low / divisor, unit))}–'
-                        f'{escape(value_text(p.high / divisor, unit))}){escape(why)}</title></circle>')
-    legend = [("pass", STATUS_COLORS["pass"]), ("fail", STATUS_COLORS["fail"]),
-              ("not gated", STATUS_COLORS[None]), ("change", WORSE), ("creep", CREEP)]
+            body.append(_point(history, p, px(p.run), py, divisor, unit, links.get(p.run)))
+    legend = [("run median", PALETTE[0]), ("gate failed", FAIL_MARK), ("inconclusive", INCONCLUSIVE_MARK),
+              ("change", WORSE), ("creep", CREEP)]
     return frame(f"{series.metric} · {series.test.partition('::')[2] or series.test}"[:90], "".join(body), legend)
+
+
+def _point(history: History, p, x: float, py, divisor: float, unit: str, href: str | None) -> str:
+    """One run: whisker and dot in the series' colour; the gate's verdict as a marker of its own above it."""
+    run = history.run(p.run)
+    why = f" · gate {p.status}" + (f": {p.why}" if p.why else "") if p.status else " · not gated"
+    y = py(p.value / divisor)
+    title = (f"<title>{escape(run.label)}, {escape(run.when)}: {escape(value_text(p.value / divisor, unit))} "
+             f"(middle half {escape(value_text(p.low / divisor, unit))}–{escape(value_text(p.high / divisor, unit))})"
+             f"{escape(why)}{' · click for its report' if href else ''}</title>")
+    out = (f'<line x1="{x:.1f}" y1="{py(p.low / divisor):.1f}" x2="{x:.1f}" y2="{py(p.high / divisor):.1f}" '
+           f'stroke="#8c959f"/><circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{PALETTE[0]}">{title}</circle>')
+    top = py(p.high / divisor) - 9
+    if p.status == "fail":
+        out += (f'<path class="gate-fail" d="M{x - 4:.1f},{top - 4:.1f} l8,8 m0,-8 l-8,8" stroke="{FAIL_MARK}" '
+                f'stroke-width="2"/>')
+    elif p.status == "inconclusive":
+        out += (f'<circle class="gate-inconclusive" cx="{x:.1f}" cy="{top:.1f}" r="4" fill="none" '
+                f'stroke="{INCONCLUSIVE_MARK}" stroke-width="1.5"/>')
+    return f'<a href="{escape(href)}">{out}</a>' if href else out
 
 
 def _levels(series: Series, segment, px, py, divisor: float) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pytest_infergate.history.page import write_history
 from pytest_infergate.history.series import History, build_history
-from pytest_infergate.history.store import append_run, load_runs
+from pytest_infergate.history.store import append_run, load_runs, report_beside
 from pytest_infergate.results.run import RunResults
 
 HISTORY_PAGE = "history.html"
@@ -36,3 +36,17 @@ def record_run(folder: Path, results: RunResults, keep: int, report: Path | None
 def page_href(folder: Path, report: Path) -> str:
     """The history page as the report links it: relative to the report's folder."""
     return os.path.relpath((Path(folder) / HISTORY_PAGE).resolve(), Path(report).resolve().parent)
+
+
+def keep_report(folder: Path, results: RunResults, history: History, report: Path) -> None:
+    """Keep this run's report beside its results file in the history folder (`<run id>.html`, linking the page
+    there) and redraw the page, so its points link to it. Pruned with the run."""
+    from pytest_infergate.report import write_report
+
+    copy = report_beside(Path(folder) / f"{results.run_id}.json")
+    write_report(results, copy, results.commit, history, HISTORY_PAGE)
+    for run in history.runs:
+        if run.run_id == results.run_id:
+            run.report = str(copy.resolve())
+    href = os.path.relpath(Path(report).resolve(), Path(folder).resolve())
+    write_history(history, Path(folder) / HISTORY_PAGE, href)

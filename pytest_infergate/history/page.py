@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 from markupsafe import Markup
@@ -56,11 +57,18 @@ def environment_changes(history: History) -> list[tuple[int, str]]:
     return sorted(seen)
 
 
-def _chart(history: History, s) -> Markup:
-    return Markup(trend_chart(history, s, METRICS[s.metric][0]))
+def report_links(history: History, page_dir: Path | None) -> dict[int, str]:
+    """Run index -> href of that run's report, relative to the page's folder (a file URI without one)."""
+    return {run.index: (os.path.relpath(run.report, page_dir) if page_dir is not None else Path(run.report).as_uri())
+            for run in history.runs if run.report}
 
 
-def build_context(history: History, report_href: str | None = None) -> dict:
+def build_context(history: History, report_href: str | None = None, page_dir: Path | None = None) -> dict:
+    links = report_links(history, page_dir)
+
+    def _chart(s) -> Markup:
+        return Markup(trend_chart(history, s, METRICS[s.metric][0], links))
+
     found = findings(history)
     changed = {(f.series.test, f.series.metric) for f in found}
     by_file: dict[str, dict[str, list]] = {}
@@ -76,24 +84,27 @@ def build_context(history: History, report_href: str | None = None) -> dict:
         "runs": runs, "first": when(runs[0].started) if runs else "?", "last": when(runs[-1].started) if runs else "?",
         "findings": [{"test": f.series.test, "label": split_test_id(f.series.test)[1] or f.series.test,
                       "metric": f.series.metric, "kind": f.kind, "worse": f.worse, "text": describe(f),
-                      "run": f.run} for f in sorted(found, key=lambda f: (not f.worse, f.run.index))],
-        "changed_charts": [_chart(history, s) for s in history.series if (s.test, s.metric) in changed],
-        "files": [{"file": file, "tests": [{"label": label, "charts": [_chart(history, s) for s in series]}
+                      "run": f.run, "report": links.get(f.run.index)}
+                     for f in sorted(found, key=lambda f: (not f.worse, f.run.index))],
+        "changed_charts": [_chart(s) for s in history.series if (s.test, s.metric) in changed],
+        "files": [{"file": file, "tests": [{"label": label, "charts": [_chart(s) for s in series]}
                                            for label, series in tests.items()]} for file, tests in by_file.items()],
         "environment_changes": environment_changes(history), "skipped": history.skipped,
-        "report_href": report_href, "series_count": len(history.series),
+        "report_href": report_href, "series_count": len(history.series), "links": links,
         "method": {"alpha": changepoint.ALPHA, "min_change": units.percent(changepoint.MIN_CHANGE),
                    "window": history.creep_window, "min_creep": units.percent(changepoint.MIN_CREEP)},
     }
 
 
-def render_history(history: History, report_href: str | None = None) -> str:
+def render_history(history: History, report_href: str | None = None, page_dir: Path | None = None) -> str:
     from pytest_infergate.report import template_environment
 
-    return template_environment().get_template("history.html").render(**build_context(history, report_href))
+    return template_environment().get_template("history.html").render(**build_context(history, report_href,
+                                                                                      page_dir))
 
 
 def write_history(history: History, path: Path, report_href: str | None = None) -> None:
     from pytest_infergate.atomic import write_text_atomic
 
-    write_text_atomic(Path(path), render_history(history, report_href))
+    path = Path(path)
+    write_text_atomic(path, render_history(history, report_href, path.resolve().parent))

@@ -29,6 +29,7 @@ class RunInfo:
     commit: str | None
     started: float
     gates_passed: bool  # every gate of the run passed
+    report: str | None = None  # absolute path of the run's report kept in the history folder, when there is one
 
     @property
     def when(self) -> str:
@@ -155,7 +156,8 @@ def analyze(segment: Segment, creep_window: int = changepoint.CREEP_WINDOW) -> N
 def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_METRICS,
                   creep_window: int = changepoint.CREEP_WINDOW, skipped: list[str] = ()) -> History:
     infos = [RunInfo(i, run.run_id or f"run-{i}", run.commit, run.started,
-                     all(r.status.value == "pass" for r in run.records)) for i, run in enumerate(runs, start=1)]
+                     all(r.status.value == "pass" for r in run.records), run.report_copy)
+             for i, run in enumerate(runs, start=1)]
     points: dict[tuple[str, str], list[Point]] = {}
     last: dict[str, tuple[PerfRecord, RunResults]] = {}  # each measurement key's latest record, with its run
     for info, run in zip(infos, runs):

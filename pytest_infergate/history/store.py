@@ -1,6 +1,7 @@
 """A history folder: one results file per run (`<run id>.json`, the run id starting with its UTC time, so names
-sort by time), written atomically, the oldest removed beyond a retention count. Any folder of results files
-(`--infergate-json` outputs collected by CI) can be read as a history too."""
+sort by time), written atomically, with that run's report beside it (`<run id>.html`) when the run wrote one; the
+oldest removed beyond a retention count. Any folder of results files (`--infergate-json` outputs collected by CI)
+can be read as a history too: a report named as its results file, `.html` for `.json`, is linked from the page."""
 
 from __future__ import annotations
 
@@ -35,7 +36,13 @@ def prune(folder: Path, keep: int) -> list[Path]:
     removed = runs[:max(0, len(runs) - keep)]
     for path in removed:
         path.unlink(missing_ok=True)  # a concurrent run may have pruned it already
+        report_beside(path).unlink(missing_ok=True)
     return removed
+
+
+def report_beside(results_file: Path) -> Path:
+    """Where a run's report is kept in a history folder: its results file's name with `.html`."""
+    return Path(results_file).with_suffix(".html")
 
 
 def load_runs(sources: list[str | Path]) -> tuple[list[RunResults], list[str]]:
@@ -63,5 +70,7 @@ def load_runs(sources: list[str | Path]) -> tuple[list[RunResults], list[str]]:
                                          f"{path} is not a JSON results file ({exc})") from None
                 skipped.append(f"{path.name}: {exc}")
                 continue
+            if report_beside(path).is_file():
+                run.report_copy = str(report_beside(path).resolve())
             runs.setdefault(run.run_id or f"{path.name}@{run.started}", run)
     return sorted(runs.values(), key=lambda r: (r.started, r.run_id)), skipped

@@ -75,6 +75,8 @@ class RunResults:
     warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
     run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
     commit: str | None = None  # git commit of the rootdir, when it is a git checkout
+    # not in the file: this run's report kept beside its results file in a history folder, when read from one
+    report_copy: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def fingerprint(self) -> str:
