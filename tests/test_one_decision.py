@@ -6,6 +6,7 @@ from html import unescape
 from types import SimpleNamespace
 
 import pytest
+from browser import needs_chromium, open_page
 from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, machine
 
 from pytest_infergate.cli import compare_runs
@@ -78,9 +79,9 @@ def test_gate_compare_report_and_history_agree_on_a_recorded_pair(name):
         assert second.against_previous.split(" ")[0] == timed[series.metric].value.upper()
 
 
-def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
-    """One failing plain test, one failing perf gate, one inconclusive perf gate, one golden drift and one skipped
-    golden check (a warning): FAIL, with all five named, in each of the three faces."""
+def _five_reason_run() -> RunResults:
+    """One failing plain test, one failing perf gate (25% slower than its stored baseline), one inconclusive perf
+    gate (a busy runner), one golden drift and one skipped golden check."""
     from pytest_infergate.results.records import GoldenRecord
 
     accepted = recorded_run(machine(BASELINE_SPEEDS, seed=1), FINGERPRINT, 1_700_000_000)
@@ -94,6 +95,13 @@ def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
     run.outcomes = {"suites/test_a.py::test_plain": "failed", "suites/test_speed.py::test_chat[fp32]": "failed"}
     run.failures = {"suites/test_a.py::test_plain": "AssertionError: assert 3 == 4 (suites/test_a.py:7)"}
     run.warnings = ["suites/test_golden.py::test_regression[nf4]: skipped: no accepted golden outputs at x"]
+    return run
+
+
+def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
+    """One failing plain test, one failing perf gate, one inconclusive perf gate, one golden drift and one skipped
+    golden check (a warning): FAIL, with all five named, in each of the three faces."""
+    run = _five_reason_run()
     verdict = run.verdict()
     assert verdict.status == Status.FAIL
     expected = ["AssertionError: assert 3 == 4 (suites/test_a.py:7)", "suites/test_speed.py::test_chat[fp32]",
@@ -114,3 +122,22 @@ def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
     run.strict = True
     assert run.verdict().status == Status.FAIL
     assert recorded_run(machine(BASELINE_SPEEDS, seed=2), FINGERPRINT, 0).verdict().status == Status.PASS
+
+
+@needs_chromium
+def test_a_reviewer_reads_the_verdict_every_reason_and_the_baseline_in_the_browser(tmp_path):
+    """The done-when of issue #31, read as a reviewer reads it: the report in headless Chromium, its visible text
+    (innerText: nothing collapsed or hidden counts), in the order a reader meets it."""
+    from pytest_infergate.report import write_report
+    run = _five_reason_run()
+    page = tmp_path / "report.html"
+    write_report(run, page)
+    seen = open_page(page)
+    assert seen.errors == [] and seen.page_overflow == 0
+    text = " ".join(seen.text.split())
+    verdict = text[text.index("Verdict: FAIL"):text.index("Summary")]  # the first screen, above the summary
+    for reason in ["AssertionError: assert 3 == 4 (suites/test_a.py:7)", "test_chat[fp32]", "test_busy[fp32]",
+                   "drift in 3 of 48 outputs", "no accepted golden outputs at x"]:
+        assert reason in verdict, reason
+    # the failing gate's baseline beside the candidate, in the verdict's own line
+    assert re.search(r"baseline [\d.,]+ (tok/s|ms) → now [\d.,]+ (tok/s|ms), [\d.]+% slower", verdict), verdict

@@ -149,7 +149,7 @@ def test_another_machine_is_inconclusive_and_a_change_under_test_is_compared():
     # the library under test changed: compared, and the message names the change beside the verdict
     upgraded = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.1"}, entry)
     assert upgraded.status == "fail" and upgraded.changes == ["torch 2.0 → 2.1"]
-    assert "torch 2.0 → 2.1: ttft_ms p50 slowdown x2.0" in upgraded.message()
+    assert "torch 2.0 → 2.1: ttft_ms p50 slowdown ×2.0" in upgraded.message()
     same = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.0"}, entry)
     assert same.status == "fail" and "nothing under test changed: ttft_ms" in same.message()
 
@@ -225,7 +225,7 @@ def test_a_slower_machine_now_never_manufactures_a_failure_nor_a_pass():
     assert unchanged.status == "inconclusive", unchanged.message()
     itl = by_metric["itl_ms"]
     assert itl.ratio == pytest.approx(2.0, rel=0.1) and itl.machine_slowdown == pytest.approx(1.86, rel=0.05)
-    assert "the runner was busy: the calibration probe ran x1.8" in itl.note and "rerun on a quiet runner" in itl.note
+    assert "the runner was busy: the calibration probe ran ×1.8" in itl.note and "rerun on a quiet runner" in itl.note
     assert by_metric["peak_mem_mb"].status == "pass" and by_metric["peak_mem_mb"].machine_slowdown is None
     assert "slower now by more than the threshold: only a pass as measured stands" in unchanged.notes[-1]
     regressed = evaluate_perf(machine(SLOW_SPEEDS, regression=1.25, seed=3), GATE, {}, entry)
@@ -265,7 +265,7 @@ def test_unchanged_code_much_faster_than_its_baseline_is_inconclusive():
     outcome = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {"torch": "2.0"}, BaselineEntry(
         {"torch": "2.0"}, entry.measurement))
     itl = next(v for v in outcome.verdicts if v.metric == "itl_ms")
-    assert itl.status == "inconclusive" and "nothing under test changed, yet this run is x1.4" in itl.note
+    assert itl.status == "inconclusive" and "nothing under test changed, yet this run is ×1.4" in itl.note
     # with a change under test, a faster run is what the change did
     improved = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {"torch": "2.1"},
                              BaselineEntry({"torch": "2.0"}, entry.measurement))

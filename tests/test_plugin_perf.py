@@ -73,7 +73,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     result = run("--infergate-baseline=fast.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*", "*FAIL: candidate/baseline slowdown*",
-                                 "*calibration probe (numpy-prefill-decode-copy/1) x* its time at the baseline*"
+                                 "*calibration probe (numpy-prefill-decode-copy/1) ×* its time at the baseline*"
                                  "compared as measured*"])
 
     # another library version: compared (that is what a baseline gates), and the failure names the change
@@ -81,7 +81,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     (pytester.path / "other.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=other.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*regression against the baseline*", "*torch 0.0.1 → *: tokens_per_s slowdown x*"])
+    result.stdout.fnmatch_lines(["*regression against the baseline*", "*torch 0.0.1 → *: tokens_per_s slowdown ×*"])
 
 
 def test_malformed_baseline_is_a_usage_error(pytester, run):
@@ -177,7 +177,7 @@ def test_a_stored_baseline_gates_an_engine_config_change_and_names_it(pytester, 
     result = run("--infergate-baseline=base.json", "--infergate-json=out.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*",
-                                 "*engine_config.batching continuous → sequential*: tokens_per_s slowdown x* → FAIL*"])
+                                 "*engine_config.batching continuous → sequential*: tokens_per_s slowdown ×* → FAIL*"])
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
     assert "engine_config.batching continuous → sequential" in record["changes"] and record["status"] == "fail"
 
@@ -220,7 +220,7 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
     result.assert_outcomes(passed=1)  # 100x slower figures on a 100x slower machine: not a failure ...
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
     assert record["status"] == "inconclusive"  # ... nor a pass: the probe cannot vouch for the engine's speed
-    note = "calibration probe (numpy-prefill-decode-copy/1) x100.000 its time at the baseline"
+    note = "calibration probe (numpy-prefill-decode-copy/1) ×100.000 its time at the baseline"
     assert any(note in n and "only a pass as measured stands" in n for n in record["notes"])
     assert all(v["machine_slowdown"] == pytest.approx(100.0) for v in record["verdicts"])
     assert all("the runner was busy" in v["note"] for v in record["verdicts"])
@@ -231,7 +231,7 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
     (pytester.path / "v2.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=v2.json", "--infergate-json=out2.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*FAIL: candidate/baseline slowdown x*",
+    result.stdout.fnmatch_lines(["*FAIL: candidate/baseline slowdown ×*",
                                  "*machine speed not checked: the baseline has no calibration probe*"])
 
 

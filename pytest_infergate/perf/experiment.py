@@ -36,7 +36,7 @@ class Speedup:
                              f"{self.low}, {self.high}")
 
     def describe(self) -> str:
-        return f"{self.name} x{self.ratio:.2f} (95% CI {self.low:.2f}-{self.high:.2f}, {self.rounds} rounds)"
+        return f"{self.name} ×{self.ratio:.2f} (95% CI {self.low:.2f}-{self.high:.2f}, {self.rounds} rounds)"
 
 
 def speedup(name: str, fast: Sequence[float], slow: Sequence[float], higher_is_better: bool = True) -> Speedup:

@@ -174,7 +174,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
                              f"figures are no yardstick here; re-save the baseline on this runner")
         elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / v.threshold:
             v = replace(v, status=Status.INCONCLUSIVE,
-                        note=f"nothing under test changed, yet this run is x{1.0 / v.ratio:.2f} as fast as the "
+                        note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
                              "baseline: the baseline was likely measured on a busy runner; re-save it on a quiet one")
         out.append(v)
     return out
@@ -211,7 +211,7 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
                if moved > threshold else
                "the machine is faster now by more than the threshold: only a failure as measured stands"
                if moved < 1.0 / threshold else "within the threshold: compared as measured")
-        return (f"calibration probe ({measurement.probe}) x{moved:.3f} its time at the baseline "
+        return (f"calibration probe ({measurement.probe}) ×{moved:.3f} its time at the baseline "
                 f"({which} each of {measurement.repetitions}/{baseline.repetitions} repetitions): {how}")
     if measurement.probe and not baseline.probe:
         return ("machine speed not checked: the baseline has no calibration probe (saved by an older "

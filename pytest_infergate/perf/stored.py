@@ -168,22 +168,22 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
         if status == Status.PASS:
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
-                             f"the runner was busy: the calibration probe ran x{change.ratio:.2f} slower than when the "
-                             f"baseline was saved, so a slowdown as measured (x{measured.ratio:.3f}) cannot be told "
+                             f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
+                             f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
                              f"from the machine's{_normalized_aside(adjusted, threshold)}; rerun on a quiet runner")
     if change is not None and change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the baseline was saved on a busy runner: the calibration probe ran "
-                             f"x{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
-                             f"(x{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
+                             f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
+                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
                              "the baseline on a quiet runner")
     other = adjusted.status(threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
-                             f"speed (probe x{change.ratio:.3f}) it would {other} (x{adjusted.ratio:.3f})")
+                             f"speed (probe ×{change.ratio:.3f}) it would {other} (×{adjusted.ratio:.3f})")
     return StoredVerdict(status, measured, change, "")
 
 
@@ -198,13 +198,13 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
             return status, ""  # passed despite the load, or slower than the load can explain
         return Status.INCONCLUSIVE, (f"the runner was busy: {interference.describe(now)} during this run, so a "
-                                     f"slowdown as measured (x{measured.ratio:.3f}) cannot be told from the machine's "
+                                     f"slowdown as measured (×{measured.ratio:.3f}) cannot be told from the machine's "
                                      "load; rerun on a quiet runner")
     if then is not None and now is None:
         if status == Status.FAIL:
             return status, ""
         return Status.INCONCLUSIVE, (f"the baseline was saved on a busy runner: {interference.describe(then)} "
-                                     f"while it was measured, so this run being no slower (x{measured.ratio:.3f}) "
+                                     f"while it was measured, so this run being no slower (×{measured.ratio:.3f}) "
                                      "says nothing; re-save the baseline on a quiet runner")
     return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
                                  f"run and {interference.taken(then)} "
@@ -214,7 +214,7 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
     if adjusted is None:
         return ""
-    return (f" (normalized by the probe it would read x{adjusted.ratio:.3f}, "
+    return (f" (normalized by the probe it would read ×{adjusted.ratio:.3f}, "
             f"{adjusted.status(threshold)}, but the probe does not slow as the engine does)")
 
 

@@ -44,19 +44,19 @@ class Verdict:
         if self.repetitions:
             how += f", least-disturbed repetitions (p{stored.FAST_QUANTILE * 100:g} of per-repetition values)"
         if self.machine_slowdown is not None:
-            how += f"; calibration probe x{self.machine_slowdown:.3f} of the baseline's"
+            how += f"; calibration probe ×{self.machine_slowdown:.3f} of the baseline's"
         if self.note:
             how += f"; inconclusive because {self.note}"
-        return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown x{self.ratio:.3f} "
-                f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold x{self.threshold:.3f}; "
+        return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown ×{self.ratio:.3f} "
+                f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold ×{self.threshold:.3f}; "
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
 
     def headline(self) -> str:
         """One line a reviewer reads: metric, ratio with its interval and the threshold, the baseline's figure
         beside the candidate's with the change said in words, the verdict."""
         where = f" p{self.percentile}" if self.percentile else ""
-        return (f"{self.metric}{where} slowdown x{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"(threshold x{self.threshold:.3f}): baseline {units.metric_value(self.metric, self.baseline)} → "
+        return (f"{self.metric}{where} slowdown ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
+                f"(threshold ×{self.threshold:.3f}): baseline {units.metric_value(self.metric, self.baseline)} → "
                 f"now {units.metric_value(self.metric, self.candidate)}, {self.change_in_words()} "
                 f"→ {self.status.upper()}")
 
