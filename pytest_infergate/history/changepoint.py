@@ -1,9 +1,9 @@
 """Where a metric's level changed across runs, and whether it is creeping. Pure Python, like stats.py.
 
-The unit of evidence is the run: each run contributes one value (the median of its samples) on a log scale, so a
-change is a ratio and run-to-run noise (another job on the CI machine, a thermal state) counts as noise. Pooling
-every request of every run would treat thousands of correlated latencies as independent and call that noise a
-change.
+The unit of evidence is the run: each run contributes one value (the statistic its gate decides on: the median of
+its samples, or the percentile its budget names, e.g. p95 for `ttft_ms_p95`) on a log scale, so a change is a ratio
+and run-to-run noise (another job on the CI machine, a thermal state) counts as noise. Pooling every request of
+every run would treat thousands of correlated latencies as independent and call that noise a change.
 
 Step changes: binary segmentation. In a stretch of runs, the split with the largest two-sample t statistic is the
 candidate; a permutation test (the run order shuffled; sequential, Besag & Clifford 1991, so a stretch with no
@@ -144,8 +144,8 @@ def _splits(z: list[float], lo: int, hi: int, rng: random.Random, alpha: float, 
             + _splits(z, lo + k, hi, rng, alpha, min_change, min_size))
 
 
-def _run_value(samples: Sequence[float]) -> float:
-    return percentile(samples, 50)
+def _run_value(samples: Sequence[float], q: float = 50) -> float:
+    return percentile(samples, q)
 
 
 def _thin(samples: Sequence[float], most: int = 64) -> list[float]:
@@ -156,44 +156,45 @@ def _thin(samples: Sequence[float], most: int = 64) -> list[float]:
     return [ordered[round(i * (len(ordered) - 1) / (most - 1))] for i in range(most)]
 
 
-def _run_draws(samples: Sequence[float], rng: random.Random, count: int = 200) -> list[float]:
-    """Log medians of `count` bootstrap resamples of one run's samples (drawn once per run, then reused)."""
+def _run_draws(samples: Sequence[float], rng: random.Random, q: float = 50, count: int = 200) -> list[float]:
+    """Log statistics of `count` bootstrap resamples of one run's samples (drawn once per run, then reused)."""
     thin = _thin(samples)
-    return [math.log(_run_value(rng.choices(thin, k=len(thin)))) for _ in range(count)]
+    return [math.log(_run_value(rng.choices(thin, k=len(thin)), q)) for _ in range(count)]
 
 
 def shift_ci(before: Sequence[Sequence[float]], after: Sequence[Sequence[float]], resamples: int = 1000,
-             seed: int = 0) -> tuple[float, float, float]:
+             seed: int = 0, q: float = 50) -> tuple[float, float, float]:
     """(change, low, high): the relative change of level from `before` to `after` (each a list of runs, each run
     its samples) and its 95% hierarchical bootstrap interval: runs resampled, then within each chosen run a
     resample of its samples (from a pool of its bootstrap medians)."""
     rng = random.Random(seed)
-    pools = [[_run_draws(r, rng) for r in side] for side in (before, after)]
+    pools = [[_run_draws(r, rng, q) for r in side] for side in (before, after)]
 
     def drawn_level(pool: list[list[float]]) -> float:
         return sum(rng.choice(run) for run in rng.choices(pool, k=len(pool))) / len(pool)
 
-    point = math.expm1(_level(after) - _level(before))
+    point = math.expm1(_level(after, q) - _level(before, q))
     draws = [math.expm1(drawn_level(pools[1]) - drawn_level(pools[0])) for _ in range(resamples)]
     return point, percentile(draws, 2.5), percentile(draws, 97.5)
 
 
-def _level(runs: Sequence[Sequence[float]]) -> float:
-    return sum(math.log(_run_value(r)) for r in runs) / len(runs)
+def _level(runs: Sequence[Sequence[float]], q: float = 50) -> float:
+    return sum(math.log(_run_value(r, q)) for r in runs) / len(runs)
 
 
 def change_points(runs: Sequence[Sequence[float]], alpha: float = ALPHA, min_change: float = MIN_CHANGE,
-                  min_size: int = MIN_SIZE, seed: int = 0) -> list[ChangePoint]:
-    """The level changes in a series of runs (each run: its positive samples, at least one), oldest run first."""
+                  min_size: int = MIN_SIZE, seed: int = 0, q: float = 50) -> list[ChangePoint]:
+    """The level changes in a series of runs (each run: its positive samples, at least one), oldest run first,
+    of each run's `q`-th percentile."""
     runs = [list(r) for r in runs]
-    z = [math.log(_run_value(r)) for r in runs]
+    z = [math.log(_run_value(r, q)) for r in runs]
     found = _splits(z, 0, len(z), random.Random(seed), alpha, min_change, min_size)
     bounds = [0] + [k for k, _ in found] + [len(z)]
     points = []
     for i, (k, p) in enumerate(found):
         before, after = runs[bounds[i]:k], runs[k:bounds[i + 2]]
-        change, low, high = shift_ci(before, after, seed=seed)
-        level_before = math.exp(_level(before))
+        change, low, high = shift_ci(before, after, seed=seed, q=q)
+        level_before = math.exp(_level(before, q))
         points.append(ChangePoint(k, level_before, level_before * (1 + change), change, low, high, p))
     return points
 
@@ -207,11 +208,11 @@ def _theil_sen(z: Sequence[float]) -> float:
 
 
 def creep(runs: Sequence[Sequence[float]], start: int = 0, window: int = CREEP_WINDOW, alpha: float = CREEP_ALPHA,
-          min_drift: float = MIN_CREEP, seed: int = 0) -> Creep | None:
+          min_drift: float = MIN_CREEP, seed: int = 0, q: float = 50) -> Creep | None:
     """A monotone drift over the last `window` runs from `start` on (e.g. after the last change point), in
     either direction; None when there is none, too little of it, or fewer runs than the window."""
     first = max(start, len(runs) - window)
-    z = [math.log(_run_value(r)) for r in runs[first:]]
+    z = [math.log(_run_value(r, q)) for r in runs[first:]]
     if len(z) < window:
         return None
     slope = _theil_sen(z)

@@ -75,7 +75,7 @@ def trend_chart(history: History, series: Series, unit: str, links: dict[int, st
             body.append(_point(history, p, px(p.run), py, divisor, unit, links.get(p.run)))
     legend = [("run median", PALETTE[0]), ("gate failed", FAIL_MARK), ("inconclusive", INCONCLUSIVE_MARK),
               ("change", WORSE), ("creep", CREEP)]
-    return frame(f"{series.metric} · {series.test.partition('::')[2] or series.test}"[:90], "".join(body), legend)
+    return frame(f"{series.name} · {series.test.partition('::')[2] or series.test}"[:90], "".join(body), legend)
 
 
 def _point(history: History, p, x: float, py, divisor: float, unit: str, href: str | None) -> str:

@@ -37,7 +37,7 @@ def text_table(history: History) -> str:
     if not found:
         lines.append("no change points and no creep")
     for f in found:
-        lines.append(f"{f.series.test} {f.series.metric}: {describe(f)}")
+        lines.append(f"{f.series.test} {f.series.name}: {describe(f)}")
     for run, text in environment_changes(history):
         lines.append(f"machine changed at run #{run}: {text} (a new series)")
     for run, text in under_test_changes(history):
@@ -83,7 +83,7 @@ def build_context(history: History, report_href: str | None = None, page_dir: Pa
     return {
         "runs": runs, "first": when(runs[0].started) if runs else "?", "last": when(runs[-1].started) if runs else "?",
         "findings": [{"test": f.series.test, "label": split_test_id(f.series.test)[1] or f.series.test,
-                      "metric": f.series.metric, "kind": f.kind, "worse": f.worse, "text": describe(f),
+                      "metric": f.series.name, "kind": f.kind, "worse": f.worse, "text": describe(f),
                       "run": f.run, "report": links.get(f.run.index)}
                      for f in sorted(found, key=lambda f: (not f.worse, f.run.index))],
         "changed_charts": [_chart(s) for s in history.series if (s.test, s.metric) in changed],

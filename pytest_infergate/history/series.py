@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from pytest_infergate.history import changepoint
-from pytest_infergate.measurement import METRICS
+from pytest_infergate.measurement import METRICS, percentile_suffix
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
@@ -43,7 +43,7 @@ class RunInfo:
 @dataclass
 class Point:
     run: int  # RunInfo.index
-    value: float  # median of the run's samples
+    value: float  # the run's gated statistic: the median of its samples, or the percentile its budget names
     low: float  # interquartile range of the run's samples
     high: float
     samples: list[float]
@@ -71,6 +71,12 @@ class Series:
     test: str
     metric: str
     segments: list[Segment]
+    statistic: float = 50  # the percentile the gate decides on (ttft_ms_p95: 95); the points and changes use it
+
+    @property
+    def name(self) -> str:
+        """`ttft_ms p95`, or the metric alone where the gate reads the median or the metric is no distribution."""
+        return self.metric + (f" {percentile_suffix(self.statistic)}" if self.statistic != 50 else "")
 
     @property
     def higher_is_better(self) -> bool:
@@ -113,14 +119,30 @@ def _key(environment: dict) -> str:
     return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, previous: PerfRecord | None
-           ) -> Point | None:
+def gated_statistic(record: PerfRecord, metric: str) -> float:
+    """The percentile a record's gate decides `metric` on: its budget's limit on the metric (the highest, if
+    several: the tail it guards), else the budget's `percentile` (what a relative gate compares); 50 for a
+    metric that is no distribution (tokens/s is one figure per repetition)."""
+    from pytest_infergate.perf.budget import BudgetError, parse_budget
+
+    if not METRICS[metric][2]:
+        return 50
+    try:
+        budget = parse_budget(record.budget)
+    except BudgetError:  # a record from another version: its budget is not ours to judge here
+        return 50
+    limits = [limit.percentile for limit in budget.limits if limit.metric == metric and limit.percentile]
+    return max(limits) if limits else budget.percentile
+
+
+def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, previous: PerfRecord | None,
+           q: float = 50) -> Point | None:
     samples = [v for v in record.measurement.samples.get(metric) or [] if isinstance(v, (int, float)) and v > 0]
     if not samples:
         return None
     status = metric_status(record, metric)
     why = "; ".join(reason for reason in verdict_reasons(record) if reason.startswith(metric))
-    point = Point(run_index, percentile(samples, 50), percentile(samples, 25), percentile(samples, 75), samples,
+    point = Point(run_index, percentile(samples, q), percentile(samples, 25), percentile(samples, 75), samples,
                   status.value if status else None, why, _environment(record, run))
     if previous is not None:
         point.changes = diff_fingerprints(record.fingerprint, previous.fingerprint).under_test_text()
@@ -146,11 +168,11 @@ def _segments(points: list[Point]) -> list[Segment]:
     return segments
 
 
-def analyze(segment: Segment, creep_window: int = changepoint.CREEP_WINDOW) -> None:
+def analyze(segment: Segment, creep_window: int = changepoint.CREEP_WINDOW, q: float = 50) -> None:
     runs = [p.samples for p in segment.points]
-    segment.change_points = changepoint.change_points(runs)
+    segment.change_points = changepoint.change_points(runs, q=q)
     start = segment.change_points[-1].index if segment.change_points else 0
-    segment.creep = changepoint.creep(runs, start, creep_window)
+    segment.creep = changepoint.creep(runs, start, creep_window, q=q)
 
 
 def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_METRICS,
@@ -158,6 +180,9 @@ def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_MET
     infos = [RunInfo(i, run.run_id or f"run-{i}", run.commit, run.started,
                      all(r.status.value == "pass" for r in run.records), run.report_copy)
              for i, run in enumerate(runs, start=1)]
+    # each series on the statistic its latest gate decides on (a budget changed to p95 redraws the whole series)
+    statistic = {(record.test, metric): gated_statistic(record, metric) for run in runs for record in run.perf
+                 for metric in metrics}
     points: dict[tuple[str, str], list[Point]] = {}
     last: dict[str, tuple[PerfRecord, RunResults]] = {}  # each measurement key's latest record, with its run
     for info, run in zip(infos, runs):
@@ -170,15 +195,15 @@ def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_MET
             if previous is not None and _environment(previous, previous_run) != _environment(record, run):
                 previous = None  # another machine: no verdict against it (its series starts anew)
             for metric in metrics:
-                point = _point(info.index, run, record, metric, previous)
+                point = _point(info.index, run, record, metric, previous, statistic[(record.test, metric)])
                 if point:
                     points.setdefault((record.test, metric), []).append(point)
             last[record.test] = (record, run)
     series = []
     for (test, metric), found in sorted(points.items(), key=lambda kv: (kv[0][0], metrics.index(kv[0][1]))):
-        s = Series(test, metric, _segments(found))
+        s = Series(test, metric, _segments(found), statistic[(test, metric)])
         for segment in s.segments:
-            analyze(segment, creep_window)
+            analyze(segment, creep_window, s.statistic)
         series.append(s)
     return History(infos, series, list(skipped), creep_window)
 
