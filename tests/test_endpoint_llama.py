@@ -15,6 +15,7 @@ import pytest
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity
 from pytest_infergate.endpoint.load import add_to_measurement
+from pytest_infergate.endpoint.request import EndpointError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.workloads import from_file
 
@@ -61,6 +62,41 @@ def test_ignore_eos_gives_exactly_max_tokens_on_the_real_server(llama_server):
     free, held = run.results
     assert free.ok and held.ok and held.output_tokens == 24 and held.finish_reason == "length"
     assert free.output_tokens < 24  # the same prompt ends by itself without it
+
+
+def test_token_exact_prompts_from_the_servers_own_tokenizer(llama_server):
+    # issue #35 point 8: no local tokenizer; the server's /tokenize sizes the prompts, sent as token ids
+    from pytest_infergate.endpoint.tokens import token_exact_requests
+
+    config = EndpointConfig(llama_server.url, timeout_s=120, api="completions")
+    requests = token_exact_requests(config, 4, (10, 60), 6, seed=3)
+    assert len({tuple(r.prompt) for r in requests}) == 4  # each its own prompt: no shared prefix to cache
+    run = run_load(config, requests, LoadPattern(concurrency=2), scrape=False)
+    assert [(r.error, r.prompt_tokens, r.output_tokens) for r in run.results] == \
+        [(None, len(q.prompt), 6) for q in requests]  # the server read exactly the tokens asked for
+    with pytest.raises(EndpointError, match="only the completions API takes"):
+        token_exact_requests(replace(config, api="chat"), 1, 8, 4)
+
+
+def test_the_endpoint_fixture_builds_token_exact_workloads(pytester, llama_server):
+    pytester.makepyfile("""
+def test_exact(infergate_endpoint):
+    requests = infergate_endpoint.token_exact_workload(3, input_tokens=16, output_tokens=4)
+    assert [len(r.prompt) for r in requests] == [16, 16, 16] and {r.max_tokens for r in requests} == {4}
+""")
+    result = pytester.runpytest(f"--infergate-endpoint={llama_server.url}", "--infergate-endpoint-api=completions",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_server_without_tokenize_is_named_with_the_alternatives():
+    from openai_servers import FaultyServer
+
+    from pytest_infergate.endpoint.tokens import token_exact_requests
+
+    with FaultyServer("ok") as server, pytest.raises(EndpointError, match=r"/tokenize answered HTTP 200 without a "
+                                                                          r"token list.*give prompts as text"):
+        token_exact_requests(EndpointConfig(server.url, api="completions"), 2, 8, 4)
 
 
 def test_capacity_search_on_the_real_server_stops_within_its_budget(llama_server):

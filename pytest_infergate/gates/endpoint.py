@@ -35,6 +35,18 @@ class EndpointPerfBench:
 
         return chat_workload(self._tokenizer_source(), num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
 
+    def token_exact_workload(self, num_requests: int = 16, input_tokens=(20, 200), output_tokens=32, seed: int = 0):
+        """Completions requests of exactly `input_tokens` prompt tokens and `output_tokens` answer tokens (each a
+        count or a (low, high) range), sized by the server's own /tokenize: no local tokenizer needed (run with
+        --infergate-endpoint-api=completions). A server without /tokenize fails the test naming the fix."""
+        from pytest_infergate.endpoint.tokens import token_exact_requests
+
+        try:
+            return token_exact_requests(self.bench.config, num_requests, input_tokens, output_tokens, seed,
+                                        self.bench.model)
+        except InfergateError as exc:
+            self.ctx.fail(str(exc))
+
     def __call__(self, requests=None, config=None, *, warmup: int = 1, repeats: int = 1, min_time_s: float = 0.0,
                  label: str = "", tags: dict | None = None, pattern=None, slo=None):
         """The reference engine's `infergate_bench` call, against the endpoint: an EngineConfig's max_batch_size
