@@ -364,3 +364,11 @@ def test_each_column_is_named_as_its_metric_defined_and_the_gated_figure_marked(
         assert f">{name}</th>" in html
     assert "output tokens of completed requests / the repetition&#39;s wall time, median over repetitions" in html
     assert 'class="gated"' in html and "● marks a figure a gate checked" in html
+
+
+def test_a_parameter_with_an_empty_id_reads_as_such():
+    from pytest_infergate.report.context import split_test_id
+
+    assert split_test_id("suites/t.py::test_chat_latency[]") == ("suites/t.py", "test_chat_latency[(empty id)]")
+    assert split_test_id("suites/t.py::test_gain[-1]::long") == ("suites/t.py", "test_gain[-1]::long")
+    assert split_test_id("test_bare[]") == ("", "test_bare[(empty id)]")

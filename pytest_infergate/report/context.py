@@ -46,9 +46,11 @@ DETAIL_KEYS = ("ttft_ms_p99", "tpot_ms_p95", "e2e_ms_p50", "e2e_ms_p99", "reques
 
 
 def split_test_id(test: str) -> tuple[str, str]:
-    """(file, the rest): `suites/test_kv.py::test_gain[fp32]::long` -> `suites/test_kv.py`, `test_gain[fp32]::long`."""
+    """(file, the rest, as a reader sees it): `suites/test_kv.py::test_gain[fp32]::long` -> `suites/test_kv.py`,
+    `test_gain[fp32]::long`. A parameter with an empty id (pytest writes `test_x[]`) reads `test_x[(empty id)]`."""
     file, sep, rest = test.partition("::")
-    return (file, rest) if sep else ("", test)
+    rest = rest if sep else test
+    return (file if sep else ""), rest.replace("[]", "[(empty id)]")
 
 
 def column(key: str, pct: int | None = None) -> str:
