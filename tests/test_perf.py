@@ -480,3 +480,26 @@ def test_a_failure_against_a_stored_baseline_is_decided_again_after_a_fresh_bloc
                               remeasure=lambda: add_repetitions(slow, IDLE[:2], regression=1.27, seed=5))
     assert regressed.status == "fail" and regressed.confirmed == 8 and slow.repetitions == 16
     assert "decided again after a fresh block of 8 repetitions" in regressed.message()
+
+
+def test_the_kv_budget_is_sized_from_the_workload_unless_the_config_sets_one(tiny_fp32):
+    # issue #34 point 6: a fixed 1 GiB default made the peak memory a small model reported measure our default
+    from pytest_infergate.engine import EngineConfig, Request
+    from pytest_infergate.engine.engine import Engine
+    from pytest_infergate.perf.bench import Bench
+
+    bench = Bench(tiny_fp32, calibrate=False)
+    requests = [Request(prompt_token_ids=[5 + i] * (20 + i), max_new_tokens=8, ignore_eos=True) for i in range(6)]
+    sized = bench.measure(requests, repeats=1, warmup=1)
+    # 6 sequences at once, each as long as the longest request (25 + 8 tokens: 3 blocks of 16, plus 1)
+    assert sized.num_failed == 0 and sized.engine["kv_budget_blocks"] == 6 * 4
+    assert sized.memory["kv_budget"].startswith("sized from the workload: 6 sequence(s) at once")
+    assert sized.memory["kv_allocated_mb"] < 1 and sized.memory["kv_used_peak_mb"] <= sized.memory["kv_allocated_mb"]
+    explicit = bench.measure(requests, EngineConfig(kv_budget_bytes=8 << 20), repeats=1, warmup=1)
+    assert explicit.memory["kv_allocated_mb"] == 8 and explicit.memory["kv_budget"] == "set by the EngineConfig"
+    assert "kv_sized_for_workload" not in sized.engine  # not a user's setting: no fingerprint change
+    # a request the sized budget could never hold is rejected saying so, not left waiting forever
+    config = EngineConfig(kv_budget_blocks=2, kv_sized_for_workload=True)
+    with Engine(tiny_fp32.model, tiny_fp32.tokenizer, config) as engine:
+        (result,) = engine.generate([Request(prompt_token_ids=[5] * 40, max_new_tokens=8)])
+    assert not result.ok and "more than the budget sized for this workload holds" in result.reason

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from pytest_infergate.engine.validate import check_bool, check_int, check_number
 from pytest_infergate.errors import OptionError
@@ -21,7 +21,9 @@ class EngineConfig:
         longest finishes; `dynamic` collects requests for up to `window_ms` (or `max_batch_size`), then runs them
         as a static batch; `continuous` schedules every step: finished sequences leave, waiting ones join, prefill
         and decode share one forward under `max_batched_tokens`, long prompts are prefilled in chunks.
-    kv_budget_bytes / kv_budget_blocks: the KV memory the engine may allocate (one of them; default 1 GiB).
+    kv_budget_bytes / kv_budget_blocks: the KV memory the engine may allocate (one of them). Default: under
+        `infergate_bench`, sized from the workload (kv_cache.blocks_for_workload), so the peak memory a test
+        reports is its model's and workload's, not a fixed allowance; elsewhere 1 GiB.
     prefix_caching: reuse the KV blocks of prompt prefixes computed before (a shared system prompt, few-shot
         examples, a document asked several questions) instead of computing them again; paged cache with
         continuous or sequential batching. Off by default, so measurements of repeated prompts stay comparable.
@@ -57,6 +59,9 @@ class EngineConfig:
     record_steps: bool = True
     decode_group_size: int | None = None
     cuda_graphs: bool | None = None
+    # set by the bench when it sized kv_budget_blocks from the workload: the budget may then hold less than
+    # max_model_len (a request beyond it is rejected saying so); not a user's setting, so not in to_dict()
+    kv_sized_for_workload: bool = field(default=False, repr=False)
 
     def __post_init__(self):
         if self.cache_mode not in CACHE_MODES:
@@ -85,4 +90,6 @@ class EngineConfig:
             self.max_batch_size = 1
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        del data["kv_sized_for_workload"]
+        return data

@@ -96,7 +96,7 @@ class Engine:
             return None, None
         block_size = self.config.block_size
         num_blocks = num_blocks_for(self.config, self.kv_bytes_per_token)
-        if num_blocks * block_size < self.max_model_len:
+        if num_blocks * block_size < self.max_model_len and not self.config.kv_sized_for_workload:
             raise OptionError(
                 f"EngineConfig KV budget holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}, "
                 f"{self.kv_bytes_per_token} bytes per token) but one sequence may need max_model_len = "
@@ -169,6 +169,10 @@ class Engine:
         seq = Sequence(request, ids, (self.now() if arrival is None else arrival) + self._clock0, request_id)
         self._sequences[request_id] = seq
         seq.prompt_token_ids, seq.max_new_tokens, rejected = self.limits.fit(request, ids)
+        if not rejected and self.config.kv_sized_for_workload and self.blocks is not None:
+            need = len(seq.prompt_token_ids) + seq.max_new_tokens  # a sequence that could never fit: no hang
+            if -(-need // self.config.block_size) > self.blocks.num_blocks:
+                rejected = f"needs {need} tokens of KV cache, more than the budget sized for this workload holds"
         if rejected:
             return self._end(seq, FinishReason.REJECTED, rejected)
         if self.config.max_queue_len is not None and len(self.scheduler.waiting) >= self.config.max_queue_len:

@@ -55,6 +55,7 @@ class Bench:
         self._engines: dict[str, object] = {}  # repr(config) -> Engine or HFGenerateBackend
         self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
+        self.kv_budget_note = ""  # how the last repetition's KV budget was chosen (Bench.sized)
 
     def engine(self, config: EngineConfig, instance: int = 0):
         """The backend that runs `config` (OptionError under HF generate for what only the engine does).
@@ -107,9 +108,37 @@ class Bench:
         self.record_repetition(into, engine, workload, results, wall, peak.result)
         return results
 
+    def sized(self, config: EngineConfig, requests: list[Request | Session]) -> tuple[EngineConfig, str]:
+        """`config` with its KV budget sized from the workload when it sets none (engine.kv_cache.
+        blocks_for_workload), and how the budget was chosen, for the report beside the peak memory."""
+        from pytest_infergate.engine.kv_cache import blocks_for_workload
+        from pytest_infergate.engine.limits import Limits
+        from pytest_infergate.engine.request import RequestError, render_prompt
+
+        if config.kv_budget_bytes is not None or config.kv_budget_blocks is not None:
+            return config, "set by the EngineConfig"
+        if config.cache_mode == "none" or not choice_for(self.loaded).is_engine:
+            return config, ""
+        if any(isinstance(item, Session) for item in requests):
+            return config, "the engine's default of 1 GiB: multi-turn sessions grow turn by turn, so not sized"
+        limits = Limits.of(self.loaded.model, config)
+        try:
+            needs = [len(ids) + new for ids, new, rejected in
+                     (limits.fit(r, render_prompt(self.loaded.tokenizer, r)) for r in requests) if not rejected]
+        except RequestError:  # the engine names the bad request when it runs
+            return config, ""
+        blocks = blocks_for_workload(needs, config)
+        if self.device != "cpu":  # CUDA graphs are captured per context bucket up to max_model_len: room for it
+            blocks = max(blocks, -(-limits.max_model_len // config.block_size))
+        sized = replace(config, kv_budget_blocks=blocks, kv_sized_for_workload=self.device == "cpu")
+        concurrent = 1 if config.batching == "sequential" else min(config.max_batch_size, max(1, len(needs)))
+        return sized, (f"sized from the workload: {concurrent} sequence(s) at once × its longest request "
+                       f"({max(needs, default=0)} tokens), {blocks} blocks of {config.block_size}")
+
     def begin_repetition(self, requests: list[Request | Session], config: EngineConfig, warmup: int, instance: int = 0):
         """The start of one repetition driven step by step from outside (perf.lockstep): warm-up requests run,
         the engine cleared as run_once clears it. Returns the engine and this repetition's fresh workload."""
+        config, self.kv_budget_note = self.sized(config, requests)
         engine = self.engine(config, instance)
         if warmup:
             engine.generate(warmup_requests(requests, warmup))
@@ -169,7 +198,8 @@ class Bench:
         into.memory = {"weights_mb": weights / MIB, "kv_allocated_mb": kv_allocated / MIB,
                        "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "cuda_graphs_mb": pool / MIB,
                        "peak_mb": attributable / MIB,
-                       "process_peak_mb": peak.peak_bytes / MIB, "method": peak.method}
+                       "process_peak_mb": peak.peak_bytes / MIB, "method": peak.method,
+                       "kv_budget": self.kv_budget_note}
         failed = dict(into.engine.get("failed_requests") or {})  # why requests failed, over every repetition
         for r in results:
             if not r.ok and not r.is_warmup:
