@@ -41,7 +41,7 @@ def server_tokenize(config: EndpointConfig, text: str, model: str | None = None)
             tokens = response.json().get("tokens")
         except (ValueError, AttributeError):
             tokens = None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) or isinstance(t, dict) for t in tokens):
+    if not isinstance(tokens, list) or not all(isinstance(t, (int, dict)) for t in tokens):
         raise EndpointError(f"POST {url} answered HTTP {response.status_code} without a token list: this server has "
                             "no /tokenize endpoint (llama.cpp, vLLM and SGLang have one), so token-exact prompts "
                             "cannot be built for it; give prompts as text, or size them with a local tokenizer "

@@ -61,14 +61,13 @@ def kv_bytes_per_token(geometry, dtype: torch.dtype) -> int:
     return element * sum(heads * (k_dim + v_dim) for heads, k_dim, v_dim in geometry.values())
 
 
-def blocks_for_workload(token_needs: list[int], config) -> int:
-    """KV blocks for a known workload (each request's prompt + max_new_tokens): as many sequences as the engine
-    runs at once (max_batch_size; one for sequential batching), each as long as the longest request, plus one
-    block each for a partly filled last block. Every sequence fits at its longest, so the scheduler never
-    preempts for want of memory and runs as it would with any larger budget."""
+def workload_kv_shape(token_needs: list[int], config) -> tuple[int, int]:
+    """(sequences at once, blocks per sequence) for a known workload (each request's prompt + max_new_tokens): as
+    many sequences as the engine runs at once (max_batch_size; one for sequential batching), each as long as the
+    longest request, plus one block for a partly filled last block. Every sequence fits at its longest, so the
+    scheduler never preempts for want of memory and runs as it would with any larger budget."""
     concurrent = 1 if config.batching == "sequential" else min(config.max_batch_size, max(1, len(token_needs)))
-    per_sequence = -(-max(token_needs, default=1) // config.block_size) + 1
-    return concurrent * per_sequence
+    return concurrent, -(-max(token_needs, default=1) // config.block_size) + 1
 
 
 def num_blocks_for(config, bytes_per_token: int) -> int:

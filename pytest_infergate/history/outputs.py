@@ -28,8 +28,7 @@ def record_run(folder: Path, results: RunResults, keep: int, report: Path | None
     append_run(folder, results, keep)
     history = history_with(folder, results)
     page = Path(folder) / HISTORY_PAGE
-    href = os.path.relpath(Path(report).resolve(), Path(folder).resolve()) if report else None
-    write_history(history, page, href)
+    write_history(history, page, _report_href(folder, report) if report else None)
     return history
 
 
@@ -48,5 +47,9 @@ def keep_report(folder: Path, results: RunResults, history: History, report: Pat
     for run in history.runs:
         if run.run_id == results.run_id:
             run.report = str(copy.resolve())
-    href = os.path.relpath(Path(report).resolve(), Path(folder).resolve())
-    write_history(history, Path(folder) / HISTORY_PAGE, href)
+    write_history(history, Path(folder) / HISTORY_PAGE, _report_href(folder, report))
+
+
+def _report_href(folder: Path, report: Path) -> str:
+    """The run's report as the history page links it: relative to the history folder."""
+    return os.path.relpath(Path(report).resolve(), Path(folder).resolve())

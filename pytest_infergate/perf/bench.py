@@ -55,7 +55,7 @@ class Bench:
         self._engines: dict[str, object] = {}  # repr(config) -> Engine or HFGenerateBackend
         self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
-        self.kv_budget_note = ""  # how the last repetition's KV budget was chosen (Bench.sized)
+        self._kv_budget_notes: dict[int, str] = {}  # id(engine) -> how its KV budget was chosen (Bench.sized)
 
     def engine(self, config: EngineConfig, instance: int = 0):
         """The backend that runs `config` (OptionError under HF generate for what only the engine does).
@@ -110,8 +110,8 @@ class Bench:
 
     def sized(self, config: EngineConfig, requests: list[Request | Session]) -> tuple[EngineConfig, str]:
         """`config` with its KV budget sized from the workload when it sets none (engine.kv_cache.
-        blocks_for_workload), and how the budget was chosen, for the report beside the peak memory."""
-        from pytest_infergate.engine.kv_cache import blocks_for_workload
+        workload_kv_shape), and how the budget was chosen, for the report beside the peak memory."""
+        from pytest_infergate.engine.kv_cache import workload_kv_shape
         from pytest_infergate.engine.limits import Limits
         from pytest_infergate.engine.request import RequestError, render_prompt
 
@@ -127,19 +127,20 @@ class Bench:
                      (limits.fit(r, render_prompt(self.loaded.tokenizer, r)) for r in requests) if not rejected]
         except RequestError:  # the engine names the bad request when it runs
             return config, ""
-        blocks = blocks_for_workload(needs, config)
+        concurrent, per_sequence = workload_kv_shape(needs, config)
+        blocks = concurrent * per_sequence
         if self.device != "cpu":  # CUDA graphs are captured per context bucket up to max_model_len: room for it
             blocks = max(blocks, -(-limits.max_model_len // config.block_size))
         sized = replace(config, kv_budget_blocks=blocks, kv_sized_for_workload=self.device == "cpu")
-        concurrent = 1 if config.batching == "sequential" else min(config.max_batch_size, max(1, len(needs)))
         return sized, (f"sized from the workload: {concurrent} sequence(s) at once × its longest request "
                        f"({max(needs, default=0)} tokens), {blocks} blocks of {config.block_size}")
 
     def begin_repetition(self, requests: list[Request | Session], config: EngineConfig, warmup: int, instance: int = 0):
         """The start of one repetition driven step by step from outside (perf.lockstep): warm-up requests run,
         the engine cleared as run_once clears it. Returns the engine and this repetition's fresh workload."""
-        config, self.kv_budget_note = self.sized(config, requests)
+        config, note = self.sized(config, requests)
         engine = self.engine(config, instance)
+        self._kv_budget_notes[id(engine)] = note  # per engine: the two sides of a lockstep round differ
         if warmup:
             engine.generate(warmup_requests(requests, warmup))
         engine.steps.clear()
@@ -199,7 +200,7 @@ class Bench:
                        "kv_used_peak_mb": kv_used / MIB, "other_mb": rise / MIB, "cuda_graphs_mb": pool / MIB,
                        "peak_mb": attributable / MIB,
                        "process_peak_mb": peak.peak_bytes / MIB, "method": peak.method,
-                       "kv_budget": self.kv_budget_note}
+                       "kv_budget": self._kv_budget_notes.get(id(engine), "")}
         failed = dict(into.engine.get("failed_requests") or {})  # why requests failed, over every repetition
         for r in results:
             if not r.ok and not r.is_warmup:
