@@ -237,12 +237,10 @@ def check_refusals_keep_the_load_schedule():
         run = run_load(EndpointConfig(server.url, api="completions"), requests, pattern, scrape=False)
         seen = len(server.httpd.bodies)
     offsets = pattern.offsets_for(requests)
-    first = min(r.sent for r in run.results)
-    sent = {r.request_id: r.sent - first for r in run.results}
-    order = sorted(sent, key=sent.get)
-    assert order == sorted(sent, key=lambda rid: offsets[int(rid[1:])])  # sent in the schedule's order
-    # none early (a refusal did not pull the later arrivals forward), none re-sent after its Retry-After
-    assert all(sent[f"r{i}"] >= offsets[i] - offsets[0] - 0.005 for i in range(8))
+    late = {r.request_id: r.sent - (run.started + offsets[int(r.request_id[1:])]) for r in run.results}
+    # none early (a refusal did not pull the later arrivals forward), none re-sent after its Retry-After. The order
+    # of two arrivals a few ms apart is not asserted: on a loaded runner the later one can leave first.
+    assert all(delay >= -0.005 for delay in late.values()), late
     assert seen == 8 and json.loads(json.dumps(run.errors)) == {"http_429": 8}
 
 

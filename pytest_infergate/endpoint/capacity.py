@@ -195,7 +195,7 @@ def straddles(met: int, sent: int, target: float) -> bool:
 
 def _pooled(first: LoadRun, more: LoadRun) -> LoadRun:
     return LoadRun(first.pattern, first.results + more.results, first.duration_s + more.duration_s, first.slo,
-                   more.server_metrics or first.server_metrics, more.stopped)
+                   more.server_metrics or first.server_metrics, more.stopped, first.started)
 
 
 def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:

@@ -45,6 +45,7 @@ class DriveOutcome:
     results: list[EndpointResult]  # every request of every item, in item order
     duration_s: float
     stopped: str = ""  # "", "stopped early", "deadline"
+    started: float = 0.0  # the perf_counter instant the offsets count from
 
 
 class _Item:
@@ -113,7 +114,7 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
         await asyncio.gather(everything, return_exceptions=True)
     stopper.cancel()
     duration = time.perf_counter() - start
-    return DriveOutcome([result for state in states for result in state.close()], duration, stopped)
+    return DriveOutcome([result for state in states for result in state.close()], duration, stopped, start)
 
 
 async def _converse(client: EndpointClient, state: _Item, stream: bool, record) -> None:

@@ -103,6 +103,7 @@ class LoadRun:
     slo: Slo = field(default_factory=Slo)
     server_metrics: ServerMetrics | None = None
     stopped: str = ""  # why the run ended before every request did: "stopped early", "deadline"
+    started: float = 0.0  # the perf_counter instant the arrival schedule counts from
 
     @property
     def succeeded(self) -> list[EndpointResult]:
@@ -227,10 +228,11 @@ async def run_load_async(client: EndpointClient, items: list, pattern: LoadPatte
     offsets = pattern.offsets_for(items)
     if not scrape:
         outcome = await drive(client, items, offsets, concurrency, stream, stop, deadline)
-        return LoadRun(pattern, outcome.results, outcome.duration_s, slo, None, outcome.stopped)
+        return LoadRun(pattern, outcome.results, outcome.duration_s, slo, None, outcome.stopped, outcome.started)
     async with MetricsScraper(client.config.prometheus_url, client.config.headers()) as scraper:
         outcome = await drive(client, items, offsets, concurrency, stream, stop, deadline)
-    return LoadRun(pattern, outcome.results, outcome.duration_s, slo, scraper.result, outcome.stopped)
+    return LoadRun(pattern, outcome.results, outcome.duration_s, slo, scraper.result, outcome.stopped,
+                   outcome.started)
 
 
 def run_load(config: EndpointConfig, requests: list, pattern: LoadPattern = LoadPattern(), slo: Slo = Slo(),
