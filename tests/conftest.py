@@ -31,7 +31,7 @@ pytest_plugins = ["pytester"]
 # belongs to the slow tier. The rest (`pytest tests -m "not slow"`) is the fast tier: pure functions over records,
 # measurements and files, run first in .ci/run.
 SLOW_FIXTURES = frozenset({"pytester", "run", "project", "tiny_source", "tiny_fp32", "smollm2_fp32", "llama_server",
-                           "requantized_gguf", "own_llama_server", "cache_dir"})
+                           "requantized_gguf", "own_llama_server", "cache_dir", "endpoint_checkout"})
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,9 +31,26 @@ class EndpointPerfBench:
         self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand
 
     def default_workload(self, num_requests: int = 16):
+        return self.workload(num_requests)
+
+    def workload(self, num_requests: int = 16, prompt_tokens=(20, 200), max_new_tokens=(16, 48), seed: int = 0):
+        """Chat requests whose prompts the local tokenizer sizes (`prompt_tokens`, a (low, high) range;
+        answers capped at `max_new_tokens`, a range too). In an install without torch (endpoint gating only) there is no
+        local tokenizer: under --infergate-endpoint-api=completions the server's /tokenize sizes them instead
+        (token_exact_workload: answers exactly `max_new_tokens`); with the chat API the test fails naming that fix."""
+        from pytest_infergate.lazy import require_local_model_stack
+
+        try:
+            require_local_model_stack("a chat workload sized by the local tokenizer")
+        except InfergateError as exc:
+            if self.bench.config.api != "completions":
+                self.ctx.fail(f"{exc}. Or run with --infergate-endpoint-api=completions: prompts are then sized by "
+                              "the server's /tokenize")
+            return self.token_exact_workload(num_requests, prompt_tokens, max_new_tokens, seed)
         from pytest_infergate.workloads import chat_workload
 
-        return chat_workload(self._tokenizer_source(), num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
+        return chat_workload(self._tokenizer_source(), num_requests, prompt_tokens=prompt_tokens,
+                             max_new_tokens=max_new_tokens, seed=seed)
 
     def token_exact_workload(self, num_requests: int = 16, input_tokens=(20, 200), output_tokens=32, seed: int = 0):
         """Completions requests of exactly `input_tokens` prompt tokens and `output_tokens` answer tokens (each a

@@ -17,7 +17,6 @@ from pytest_infergate.quality.compare import QualityResult, compare_with_referen
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
 from pytest_infergate.quality.metrics import TokenStats
 from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
-from pytest_infergate.quality.scoring import continuation_logprobs, topk_kl
 
 TOP_LOGPROBS = 5
 GOLDEN_CONCURRENCY = 4
@@ -107,6 +106,8 @@ def aligned_positions(generated: EndpointGenerated, pieces: PieceIndex) -> int:
 def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: PieceIndex) -> list[TokenStats | None]:
     """Per sample: KL(endpoint top-k || reference) and top-1 agreement at every aligned position of the endpoint's
     continuation, and the NLL of the chosen tokens under both. None where the server gave no logprobs."""
+    # imported here, where a model runs: the endpoint-only install (no torch) imports this module
+    from pytest_infergate.quality.scoring import continuation_logprobs, topk_kl
 
     out: list[TokenStats | None] = []
     for g in generated:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.lazy import import_torch, require_local_model_stack
 from pytest_infergate.models.builtin import (
     BUILTIN_ALIASES,
     RANDOM_LLAMAS,
@@ -46,6 +46,8 @@ class ModelSource:
 def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""
     spec = str(spec).strip()
+    if spec in ("smollm2-135m", *RANDOM_LLAMAS) or spec.lower().endswith(".gguf"):
+        require_local_model_stack(f"the model {spec}")  # before fetching what only a local model would use
     if spec == "smollm2-135m":
         return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
     if spec in RANDOM_LLAMAS:
@@ -183,6 +185,7 @@ class LoadedModel:
 
 
 def load_tokenizer(source: ModelSource):
+    require_local_model_stack(f"the local tokenizer of {source.spec}")
     from transformers import AutoTokenizer
 
     try:

@@ -18,7 +18,6 @@ from pytest_infergate.quality.metrics import (
     compare_sample,
 )
 from pytest_infergate.quality.score_cache import ScoreCache
-from pytest_infergate.quality.scoring import teacher_forced
 
 
 def compare_with_reference(reference, samples: list[GoldenSample], reference_outputs: list,
@@ -42,6 +41,9 @@ def compare_precision(reference, candidate, samples: list[GoldenSample], referen
                       ) -> QualityResult:
     """A local precision against the reference: both models score the reference's continuations (the reference's
     log-probabilities kept in `reference_scores` for the next candidate)."""
+    # imported here, where a model runs: the endpoint-only install (no torch) imports this module
+    from pytest_infergate.quality.scoring import teacher_forced
+
     started = time.perf_counter()
     rows = [(r.prompt_ids, r.token_ids) for r in reference_outputs]
     stats, _ = teacher_forced(reference.model, candidate.model, rows, reference_scores=reference_scores)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from pytest_infergate import progress
 from pytest_infergate.engine import EngineConfig, Request
-from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import RequestError, render_prompt
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
@@ -108,6 +107,8 @@ def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAUL
     output: in a batch of one those are the first tokens of the uncapped run (greedy decoding is causal); in a
     larger batch a sequence that stops sooner frees its slot sooner, so the run is a composition of its own."""
     torch = import_torch()
+    # imported here, where a model runs: the endpoint-only install (no torch) imports this module
+    from pytest_infergate.engine.backends import choice_for
 
     requests = golden_requests(samples, loaded.tokenizer, max_model_len, max_new_tokens)
     wall, cpu = time.perf_counter(), time.process_time()

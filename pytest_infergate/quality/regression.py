@@ -11,7 +11,6 @@ from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, GoldenSample
 from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
 from pytest_infergate.quality.policy import RegressionPolicy
-from pytest_infergate.quality.scoring import score_rows, teacher_forced, topk_kl
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"
@@ -22,6 +21,9 @@ def outputs_to_accept(samples: list[GoldenSample], generated: list[Generated], m
     alone, as `compare_with_golden` scores them)."""
     topks: list = [[] for _ in generated]
     if model is not None:
+        # imported here, where a model scores: the endpoint-only install (no torch) imports this module
+        from pytest_infergate.quality.scoring import teacher_forced
+
         _, topks = teacher_forced(model, model, [(g.prompt_ids, g.token_ids) for g in generated])
     return [GoldenOutput(g.id, g.token_ids, g.text, topk) for g, topk in zip(generated, topks)]
 
@@ -168,6 +170,9 @@ def compare_with_golden(tokenizer, samples: list[GoldenSample], current: list[Ge
         if quality.exact_match:
             continue  # same tokens from the same composition: nothing to classify, nothing scored
         if model is not None and old.top_logprobs and old.token_ids:
+            # imported here, where a model scores: the endpoint-only install (no torch) imports this module
+            from pytest_infergate.quality.scoring import score_rows, topk_kl
+
             logprobs = score_rows(model, [(now.prompt_ids, old.token_ids)])[0]
             quality.mean_kl = sum(topk_kl(old.top_logprobs, logprobs)) / len(old.token_ids)
             generated = margin_as_generated(old.token_ids, now.token_ids, getattr(now, "top_logprobs", None))
