@@ -192,3 +192,9 @@ def test_a_graph_pool_counts_in_the_models_memory(tiny_fp32):
     assert memory["peak_mb"] == pytest.approx(memory["weights_mb"] + memory["kv_allocated_mb"] + memory["other_mb"]
                                               + 64)
     assert "pool 64 MiB" in measurement.engine["cuda_graphs"]
+
+
+def test_no_graphs_for_chunked_attention(zoo):
+    """A chunked layer's keys are its own chunk's (llama4), a layout the graphs' fixed buffers do not hold."""
+    model, _ = zoo("llama4")
+    assert "chunked attention layers" in graph_build.why_not(model, cache=object())

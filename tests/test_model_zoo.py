@@ -5,12 +5,13 @@ served by the HF generate backend instead.
 Modes: sequential and continuous batching; chunked prefill whose chunks split the sliding window (16); prefix
 caching with a shared prompt prefix several blocks long; a KV budget so small that requests are preempted and
 recomputed. Two families have windows shorter than the prompts on every other layer, one on every layer
-(mistral), one has softcapping (gemma2), one attention sinks (gpt-oss).
+(mistral), one has softcapping (gemma2), one attention sinks (gpt-oss), one chunked attention (llama4: a query sees
+only its own chunk of 16).
 """
 
 import pytest
 import torch
-from zoo_models import FAMILIES, WINDOW, cached_zoo, prompts
+from zoo_models import FAMILIES, WINDOW, build_model, cached_zoo, prompts
 
 from pytest_infergate.engine import (
     Engine,
@@ -63,11 +64,14 @@ def zoo():
 
 
 def has_window(name: str) -> bool:
-    return FAMILIES[name][1].get("sliding_window") is not None
+    """A sliding window or an attention chunk shorter than the prompts."""
+    overrides = FAMILIES[name][1]
+    return overrides.get("sliding_window") is not None or overrides.get("attention_chunk_size") is not None
 
 
 def every_layer_slides(name: str) -> bool:
-    return has_window(name) and "layer_types" not in FAMILIES[name][1]
+    overrides = FAMILIES[name][1]
+    return overrides.get("sliding_window") is not None and "layer_types" not in overrides
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -112,8 +116,9 @@ def ignore_softcap(monkeypatch):
 
 
 def ignore_windows(monkeypatch):
+    """A broken mask: every layer attends to the whole causal prefix, whatever its window or chunk."""
     layout = attention_batch.AttentionBatch.layout
-    monkeypatch.setattr(attention_batch.AttentionBatch, "layout", lambda self, window: layout(self, None))
+    monkeypatch.setattr(attention_batch.AttentionBatch, "layout", lambda self, window, chunk=None: layout(self, None))
 
 
 def ignore_sinks(monkeypatch):
@@ -127,6 +132,7 @@ def ignore_sinks(monkeypatch):
     ("gemma2", ignore_softcap, "attention logit softcapping at 50"),
     ("mistral-sliding", ignore_windows, f"sliding window of {WINDOW}"),
     ("gemma3", ignore_windows, f"sliding window of {WINDOW}"),
+    ("llama4", ignore_windows, f"config attention_chunk_size={WINDOW}, config layer_types\\[0\\]='chunked_attention'"),
     ("gpt-oss", ignore_sinks, r"attention sinks \(s_aux\)"),
 ])
 def test_a_broken_attention_feature_is_refused_by_the_self_check(zoo, tokenizer, monkeypatch, family, breakage,
@@ -139,3 +145,54 @@ def test_a_broken_attention_feature_is_refused_by_the_self_check(zoo, tokenizer,
     with pytest.raises(UnsupportedModelError, match=pattern):
         Engine(model, tokenizer, EngineConfig(**BASE))
     assert model.config._attn_implementation != "infergate_paged"
+
+
+LONG = 64  # longer than the self-check's probe reached before it was sized from the config (48 tokens)
+WINDOWED = [name for name in EXACT if has_window(name)]
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_the_probe_crosses_every_declared_window_and_chunk(tokenizer, monkeypatch, family):
+    """Each family's window or chunk made longer than the old probe (and shorter than max_model_len 96): the
+    engine is still exact past it, and a mask that ignores it is refused."""
+    key = "attention_chunk_size" if "attention_chunk_size" in FAMILIES[family][1] else "sliding_window"
+    model = build_model(family, **{key: LONG})
+    prompt = prompts(1, seed=5, lengths=(LONG + 8, LONG + 8))[0]  # the answer runs past the window / chunk
+    reference = hf_reference(model, prompt)
+    with Engine(model, tokenizer, EngineConfig(**BASE)) as engine:
+        assert engine.self_check.window_crossed is True
+        assert engine.generate([Request(prompt_token_ids=prompt, max_new_tokens=MAX_NEW)])[0].token_ids == reference
+    ignore_windows(monkeypatch)
+    with pytest.raises(UnsupportedModelError, match=f"fails the engine's self-check: at layer .*{key}={LONG}"):
+        Engine(model, tokenizer, EngineConfig(**BASE))
+
+
+def hf_reference(model, prompt: list[int]) -> list[int]:
+    from zoo_models import hf_greedy_ids
+
+    return hf_greedy_ids(model, [prompt], MAX_NEW)[0]
+
+
+def test_a_window_longer_than_the_probe_can_reach_is_refused_unless_max_model_len_keeps_under_it(tokenizer):
+    model = build_model("mistral-sliding", sliding_window=5000, max_position_embeddings=8192)
+    long_context = dict(block_size=16, kv_budget_blocks=400)
+    with pytest.raises(UnsupportedModelError, match=r"declares sliding_window=5000: longer than the engine's "
+                       r"self-check can probe \(4096 tokens\), while max_model_len 6000 .* "
+                       r"Set EngineConfig\(max_model_len=5000\) or less"):
+        Engine(model, tokenizer, EngineConfig(max_model_len=6000, **long_context))
+    with Engine(model, tokenizer, EngineConfig(max_model_len=5000, **long_context)) as engine:
+        assert engine.self_check.window_crossed is False  # no request can outgrow the window: nothing to cross
+
+
+@pytest.mark.parametrize("changes,named", [
+    (dict(attention_window=8), "attention_window=8"),
+    (dict(layer_types=["linear_attention", "full_attention"]), "layer_types entry 'linear_attention'"),
+    (dict(attention_chunk_size=8), "attention_chunk_size=8 without a 'chunked_attention' entry in layer_types"),
+])
+def test_a_config_field_that_may_change_attention_and_that_the_engine_does_not_know_is_refused(tokenizer, changes,
+                                                                                               named):
+    model = build_model("llama", **changes)
+    with pytest.raises(UnsupportedModelError, match=f"model family 'llama' declares attention settings the engine "
+                       f"does not implement or check: {named}"):
+        Engine(model, tokenizer, EngineConfig(**BASE))
+    assert model.config._attn_implementation != "infergate_paged"  # never switched

@@ -38,6 +38,10 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                                 layer_types=_SLIDING_THEN_FULL), "exact"),
     "smollm3": ("smollm3", dict(head_dim=None, use_sliding_window=True, sliding_window=WINDOW,
                                 layer_types=_SLIDING_THEN_FULL, no_rope_layers=[1, 0]), "exact"),
+    # chunked attention on layer 0 (a query sees only its own chunk of 16), full attention on the NoPE layer 1
+    "llama4": ("llama4_text", dict(attention_chunk_size=WINDOW, no_rope_layers=[1, 0], intermediate_size_mlp=128,
+                                   num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2),
+               "exact"),
     "gpt-oss": ("gpt_oss", dict(sliding_window=WINDOW, layer_types=_SLIDING_THEN_FULL, num_local_experts=4,
                                 num_experts_per_tok=2), "exact"),
     # GPT-2 and OPT ignore a config's num_key_value_heads (here 2, while they run 4 KV heads) and head_dim:
@@ -55,22 +59,24 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
 EAGER = {"gemma2", "gpt_oss"}  # families whose own attention is eager (softcapping, sinks)
 
 
-def build_config(name: str):
+def build_config(name: str, **changes):
+    """The family's tiny config; `changes` override its settings (e.g. a longer window)."""
     from transformers import AutoConfig
 
     model_type, overrides, _ = FAMILIES[name]
     kwargs = dict(_COMMON, vocab_size=259, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                   initializer_range=0.4)  # large weights keep greedy logits apart, so exactness is not float luck
     kwargs.update(overrides)
+    kwargs.update(changes)
     kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "sliding_window"}
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def build_model(name: str, seed: int = 0):
+def build_model(name: str, seed: int = 0, **changes):
     """The family's tiny model in fp32 eval mode, weights from `seed`; torch's global RNG is left as it was."""
     from transformers import AutoModelForCausalLM
 
-    config = build_config(name)
+    config = build_config(name, **changes)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

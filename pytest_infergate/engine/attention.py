@@ -96,7 +96,7 @@ def infergate_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
             return masked_softmax_attention(qs, ks, vs, mask, is_causal, scaling, softcap, sinks)
         return sdpa(qs, ks, vs, mask, is_causal, scaling)
 
-    layout = batch.layout(window)
+    layout = batch.layout(window, batch.chunk_sizes.get(layer))
     for group in layout.decode_groups:
         n, length = group.count, group.length
         ck = cache.k[layer].index_select(0, group.slots).view(n, length, num_kv, head_dim).transpose(1, 2)

@@ -4,10 +4,11 @@ Layout of one forward's query tokens (batch dimension 1, tokens flattened):
     [ decode tokens (one per sequence, by context length) | prefill chunks ... | padding tokens (static batching) ]
 
 The runner describes the sequences (block tables, context lengths). Each attention layer asks for the key layout
-of its own window, `batch.layout(window)`: a full-attention layer reads every cached position of a sequence, a
-sliding-window layer only the last `window` positions before each query (transformers' convention: a query at
-position p sees keys at positions p - window < k <= p). A layout is built once per forward and window, on first
-use, and shared by every layer with that window.
+of its own window or chunk, `batch.layout(window, chunk)`: a full-attention layer reads every cached position of a
+sequence, a sliding-window layer only the last `window` positions before each query (transformers' convention: a
+query at position p sees keys at positions p - window < k <= p), a chunked layer (Llama 4) only those of the
+query's own chunk (p // chunk == k // chunk, k <= p). A layout is built once per forward and (window, chunk), on
+first use, and shared by every layer with them.
 
 Decode attention reads every cached K/V it attends to, so on a CPU it is bound by memory bandwidth. Decoding
 sequences are therefore attended in groups of similar length: padding a group to its longest member costs far
@@ -76,50 +77,61 @@ class AttentionBatch:
     num_padding: int = 0
     max_context: int = 0  # longest context of any sequence in this forward
     observer: object | None = None  # called with every attention call's arguments (the engine's shape probe)
+    chunk_sizes: dict = field(default_factory=dict)  # layer index -> attention chunk size (patterns.py)
     # CUDA graphs (decode_graphs.py): every layout made before capture, in fixed buffers; any other is an error
     frozen: bool = False
     _layouts: dict = field(default_factory=dict)
 
-    def layout(self, window: int | None) -> Layout:
+    def layout(self, window: int | None, chunk: int | None = None) -> Layout:
         if window is not None and window >= self.max_context:
             window = None  # no query reaches past the window: the full layout, shared with full-attention layers
-        if window not in self._layouts:
+        if chunk is not None and chunk >= self.max_context:
+            chunk = None  # every position is in the first chunk
+        key = window if chunk is None else (window, chunk)  # a window alone keys as before (CUDA graphs' layouts)
+        if key not in self._layouts:
             if self.frozen:
-                raise RuntimeError(f"a layer asked for a sliding window of {window} tokens, which the engine's CUDA "
-                                   "graph was not built for: run with EngineConfig(cuda_graphs=False) and report it")
-            self._layouts[window] = Layout([self._decode_group(rows, window) for rows in self.decode_rows],
-                                           [self._prefill_segment(rows, window) for rows in self.prefill_rows])
-        return self._layouts[window]
+                raise RuntimeError(f"a layer asked for a sliding window of {window} tokens (attention chunk {chunk}), "
+                                   "which the engine's CUDA graph was not built for: run with "
+                                   "EngineConfig(cuda_graphs=False) and report it")
+            self._layouts[key] = Layout([self._decode_group(rows, window, chunk) for rows in self.decode_rows],
+                                        [self._prefill_segment(rows, window, chunk) for rows in self.prefill_rows])
+        return self._layouts[key]
 
-    def _decode_group(self, rows: DecodeRows, window: int | None) -> DecodeGroup:
-        slots, valid = decode_keys(rows, window, self.block_size)
+    def _decode_group(self, rows: DecodeRows, window: int | None, chunk: int | None = None) -> DecodeGroup:
+        slots, valid = decode_keys(rows, window, self.block_size, chunk=chunk)
         count, length = valid.shape
         mask = None if bool(valid.all()) else valid.view(count, 1, 1, length).to(self.device)
         return DecodeGroup(rows.start, count, slots.reshape(-1).to(self.device), length, mask)
 
-    def _prefill_segment(self, rows: PrefillRows, window: int | None) -> PrefillSegment:
+    def _prefill_segment(self, rows: PrefillRows, window: int | None, chunk: int | None = None) -> PrefillSegment:
         start, n = rows.ctx_len, rows.q_len
-        if start == 0 and (window is None or n <= window):
+        if start == 0 and (window is None or n <= window) and (chunk is None or n <= chunk):
             return PrefillSegment(rows.q_start, n, None, None, is_causal=n > 1)
         first_key = 0 if window is None else max(0, start + 1 - window)  # the first query's oldest visible key
+        if chunk is not None:
+            first_key = max(first_key, start // chunk * chunk)  # ...and the first key of its chunk
         key_pos = torch.arange(first_key, start + n).unsqueeze(0)  # [1, keys]
         query_pos = torch.arange(start, start + n).unsqueeze(1)  # [n, 1]
         mask = key_pos <= query_pos
         if window is not None:
             mask &= key_pos > query_pos - window
+        if chunk is not None:
+            mask &= key_pos // chunk == query_pos // chunk
         slots = None  # nothing cached before the chunk: its keys are its own
         if start:
             slots = cache_slots(rows.table.unsqueeze(0), key_pos, self.block_size)[0].to(self.device)
         return PrefillSegment(rows.q_start, n, slots, mask.to(self.device), is_causal=False)
 
 
-def decode_keys(rows: DecodeRows, window: int | None, block_size: int,
-                length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_keys(rows: DecodeRows, window: int | None, block_size: int, length: int | None = None,
+                chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache slots of the keys each decoding query reads, and which of them it attends to: ([n, length] slots,
     [n, length] bool), on the CPU. `length` defaults to the most keys any query sees; a longer one pads (the CUDA
     graphs' fixed shapes). A padded key reads the query's first key again; the mask hides it."""
     lengths = rows.lengths
     keep = lengths if window is None else lengths.clamp(max=window)  # [n] keys each query sees
+    if chunk is not None:  # the query (at position length - 1) sees its own chunk up to itself
+        keep = torch.minimum(keep, (lengths - 1) % chunk + 1)
     first = lengths - keep  # [n] position of each query's first key
     length = int(keep.max()) if length is None else length
     offsets = torch.arange(length)

@@ -65,7 +65,8 @@ class Engine:
         def runner(cache, block_size):
             return ModelRunner(model, cache, block_size, self.device, pad, self.config.decode_group_size)
 
-        self.layers, self.self_check = attach(model, runner, self.dtype)  # the model now runs on our attention
+        # the model now runs on our attention
+        self.layers, self.self_check = attach(model, runner, self.dtype, self.max_model_len)
         self.self_check_s = self.self_check.seconds
         self._closed = False
         geometry = {layer: spec.geometry for layer, spec in self.layers.items()}

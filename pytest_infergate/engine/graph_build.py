@@ -10,6 +10,7 @@ import torch
 from pytest_infergate.engine import decode_graphs
 from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, cache_slots
 from pytest_infergate.engine.decode_graphs import DecodeGraphs, GraphStatus
+from pytest_infergate.engine.patterns import declared_patterns
 from pytest_infergate.engine.runner import ForwardInputs
 from pytest_infergate.errors import OptionError
 
@@ -74,6 +75,10 @@ def why_not(model, cache) -> str:
     """Why decode steps of this engine cannot replay graphs ("" if they can)."""
     if cache is None:
         return "no KV cache (cache_mode 'none' recomputes the whole prefix: no decode step to replay)"
+    config = getattr(model, "config", None)
+    if config is not None and declared_patterns(config).chunks:
+        return ("chunked attention layers (attention_chunk_size): the graphs' fixed key layouts are built per "
+                "sliding window only; decode steps run eagerly")
     quantizer = getattr(model, "hf_quantizer", None)
     if getattr(getattr(quantizer, "quantization_config", None), "load_in_8bit", False):
         return ("bitsandbytes LLM.int8 picks its outlier columns at run time, a shape a graph cannot hold; "

@@ -2,9 +2,11 @@
 
 Two forwards, as the engine would schedule them: (1) the first chunk of A, all of B, all of C; (2) A's next chunk
 after its cached context, and one decode each of B and C (different context lengths, in one decode group). A
-crosses KV block boundaries in a chunk after cached context; B is a prefill longer than the model's sliding window
-and then a decode past it (the window read from the config, up to PROBE_MAX_SPAN tokens: a larger one is not
-crossed). The whole probe is 15 tokens without a window, 2 x window + 10 with one.
+crosses KV block boundaries in a chunk after cached context; B is a prefill longer than every sliding window and
+attention chunk the config declares and then a decode past it, and A's second chunk crosses them after cached
+context. The probe's reach is the longest of those a request can outgrow (patterns.py; shorter than the engine's
+max_model_len), at most PROBE_MAX_REACH tokens: beyond, the engine refuses the model rather than run a pattern it
+did not check. The whole probe is 15 tokens without a window or chunk, 2 x reach + 10 with one.
 
 A LayerWatch sees every attention call: on the first forward it learns the layers (which call the interface,
 with what tensors and features; the probe's cache gets each layer as it appears), and on every forward it keeps
@@ -23,7 +25,7 @@ from pytest_infergate.engine.request import Request, Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
 PROBE_BLOCK_SIZE = 4  # small blocks: a short probe crosses several boundaries
-PROBE_MAX_SPAN = 48
+PROBE_MAX_REACH = 4096  # Mistral's and Gemma 2's windows; a longer one is refused unless max_model_len keeps under it
 FIRST_CHUNK = PROBE_BLOCK_SIZE + 1  # A's first chunk, prefilled before the windows are known
 
 # keyword arguments some families pass that change the result and that the engine's attention does not implement
@@ -132,12 +134,11 @@ class LayerWatch:
 class Probe:
     """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
 
-    def __init__(self, model, runner_factory, dtype: torch.dtype):
+    def __init__(self, model, runner_factory, dtype: torch.dtype, reach: int | None = None):
         text_config = model.config.get_text_config()
-        hint = getattr(text_config, "sliding_window", None)
-        self.window = hint if isinstance(hint, int) and hint + 4 <= PROBE_MAX_SPAN else None
-        self.span = self.window + 4 if self.window else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the window)
-        self.long_prefill = self.window + 2 if self.window else PROBE_BLOCK_SIZE - 1  # B
+        self.reach = reach  # the longest window / chunk to cross (patterns.DeclaredPatterns.reach); None: none
+        self.span = reach + 4 if reach else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the reach)
+        self.long_prefill = reach + 2 if reach else PROBE_BLOCK_SIZE - 1  # B
         lengths = [self.span, self.long_prefill + 1, 3]
         generator = torch.Generator().manual_seed(1234)
         self.ids = [torch.randint(0, text_config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
@@ -174,11 +175,13 @@ class Probe:
     def run_first(self) -> None:
         self.run([], [(0, FIRST_CHUNK), (1, self.long_prefill), (2, 2)])
 
-    def run_rest(self) -> bool | None:
-        """The second forward; whether the probe crossed the smallest window the layers passed (None: none)."""
+    def run_rest(self, chunks: dict[int, int] | None = None) -> bool | None:
+        """The second forward; whether the probe crossed the smallest window the layers passed or chunk the
+        config declares (None: none)."""
         self.run([1, 2], [(0, self.span - FIRST_CHUNK)])
-        windows = [s.sliding_window for s in self.watch.specs.values() if s.sliding_window is not None]
-        return min(windows) < self.long_prefill if windows else None
+        spans = [s.sliding_window for s in self.watch.specs.values() if s.sliding_window is not None]
+        spans += list((chunks or {}).values())
+        return min(spans) < self.long_prefill if spans else None
 
     def sequences(self) -> list[list[int]]:
         """Each sequence's tokens as far as the probe ran them."""

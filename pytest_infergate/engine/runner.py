@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows, cache_slots
+from pytest_infergate.engine.patterns import declared_patterns
 from pytest_infergate.engine.request import Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 
@@ -38,6 +39,7 @@ class ModelRunner:
         # None on CUDA: all decoding sequences in one group, one attention call per layer
         self.decode_group_size = decode_group_size or (None if self.is_cuda else CPU_DECODE_GROUP_SIZE)
         self.graphs = None  # DecodeGraphs once the engine captured and checked them
+        self.chunk_sizes = declared_patterns(model.config).chunks  # chunked layers: their mask is the config's
 
     def _block_tables(self, seqs: list[Sequence], num_tokens: int) -> torch.Tensor:
         """[len(seqs), blocks covering num_tokens] block ids (short tables padded with block 0)."""
@@ -87,7 +89,8 @@ class ModelRunner:
             inputs.positions.extend(range(num_padding))
 
     def prepare(self, plan: StepPlan, observer=None) -> ForwardInputs:
-        inputs = ForwardInputs(AttentionBatch(self.cache, self.block_size, self.device, observer=observer))
+        inputs = ForwardInputs(AttentionBatch(self.cache, self.block_size, self.device, observer=observer,
+                                              chunk_sizes=self.chunk_sizes))
         self.prepare_decode(plan.decodes, inputs)
         self.prepare_prefill(plan.prefills, inputs)
         inputs.batch.num_real_tokens = len(inputs.input_ids)

@@ -1,10 +1,12 @@
 """The engine checks itself on every model it is given, against the model's own attention implementation (sdpa
-or eager), on a short probe (see probe.py) that crosses KV block boundaries and the smallest sliding window.
+or eager), on a short probe (see probe.py) that crosses KV block boundaries and every sliding window and attention
+chunk the config declares (a config field that may change attention and that the engine does not know is refused,
+named: patterns.py).
 
 Two comparisons, each with a tolerance set per dtype:
 - per attention layer: the engine's attention output against the model's own attention function recomputed on
   exactly the query, key and value the layer handed the engine (whole sequences, with transformers' own causal
-  and sliding-window mask functions). This checks everything the engine replaces (cache writes and reads, block
+  sliding-window and chunked mask functions). This checks everything the engine replaces (cache writes and reads, block
   tables, windows, softcapping, sinks, scaling, chunked prefill, grouped decode) and names the first layer that
   differs. It is tight even for quantized models: the quantized matmuls are not in it.
 - the logits: every logit the engine computed against the model's own forward over the whole sequences (one
@@ -32,7 +34,8 @@ from pytest_infergate.engine.attention import (
     original_attention,
     uninstall,
 )
-from pytest_infergate.engine.probe import LayerSpec, LayerWatch, Probe
+from pytest_infergate.engine.patterns import DeclaredPatterns, declared_patterns, unknown_attention_fields
+from pytest_infergate.engine.probe import PROBE_MAX_REACH, LayerSpec, LayerWatch, Probe
 from pytest_infergate.errors import OptionError
 
 LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
@@ -69,15 +72,38 @@ def is_quantized(model) -> bool:
     return bool(getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None)
 
 
-def attach(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
+def attach(model, runner_factory, dtype: torch.dtype, max_model_len: int | None = None
+           ) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
     """Switch the model to the engine's attention, learn its attention layers, and check the engine against the
     model's own attention. On any failure the model's attention is switched back and UnsupportedModelError
-    raised. `runner_factory(cache, block_size)` makes a ModelRunner."""
+    raised. `runner_factory(cache, block_size)` makes a ModelRunner; `max_model_len` is the longest context the
+    engine will serve (a window or chunk no request can outgrow needs no crossing)."""
     if model.training:
         raise OptionError(f"{family(model)} is in training mode (dropout active), so no two runs agree: call "
                           "model.eval() before handing it to the engine")
+    patterns = declared_patterns(model.config)
+    reach = probe_reach(model, patterns, max_model_len)
     with probe_threads(next(model.parameters()).device):
-        return _install_and_check(model, runner_factory, dtype)
+        return _install_and_check(model, runner_factory, dtype, patterns, reach, max_model_len)
+
+
+def probe_reach(model, patterns: DeclaredPatterns, max_model_len: int | None) -> int | None:
+    """The longest window or chunk the probe must cross; refuses a config the engine cannot check."""
+    unknown = unknown_attention_fields(model.config)
+    if unknown:
+        raise UnsupportedModelError(
+            f"{family(model)} declares attention settings the engine does not implement or check: "
+            f"{', '.join(unknown)}. It would compute something it never verified, so it refuses the model. "
+            + HF_ADVICE)
+    reach = patterns.reach(max_model_len if max_model_len is not None else 1 << 62)
+    if reach is not None and reach > PROBE_MAX_REACH:
+        spans = ", ".join(name for name, span in patterns.spans.items() if span == reach)
+        raise UnsupportedModelError(
+            f"{family(model)} declares {spans}: longer than the engine's self-check can probe ({PROBE_MAX_REACH} "
+            f"tokens), while max_model_len {max_model_len} lets a request outgrow it, so that pattern would run "
+            f"unverified. Set EngineConfig(max_model_len={reach}) or less (no request then reaches past it). "
+            + HF_ADVICE)
+    return reach
 
 
 @contextmanager
@@ -96,20 +122,22 @@ def probe_threads(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def _install_and_check(model, runner_factory, dtype: torch.dtype) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
+def _install_and_check(model, runner_factory, dtype: torch.dtype, patterns: DeclaredPatterns, reach: int | None,
+                       max_model_len: int | None) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
     start = time.perf_counter()
     install(model)
     try:
-        probe = Probe(model, runner_factory, dtype)
+        probe = Probe(model, runner_factory, dtype, reach)
         try:
             probe.run_first()
             error = None
         except Exception as exc:
             error = exc
         check_layers(model, probe.watch, error)
-        crossed = probe.run_rest()
+        check_windows_reached(model, probe, max_model_len)
+        crossed = probe.run_rest(patterns.chunks)
         reference, logits = reference_logits(model, probe.sequences())
-        attention_diff = check_attention(model, probe, reference, dtype)
+        attention_diff = check_attention(model, probe, reference, dtype, patterns.chunks)
         quantized = is_quantized(model)
         tolerance = QUANTIZED_LOGITS_TOLERANCE if quantized else LOGITS_TOLERANCE.get(dtype, 2e-2)
         engine = torch.cat(probe.logits)
@@ -153,6 +181,19 @@ def check_layers(model, watch: LayerWatch, error: Exception | None) -> None:
             + HF_ADVICE)
 
 
+def check_windows_reached(model, probe: Probe, max_model_len: int | None) -> None:
+    """Every sliding window a layer passed is one the probe crosses, or one no request can outgrow: a window the
+    config does not declare (under another field's name) would otherwise run unchecked."""
+    longest = probe.long_prefill - 1  # the probe crosses every window up to this
+    for spec in probe.watch.specs.values():
+        window = spec.sliding_window
+        if window is not None and window > longest and (max_model_len is None or window < max_model_len):
+            raise UnsupportedModelError(
+                f"{family(model)}: layer {spec.layer_idx} ({spec.module_type}) passes a sliding window of {window} "
+                "tokens that its config does not declare as `sliding_window`, so the self-check's probe did not "
+                "cross it and the engine refuses to run it unverified. " + HF_ADVICE)
+
+
 @torch.inference_mode()
 def reference_logits(model, sequences: list[list[int]]) -> tuple[str, torch.Tensor]:
     """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
@@ -191,26 +232,30 @@ def attention_functions(module, name: str) -> list:
     return [fn for fn in (named, eager) if fn is not None]
 
 
-def layer_mask(length: int, window: int | None, eager: bool, dtype: torch.dtype, device) -> torch.Tensor:
+def layer_mask(length: int, window: int | None, eager: bool, dtype: torch.dtype, device,
+               chunk: int | None = None) -> torch.Tensor:
     """[1, 1, L, L] with transformers' own mask functions: bool (sdpa) or additive (eager)."""
-    from transformers.masking_utils import causal_mask_function, sliding_window_overlay
+    from transformers.masking_utils import causal_mask_function, chunked_overlay, sliding_window_overlay
 
     q_idx, kv_idx = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device)
     allowed = causal_mask_function(0, 0, q_idx, kv_idx)
     if window is not None:
         allowed = allowed & sliding_window_overlay(window)(0, 0, q_idx, kv_idx)
+    if chunk is not None:
+        allowed = allowed & chunked_overlay(chunk, torch.zeros(1, dtype=torch.long, device=device))(0, 0, q_idx,
+                                                                                                   kv_idx)
     allowed = allowed.view(1, 1, length, length)
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min) \
         if eager else allowed
 
 
 @torch.inference_mode()
-def recompute_layer(module, name: str, q, k, v, kwargs: dict) -> torch.Tensor:
+def recompute_layer(module, name: str, q, k, v, kwargs: dict, chunk: int | None = None) -> torch.Tensor:
     """The model's own attention over one whole sequence: q [H, L, D], k/v [KvH, L, D] -> [L, H, Dv]."""
     error = None
     for fn in attention_functions(module, name):
         eager = fn.__name__ == "eager_attention_forward"
-        mask = layer_mask(q.shape[1], kwargs.get("sliding_window"), eager, q.dtype, q.device)
+        mask = layer_mask(q.shape[1], kwargs.get("sliding_window"), eager, q.dtype, q.device, chunk)
         try:
             out, _ = fn(module, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, **{**kwargs, "dropout": 0.0})
             return out[0]
@@ -220,7 +265,8 @@ def recompute_layer(module, name: str, q, k, v, kwargs: dict) -> torch.Tensor:
                                 f"engine's self-check: {error}") from error
 
 
-def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype) -> float:
+def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype, chunks: dict[int, int] | None = None
+                    ) -> float:
     """Each layer's attention output against the model's own; raises at the first layer beyond the tolerance.
     Returns the largest difference seen, relative to the layers' scales."""
     tolerance = ATTENTION_TOLERANCE.get(dtype, 1e-2)
@@ -232,7 +278,8 @@ def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype) -> 
         engine = torch.cat([c.output for c in calls])  # [tokens, H, Dv] in probe row order
         for s in range(len(probe.seqs)):
             order = sorted((i for i, row in enumerate(rows) if row[0] == s), key=lambda i: rows[i][1])
-            expected = recompute_layer(module, reference, q[:, order], k[:, order], v[:, order], calls[0].kwargs)
+            expected = recompute_layer(module, reference, q[:, order], k[:, order], v[:, order], calls[0].kwargs,
+                                       (chunks or {}).get(layer))
             diff = float((engine[order].float() - expected.float()).abs().max())
             relative = diff / max(float(expected.abs().max()), 1e-6)
             worst = max(worst, relative)
