@@ -39,6 +39,14 @@ def test_rate_sweep(infergate_endpoint, workload):
 
 
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
+def test_sweep_profile(infergate_endpoint, workload):
+    """guidellm's sweep profile: one request at a time, all at once, then rates between; the knee (median e2e
+    within 2x the synchronous run's) and the best goodput are marked in the records."""
+    points = infergate_endpoint.sweep(workload(12, seed=26), points=4)
+    assert len(points) >= 2 and points[0][0].concurrency == 1
+
+
+@pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
 def test_capacity(infergate_endpoint, workload):
     """Capacity under the SLO, as `vllm bench sweep serve_sla` finds it: the highest Poisson request rate at which
     95% of requests still meet it. Gate it with an ini budget line such as `test_capacity: min_capacity_rps=12`."""

@@ -11,6 +11,7 @@ import pytest
 from openai_servers import FaultyServer, free_port
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
+from pytest_infergate.endpoint.load import LoadRun
 from pytest_infergate.engine import Request
 from pytest_infergate.errors import OptionError
 
@@ -101,6 +102,30 @@ def test_unmet_slo_counts_against_goodput_only():
     with FaultyServer("ok", token_delay_s=0.02) as server:
         run = run_load(EndpointConfig(server.url), _requests(4, 5), LoadPattern(concurrency=4), Slo(e2e_ms=1))
     assert run.success_rate == 1 and run.goodput_per_s == 0
+
+
+def test_warmup_and_cooldown_seconds_keep_the_load_but_count_only_the_steady_state():
+    # issue #35 point 6: time-based warmup and cooldown, as guidellm's --warmup / --cooldown
+    from pytest_infergate.endpoint.load import add_to_measurement
+    from pytest_infergate.measurement import Measurement
+
+    pattern = LoadPattern(rate_per_s=20, seed=4, warmup_s=0.3, cooldown_s=0.3)
+    with FaultyServer("ok", token_delay_s=0.01) as server:
+        run = run_load(EndpointConfig(server.url), _requests(20, 5), pattern, scrape=False)
+        counted, seconds = run.window()
+        assert len(run.results) == 20 and run.success_rate == 1  # every request was sent and answered
+        assert 0 < len(counted) < 20
+        assert all(r.sent >= run.started + 0.3 and r.finished <= run.started + run.duration_s - 0.3 for r in counted)
+        assert seconds == pytest.approx(run.duration_s - 0.6)
+        measurement = Measurement()
+        add_to_measurement(run, measurement)
+        assert len(measurement.samples["ttft_ms"]) == len(counted) and measurement.num_requests == 20
+        assert run.summary()["requests_per_s"] == pytest.approx(len(counted) / seconds)
+        assert "not counted: warmup 0.3 s, cooldown 0.3 s" in pattern.describe()
+        with pytest.raises(OptionError, match="no request was sent after the 100 s warmup .* shorten warmup_s"):
+            LoadRun(LoadPattern(warmup_s=100), run.results, run.duration_s, started=run.started).window()
+    with pytest.raises(OptionError, match="warmup_s=-1 must be a number of seconds"):
+        LoadPattern(warmup_s=-1)
 
 
 # --- what leaves, and when --------------------------------------------------------------------------------------
@@ -395,3 +420,62 @@ def test_every_request_is_recorded_and_the_report_shows_the_slow_tail():
     html = render(RunResults(records=[record]))
     assert "The slow tail: slowest requests per load run" in html and "(6 requests recorded)" in html
     assert "http_500" in html
+
+
+# --- the sweep profile (issue #35 point 6) -------------------------------------------------------------------------
+
+def _point(role, e2e, rate=None, rps=1.0, goodput=None):
+    from pytest_infergate.endpoint.sweep import SweepPoint
+
+    return SweepPoint(role, LoadPattern(rate_per_s=rate) if rate else LoadPattern(concurrency=1), rps, goodput, e2e)
+
+
+def test_the_sweep_profile_spaces_rates_between_its_ends_and_marks_the_knee_by_latency():
+    from pytest_infergate.endpoint import sweep
+
+    assert sweep.rates_between(2.0, 10.0, 6) == [3.6, 5.2, 6.8, 8.4]
+    assert sweep.rates_between(2.0, 1.9, 6) == []  # no faster with requests at once: nothing between
+    with pytest.raises(OptionError, match="at least 2 points"):
+        sweep.rates_between(2.0, 10.0, 1)
+    points = [_point("synchronous", 100.0), _point("throughput", 900.0, rps=10),
+              _point("rate", 120.0, rate=3.6, goodput=3.5), _point("rate", 190.0, rate=5.2, goodput=5.0),
+              _point("rate", 450.0, rate=6.8, goodput=4.0)]
+    assert sweep.knee(points).offered_rps == 5.2  # 190 ms <= 2 x 100 ms; 450 ms is queueing
+    assert sweep.best_goodput(points).offered_rps == 5.2
+    line = sweep.describe(points)
+    assert "knee at rate 5.2/s (median e2e 190 ms, within 2x the synchronous run's)" in line
+    assert "best goodput 5 req/s at rate 5.2/s" in line
+    assert sweep.knee(points[:2] + [_point("rate", 300.0, rate=3.6)]) is None
+    assert "the knee is below the lowest rate" in sweep.describe(points[:2] + [_point("rate", 300.0, rate=3.6)])
+    assert "no rate between" in sweep.describe(points[:2])
+
+
+SWEEP_TEST = """
+import pytest
+
+@pytest.mark.infergate_slo(e2e_ms=60000)
+def test_profile(infergate_endpoint):
+    from pytest_infergate.engine import Request
+    requests = [Request(messages=[{"role": "user", "content": f"Say {i}."}], max_new_tokens=4) for i in range(8)]
+    points = infergate_endpoint.sweep(requests, points=4, cooldown_s=0.01)
+    assert [p.concurrency for p, _ in points[:2]] == [1, 8]
+    assert all(p.rate_per_s and p.cooldown_s == 0.01 for p, _ in points[2:])
+"""
+
+
+def test_the_sweep_profile_runs_synchronous_throughput_and_rates_between_through_the_plugin(pytester, run_plugin):
+    pytester.makepyfile(SWEEP_TEST)
+    with FaultyServer("ok", token_delay_s=0.03) as server:
+        result = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-endpoint-concurrency=8",
+                            "--infergate-json=out.json")
+    result.assert_outcomes(passed=1)
+    records = json.loads((pytester.path / "out.json").read_text())["records"]
+    roles = [r["tags"]["sweep"] for r in records]
+    assert roles[:2] == ["synchronous", "throughput"] and set(roles[2:]) == {"rate"} and len(roles) == 4
+    assert [r["label"] for r in records[:2]] == ["sweep-sync", "sweep-throughput"]
+    # a threaded server that only sleeps keeps its latency at any rate: the knee is the highest rate
+    knees = [r for r in records if r["tags"]["knee"]]
+    assert [r["label"] for r in records[2:]] == ["sweep-rate-1-of-2", "sweep-rate-2-of-2"]  # stable baseline keys
+    assert knees == [records[-1]]
+    assert sum(r["tags"]["best_goodput"] for r in records) == 1
+    assert all("sweep profile: synchronous" in " ".join(r["notes"]) for r in records)

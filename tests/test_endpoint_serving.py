@@ -274,6 +274,20 @@ def test_a_point_whose_interval_holds_the_target_is_remeasured_then_unresolved()
     assert "unresolved (the SLO target inside the interval, not counted as passing): 2 (50.0%" in result.describe()
 
 
+def test_a_point_stops_once_its_interval_lies_above_the_target():
+    # issue #35 point 6: early stop when a point is decided, passing as well as failing
+    spec = CapacitySpec(Slo(e2e_ms=60_000), target_goodput=0.5, search="rate", bounds=(20, 20), point_s=10,
+                        budget_s=120, min_requests=12)
+    with FaultyServer("ok", max_tokens=2) as server:
+        result = search_capacity(EndpointConfig(server.url), [EndpointRequest(messages=CHAT, max_tokens=2)], spec,
+                                 warmup=0)
+    (point,) = result.points
+    assert point.passed and point.stopped == "clearly met" and point.ci[0] > 0.5
+    # 12 met of 12 already puts the interval above 50%: far fewer than the 200 planned were sent
+    assert spec.min_requests <= point.requests < spec.num_requests(20) // 4 and point.cancelled > 0
+    assert result.capacity == 20
+
+
 def test_capacity_search_stops_within_its_time_budget():
     """A slow server (every answer after 2 s): the budget, not the server, ends the search, and the point it cut
     decides nothing."""

@@ -4,7 +4,8 @@ rate (or concurrency) at which a deployment still serves `target_goodput` of its
 A bounded search: a coarse ascending sweep over the bounds (doubling) up to the first point that fails, then
 bisection between the last passing and the first failing point until they are `resolution` apart. Each point
 sends a fixed number of requests (enough for `point_s` seconds at that rate, at least `min_requests`); a point
-stops as soon as it has missed the SLO more often than the target allows (it can no longer pass), and the whole
+stops as soon as it is decided: it has missed the SLO more often than the target allows (it can no longer pass),
+or, after `min_requests`, the 95% interval of what it sent lies wholly above the target (it passes); the whole
 search stops within `budget_s` (a point cut by the budget decides nothing). Every request of every point ends in
 one counted outcome."""
 
@@ -96,7 +97,7 @@ class CapacityPoint:
     attainment: float
     ci: tuple[float, float]  # 95% Wilson interval of the attainment
     passed: bool | None  # None: cut by the time budget before it decided
-    stopped: str  # "", "clearly over" (missed more than the target allows), "time budget"
+    stopped: str  # "", "clearly over" (missed more than the target allows), "clearly met", "time budget"
     duration_s: float
     throughput_rps: float  # answered requests per second
     goodput_rps: float
@@ -202,8 +203,12 @@ def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
     sent = run.sent
     met = sum(spec.slo.met(r) for r in sent)
     attainment = met / len(sent) if sent else 0.0
-    clearly_over = run.stopped == "stopped early"
-    if run.stopped == "deadline" and not clearly_over:
+    ci = wilson(met, len(sent)) if sent else (0.0, 1.0)
+    # a stop decides the point either way: clearly over (missed more than allowed), or clearly met (the interval
+    # of what was sent lies above the target)
+    clearly_met = run.stopped == "stopped early" and ci[0] > spec.target_goodput
+    clearly_over = run.stopped == "stopped early" and not clearly_met
+    if run.stopped == "deadline":
         passed = None
     else:
         passed = not clearly_over and bool(sent) and attainment >= spec.target_goodput
@@ -215,11 +220,11 @@ def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
         for pct in PERCENTILES if values else ():
             latency[f"{name}_{percentile_suffix(pct)}"] = percentile(values, pct)
     duration = run.duration_s or 1e-9
-    ci = wilson(met, len(sent)) if sent else (0.0, 1.0)
     if passed is not None and not run.stopped and straddles(met, len(sent), spec.target_goodput):
         passed = False  # not shown to meet the target: never a capacity until resolved (see `unresolved`)
     return CapacityPoint(load, len(sent), met, attainment, ci, passed,
-                         {"stopped early": "clearly over", "deadline": "time budget"}.get(run.stopped, ""),
+                         "clearly met" if clearly_met else "clearly over" if clearly_over else
+                         {"deadline": "time budget"}.get(run.stopped, ""),
                          run.duration_s, len(ok) / duration, met / duration,
                          {k: v for k, v in run.errors.items() if k not in NOT_SENT},
                          len(run.results) - len(sent), latency,
@@ -257,10 +262,12 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         planned = sum(len(item_ids(item)) for item in batch)  # a session sends one request per turn
         allowed = math.floor((1 - spec.target_goodput) * planned + 1e-9)
 
-        def clearly_over(done) -> bool:
-            return sum(1 for r in done if not spec.slo.met(r)) > allowed
+        def decided(done) -> bool:
+            met = sum(1 for r in done if spec.slo.met(r))
+            return (len(done) - met > allowed
+                    or len(done) >= spec.min_requests and wilson(met, len(done))[0] > spec.target_goodput)
 
-        run = await run_load_async(client, batch, spec.pattern(load), spec.slo, stop=clearly_over,
+        run = await run_load_async(client, batch, spec.pattern(load), spec.slo, stop=decided,
                                    deadline=deadline)
         point, remeasured = _point(spec, load, run), 0
         # a point stopped early has missed more than its whole batch allows: decided by the count, as designed

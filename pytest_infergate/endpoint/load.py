@@ -23,15 +23,24 @@ class LoadPattern:
     """`concurrency` alone: closed loop, that many requests (or sessions) in flight. `rate_per_s`: open loop,
     arrivals with gamma-distributed gaps (burstiness 1 = Poisson, < 1 burstier), at most `concurrency` in flight
     if given. `replay`: each request or session arrives at its own `arrival_s` (a trace's timestamps, see
-    workloads.from_file). None of them: every request at once, capped by the client's max concurrency."""
+    workloads.from_file). None of them: every request at once, capped by the client's max concurrency.
+    `warmup_s` / `cooldown_s` (guidellm's --warmup / --cooldown, in seconds): every request is sent as the pattern
+    says, but the figures count only those sent `warmup_s` or more after the start and finished `cooldown_s` or
+    more before the end (the server's steady state); a failure anywhere still counts as one."""
 
     concurrency: int | None = None
     rate_per_s: float | None = None
     burstiness: float = 1.0
     seed: int = 0
     replay: bool = False
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
 
     def __post_init__(self):
+        for name in ("warmup_s", "cooldown_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise OptionError(f"load pattern {name}={value!r} must be a number of seconds, 0 or more")
         if self.concurrency is not None and self.concurrency < 1:
             raise OptionError(f"load pattern concurrency must be at least 1, got {self.concurrency}")
         if self.rate_per_s is not None and not self.rate_per_s > 0:
@@ -48,7 +57,9 @@ class LoadPattern:
             parts.append(f"rate={self.rate_per_s:g}/s {kind}")
         if self.concurrency is not None:
             parts.append(f"concurrency={self.concurrency}")
-        return ", ".join(parts) or "all at once"
+        window = [f"{name} {value:g} s" for name, value in (("warmup", self.warmup_s), ("cooldown", self.cooldown_s))
+                  if value]
+        return ", ".join(parts or ["all at once"]) + (f" (not counted: {', '.join(window)})" if window else "")
 
     def arrival_offsets(self, count: int) -> list[float]:
         if self.rate_per_s is None:
@@ -119,7 +130,23 @@ class LoadRun:
 
     @property
     def goodput_per_s(self) -> float:
-        return sum(self.slo.met(r) for r in self.results) / self.duration_s if self.duration_s else 0.0
+        counted, seconds = self.window()
+        return sum(self.slo.met(r) for r in counted) / seconds if seconds else 0.0
+
+    def window(self) -> tuple[list[EndpointResult], float]:
+        """The requests the figures count and the seconds they span: all of them over the whole run, or with the
+        pattern's warmup / cooldown those sent after the warmup and finished before the cooldown, over the time
+        between. Raises OptionError when no request falls in it."""
+        warmup, cooldown = self.pattern.warmup_s, self.pattern.cooldown_s
+        if not warmup and not cooldown:
+            return self.results, self.duration_s
+        first, last = self.started + warmup, self.started + self.duration_s - cooldown
+        counted = [r for r in self.results if r.sent >= first and (r.finished or r.sent) <= last]
+        if not counted or last <= first:
+            raise OptionError(f"no request was sent after the {warmup:g} s warmup and finished before the "
+                              f"{cooldown:g} s cooldown of a {self.duration_s:.1f} s load run ({len(self.results)} "
+                              "requests): send more requests, or shorten warmup_s / cooldown_s")
+        return counted, last - first
 
     @property
     def sent(self) -> list[EndpointResult]:
@@ -133,11 +160,13 @@ class LoadRun:
         return sum(r.cached_tokens for r in reported) / prompt if prompt else None
 
     def summary(self) -> dict:
-        ok = self.succeeded
+        counted, seconds = self.window()
+        ok = [r for r in counted if r.ok]
         out_tokens = sum(r.output_tokens or 0 for r in ok)
-        return {"pattern": self.pattern.describe(), "requests": len(self.results), "succeeded": len(ok),
-                "errors": self.errors, "duration_s": self.duration_s, "output_tokens": out_tokens,
-                "tokens_per_s": out_tokens / self.duration_s if self.duration_s else 0.0,
+        return {"pattern": self.pattern.describe(), "requests": len(self.results), "succeeded": len(self.succeeded),
+                "counted": len(counted), "errors": self.errors, "duration_s": self.duration_s,
+                "output_tokens": out_tokens, "tokens_per_s": out_tokens / seconds if seconds else 0.0,
+                "requests_per_s": len(ok) / seconds if seconds else 0.0,
                 "success_rate": self.success_rate, "goodput_per_s": self.goodput_per_s, "slo": asdict(self.slo),
                 "usage_reported": all(r.usage_reported for r in ok) if ok else False,
                 "cached_prompt_share": self.cached_prompt_share(), "stopped": self.stopped}
@@ -147,11 +176,12 @@ def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     """One repetition: per-request latencies of the successful requests, throughput figures once."""
     samples = into.samples
     ok = run.succeeded
-    for r in ok:
-        add_request_latencies(samples, r.ttft_s, r.tpot_s, r.itl_s, r.e2e_s)
+    for r in run.window()[0]:
+        if r.ok:
+            add_request_latencies(samples, r.ttft_s, r.tpot_s, r.itl_s, r.e2e_s)
     summary = run.summary()
     samples.setdefault("tokens_per_s", []).append(summary["tokens_per_s"])
-    samples.setdefault("requests_per_s", []).append(len(ok) / run.duration_s if run.duration_s else 0.0)
+    samples.setdefault("requests_per_s", []).append(summary["requests_per_s"])
     samples.setdefault("success_rate", []).append(summary["success_rate"])
     if not run.slo.is_empty:
         samples.setdefault("goodput_per_s", []).append(summary["goodput_per_s"])

@@ -3,6 +3,8 @@ load runs against the live server, gated like the engine's measurements. No pyte
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
 from pytest_infergate.endpoint.load import LoadPattern, Slo, sweep_patterns
@@ -85,7 +87,7 @@ class EndpointPerfBench:
                 return LoadPattern(**pattern)
             except TypeError:
                 self.ctx.fail(f"load pattern {pattern!r}: its keys are concurrency, rate_per_s, burstiness, seed, "
-                              "replay")
+                              "replay, warmup_s, cooldown_s")
             except InfergateError as exc:
                 self.ctx.fail(str(exc))
         return LoadPattern(concurrency=config.max_batch_size if config is not None else None)
@@ -103,34 +105,89 @@ class EndpointPerfBench:
         return measurement
 
     def _measure_and_gate(self, requests, pattern: LoadPattern, slo, warmup: int, repeats: int, label: str,
-                          tags: dict | None) -> tuple[Measurement, PerfOutcome]:
+                          tags: dict | None, notes: list[str] = ()) -> tuple[Measurement, PerfOutcome]:
         """(Measurement, PerfOutcome) of one load run, recorded with the test's result; failing is the caller's."""
         requests = requests if requests is not None else self.default_workload()
         slo = self._slo(slo)
-        measurement = self.bench.measure(requests, pattern, slo, warmup=warmup,
-                                         repeats=repetitions_for(self.ctx, repeats), label=label)
-        record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
-        outcome = gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
-            requests, pattern, slo, warmup, measurement))
-        return measurement, outcome
+        measurement = self._measure(requests, pattern, slo, warmup, repeats, label)
+        return measurement, self._gate(requests, pattern, slo, warmup, measurement, label, tags, notes)
 
-    def sweep(self, requests=None, *, rates=None, concurrencies=None, burstiness: float = 1.0, slo=None,
-              warmup: int = 1, label: str = "sweep"):
+    def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str
+                 ) -> Measurement:
+        return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
+                                  label=label)
+
+    def _gate(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, measurement: Measurement, label: str,
+              tags: dict | None, notes: list[str] = ()) -> PerfOutcome:
+        record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
+        record.notes += list(notes)
+        return gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
+            requests, pattern, slo, warmup, measurement))
+
+    def sweep(self, requests=None, *, rates=None, concurrencies=None, points: int = 6, burstiness: float = 1.0,
+              slo=None, warmup: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0, label: str = "sweep"):
         """One load run per request rate (Poisson, or gamma with `burstiness`) or per concurrency, each recorded
         and gated with the test's budgets; the test fails after the whole sweep if any point failed. Returns
-        [(LoadPattern, Measurement)]."""
+        [(LoadPattern, Measurement)]. With neither `rates` nor `concurrencies`, the sweep profile (guidellm's
+        `--profile sweep`, endpoint/sweep.py): synchronous, throughput, then `points` - 2 Poisson rates evenly
+        between, with the knee and the best goodput marked in the records. `warmup_s` / `cooldown_s`: seconds of
+        each run whose requests are sent but not counted (LoadPattern)."""
         requests = requests if requests is not None else self.default_workload()
-        points, failures = [], []
-        for index, pattern in enumerate(sweep_patterns(rates, concurrencies, burstiness)):
+        window = dict(warmup_s=warmup_s, cooldown_s=cooldown_s)
+        if rates is None and concurrencies is None:
+            return self._sweep_profile(requests, points, slo, warmup, window, label)
+        out, failures = [], []
+        try:
+            patterns = [replace(p, **window) for p in sweep_patterns(rates, concurrencies, burstiness)]
+        except InfergateError as exc:
+            self.ctx.fail(str(exc))
+        for index, pattern in enumerate(patterns):
             point = f"{label}-rate{pattern.rate_per_s:g}" if rates else f"{label}-c{pattern.concurrency}"
             measurement, outcome = self._measure_and_gate(requests, pattern, slo, warmup if index == 0 else 0, 1,
                                                           point, {"experiment": label})
-            points.append((pattern, measurement))
+            out.append((pattern, measurement))
             if outcome.failed:
                 failures.append(f"{point}:\n{outcome.message()}")
         if failures:
             self.ctx.fail("infergate perf gate failed at sweep point(s):\n" + "\n".join(failures))
-        return points
+        return out
+
+    def _sweep_profile(self, requests, points: int, slo, warmup: int, window: dict, label: str):
+        """Every point measured first, then each recorded and gated: the knee and the best goodput are known only
+        at the end, and a record is written once."""
+        from pytest_infergate.endpoint import sweep
+
+        slo = self._slo(slo)
+        measured: list[tuple[sweep.SweepPoint, Measurement, str]] = []
+
+        def run(role: str, pattern: LoadPattern, name: str) -> sweep.SweepPoint:
+            measurement = self._measure(requests, pattern, slo, warmup if not measured else 0, 1, f"{label}-{name}")
+            point = sweep.SweepPoint.of(role, pattern, measurement.samples)
+            measured.append((point, measurement, f"{label}-{name}"))
+            return point
+
+        try:
+            sweep.rates_between(1.0, 2.0, points)  # the point count, checked before any load is sent
+            synchronous = run(sweep.SYNCHRONOUS, LoadPattern(concurrency=1, **window), "sync")
+            ceiling = run(sweep.THROUGHPUT, LoadPattern(concurrency=self.bench.config.max_concurrency, **window),
+                          "throughput")
+            # named by their place, not their rate: the rates follow the server's speed, a baseline key must not
+            rates = sweep.rates_between(synchronous.achieved_rps, ceiling.achieved_rps, points)
+            for index, rate in enumerate(rates, 1):
+                run(sweep.RATE, LoadPattern(rate_per_s=rate, **window), f"rate-{index}-of-{len(rates)}")
+        except InfergateError as exc:
+            self.ctx.fail(f"{self.ctx.test_id}: {exc}")
+        found = [point for point, _, _ in measured]
+        knee, best, line = sweep.knee(found), sweep.best_goodput(found), sweep.describe(found)
+        failures = []
+        for point, measurement, name in measured:
+            tags = {"experiment": label, "sweep": point.role, "knee": point is knee, "best_goodput": point is best}
+            outcome = self._gate(requests, point.pattern, slo, 0, measurement, name, tags, [line])
+            if outcome.failed:
+                failures.append(f"{name}:\n{outcome.message()}")
+        if failures:
+            self.ctx.fail("infergate perf gate failed at sweep point(s):\n" + "\n".join(failures))
+        return [(point.pattern, measurement) for point, measurement, _ in measured]
 
     def capacity(self, requests=None, *, slo=None, target_goodput: float = 0.99, search: str = "rate",
                  bounds=None, budget_s: float = 300.0, point_s: float = 10.0, min_requests: int = 20,
