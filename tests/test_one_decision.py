@@ -124,6 +124,19 @@ def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
     assert recorded_run(machine(BASELINE_SPEEDS, seed=2), FINGERPRINT, 0).verdict().status == Status.PASS
 
 
+def test_a_warning_that_restates_a_listed_gate_is_not_a_second_reason():
+    """The terminal warns "<key>: perf gate inconclusive: ..." for the gate the verdict already lists: one reason
+    per thing (a suites run under a CPU hog listed each busy profile twice, 15 reasons for 11 things)."""
+    run = _five_reason_run()
+    busy = "suites/test_speed.py::test_busy[fp32]"
+    run.warnings += [f"{busy}: perf gate inconclusive:\n  ttft_ms ...", f"{busy}: relative check not run: x"]
+    reasons = run.verdict().reasons
+    assert sum(busy in r.name or busy in r.message for r in reasons) == 2  # the gate, and the other warning
+    assert [r.message for r in reasons if r.what == "not as asked"] == [
+        "suites/test_golden.py::test_regression[nf4]: skipped: no accepted golden outputs at x",
+        f"{busy}: relative check not run: x"]
+
+
 @needs_chromium
 def test_a_reviewer_reads_the_verdict_every_reason_and_the_baseline_in_the_browser(tmp_path):
     """The done-when of issue #31, read as a reviewer reads it: the report in headless Chromium, its visible text
