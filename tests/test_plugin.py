@@ -142,7 +142,10 @@ def test_importing_the_plugin_loads_no_torch():
     import subprocess
     import sys
 
+    # the engine's records too (a test file's `from pytest_infergate.engine import EngineConfig`): the engine's
+    # names are imported on first use, and those two are plain records
     code = ("import sys, pytest_infergate.plugin, pytest_infergate.cli; "
+            "from pytest_infergate.engine import EngineConfig, Request; "
             "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
