@@ -40,6 +40,8 @@ MARKERS = (
     "goodput_per_s counts the requests that met them",
     "infergate_quality(**thresholds): quality policy against the reference precision, e.g. min_rouge_l=0.5, "
     "max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99",
+    "infergate_extra_body(**fields): JSON fields every request of this test sends to a served model, e.g. "
+    "ignore_eos=True, min_tokens=16, top_k=20 (a request's own extra_body wins)",
 )
 
 
@@ -157,8 +159,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         except InfergateError as exc:
             raise InfergateError(f"{where}: {exc}") from None
 
+    def parse_extra_body(values: dict, where: str) -> None:
+        from pytest_infergate.endpoint.request import check_extra_body
+
+        check_extra_body(values, where)
+
     checks = (("infergate_budget", parse_budget, BudgetError), ("infergate_quality", parse_policy, QualityPolicyError),
-              ("infergate_slo", parse_slo, InfergateError))
+              ("infergate_slo", parse_slo, InfergateError), ("infergate_extra_body", parse_extra_body, InfergateError))
     problems = []
     for item in items:
         for name, parse, error in checks:

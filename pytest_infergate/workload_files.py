@@ -7,14 +7,15 @@ One record per line (or per element of a JSON array):
   {"prompt": "Once upon a time"}
   {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}]}
   {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}, ...]}   (ShareGPT)
-each optionally with "id", "timestamp" (seconds; its arrival in a replay) and "max_tokens" (or "max_new_tokens",
-"output_len", "output_tokens").
+each optionally with "id", "timestamp" (seconds; its arrival in a replay), "max_tokens" (or "max_new_tokens",
+"output_len", "output_tokens"), "ignore_eos" (true: exactly max_tokens tokens, on servers and the engine) and
+"extra_body" (fields a served model's JSON body gets as well: {"min_tokens": 16, "top_k": 20, ...}).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_infergate.engine.request import Request
@@ -23,7 +24,7 @@ from pytest_infergate.errors import InfergateError
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
                   "bing": "assistant", "assistant": "assistant", "system": "system"}
 MAX_TOKEN_KEYS = ("max_tokens", "max_new_tokens", "output_len", "output_tokens")
-KNOWN_KEYS = {"id", "timestamp", "prompt", "messages", "conversations", *MAX_TOKEN_KEYS}
+KNOWN_KEYS = {"id", "timestamp", "prompt", "messages", "conversations", "ignore_eos", "extra_body", *MAX_TOKEN_KEYS}
 
 
 class WorkloadError(InfergateError):
@@ -49,6 +50,8 @@ class Session:
     think_time_s: float = 0.0
     source: str = ""  # file:line it came from
     metadata: dict = field(default_factory=dict)
+    ignore_eos: bool = False  # every turn answers exactly its max_new_tokens
+    extra_body: dict = field(default_factory=dict)  # sent with every turn to a served model
 
     def turn_id(self, index: int) -> str:
         return f"{self.session_id}-t{index}"
@@ -63,7 +66,7 @@ class Session:
     def request(self, index: int, answers: list[str]) -> Request:
         """Turn `index` as the reference engine's Request (greedy)."""
         return Request(messages=self.messages(index, answers), max_new_tokens=self.turns[index].max_new_tokens,
-                       request_id=self.turn_id(index))
+                       request_id=self.turn_id(index), ignore_eos=self.ignore_eos, extra_body=dict(self.extra_body))
 
 
 def from_file(path, *, max_new_tokens: int = 64, multi_turn: bool = True, replay: bool = True,
@@ -156,6 +159,20 @@ def _max_tokens(record: dict, where: str, default: int) -> int:
 
 
 def _item(record, where: str, index: int, max_new_tokens: int, multi_turn: bool, think_time_s: float):
+    item = _parse(record, where, index, max_new_tokens, multi_turn, think_time_s)
+    ignore_eos, extra_body = record.get("ignore_eos", False), record.get("extra_body", {})
+    if not isinstance(ignore_eos, bool):
+        raise WorkloadError(f"{where}: \"ignore_eos\" {ignore_eos!r} must be true or false")
+    if not isinstance(extra_body, dict):
+        raise WorkloadError(f"{where}: \"extra_body\" must be a JSON object of fields for the server "
+                            f"(e.g. {{\"min_tokens\": 16}}), got {json.dumps(extra_body)[:60]}")
+    if isinstance(item, Session):
+        item.ignore_eos, item.extra_body = ignore_eos, dict(extra_body)
+        return item
+    return replace(item, ignore_eos=ignore_eos, extra_body=dict(extra_body))
+
+
+def _parse(record, where: str, index: int, max_new_tokens: int, multi_turn: bool, think_time_s: float):
     if not isinstance(record, dict):
         raise WorkloadError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     kinds = [key for key in ("prompt", "messages", "conversations") if key in record]

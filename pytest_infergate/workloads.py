@@ -55,7 +55,11 @@ def chat_prompt_with_length(tokenizer, target_tokens: int, question: str) -> str
 
 
 def chat_workload(tokenizer, num_requests: int = 64, prompt_tokens: tuple[int, int] = (20, 400),
-                  max_new_tokens: tuple[int, int] = (16, 256), seed: int = 0) -> list[Request]:
+                  max_new_tokens: tuple[int, int] = (16, 256), seed: int = 0, fixed_output: bool = False
+                  ) -> list[Request]:
+    """Chat requests whose prompts the tokenizer sizes within `prompt_tokens`; answers capped at a length drawn
+    from `max_new_tokens`, or with `fixed_output` exactly that long (`ignore_eos`, which the engine and the
+    servers gated here honour: what serving benchmarks measure)."""
     rng = random.Random(seed)
     requests = []
     for index in range(num_requests):
@@ -63,7 +67,8 @@ def chat_workload(tokenizer, num_requests: int = 64, prompt_tokens: tuple[int, i
         question = QUESTIONS[index % len(QUESTIONS)]
         text = chat_prompt_with_length(tokenizer, target, question)
         requests.append(Request(messages=[{"role": "user", "content": text}],
-                                max_new_tokens=rng.randint(*max_new_tokens), request_id=f"w{seed}-{index}"))
+                                max_new_tokens=rng.randint(*max_new_tokens), request_id=f"w{seed}-{index}",
+                                ignore_eos=fixed_output))
     return requests
 
 

@@ -387,3 +387,69 @@ def test_ab(infergate_endpoint):
                                     f"--infergate-endpoint={server.url}", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs the other deployment: pass --infergate-reference-endpoint URL*"])
+
+
+# --- request extras per workload line and per test (issue #35 point 4) -------------------------------------------
+
+def test_a_workload_line_carries_ignore_eos_and_extra_body_to_the_server(tmp_path):
+    from pytest_infergate.endpoint.driver import session_request
+
+    path = tmp_path / "traffic.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "Count.", "max_tokens": 6, "ignore_eos": True, "extra_body": {"min_tokens": 4}}) + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                   {"role": "user", "content": "c"}], "extra_body": {"top_k": 3}}) + "\n")
+    request, session = from_file(path)
+    assert request.ignore_eos and request.extra_body == {"min_tokens": 4}
+    assert EndpointRequest.coerce(request, "completions").body("m", True)["min_tokens"] == 4
+    assert EndpointRequest.coerce(request, "completions").extra_body == {"ignore_eos": True, "min_tokens": 4}
+    assert isinstance(session, Session) and session_request(session, 1, ["b"], "chat").extra_body == {"top_k": 3}
+    with FaultyServer("ok", max_tokens=6) as server:
+        run = run_load(EndpointConfig(server.url, api="completions"), [request], scrape=False)
+        sent = server.httpd.bodies[-1]
+    assert run.success_rate == 1 and sent["ignore_eos"] is True and sent["min_tokens"] == 4
+    bad_lines = [({"prompt": "x", "extra_body": [1]}, r"traffic.jsonl:1: \"extra_body\" must be a JSON object"),
+                 ({"prompt": "x", "ignore_eos": "yes"}, r"traffic.jsonl:1: \"ignore_eos\" 'yes' must be true or false")]
+    for line, message in bad_lines:
+        path.write_text(json.dumps(line) + "\n")
+        with pytest.raises(WorkloadError, match=message):
+            from_file(path)
+
+
+EXTRAS_TEST = """
+import pytest
+from pytest_infergate.engine import Request
+
+@pytest.mark.infergate_extra_body(min_tokens=3, top_k=5)
+def test_extras(infergate_endpoint):
+    own = Request(prompt="Count.", max_new_tokens=4, extra_body={"top_k": 9})
+    plain = Request(prompt="Count.", max_new_tokens=4)
+    infergate_endpoint.load([own, plain], {"concurrency": 1}, warmup=0)
+"""
+
+
+def test_a_test_marker_adds_extra_fields_to_every_request_and_a_bad_one_fails_collection(pytester, cache_dir):
+    pytester.makepyfile(EXTRAS_TEST)
+    args = ("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}", "-p", "no:cacheprovider",
+            "--infergate-endpoint-api=completions")
+    with FaultyServer("ok", max_tokens=4) as server:
+        result = pytester.runpytest(f"--infergate-endpoint={server.url}", *args)
+        bodies = list(server.httpd.bodies)
+        pytester.makepyfile(EXTRAS_TEST.replace("min_tokens=3", 'model="other"'))
+        bad = pytester.runpytest(f"--infergate-endpoint={server.url}", *args)
+    result.assert_outcomes(passed=1)
+    assert [(b["min_tokens"], b["top_k"]) for b in bodies[-2:]] == [(3, 9), (3, 5)]  # the request's own wins
+    assert bad.ret != 0
+    bad.stderr.fnmatch_lines(["*infergate_extra_body may not set model: the load generator sets them*"])
+
+
+def test_a_fixed_output_workload_asks_for_exactly_its_tokens(tiny_source):
+    from transformers import AutoTokenizer
+
+    from pytest_infergate.workloads import chat_workload
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.path)
+    requests = chat_workload(tokenizer, 3, prompt_tokens=(20, 40), max_new_tokens=(5, 9), fixed_output=True)
+    assert all(r.ignore_eos and 5 <= r.max_new_tokens <= 9 for r in requests)
+    assert all(EndpointRequest.coerce(r, "chat").extra_body == {"ignore_eos": True} for r in requests)
+    assert not any(r.ignore_eos for r in chat_workload(tokenizer, 3, prompt_tokens=(20, 40)))

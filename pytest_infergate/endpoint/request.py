@@ -11,6 +11,22 @@ from urllib.parse import urlsplit, urlunsplit
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import Options, check_endpoint_settings
 
+SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
+
+
+def check_extra_body(fields: dict, where: str) -> None:
+    """Extra JSON fields for a served model: JSON values, none of the fields the load generator sets itself."""
+    import json
+
+    clash = sorted(set(fields) & SET_BY_THE_LOAD_GENERATOR)
+    if clash:
+        raise OptionError(f"{where} may not set {', '.join(clash)}: the load generator sets them; give the others "
+                          "(e.g. ignore_eos, min_tokens, top_k)")
+    try:
+        json.dumps(fields, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OptionError(f"{where}: every field must be a JSON value ({exc})") from None
+
 
 class EndpointError(InfergateError):
     """The endpoint cannot be used at all (unreachable, no model served, wrong URL)."""
@@ -97,7 +113,8 @@ class EndpointRequest:
                       seed=request.seed, stop=tuple(request.stop_strings), request_id=request.request_id or "",
                       arrival_s=request.arrival_s,
                       # a fixed output length: the servers gated here (vLLM, SGLang, llama.cpp) take ignore_eos
-                      extra_body={"ignore_eos": True} if request.ignore_eos else {})
+                      extra_body={**({"ignore_eos": True} if request.ignore_eos else {}),
+                                  **getattr(request, "extra_body", {})})
         if request.messages is not None:
             if api == "chat":
                 return cls(messages=request.messages, **common)
@@ -138,10 +155,7 @@ class EndpointRequest:
                 body["logprobs"], body["top_logprobs"] = True, self.logprobs
             else:
                 body["logprobs"] = self.logprobs
-        clash = sorted(set(self.extra_body) & {"model", "stream", "messages", "prompt"})
-        if clash:
-            raise OptionError(f"EndpointRequest.extra_body may not set {', '.join(clash)}: the load generator sets "
-                              "them; give the others (e.g. ignore_eos, min_tokens, top_k)")
+        check_extra_body(self.extra_body, "EndpointRequest.extra_body")
         body.update(self.extra_body)
         return body
 

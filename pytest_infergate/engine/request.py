@@ -55,6 +55,9 @@ class Request:
     arrival_s: float = 0.0
     request_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # fields for a served model's JSON body (`min_tokens`, `top_k`, any vendor key); the engine ignores them (it
+    # honours ignore_eos above). Sent by the endpoint gates after the fields they set themselves
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         given = [name for name in ("prompt", "messages", "prompt_token_ids") if getattr(self, name) is not None]
@@ -90,6 +93,8 @@ class Request:
         check_str(RequestError, "Request.request_id", self.request_id, optional=True)
         if not isinstance(self.metadata, dict):
             raise RequestError(f"Request.metadata must be a dict, got {type(self.metadata).__name__}")
+        if not isinstance(self.extra_body, dict) or not all(isinstance(k, str) for k in self.extra_body):
+            raise RequestError(f"Request.extra_body must be a dict of JSON fields by name, got {self.extra_body!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -35,11 +35,13 @@ class EndpointPerfBench:
     def default_workload(self, num_requests: int = 16):
         return self.workload(num_requests)
 
-    def workload(self, num_requests: int = 16, prompt_tokens=(20, 200), max_new_tokens=(16, 48), seed: int = 0):
+    def workload(self, num_requests: int = 16, prompt_tokens=(20, 200), max_new_tokens=(16, 48), seed: int = 0,
+                 fixed_output: bool = False):
         """Chat requests whose prompts the local tokenizer sizes (`prompt_tokens`, a (low, high) range;
         answers capped at `max_new_tokens`, a range too). In an install without torch (endpoint gating only) there is no
         local tokenizer: under --infergate-endpoint-api=completions the server's /tokenize sizes them instead
-        (token_exact_workload: answers exactly `max_new_tokens`); with the chat API the test fails naming that fix."""
+        (token_exact_workload: answers exactly `max_new_tokens`); with the chat API the test fails naming that fix.
+        `fixed_output`: every answer exactly its `max_new_tokens` (ignore_eos)."""
         from pytest_infergate.lazy import require_local_model_stack
 
         try:
@@ -52,7 +54,7 @@ class EndpointPerfBench:
         from pytest_infergate.workloads import chat_workload
 
         return chat_workload(self._tokenizer_source(), num_requests, prompt_tokens=prompt_tokens,
-                             max_new_tokens=max_new_tokens, seed=seed)
+                             max_new_tokens=max_new_tokens, seed=seed, fixed_output=fixed_output)
 
     def token_exact_workload(self, num_requests: int = 16, input_tokens=(20, 200), output_tokens=32, seed: int = 0):
         """Completions requests of exactly `input_tokens` prompt tokens and `output_tokens` answer tokens (each a
@@ -107,7 +109,7 @@ class EndpointPerfBench:
     def _measure_and_gate(self, requests, pattern: LoadPattern, slo, warmup: int, repeats: int, label: str,
                           tags: dict | None, notes: list[str] = ()) -> tuple[Measurement, PerfOutcome]:
         """(Measurement, PerfOutcome) of one load run, recorded with the test's result; failing is the caller's."""
-        requests = requests if requests is not None else self.default_workload()
+        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         slo = self._slo(slo)
         measurement = self._measure(requests, pattern, slo, warmup, repeats, label)
         return measurement, self._gate(requests, pattern, slo, warmup, measurement, label, tags, notes)
@@ -116,6 +118,16 @@ class EndpointPerfBench:
                  ) -> Measurement:
         return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
                                   label=label)
+
+    def _with_test_extras(self, requests: list) -> list:
+        """Each request (engine Request, EndpointRequest or Session) with the test's `infergate_extra_body`
+        fields added under its own (a request's own field wins)."""
+        extras: dict = {}
+        for kwargs in self.ctx.markers("infergate_extra_body"):
+            extras.update(kwargs)
+        if not extras:
+            return requests
+        return [replace(item, extra_body={**extras, **item.extra_body}) for item in requests]
 
     def _gate(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, measurement: Measurement, label: str,
               tags: dict | None, notes: list[str] = ()) -> PerfOutcome:
@@ -132,7 +144,7 @@ class EndpointPerfBench:
         `--profile sweep`, endpoint/sweep.py): synchronous, throughput, then `points` - 2 Poisson rates evenly
         between, with the knee and the best goodput marked in the records. `warmup_s` / `cooldown_s`: seconds of
         each run whose requests are sent but not counted (LoadPattern)."""
-        requests = requests if requests is not None else self.default_workload()
+        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         window = dict(warmup_s=warmup_s, cooldown_s=cooldown_s)
         if rates is None and concurrencies is None:
             return self._sweep_profile(requests, points, slo, warmup, window, label)
@@ -198,7 +210,7 @@ class EndpointPerfBench:
         bisection to `resolution`; each point sends enough requests for `point_s` seconds (at least
         `min_requests`) and stops once it can no longer pass; the search stops within `budget_s`. Recorded and
         gated like a load run: `min_capacity_rps=12` in the test's budget fails it below 12 req/s."""
-        requests = requests if requests is not None else self.default_workload()
+        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         if bounds is None:
             bounds = (0.5, 64.0) if search == "rate" else (1, self.bench.config.max_concurrency)
         try:
@@ -228,7 +240,7 @@ class EndpointPerfBench:
         unknown = sorted(set(local_only) - {"baseline_model", "baseline_config"})
         if unknown:
             self.ctx.fail(f"{self.ctx.test_id}: ab() got unknown argument(s) {', '.join(unknown)}")
-        requests = requests if requests is not None else self.default_workload()
+        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         pattern, slo = self._pattern(pattern, config), self._slo(slo)
         key = self.ctx.measurement_key(label)
         budget = budget_for(self.ctx, ENDPOINT_PRECISION, key)
