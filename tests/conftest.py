@@ -9,7 +9,10 @@ import pytest
 # The HTTP stack too: httpcore imports its anyio backend at the first connection, and httpx maps httpcore's
 # exceptions through classes it cached; a backend imported afresh raises classes of a new httpcore generation
 # that the map does not know, so a refused connection escaped as a raw httpcore.ConnectError (seen under -n 2).
-_NATIVE = ("torch", "transformers", "bitsandbytes", "safetensors", "tokenizers", "accelerate", "gguf", "numpy",
+# transformers >= 5.25 imports `kernels` on first use: its Flag enum re-imported is a second class, and
+# `Mode.INFERENCE in mode` then raises "unsupported operand type(s) for 'in': 'Mode' and 'Mode'" at model load.
+_NATIVE = ("torch", "transformers", "kernels", "huggingface_hub", "bitsandbytes", "safetensors", "tokenizers",
+           "accelerate", "gguf", "numpy",
            "scipy", "sympy", "pytest_infergate", "jinja2", "markupsafe", "rouge_score", "nltk", "absl", "psutil",
            "httpx", "httpcore", "httpx_sse", "anyio", "h11", "sniffio", "idna", "certifi")
 _original_snapshot_init = _pytest.pytester.SysModulesSnapshot.__init__
