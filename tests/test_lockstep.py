@@ -108,8 +108,9 @@ def test_steps_take_turns_and_each_side_is_timed_on_its_own_steps(tiny_fp32):
         # and the tests), its scheduling does not. The first token (a prefill: mostly forward) shows
         # it in full (x3.4 where tokens/s, diluted by the tiny model's per-step overhead, read only x1.3 within a
         # full test run; x2.6 to x4.3 on a loaded VM), so B's clock holds B's forwards and A's does not
+        # (tokens/s is not asserted: the tiny model's decode step is mostly per-step overhead, which a loaded
+        # runner swings by more than the injected forward time: B at x10 read 95.6 tok/s against A's 87.3 once)
         assert b.value("ttft_ms") > 1.5 * a.value("ttft_ms")
-        assert b.value("tokens_per_s") < a.value("tokens_per_s")
         assert a.memory["method"].endswith("own steps")
         log.clear()
         lockstep.lockstep_round(a_side, b_side, a, b, a_first=False)  # the next round begins with B
