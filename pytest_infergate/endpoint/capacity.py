@@ -270,7 +270,7 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         run = await run_load_async(client, batch, spec.pattern(load), spec.slo, stop=decided,
                                    deadline=deadline)
         point, remeasured = _point(spec, load, run), 0
-        # a point stopped early has missed more than its whole batch allows: decided by the count, as designed
+        # a point stopped early is decided: clearly over by its count, or clearly met by its interval
         while (straddles(point.met, point.requests, spec.target_goodput) and not point.stopped
                and remeasured < MAX_REMEASURE and time.perf_counter() < deadline):
             remeasured += 1  # the same load again, pooled: more requests narrow the interval

@@ -29,9 +29,7 @@ def session_request(session: Session, index: int, answers: list[str], api: str) 
     if api != "chat":
         raise OptionError(f"multi-turn session {session.session_id} ({session.source or 'given in code'}) needs the "
                           "chat API: drop --infergate-endpoint-api completions")
-    extra = {**({"ignore_eos": True} if session.ignore_eos else {}), **session.extra_body}
-    return EndpointRequest(messages=session.messages(index, answers), max_tokens=session.turns[index].max_new_tokens,
-                           request_id=session.turn_id(index), extra_body=extra)
+    return EndpointRequest.from_engine_request(session.request(index, answers), api)
 
 
 def warmup_request(item: EndpointRequest | Session) -> EndpointRequest:

@@ -3,6 +3,7 @@ one request's result as the client saw it (every instant on the client's clock).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,8 +17,6 @@ SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
 
 def check_extra_body(fields: dict, where: str) -> None:
     """Extra JSON fields for a served model: JSON values, none of the fields the load generator sets itself."""
-    import json
-
     clash = sorted(set(fields) & SET_BY_THE_LOAD_GENERATOR)
     if clash:
         raise OptionError(f"{where} may not set {', '.join(clash)}: the load generator sets them; give the others "
@@ -114,7 +113,7 @@ class EndpointRequest:
                       arrival_s=request.arrival_s,
                       # a fixed output length: the servers gated here (vLLM, SGLang, llama.cpp) take ignore_eos
                       extra_body={**({"ignore_eos": True} if request.ignore_eos else {}),
-                                  **getattr(request, "extra_body", {})})
+                                  **request.extra_body})
         if request.messages is not None:
             if api == "chat":
                 return cls(messages=request.messages, **common)

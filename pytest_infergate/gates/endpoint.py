@@ -17,6 +17,7 @@ from pytest_infergate.gates.bench import (
     repetitions_for,
 )
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
+from pytest_infergate.lazy import require_local_model_stack
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab
@@ -42,8 +43,6 @@ class EndpointPerfBench:
         local tokenizer: under --infergate-endpoint-api=completions the server's /tokenize sizes them instead
         (token_exact_workload: answers exactly `max_new_tokens`); with the chat API the test fails naming that fix.
         `fixed_output`: every answer exactly its `max_new_tokens` (ignore_eos)."""
-        from pytest_infergate.lazy import require_local_model_stack
-
         try:
             require_local_model_stack("a chat workload sized by the local tokenizer")
         except InfergateError as exc:
@@ -144,7 +143,7 @@ class EndpointPerfBench:
         `--profile sweep`, endpoint/sweep.py): synchronous, throughput, then `points` - 2 Poisson rates evenly
         between, with the knee and the best goodput marked in the records. `warmup_s` / `cooldown_s`: seconds of
         each run whose requests are sent but not counted (LoadPattern)."""
-        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
+        requests = requests if requests is not None else self.default_workload()
         window = dict(warmup_s=warmup_s, cooldown_s=cooldown_s)
         if rates is None and concurrencies is None:
             return self._sweep_profile(requests, points, slo, warmup, window, label)
@@ -169,7 +168,7 @@ class EndpointPerfBench:
         at the end, and a record is written once."""
         from pytest_infergate.endpoint import sweep
 
-        slo = self._slo(slo)
+        requests, slo = self._with_test_extras(requests), self._slo(slo)  # the rates path: in _measure_and_gate
         measured: list[tuple[sweep.SweepPoint, Measurement, str]] = []
 
         def run(role: str, pattern: LoadPattern, name: str) -> sweep.SweepPoint:
@@ -208,7 +207,8 @@ class EndpointPerfBench:
         meets the SLO (`slo`, or the `infergate_slo` marker) for `target_goodput` of the requests: a coarse
         doubling sweep over `bounds` (default 0.5-64 req/s, or 1 to --infergate-endpoint-concurrency), then
         bisection to `resolution`; each point sends enough requests for `point_s` seconds (at least
-        `min_requests`) and stops once it can no longer pass; the search stops within `budget_s`. Recorded and
+        `min_requests`) and stops once it is decided (it can no longer pass, or its interval lies above the target);
+        the search stops within `budget_s`. Recorded and
         gated like a load run: `min_capacity_rps=12` in the test's budget fails it below 12 req/s."""
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         if bounds is None:
