@@ -456,7 +456,9 @@ import pytest
 @pytest.mark.infergate_slo(e2e_ms=60000)
 def test_profile(infergate_endpoint):
     from pytest_infergate.engine import Request
-    requests = [Request(messages=[{"role": "user", "content": f"Say {i}."}], max_new_tokens=4) for i in range(8)]
+    # three requests per slot: the throughput point (8 at once) has answers before its last wave, so a cooldown
+    # leaves some counted (with one request per slot every answer lands in the final instant)
+    requests = [Request(messages=[{"role": "user", "content": f"Say {i}."}], max_new_tokens=4) for i in range(24)]
     points = infergate_endpoint.sweep(requests, points=4, cooldown_s=0.01)
     assert [p.concurrency for p, _ in points[:2]] == [1, 8]
     assert all(p.rate_per_s and p.cooldown_s == 0.01 for p, _ in points[2:])
