@@ -136,6 +136,9 @@ class InfergateSession:
             warnings.warn(InfergateWarning(message), stacklevel=2)
             self.results.warnings.append(message)
 
+        def notice(message: str) -> None:
+            warnings.warn(InfergateWarning(message), stacklevel=2)
+
         def markers(name: str) -> list[dict[str, Any]]:
             return [dict(m.kwargs) for m in reversed(list(item.iter_markers(name)))]
 
@@ -145,7 +148,7 @@ class InfergateSession:
         return TestContext(test_id=item.nodeid, options=self.options, record=record, fail=fail, skip=pytest.skip,
                            warn=warn, add_property=lambda name, value: item.user_properties.append((name, value)),
                            markers=markers, scoped_lines=self.scoped_lines, note_scopes=note_scopes,
-                           baseline=self.baseline)
+                           baseline=self.baseline, notice=notice)
 
     def model(self, precision: str):
         return self._with_backend(_or_fail(lambda: self.pool.get(precision), "infergate could not load the model"))

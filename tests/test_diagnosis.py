@@ -6,7 +6,6 @@ from pytest_infergate.measurement import Measurement
 from pytest_infergate.report.diagnosis import quantized_slower, slowdown
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.status import Status
 
 
 def measured(tokens_per_s: float, reps: int = 5, spread: float = 0.10, seed: int = 0) -> Measurement:
@@ -22,7 +21,7 @@ def measured(tokens_per_s: float, reps: int = 5, spread: float = 0.10, seed: int
 
 def record(precision: str, m: Measurement) -> PerfRecord:
     return PerfRecord(test=f"suites/test_speed.py::test_chat[{precision}]", label="", precision=precision,
-                      status=Status.PASS, measurement=m)
+                      measurement=m)
 
 
 def test_an_unchanged_quantized_run_raises_no_pitfall_note():

@@ -402,7 +402,6 @@ def test_every_request_is_recorded_and_the_report_shows_the_slow_tail():
     from pytest_infergate.report import render
     from pytest_infergate.results.records import PerfRecord
     from pytest_infergate.results.run import RunResults
-    from pytest_infergate.status import Status
 
     with FaultyServer("flaky", token_delay_s=0.001) as server:
         run = run_load(EndpointConfig(server.url), _requests(6, 5), LoadPattern(concurrency=1))
@@ -415,7 +414,7 @@ def test_every_request_is_recorded_and_the_report_shows_the_slow_tail():
     for r in ok:
         assert r["sent_on_wire"] and 0 <= r["sent_s"] <= r["first_token_s"] <= r["finished_s"]
         assert len(r["chunks_s"]) == r["output_tokens"] == 5 and r["chunks_s"] == sorted(r["chunks_s"])
-    record = PerfRecord(test="t.py::test_load[endpoint]", label="", precision="endpoint", status=Status.PASS,
+    record = PerfRecord(test="t.py::test_load[endpoint]", label="", precision="endpoint",
                         measurement=Measurement.from_dict(measurement.to_dict()), backend="endpoint")
     html = render(RunResults(records=[record]))
     assert "The slow tail: slowest requests per load run" in html and "(6 requests recorded)" in html

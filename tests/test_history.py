@@ -17,10 +17,10 @@ from pytest_infergate.history.page import render_history, text_table
 from pytest_infergate.history.store import append_run
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import Violation
+from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.status import Status
 
 STEP_AT = 7  # run number (1-based) of the first run at the new level
 RUNS = 12
@@ -35,11 +35,9 @@ def _samples(rng, level, n, run_noise=0.02, request_noise=0.05):
 
 
 def _record(test, samples, fingerprint=None, violations=()):
-    status = Status.FAIL if violations else Status.PASS
-    return PerfRecord(test=test, label="", precision="fp32", status=status,
+    return PerfRecord(test=test, label="", precision="fp32", outcome=PerfOutcome(violations=list(violations)),
                       measurement=Measurement(samples=samples, repetitions=3, num_requests=30),
-                      budget={"ttft_ms": 1000.0}, fingerprint=fingerprint or {"torch": "2.5.0", "cpu": "synthetic"},
-                      violations=list(violations))
+                      budget={"ttft_ms": 1000.0}, fingerprint=fingerprint or {"torch": "2.5.0", "cpu": "synthetic"})
 
 
 def synthetic_runs(seed=0, runs=RUNS, step=True, creep_per_run=0.015, env_change_at=None, step_at=STEP_AT):

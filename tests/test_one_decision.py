@@ -1,19 +1,25 @@
 """One decision against a stored baseline: the in-run gate, `infergate compare`, the report and the history give
 the same verdict on the same recorded pair of runs."""
 
+import ast
 import re
 from html import unescape
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from browser import needs_chromium, open_page
-from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, machine
+from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, add_repetitions, machine
 
+import pytest_infergate
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.gates.bench import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.gate import evaluate_perf
+from pytest_infergate.perf.budget import parse_budget
+from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.gate import evaluate_perf, run_gate
+from pytest_infergate.perf.reference import Reference, Route
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.records import PerfRecord
@@ -28,7 +34,7 @@ BUDGET = {"itl_ms": 1e12, "tokens_per_s": 1e-9, "peak_mem_mb": 1e9, "max_regress
 def recorded_run(measurement, fingerprint, started, gate_against=None) -> RunResults:
     """A run's results as the session writes them; with `gate_against` (the accepted run), its record carries the
     in-run gate's outcome against that run's measurement saved as the baseline."""
-    record = PerfRecord(test=TEST, label="", precision="fp32", status=Status.PASS, measurement=measurement,
+    record = PerfRecord(test=TEST, label="", precision="fp32", measurement=measurement,
                         budget=dict(BUDGET), fingerprint=fingerprint)
     if gate_against is not None:
         accepted = gate_against.perf[0]
@@ -124,19 +130,6 @@ def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
     assert recorded_run(machine(BASELINE_SPEEDS, seed=2), FINGERPRINT, 0).verdict().status == Status.PASS
 
 
-def test_a_warning_that_restates_a_listed_gate_is_not_a_second_reason():
-    """The terminal warns "<key>: perf gate inconclusive: ..." for the gate the verdict already lists: one reason
-    per thing (a suites run under a CPU hog listed each busy profile twice, 15 reasons for 11 things)."""
-    run = _five_reason_run()
-    busy = "suites/test_speed.py::test_busy[fp32]"
-    run.warnings += [f"{busy}: perf gate inconclusive:\n  ttft_ms ...", f"{busy}: relative check not run: x"]
-    reasons = run.verdict().reasons
-    assert sum(busy in r.name or busy in r.message for r in reasons) == 2  # the gate, and the other warning
-    assert [r.message for r in reasons if r.what == "not as asked"] == [
-        "suites/test_golden.py::test_regression[nf4]: skipped: no accepted golden outputs at x",
-        f"{busy}: relative check not run: x"]
-
-
 @needs_chromium
 def test_a_reviewer_reads_the_verdict_every_reason_and_the_baseline_in_the_browser(tmp_path):
     """The done-when of issue #31, read as a reviewer reads it: the report in headless Chromium, its visible text
@@ -154,3 +147,79 @@ def test_a_reviewer_reads_the_verdict_every_reason_and_the_baseline_in_the_brows
         assert reason in verdict, reason
     # the failing gate's baseline beside the candidate, in the verdict's own line
     assert re.search(r"baseline [\d.,]+ (tok/s|ms) → now [\d.,]+ (tok/s|ms), [\d.]+% slower", verdict), verdict
+
+
+# --- one decision behind the five routes (issue #33 point 3) --------------------------------------------------------
+
+
+def _rounds(slowdown: float):
+    """A RoundRunner of a synthetic interleaved A/B: per round, one repetition on each side, B `slowdown` times A."""
+    def run_round(a, b, index):
+        speed = BASELINE_SPEEDS[index % len(BASELINE_SPEEDS)]
+        for side, factor in ((a, 1.0), (b, slowdown)):
+            one = machine([speed], regression=factor, seed=index * 2 + (side is b))
+            for metric, values in one.samples.items():
+                side.samples.setdefault(metric, []).extend(values)
+            side.end_repetition()
+    return run_round
+
+
+@pytest.mark.parametrize("route", [r for r in Route if r.interleaved])
+def test_every_interleaved_route_is_decided_round_by_round_by_the_one_decision(route):
+    reference, candidate = Reference.interleaved(route, _rounds(1.0), rounds=5)
+    same = run_gate(candidate, reference, GATE)
+    assert same.route == route.value and same.status == Status.PASS, same.message()
+    assert same.baseline is reference.measurement and all(v.paired for v in same.verdicts if v.metric != "peak_mem_mb")
+    assert same.verdicts == decide(candidate, reference, GATE).verdicts  # run_gate adds no judgement of its own
+    reference, candidate = Reference.interleaved(route, _rounds(1.5), rounds=5)
+    slower = run_gate(candidate, reference, GATE)
+    assert slower.status == Status.FAIL and {v.metric for v in slower.verdicts if v.status == "fail"} >= {"itl_ms"}
+
+
+def test_the_stored_and_budget_routes_go_through_the_same_decision():
+    accepted = machine(BASELINE_SPEEDS, seed=1)
+    stored = run_gate(machine(BASELINE_SPEEDS, regression=1.25, seed=2), Reference.stored(
+        BaselineEntry(FINGERPRINT, accepted)), GATE, {**FINGERPRINT, "torch": "2.14.0"})
+    assert stored.route == "stored" and stored.status == Status.FAIL
+    assert stored.changes == ["torch 2.13.0 → 2.14.0"] and all(v.repetitions for v in stored.verdicts
+                                                                 if v.metric != "peak_mem_mb")
+    tight = parse_budget({"itl_ms": 1.0, "max_regression": 0.10})
+    alone = run_gate(machine(BASELINE_SPEEDS, seed=2), Reference.nothing(baseline_given=True), tight, strict=True)
+    assert alone.route == "budget" and [v.key for v in alone.violations] == ["itl_ms"]
+    assert alone.relative_check_missing.startswith("the baseline file has no entry") and alone.status == Status.FAIL
+
+
+def test_a_record_holds_the_gate_outcome_and_reads_it_back_whole():
+    # the record is built from the outcome, not copied field by field: what the gate decided (the confirmation
+    # block and the route included) survives the JSON the report, compare and history read
+    entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
+    slow = machine(BASELINE_SPEEDS, regression=1.5, seed=2)
+    outcome = run_gate(slow, Reference.stored(entry, remeasure=lambda: add_repetitions(slow, BASELINE_SPEEDS,
+                                                                                      1.5, seed=3)), GATE)
+    assert outcome.status == Status.FAIL and outcome.confirmed == 5
+    record = PerfRecord(test=TEST, label="", precision="fp32", measurement=slow)
+    record.decided(outcome)
+    assert record.outcome is outcome and record.baseline_summary == entry.measurement.summary()
+    back = PerfRecord.from_dict(record.to_dict())
+    assert back.outcome.to_dict() == outcome.to_dict() and back.status == Status.FAIL
+    assert back.outcome.confirmed == 5 and back.outcome.route == "stored"
+    assert "a failure was decided again after a fresh block of 5 repetitions" in back.outcome.message()
+
+
+def test_only_the_one_decision_function_makes_verdicts():
+    """No module but perf/decide.py calls the comparison and budget functions a verdict is made of: a new route or
+    output that decides on its own fails here."""
+    makers = {"compare_measurements", "compare_stored", "compare_samples", "compare_paired", "check_budget",
+              "budget_violations", "judged"}
+    allowed = {"perf/decide.py": makers, "perf/verdict.py": {"compare_stored", "compare_samples", "compare_paired",
+                                                            "compare_paired_percentiles"}}
+    package = Path(pytest_infergate.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if called in makers and called not in allowed.get(name, set()):
+                    offenders.append(f"{name}:{node.lineno} calls {called}")
+    assert offenders == []

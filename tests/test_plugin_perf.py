@@ -195,9 +195,13 @@ def test_a_baseline_from_another_machine_is_inconclusive_with_the_reason(pyteste
     result.stdout.fnmatch_lines(["*InfergateWarning*perf gate inconclusive*",
                                  f"*measured on another machine (cpu {entry['fingerprint']['cpu']} → Faked CPU 9000)*"
                                  "re-save the baseline on this runner*"])
-    (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
+    data = json.loads((pytester.path / "out.json").read_text())
+    (record,) = data["records"]
     assert record["status"] == "inconclusive" and record["machine_mismatch"] == [
         f"cpu {entry['fingerprint']['cpu']} → Faked CPU 9000"]
+    # the terminal's warning restates the gate the verdict lists: one reason for one thing, not a second one
+    assert not any("perf gate inconclusive" in warning for warning in data["warnings"])
+    assert [(r["status"], r["what"]) for r in data["reasons"]] == [("inconclusive", "perf gate")]
     run("--infergate-baseline=base.json", "--infergate-strict").assert_outcomes(failed=1)
 
 

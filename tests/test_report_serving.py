@@ -39,7 +39,7 @@ def endpoint_record(test: str, engine: dict, samples: dict, **extra) -> PerfReco
     measurement = Measurement(samples={"ttft_ms": [40.0, 60.0], "tpot_ms": [5.0, 6.0], "e2e_ms": [300.0, 420.0],
                                        "tokens_per_s": [120.0], "success_rate": [1.0], **samples},
                               repetitions=1, num_requests=2, engine=engine)
-    return PerfRecord(test=test, label=test.split("::")[-1], precision="endpoint", status=Status.PASS,
+    return PerfRecord(test=test, label=test.split("::")[-1], precision="endpoint",
                       measurement=measurement, backend="endpoint",
                       engine_config={"backend": "endpoint", "url": CANDIDATE, "served_model": "llama-candidate",
                                      "pattern": "concurrency 4"}, **extra)
@@ -70,7 +70,8 @@ def ab_record() -> PerfRecord:
                              tags={"experiment": "ab", "baseline_precision": "reference-endpoint"},
                              baseline_summary={"ttft_ms_p50": 35.0, "tokens_per_s": 140.0, "success_rate": 1.0})
     record.engine_config.update(reference_url=REFERENCE, reference_served_model="llama-reference")
-    record.verdicts = [Verdict("tokens_per_s", Status.PASS, 0.86, 0.8, 0.93, 1.1, None, 120.0, 140.0, [4, 4], True)]
+    record.outcome.verdicts = [Verdict("tokens_per_s", Status.PASS, 0.86, 0.8, 0.93, 1.1, None, 120.0, 140.0, [4, 4],
+                                       True)]
     return record
 
 
@@ -99,7 +100,7 @@ def local_sessions_record() -> PerfRecord:
     measurement = Measurement(samples={"ttft_ms": [8.0], "tokens_per_s": [300.0], "prefix_cache_hit_rate": [0.61]},
                               repetitions=1, num_requests=6,
                               engine={PREFIX_CACHE_KEY: PrefixCacheUse(6, 1200, 732, 4, sessions=2).to_dict()})
-    return PerfRecord("test_chat.py::test_sessions", "", "fp32", Status.PASS, measurement,
+    return PerfRecord("test_chat.py::test_sessions", "", "fp32", measurement,
                       engine_config={"batching": "continuous", "cache_mode": "paged", "prefix_caching": True})
 
 

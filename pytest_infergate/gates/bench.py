@@ -3,7 +3,7 @@ through (budgets, baseline, record). No pytest here: the test is reached through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
@@ -11,8 +11,9 @@ from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
-from pytest_infergate.perf.gate import PerfOutcome, budget_violations, by_repetition, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.gate import PerfOutcome, Reference, Route, by_repetition, evaluate_ab, evaluate_perf
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
@@ -75,15 +76,17 @@ def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budg
     record_outcome(ctx, record, outcome)
 
 
-def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None
-                     ) -> PerfOutcome:
-    """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement`; fills in the record's
-    verdict, attaches it to the test and its key figures as JUnit properties. The caller fails the test."""
+def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None,
+                     notes: Sequence[str] = ()) -> PerfOutcome:
+    """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement`; gives the record the
+    outcome (`notes` first among its notes), attaches it to the test and its key figures as JUnit properties. The
+    caller fails the test."""
     key = record.test
     budget, unmeasured = measured_budget(ctx, record, budget_for(ctx, record.precision, key))
     entry = ctx.baseline.get(key) if ctx.baseline is not None else None
     outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
                             remeasure=remeasure, baseline_given=ctx.baseline is not None)
+    outcome.notes[:0] = notes
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = interference.busy(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
@@ -100,36 +103,25 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
         ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
     if outcome.status == "inconclusive":
         again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
-        ctx.warn(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
+        ctx.undecided(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
 
 
-def finish_ab(ctx: TestContext, key: str, record: PerfRecord, outcome: PerfOutcome, budget, against: str,
+def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget, against: str,
               note: str) -> None:
     """Record an interleaved A/B's decision (B in `record`, A as its baseline summary) and fail the test if the
     gate failed. `against` names the two sides in the failure message; `note` says what A was."""
     record.fingerprint = {}
-    record.budget = {"max_regression": budget.max_regression}
-    record.baseline_summary = outcome.baseline.summary()
-    record.notes = [note]
-    warn_about_outcome(ctx, key, outcome)
-    record_outcome(ctx, record, outcome)
+    budget, unmeasured = measured_budget(ctx, record, budget)
+    outcome.notes.insert(0, note)
+    finish_gate(ctx, record, outcome, budget, unmeasured)
     if outcome.failed:
-        ctx.fail(f"infergate A/B gate failed for {key} ({against}):\n  "
-                 + "\n  ".join(v.describe() for v in outcome.verdicts))
+        ctx.fail(f"infergate A/B gate failed for {record.test} ({against}):\n{outcome.message()}")
 
 
 def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
-    """Copy the gate's decision into `record`, attach the record to the test and its key figures as JUnit
-    properties. Failing the test is the caller's: its message names what was measured."""
-    record.status = outcome.status
-    record.violations, record.verdicts = outcome.violations, outcome.verdicts
-    record.notes = record.notes + outcome.notes
-    record.machine_mismatch, record.changes = outcome.machine_mismatch, outcome.changes
-    record.remeasured = outcome.remeasured
-    record.relative_check_missing = outcome.relative_check_missing
-    if outcome.baseline_provenance:  # a stored baseline: its figures beside this run's in every output
-        record.baseline_provenance = outcome.baseline_provenance
-        record.baseline_summary = outcome.baseline.summary()
+    """Give `record` the gate's outcome, attach the record to the test and its key figures as JUnit properties.
+    Failing the test is the caller's: its message names what was measured."""
+    record.decided(outcome)
     ctx.record(record)
     for name, value in record.summary.items():
         ctx.add_property(f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4))
@@ -175,8 +167,8 @@ class PerfBench:
         fingerprint = perf_fingerprint(self.loaded.record, ran, self.ctx.options.device)
         if not choice.is_engine:  # a baseline of the engine is no yardstick for HF generate, nor the reverse
             fingerprint["backend"] = choice.name
-        return PerfRecord(test=key, label=label, precision=self.precision, status=PerfOutcome().status,
-                          measurement=measurement, backend=choice.name, backend_reason=choice.reason,
+        return PerfRecord(test=key, label=label, precision=self.precision, measurement=measurement,
+                          backend=choice.name, backend_reason=choice.reason,
                           fallback=self.loaded.record.fallback, engine_config=ran, tags=dict(tags or {}),
                           fingerprint=fingerprint)
 
@@ -243,20 +235,18 @@ class PerfBench:
             else:
                 run_round = lockstep.rounds(env.side(measurement_id, workload),
                                             lockstep.LocalSide(self.bench, requests, config, warmup))
-            b, outcome = evaluate_ab(run_round, budget, rounds, options.strict)
+            b, outcome = evaluate_ab(run_round, budget, rounds, options.strict, route=Route.ENVIRONMENT)
             env.forget(measurement_id)
         except BaselineEnvError as exc:
             self.ctx.fail(f"infergate perf gate for {key}: {exc}")
         b.label = label
         result = self._record(key, label, b, config, tags)
         budget, unmeasured = measured_budget(self.ctx, result, budget)
-        outcome.violations = budget_violations(b, budget)
-        result.baseline_summary = outcome.baseline.summary()
         note = (f"{lockstep.how(refused)} against the {env.describe(library_versions())}, "
                 f"{outcome.baseline.repetitions} rounds")
         if theirs and theirs != result.backend:
             note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
-        result.notes = [note]
+        outcome.notes.insert(0, note)
         finish_gate(self.ctx, result, outcome, budget, unmeasured)
         self.measurements.append(b)
         if outcome.failed:
@@ -312,7 +302,7 @@ class PerfBench:
         note = f"{lockstep.how(refused)} against {other_precision}, {a.repetitions} rounds"
         if other.backend is not None and other.backend.name != record.backend:
             note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
-        finish_ab(self.ctx, key, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
+        finish_ab(self.ctx, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
         return a, b
 
     def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], name: str = "", rounds: int = 3,
@@ -336,8 +326,9 @@ class PerfBench:
             key = self.ctx.measurement_key(label)
             record = self._record(key, label, measured, each, tags)
             budget, unmeasured = measured_budget(self.ctx, record, budget_for(self.ctx, self.precision, key))
-            outcome = PerfOutcome(violations=budget_violations(measured, budget))
-            record.notes = [note]
+            # each side against its budgets alone: it was compared with the other side, not with a baseline
+            outcome = decide(measured, Reference.nothing(), replace(budget, max_regression=None))
+            outcome.notes.append(note)
             finish_gate(self.ctx, record, outcome, budget, unmeasured)
             self.measurements.append(measured)
             if outcome.failed:

@@ -20,7 +20,7 @@ from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.lazy import require_local_model_stack
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.gate import PerfOutcome, by_repetition, evaluate_ab
+from pytest_infergate.perf.gate import PerfOutcome, Route, by_repetition, evaluate_ab
 from pytest_infergate.results.records import PerfRecord
 
 
@@ -131,9 +131,8 @@ class EndpointPerfBench:
     def _gate(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, measurement: Measurement, label: str,
               tags: dict | None, notes: list[str] = ()) -> PerfOutcome:
         record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
-        record.notes += list(notes)
         return gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
-            requests, pattern, slo, warmup, measurement))
+            requests, pattern, slo, warmup, measurement), notes=notes)
 
     def sweep(self, requests=None, *, rates=None, concurrencies=None, points: int = 6, burstiness: float = 1.0,
               slo=None, warmup: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0, label: str = "sweep"):
@@ -249,7 +248,7 @@ class EndpointPerfBench:
         # served models have no steps to take in turn: a whole load run per side and round
         b, outcome = evaluate_ab(by_repetition(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
                                                lambda m: self.bench.run_once(requests, pattern, slo, warmup, m)),
-                                 budget, rounds, self.ctx.options.strict)
+                                 budget, rounds, self.ctx.options.strict, route=Route.ENDPOINT)
         a = outcome.baseline
         record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
                                          "pattern": pattern.describe()})
@@ -257,14 +256,14 @@ class EndpointPerfBench:
         record.engine_config["reference_served_model"] = self.reference.model
         b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
                                  "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
-        finish_ab(self.ctx, key, record, outcome, budget, "endpoint vs reference endpoint",
+        finish_ab(self.ctx, record, outcome, budget, "endpoint vs reference endpoint",
                   f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
                   f"{rounds} rounds ({pattern.describe()})")
         return a, b
 
     def _record(self, label: str, measurement: Measurement, tags: dict) -> PerfRecord:
         return PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_PRECISION,
-                          status=PerfOutcome().status, measurement=measurement, backend="endpoint",
+                          measurement=measurement, backend="endpoint",
                           engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
                                          "served_model": self.bench.model, "pattern": tags.get("pattern", "")},
                           tags=tags, fingerprint=self.bench.fingerprint())

@@ -263,7 +263,7 @@ class GoldenGate:
             self.ctx.fail((f"{model_change}\n" if model_change else "")
                           + regression_failure(regression, problems or undecided, path, old.header))
         if undecided:
-            self.ctx.warn(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
+            self.ctx.undecided(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
 
     def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list) -> list[str]:

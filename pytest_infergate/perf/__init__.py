@@ -1,5 +1,6 @@
-"""Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines and the gate that
-decides (one PerfOutcome for a stored baseline and for an interleaved A/B run). No pytest and no torch here; the
+"""Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references a
+candidate is compared with (perf.reference: five routes) and the one decision over them (perf.decide, one
+PerfOutcome whatever the route). No pytest and no torch here; the
 engine bench (`perf.bench`) imports the engine when it is used; the fixture object is `gates.bench`."""
 
 from pytest_infergate.measurement import METRICS, PERCENTILES, Measurement, add_request_latencies
@@ -15,10 +16,14 @@ from pytest_infergate.perf.budget import (
                                           parse_ini_budgets,
                                           resolve_budget,
 )
-from pytest_infergate.perf.gate import PerfOutcome, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf, run_gate
+from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.reference import Reference, Route
 from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare_paired, compare_samples
 
 __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Limit",
-           "Measurement", "PerfOutcome", "Verdict", "Violation", "add_request_latencies", "check_budget",
-           "compare_measurements", "compare_paired", "compare_samples", "evaluate_ab", "evaluate_perf",
-           "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget", "save_baseline"]
+           "Measurement", "PerfOutcome", "Reference", "Route", "Verdict", "Violation", "add_request_latencies",
+           "check_budget", "compare_measurements", "compare_paired", "compare_samples", "decide", "evaluate_ab",
+           "evaluate_perf", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget",
+           "run_gate", "save_baseline"]

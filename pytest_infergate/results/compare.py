@@ -1,5 +1,5 @@
 """Two runs' results side by side, decided exactly as the in-run gate decides against a stored baseline: run A's
-record is the baseline entry (its fingerprint and measurement), run B's the candidate, and `perf.gate.evaluate_perf`
+record is the stored reference (its fingerprint and measurement), run B's the candidate, and `perf.decide.decide`
 gives the verdict. So `infergate compare A.json B.json` says what `pytest --infergate-baseline` (with A saved as
 the baseline) said of B, and the history says it of each run against the one before it."""
 
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pytest_infergate.measurement import METRICS
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, BudgetError, parse_budget
-from pytest_infergate.perf.gate import PerfOutcome, evaluate_perf
+from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.reference import Reference
 from pytest_infergate.results.records import PerfRecord
 
 # metrics compared when the candidate's record names none in its budget (a run with max_regression alone)
@@ -48,9 +50,10 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
 def decide_pair(baseline: PerfRecord, candidate: PerfRecord, max_regression: float | None = None) -> PerfOutcome:
     """The candidate record's measurement against the baseline record's, as the in-run gate decides it. Only the
     relative question: the candidate's absolute budgets were its own run's verdict (`infergate summary`)."""
-    entry = BaselineEntry(baseline.fingerprint, baseline.measurement)
-    outcome = evaluate_perf(candidate.measurement, budget_of(candidate, max_regression), candidate.fingerprint, entry)
-    outcome.violations = []
+    reference = Reference.stored(BaselineEntry(baseline.fingerprint, baseline.measurement))
+    budget = budget_of(candidate, max_regression)
+    outcome = decide(candidate.measurement, reference, budget, candidate.fingerprint)
+    outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
     return outcome
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import Violation
+from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.quality.batch_invariance import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
@@ -26,14 +27,15 @@ RESULT_PROPERTY = "infergate_result"  # the user property that carries a record 
 
 @dataclass
 class PerfRecord:
-    """One gated measurement: budgets, and the comparison with a stored baseline or side A of an A/B run."""
+    """One gated measurement and the gate's outcome (budgets, and the comparison with its reference: a stored
+    baseline or side A of an A/B run). The decision is the outcome's, read through this record, never copied."""
 
     kind: ClassVar[str] = "perf"
     test: str  # measurement key: test id, plus ::label
     label: str
     precision: str
-    status: Status
     measurement: Measurement
+    outcome: PerfOutcome = field(default_factory=PerfOutcome)
     backend: str = "engine"  # engine, hf-generate, endpoint
     backend_reason: str = ""  # why this backend (e.g. the engine refused the model)
     fallback: bool = False
@@ -41,15 +43,43 @@ class PerfRecord:
     tags: dict = field(default_factory=dict)
     budget: dict = field(default_factory=dict)  # key -> limit, plus max_regression
     fingerprint: dict = field(default_factory=dict)
-    violations: list[Violation] = field(default_factory=list)
-    verdicts: list[Verdict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    machine_mismatch: list[str] = field(default_factory=list)  # how the baseline's machine differs from this one
-    changes: list[str] = field(default_factory=list)  # what under test changed since the baseline ("torch a → b")
-    remeasured: int = 0
-    relative_check_missing: str = ""
     baseline_summary: dict | None = None  # side A of an interleaved A/B run, or the stored baseline's figures
-    baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
+
+    @property
+    def status(self) -> Status:
+        return self.outcome.status
+
+    @property
+    def violations(self) -> list[Violation]:
+        return self.outcome.violations
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return self.outcome.verdicts
+
+    @property
+    def notes(self) -> list[str]:
+        return self.outcome.notes
+
+    @property
+    def machine_mismatch(self) -> list[str]:  # how the baseline's machine differs from this one
+        return self.outcome.machine_mismatch
+
+    @property
+    def changes(self) -> list[str]:  # what under test changed since the baseline ("torch a → b")
+        return self.outcome.changes
+
+    @property
+    def remeasured(self) -> int:
+        return self.outcome.remeasured
+
+    @property
+    def relative_check_missing(self) -> str:
+        return self.outcome.relative_check_missing
+
+    @property
+    def baseline_provenance(self) -> str:  # a stored baseline's repetitions, when and where it was recorded
+        return self.outcome.baseline_provenance
 
     @property
     def summary(self) -> dict[str, float]:
@@ -59,35 +89,30 @@ class PerfRecord:
     def is_endpoint(self) -> bool:
         return self.backend == "endpoint"
 
+    def decided(self, outcome: PerfOutcome) -> None:
+        """Take the gate's outcome; where it was compared with a measurement, keep that one's figures beside this
+        run's in every output."""
+        self.outcome = outcome
+        if outcome.baseline is not None:
+            self.baseline_summary = outcome.baseline.summary()
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "label": self.label, "precision": self.precision,
-                "status": self.status.value, **backend_dict(self),
+                **self.outcome.to_dict(), **backend_dict(self),
                 "fallback": self.fallback, "engine_config": self.engine_config, "tags": self.tags,
                 "budget": self.budget, "fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
-                "summary": self.summary, "violations": [v.to_dict() for v in self.violations],
-                "verdicts": [v.to_dict() for v in self.verdicts], "notes": self.notes,
-                "machine_mismatch": self.machine_mismatch, "changes": self.changes, "remeasured": self.remeasured,
-                "relative_check_missing": self.relative_check_missing, "baseline_summary": self.baseline_summary,
-                "baseline_provenance": self.baseline_provenance}
+                "summary": self.summary, "baseline_summary": self.baseline_summary}
 
     @classmethod
     def from_dict(cls, data: dict) -> PerfRecord:
         backend, backend_reason = backend_of(data)
         return cls(test=data["test"], label=data.get("label", ""), precision=data["precision"],
-                   status=Status(data["status"]), measurement=Measurement.from_dict(data["measurement"]),
+                   measurement=Measurement.from_dict(data["measurement"]), outcome=PerfOutcome.from_dict(data),
                    backend=backend, backend_reason=backend_reason,
                    fallback=bool(data.get("fallback")), engine_config=dict(data.get("engine_config") or {}),
                    tags=dict(data.get("tags") or {}), budget=dict(data.get("budget") or {}),
                    fingerprint=dict(data.get("fingerprint") or {}),
-                   violations=[Violation.from_dict(v) for v in data.get("violations", [])],
-                   verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
-                   notes=list(data.get("notes", [])),
-                   machine_mismatch=list(data.get("machine_mismatch", data.get("fingerprint_mismatch", []))),
-                   changes=list(data.get("changes", [])),
-                   remeasured=int(data.get("remeasured", 0)),
-                   relative_check_missing=data.get("relative_check_missing", ""),
-                   baseline_summary=data.get("baseline_summary"),
-                   baseline_provenance=str(data.get("baseline_provenance") or ""))
+                   baseline_summary=data.get("baseline_summary"))
 
 
 @dataclass

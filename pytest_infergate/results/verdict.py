@@ -64,13 +64,6 @@ def record_message(record) -> str:
     return "; ".join(problems[:3]) or record.status.value
 
 
-def restates_a_gate(warning: str, gated: list[str]) -> bool:
-    """A warning that says again that a listed gate was inconclusive ("<test>: perf gate inconclusive: ...", the
-    terminal's copy): one reason per thing in the verdict, not two."""
-    first_line = warning.split("\n", 1)[0]
-    return "inconclusive" in first_line and any(first_line.startswith(f"{name}: ") for name in gated)
-
-
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []
     for nodeid, outcome in results.outcomes.items():
@@ -82,9 +75,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
         if record.status != Status.PASS:
             reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
                                   record_message(record)))
-    gated = [reason.name for reason in reasons if reason.what in GATE_NAMES.values()]
-    reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings
-                if not restates_a_gate(warning, gated)]
+    reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
     status = Status.worst(reason.status for reason in reasons)
     if results.strict and status == Status.INCONCLUSIVE:
         status = Status.FAIL

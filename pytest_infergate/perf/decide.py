@@ -1,0 +1,131 @@
+"""The one decision of a perf gate: a candidate measurement against its budget and its reference (any of the five
+routes of perf.reference) → a PerfOutcome. Pure: it measures nothing (perf.gate.run_gate measures more while it
+cannot decide). The in-run gate, `infergate compare` (results.compare), the report (which shows the records the
+gate wrote) and the history (each run against the one before it) all go through it, so they cannot disagree on
+the same data (tests/test_one_decision.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pytest_infergate.measurement import Measurement
+from pytest_infergate.perf import calibration, interference
+from pytest_infergate.perf.budget import Budget, Violation, check_budget
+from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
+from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.reference import Reference, Route
+from pytest_infergate.perf.verdict import Verdict, compare_measurements
+from pytest_infergate.status import Status
+
+
+def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
+           strict: bool = False) -> PerfOutcome:
+    """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
+    the budget has a max_regression, the comparison with the reference: interleaved rounds compare round by round;
+    a stored baseline compares repetition by repetition, with what under test changed since it (from
+    `fingerprint`, the candidate's) named and a baseline from another machine making timings inconclusive."""
+    outcome = PerfOutcome(violations=budget_violations(candidate, budget), strict=strict,
+                          route=reference.route.value)
+    if budget.max_regression is None:
+        return outcome
+    if reference.route == Route.BUDGET or reference.measurement is None:
+        outcome.relative_check_missing = reference.missing
+        outcome.notes.append("relative check skipped: "
+                             + (reference.missing or "no baseline was given (--infergate-baseline PATH)"))
+        return outcome
+    outcome.baseline = reference.measurement
+    if reference.route.interleaved:
+        outcome.verdicts = compare_measurements(candidate, reference.measurement, budget, paired=True)
+        return outcome
+    diff = diff_fingerprints(fingerprint or {}, reference.fingerprint or {})
+    outcome.machine_mismatch = [change.describe() for change in diff.machine]
+    outcome.changes = [change.describe() for change in diff.under_test]
+    outcome.baseline_provenance = reference.provenance
+    outcome.verdicts = judged(compare_measurements(candidate, reference.measurement, budget, stored_baseline=True),
+                              diff)
+    outcome.notes.append(calibration_note(candidate, reference.measurement, outcome.verdicts))
+    return outcome
+
+
+def undecided_by_noise(outcome: PerfOutcome, reference: Reference, fingerprint: dict | None) -> bool:
+    """Whether measuring more could decide: a verdict inconclusive by its interval alone (not by a baseline from
+    another machine, which no repetition makes comparable)."""
+    if reference.route == Route.STORED:
+        diff = diff_fingerprints(fingerprint or {}, reference.fingerprint or {})
+        return any(v.status == Status.INCONCLUSIVE and not machine_bound(v, diff) for v in outcome.verdicts)
+    return any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)
+
+
+def budget_violations(measurement: Measurement, budget: Budget) -> list[Violation]:
+    """The budgets `measurement` breaks (keys it has no figure for are not checked). A breach made by time while
+    other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
+    figure measured the machine's load as much as the code — unless it is worse than the load can explain. A
+    breach of memory, counts or rates of success stands whatever the load."""
+    measured = replace(budget, limits=tuple(limit for limit in budget.limits
+                                            if measurement.samples.get(limit.metric)))
+    violations = check_budget(measurement, measured)
+    share = interference.busy(measurement.others_share)
+    if share is None:
+        return violations
+    metric_of = {limit.key: limit.metric for limit in budget.limits}
+    bound = interference.explainable_slowdown(share)
+    out = []
+    for v in violations:
+        worse, better = (v.limit, v.measured) if v.higher_is_better else (v.measured, v.limit)
+        times = worse / better if better > 0 else float("inf")  # how many times worse than the budget
+        if calibration.normalizes(metric_of.get(v.key, "")) and times <= bound:
+            v = replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the measurement, "
+                                     f"which alone can slow a time up to ×{bound:.1f}; rerun on a quiet runner")
+        out.append(v)
+    return out
+
+
+def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:
+    """Whether `verdict` compares figures that the baseline's other machine makes incomparable: timings, and
+    every figure where the device changed. Re-measuring cannot decide such a verdict."""
+    return bool(diff.machine) and (calibration.normalizes(verdict.metric) or diff.device_changed)
+
+
+def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
+    """The verdicts with what the fingerprints say applied: against another machine, timings (and, where the
+    device changed, every figure) are inconclusive; with nothing under test changed, a candidate much faster than
+    its baseline says the baseline was disturbed, not that anything improved."""
+    out = []
+    for v in verdicts:
+        timing = calibration.normalizes(v.metric)
+        if machine_bound(v, diff):
+            v = replace(v, status=Status.INCONCLUSIVE,
+                        note=f"the baseline was measured on another machine ({diff.machine_text()}), so its "
+                             f"figures are no yardstick here; re-save the baseline on this runner")
+        elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / v.threshold:
+            v = replace(v, status=Status.INCONCLUSIVE,
+                        note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
+                             "baseline: the baseline was likely measured on a busy runner; re-save it on a quiet one")
+        out.append(v)
+    return out
+
+
+def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: list[Verdict]) -> str:
+    """What the outcome says about the calibration probe (perf.stored: it tells which way the machine moved,
+    never scales a figure)."""
+    probed = next((v for v in verdicts if v.machine_slowdown is not None), None)
+    if probed is not None:
+        which = "quiet probes before and after" if measurement.probe_quiet_s and baseline.probe_quiet_s \
+            else "probes during"
+        moved = probed.machine_slowdown
+        threshold = probed.threshold
+        how = ("the machine is slower now by more than the threshold: only a pass as measured stands"
+               if moved > threshold else
+               "the machine is faster now by more than the threshold: only a failure as measured stands"
+               if moved < 1.0 / threshold else "within the threshold: compared as measured")
+        return (f"calibration probe ({measurement.probe}) ×{moved:.3f} its time at the baseline "
+                f"({which} each of {measurement.repetitions}/{baseline.repetitions} repetitions): {how}")
+    if measurement.probe and not baseline.probe:
+        return ("machine speed not checked: the baseline has no calibration probe (saved by an older "
+                "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")
+    if measurement.probe and baseline.probe != measurement.probe:
+        return (f"machine speed not checked: the baseline's calibration probe is {baseline.probe!r}, this "
+                f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
+    if measurement.probe:
+        return "machine speed not checked: no time-like metric was compared repetition by repetition"
+    return "machine speed not checked: no calibration probe ran with this measurement"
