@@ -1,4 +1,5 @@
-"""The `infergate` command: fetch the default model, re-render reports, compare runs, summarize for CI."""
+"""The `infergate` command: fetch the default model, re-render reports, compare runs, summarize for CI, migrate
+accepted results of an older version."""
 
 from __future__ import annotations
 
@@ -181,6 +182,16 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.migrate)."""
+    from pytest_infergate.migrate import migrate
+
+    for path in args.paths:
+        for line in migrate(Path(path)):
+            print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pytest_infergate.options import default_cache_dir
 
@@ -224,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--markdown", action="store_true",
                          help="Markdown tables (also written to $GITHUB_STEP_SUMMARY)")
     summary.set_defaults(func=_cmd_summary)
+    migrate = sub.add_parser("migrate", help="rewrite baseline and accepted golden files of an older "
+                             "pytest-infergate in the current schema (each entry keyed by machine and change under "
+                             "test)")
+    migrate.add_argument("paths", nargs="+", metavar="FILE|DIR",
+                         help="a baseline file, an accepted golden file, or a folder (e.g. golden/)")
+    migrate.set_defaults(func=_cmd_migrate)
     return parser
 
 

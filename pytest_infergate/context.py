@@ -32,14 +32,15 @@ class TestContext:
     scoped_lines: Callable[[str], list[str]]  # ini lines of infergate_budgets / infergate_quality_policy
     note_scopes: Callable[[str, list[str]], None]  # which of those scopes applied (unused ones are reported)
     baseline: dict[str, BaselineEntry] | None = None  # --infergate-baseline entries by measurement key
-    # a gate's own undecided verdict, said in the terminal: its record already carries it into the run's verdict,
-    # the report and JUnit, so it is not a run-level warning as well (None: said through `warn`)
+    # said in the terminal, not a run-level warning: what the run's verdict already carries (a gate's own
+    # undecided verdict: its record reaches the verdict, the report and JUnit) or what a reader should know but
+    # need not act on (an older file read as the current schema). None: said through `warn`
     notice: Callable[[str], None] | None = None
 
     __test__ = False  # not a test class, whatever its name
 
-    def undecided(self, message: str) -> None:
-        """Say in the terminal why a gate this test recorded did not decide (see `notice`)."""
+    def notify(self, message: str) -> None:
+        """Say `message` in the terminal without making it a run-level warning (see `notice`)."""
         (self.notice or self.warn)(message)
 
     def measurement_key(self, label: str) -> str:

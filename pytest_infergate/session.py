@@ -86,9 +86,11 @@ class InfergateSession:
         self.history = None  # history.History, once this run is appended to --infergate-history
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
-            from pytest_infergate.perf.baseline import load_baseline
+            from pytest_infergate.perf.baseline import load_baseline, schema_note
 
             self.baseline = load_baseline(options.baseline)
+            if schema_note(options.baseline):  # read as the current schema: said, not a warning that counts
+                warnings.warn(InfergateWarning(schema_note(options.baseline)), stacklevel=1)
 
     # ---- scoped ini lines ---------------------------------------------------------------------------------
     def user_lines(self, option: str) -> list[str]:

@@ -369,7 +369,7 @@ def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     path = tmp_path / "b.json"
     save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, m)})
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 3 and data["kind"] == "baseline"
+    assert data["schema_version"] == 4 and data["kind"] == "baseline"
     stored = data["entries"]["t::x"]["measurement"]
     assert stored["probe"] == calibration.PROBE and len(stored["probe_s"]) == 5
     assert stored["repetition_ends"]["itl_ms"] == [20, 40, 60, 80, 100]

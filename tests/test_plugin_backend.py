@@ -75,7 +75,7 @@ def test_hf_backend_asked_for_runs_the_gates_and_skips_engine_only_experiments(p
     assert (perf["engine_config"]["batching"], perf["engine_config"]["cache_mode"]) == ("static", "contiguous")
     assert perf["fingerprint"]["backend"] == "hf-generate"
     accepted = json.loads(Path(by_test["test_golden"]["path"]).read_text().splitlines()[0])  # the file's header
-    assert accepted["method"]["backend"].startswith("hf-generate: static batches")
+    assert accepted["key"]["under_test"]["method"]["backend"].startswith("hf-generate: static batches")
     report = (pytester.path / "report.html").read_text()
     assert "Run on HF generate, not the engine" in report and "<b>hf-generate</b> · static" in report
 

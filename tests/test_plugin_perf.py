@@ -59,9 +59,10 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.5"))
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "base.json").read_text())
-    assert saved["schema_version"] == 3 and saved["kind"] == "baseline"  # version 3 added the calibration probe
+    assert saved["schema_version"] == 4 and saved["kind"] == "baseline"  # 3: the calibration probe; 4: the key
     (entry,) = saved["entries"].values()
-    assert entry["fingerprint"]["precision"] == "fp32" and entry["measurement"]["samples"]["ttft_ms"]
+    assert entry["key"]["under_test"]["precision"] == "fp32" and entry["key"]["machine"]["device"] == "cpu"
+    assert entry["measurement"]["samples"]["ttft_ms"]
     # a baseline takes at least 8 repetitions (the test asked for 2), each with its calibration probe
     assert len(entry["measurement"]["probe_s"]) == entry["measurement"]["repetitions"] == 8
 
@@ -77,7 +78,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
                                  "compared as measured*"])
 
     # another library version: compared (that is what a baseline gates), and the failure names the change
-    entry["fingerprint"]["torch"] = "0.0.1"
+    entry["key"]["under_test"]["torch"] = "0.0.1"
     (pytester.path / "other.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=other.json")
     result.assert_outcomes(failed=1)
@@ -192,13 +193,13 @@ def test_a_baseline_from_another_machine_is_inconclusive_with_the_reason(pyteste
     monkeypatch.setattr(environment, "cpu_model", lambda: "Faked CPU 9000")
     result = run("--infergate-baseline=base.json", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)
+    saved_on = entry["key"]["machine"]["cpu"]
     result.stdout.fnmatch_lines(["*InfergateWarning*perf gate inconclusive*",
-                                 f"*measured on another machine (cpu {entry['fingerprint']['cpu']} → Faked CPU 9000)*"
+                                 f"*measured on another machine (cpu {saved_on} → Faked CPU 9000)*"
                                  "re-save the baseline on this runner*"])
     data = json.loads((pytester.path / "out.json").read_text())
     (record,) = data["records"]
-    assert record["status"] == "inconclusive" and record["machine_mismatch"] == [
-        f"cpu {entry['fingerprint']['cpu']} → Faked CPU 9000"]
+    assert record["status"] == "inconclusive" and record["machine_mismatch"] == [f"cpu {saved_on} → Faked CPU 9000"]
     # the terminal's warning restates the gate the verdict lists: one reason for one thing, not a second one
     assert not any("perf gate inconclusive" in warning for warning in data["warnings"])
     assert [(r["status"], r["what"]) for r in data["reasons"]] == [("inconclusive", "perf gate")]

@@ -103,7 +103,7 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
         ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
     if outcome.status == "inconclusive":
         again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
-        ctx.undecided(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
+        ctx.notify(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
 
 
 def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget, against: str,

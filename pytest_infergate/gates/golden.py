@@ -20,6 +20,9 @@ from pytest_infergate.quality.golden_files import (
     read_outputs,
     update_outputs,
 )
+from pytest_infergate.quality.golden_files import (
+    schema_note as golden_schema_note,
+)
 from pytest_infergate.quality.golden_variants import (
     SAME_MACHINE,
     accepted_for_another_model,
@@ -263,7 +266,7 @@ class GoldenGate:
             self.ctx.fail((f"{model_change}\n" if model_change else "")
                           + regression_failure(regression, problems or undecided, path, old.header))
         if undecided:
-            self.ctx.undecided(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
+            self.ctx.notify(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
 
     def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list) -> list[str]:
@@ -276,9 +279,13 @@ class GoldenGate:
 
     def _read_or_fail(self, path: Path):
         try:
-            return read_outputs(path)
+            accepted = read_outputs(path)
         except GoldenError as exc:
             self.ctx.fail(str(exc))
+        note = golden_schema_note(path)
+        if note:
+            self.ctx.notify(note)
+        return accepted
 
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)
@@ -286,8 +293,8 @@ class GoldenGate:
         from pytest_infergate.quality.provenance import environment_mismatch
 
         mismatch = environment_mismatch(accepted, provenance)
-        if mismatch:
-            self.ctx.warn(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
+        if mismatch:  # the gate still decides (by machine where it must: golden_variants), so said, not counted
+            self.ctx.notify(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
                           "environment; changed outputs may come from it: " + "; ".join(mismatch)
                           + ". If the machine differs, accept this machine's outputs beside them with "
                           "--infergate-update-golden (the check then picks the file by machine)")

@@ -4,8 +4,10 @@ Written atomically (temp file + rename) with a `kind` and a schema version; a fi
 results file, a golden file, another version) is an error that says what it is and what to pass instead.
 
 Version 3 measurements carry the calibration probe's time next to each repetition (perf.calibration) and where
-each repetition's samples end, so a later comparison is normalized for how fast the machine is then. Versions 1
-and 2 are still read; their comparisons are not normalized, and say so.
+each repetition's samples end, so a later comparison is normalized for how fast the machine is then. Version 4
+keys each entry as every accepted result is keyed (keys.AcceptedKey: the machine, and the change under test),
+the same split the golden files' headers and the history use. Versions 1 to 3 are still read (a note says that
+`infergate migrate` or the next save rewrites them as 4); versions 1 and 2 compare without normalizing, and say so.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
 
 KIND = "baseline"
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # version 1 had no `kind`; version 3 added the calibration probe per repetition
+SCHEMA_VERSION = 4
+# version 1 had no `kind`; 3 added the calibration probe per repetition; 4 the entry's `key` for its `fingerprint`
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 class BaselineError(InfergateError):
@@ -35,13 +39,18 @@ class BaselineEntry:
     measurement: Measurement
     recorded: float = 0.0  # when it was measured (seconds since the epoch; files before 0.3: the file's creation)
 
+    @property
+    def key(self) -> AcceptedKey:
+        return AcceptedKey.of(self.fingerprint)
+
     def to_dict(self) -> dict:
-        return {"fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
+        return {"key": self.key.to_dict(), "measurement": self.measurement.to_dict(),
                 "recorded": self.recorded or time.time()}
 
     @classmethod
     def from_dict(cls, data: dict, created: float = 0.0) -> BaselineEntry:
-        return cls(dict(data["fingerprint"]), Measurement.from_dict(data["measurement"]),
+        fingerprint = AcceptedKey.from_dict(data["key"]).flat() if "key" in data else dict(data["fingerprint"])
+        return cls(fingerprint, Measurement.from_dict(data["measurement"]),
                    float(data.get("recorded") or created or 0.0))
 
     def provenance(self) -> str:
@@ -85,6 +94,21 @@ def _saved_since(path: Path, since: float) -> dict[str, BaselineEntry]:
         return load_baseline(path)
     except BaselineError:
         return {}
+
+
+def schema_note(path: Path) -> str:
+    """"" for a baseline file in the current schema (or unreadable: loading says why); else the line a run that
+    reads it prints."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    version = data.get("schema_version", 1) if isinstance(data, dict) else SCHEMA_VERSION
+    if version == SCHEMA_VERSION:
+        return ""
+    return (f"baseline file {path} has schema version {version}: read as {SCHEMA_VERSION} (each entry keyed by its "
+            f"machine and its change under test); `infergate migrate {path}` or the next --infergate-save-baseline "
+            "rewrites it")
 
 
 def file_kind(data: object) -> str:

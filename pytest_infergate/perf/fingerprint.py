@@ -6,7 +6,8 @@
   version, the served model): what a stored baseline exists to gate. It is compared, never a reason to skip, and
   every verdict names it ("torch 2.12.0 → 2.13.0, engine_config.max_batch_size 8 → 4").
 
-Fields a fingerprint does not carry (an older baseline, an endpoint measurement) are not compared.
+Which field is which is defined once for every store of accepted results (keys.AcceptedKey). Fields a fingerprint
+does not carry (an older baseline, an endpoint measurement) are not compared.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-MACHINE_FIELDS = ("cpu", "cpu_count", "platform", "torch_threads", "device", "gpu", "cuda", "gpu_capability", "url")
-# a change of these makes even memory figures incomparable (another device's allocator and kernels)
-DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
-UNDER_TEST_FIELDS = ("model_fingerprint", "served_model", "precision", "requested_precision", "backend", "api",
-                     "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
-                     "pytest-infergate")
+from pytest_infergate.keys import DEVICE_FIELDS, MACHINE_FIELDS, UNDER_TEST_FIELDS, AcceptedKey
 
+__all__ = ["DEVICE_FIELDS", "MACHINE_FIELDS", "UNDER_TEST_FIELDS", "FieldChange", "FingerprintDiff",
+           "diff_fingerprints", "machine_key", "machine_text", "without_new_defaults"]
 
 @dataclass(frozen=True)
 class FieldChange:
@@ -62,7 +60,9 @@ def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
     machine = [FieldChange(name, accepted.get(name), current.get(name)) for name in MACHINE_FIELDS
                if name in accepted and name in current and _canonical(accepted[name]) != _canonical(current[name])]
     under_test = []
-    for name in UNDER_TEST_FIELDS:
+    # every field that is not the machine's is under test (keys): the known ones in their order, then the rest
+    others = sorted((set(accepted) | set(current)) - set(MACHINE_FIELDS) - set(UNDER_TEST_FIELDS))
+    for name in (*UNDER_TEST_FIELDS, *others):
         if name not in accepted and name not in current:
             continue
         old, new = accepted.get(name), current.get(name)
@@ -94,13 +94,9 @@ def without_new_defaults(config: dict, accepted: dict) -> dict:
 
 
 def machine_key(fingerprint: dict) -> dict:
-    """The machine part of a fingerprint: what a history splits its series on."""
-    return {name: fingerprint[name] for name in MACHINE_FIELDS if name in fingerprint}
+    """The machine part of a fingerprint (keys.AcceptedKey): what a history splits its series on."""
+    return AcceptedKey.of(fingerprint).machine
 
-
-def under_test_part(fingerprint: dict) -> dict:
-    """The change-under-test part of a fingerprint: a change in it is a marked point of a history's series."""
-    return {name: fingerprint[name] for name in UNDER_TEST_FIELDS if name in fingerprint}
 
 
 def machine_text(fingerprint: dict) -> str:

@@ -2,9 +2,12 @@
 
 Sample sets are JSONL, one sample a line. Accepted outputs live beside them, under
 `<golden dir>/<model name>/<fingerprint>/<device>-<precision>.jsonl`: a header line (schema version, model,
-precision, device, library versions) and one line per sample with token ids, text and, for the reference
-precision, the top-k log-probabilities of each token of its own continuation. Files are written atomically
-and never overwritten except by --infergate-update-golden.
+precision, device, library versions, and since schema 2 the `key` every accepted result carries: the machine it
+was accepted on and the change under test it was accepted with, split as keys.AcceptedKey splits a perf baseline's)
+and one line per sample with token ids, text and, for the reference precision, the top-k log-probabilities of each
+token of its own continuation. Files are written atomically and never overwritten except by
+--infergate-update-golden; schema 1 files are read (their key derived from the header) and rewritten as 2 by
+`infergate migrate`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Any
 
 from pytest_infergate.atomic import write_text_atomic
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.keys import AcceptedKey
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 added the header's `key`
 CATEGORIES = ("factual", "reasoning", "long-form", "code", "format", "chat", "summarization", "multilingual")
 _SAMPLE_KEYS = {"id", "category", "messages", "prompt", "max_new_tokens", "expected", "regex", "json_schema",
                 "must_parse_json", "max_words"}
@@ -165,10 +170,18 @@ def read_outputs(path: Path) -> GoldenOutputs:
     if not rows:
         raise GoldenError(f"{path} is empty: regenerate it with --infergate-update-golden")
     number, header = rows[0]
-    if not isinstance(header, dict) or header.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(header, dict) or header.get("schema_version") not in READABLE_VERSIONS:
         raise GoldenError(f"{path}:{number}: header has schema version "
-                          f"{header.get('schema_version') if isinstance(header, dict) else '?'}, expected "
-                          f"{SCHEMA_VERSION}; regenerate with --infergate-update-golden")
+                          f"{header.get('schema_version') if isinstance(header, dict) else '?'}, this "
+                          f"pytest-infergate reads {', '.join(map(str, READABLE_VERSIONS))}; regenerate with "
+                          "--infergate-update-golden")
+    if "key" in header:
+        try:
+            AcceptedKey.from_dict(header["key"])
+        except ValueError as exc:
+            raise GoldenError(f"{path}:{number}: header `key`: {exc}; regenerate with --infergate-update-golden"
+                              ) from None
+    header = unfolded(header)
     outputs = {}
     for number, data in rows[1:]:
         if (not isinstance(data, dict) or not isinstance(data.get("id"), str)
@@ -179,8 +192,60 @@ def read_outputs(path: Path) -> GoldenOutputs:
     return GoldenOutputs(header, outputs)
 
 
+def header_line(path: Path) -> dict:
+    """The first line of an accepted file as a mapping ({} when unreadable or not a mapping: a full read says why)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            header = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def schema_note(path: Path) -> str:
+    """"" for an accepted golden file in the current schema; else the line the golden check prints."""
+    version = header_line(path).get("schema_version")
+    if version is None or version == SCHEMA_VERSION:
+        return ""
+    return (f"accepted golden outputs {path} have schema version {version}: read as {SCHEMA_VERSION} (the header's "
+            f"key derived from its fields); `infergate migrate {path}` rewrites the file")
+
+
+# schema 2 keeps these in the header's key (the one record of what the outputs depend on), not beside it
+FOLDED = ("environment", "method", "compositions")
+# the key's fields that are no part of a schema 1 `environment` (readers get those from the header's own fields)
+_ABOUT = ("device", "model_fingerprint", "precision", "method", "compositions")
+
+
+def golden_key(header: dict) -> AcceptedKey:
+    """The key of an accepted golden file: its header's (schema 2), else derived from a header's fields (schema 1,
+    or a header being written)."""
+    if isinstance(header.get("key"), dict):
+        return AcceptedKey.from_dict(header["key"])
+    about = {"device": header.get("device"), "model_fingerprint": header.get("fingerprint"),
+             "precision": header.get("precision"), "method": header.get("method"),
+             "compositions": header.get("compositions")}
+    return AcceptedKey.of({**(header.get("environment") or {}),
+                           **{name: value for name, value in about.items() if value is not None}})
+
+
+def unfolded(header: dict) -> dict:
+    """A header as its readers use it: a schema 2 header's `environment`, `method` and `compositions` taken from
+    its key (a schema 1 header has them as they are)."""
+    if not isinstance(header.get("key"), dict):
+        return header
+    key = golden_key(header)
+    fields = {**key.machine, **key.under_test}
+    environment = {name: value for name, value in fields.items() if name not in _ABOUT}
+    return {**header, "environment": environment, "method": key.under_test.get("method"),
+            "compositions": key.under_test.get("compositions")}
+
+
 def write_outputs(path: Path, header: dict, outputs: list[GoldenOutput]) -> None:
-    lines = [json.dumps({"schema_version": SCHEMA_VERSION, **header}, ensure_ascii=False, sort_keys=True)]
+    header = {name: value for name, value in header.items() if name not in ("schema_version", "key")}
+    on_disk = {name: value for name, value in header.items() if name not in FOLDED}
+    on_disk.update(key=golden_key(header).to_dict(), schema_version=SCHEMA_VERSION)
+    lines = [json.dumps(on_disk, ensure_ascii=False, sort_keys=True)]
     lines += [json.dumps(output.__dict__, ensure_ascii=False) for output in outputs]
     write_text_atomic(path, "\n".join(lines) + "\n")
 

@@ -24,6 +24,8 @@ import json
 import re
 from pathlib import Path
 
+from pytest_infergate.quality.golden_files import golden_key
+
 
 def numerics_key(environment: dict | None) -> dict | None:
     """What picks the kernels golden outputs are computed with, from a header's `environment`."""
@@ -54,13 +56,15 @@ def machine_key(environment: dict | None) -> dict | None:
 
 
 def _recorded_environment(path: Path) -> dict | None:
-    """The `environment` in a file's header line; None when absent or unreadable (the full read reports why)."""
+    """The machine a file's header records (its key's machine part: keys.AcceptedKey); None when it records none
+    or is unreadable (the full read reports why)."""
     try:
         with open(path, encoding="utf-8") as handle:
             header = json.loads(handle.readline())
+        machine = golden_key(header).machine if isinstance(header, dict) else {}
     except (OSError, ValueError):
         return None
-    return header.get("environment") if isinstance(header, dict) else None
+    return machine or None
 
 
 # how closely the chosen accepted file matches this machine (select_accepted)

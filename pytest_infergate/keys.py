@@ -1,0 +1,63 @@
+"""How every accepted result is keyed: perf baselines, accepted golden outputs and the history's series.
+
+An accepted result belongs to what was measured (a measurement key, or a model's precision on a device) and
+carries an `AcceptedKey`: the **machine** it was accepted on and the **change under test** it was accepted with.
+One split for every store, so each asks the same two questions of a result accepted earlier:
+- a different machine (CPU model, cores, threads, ISA and kernel path, GPU, CUDA, device, the endpoint's address)
+  makes timings, and outputs of kernels that do not reproduce across machines, no yardstick: a perf verdict on
+  them is inconclusive; a golden check picks the accepted file recorded on this machine; a history starts a new
+  series;
+- a change under test (model weights, precision, library versions, engine config, backend, generation method,
+  sample-set composition, this plugin's version) is what an accepted result exists to gate: it is compared and
+  named, never a reason to skip; in a history it is a marked point of the series.
+Every field that is not the machine's is under test: a field added later is gated, not ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MACHINE_FIELDS = ("cpu", "cpu_count", "cpu_flags", "platform", "threads", "torch_threads", "device", "gpu", "cuda",
+                  "gpu_capability", "kernels", "url")
+# a change of these makes even memory figures incomparable (another device's allocator and kernels)
+DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
+# the fields a perf fingerprint compares as the change under test, in the order a message names them
+UNDER_TEST_FIELDS = ("model_fingerprint", "served_model", "precision", "requested_precision", "backend", "api",
+                     "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
+                     "pytest-infergate")
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class AcceptedKey:
+    machine: dict[str, Any] = field(default_factory=dict)
+    under_test: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> AcceptedKey:
+        """Split a flat fingerprint (a perf measurement's, or a golden header's environment and method)."""
+        return cls({k: v for k, v in fields.items() if k in MACHINE_FIELDS},
+                   {k: v for k, v in fields.items() if k not in MACHINE_FIELDS})
+
+    def flat(self) -> dict[str, Any]:
+        return {**self.under_test, **self.machine}
+
+    def machine_id(self) -> str:
+        """A short, stable name of the machine part: equal machines, equal ids."""
+        return hashlib.sha256(canonical(self.machine).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"machine": dict(self.machine), "under_test": dict(self.under_test)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AcceptedKey:
+        if not isinstance(data, dict) or not isinstance(data.get("machine"), dict) \
+                or not isinstance(data.get("under_test"), dict):
+            raise ValueError("an accepted key is a mapping with `machine` and `under_test` mappings")
+        return cls(dict(data["machine"]), dict(data["under_test"]))
