@@ -131,3 +131,18 @@ def test_the_package_map_in_the_development_page_names_modules_that_exist():
     on_disk = {p.name + "/" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     on_disk |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
     assert not on_disk - named, f"modules the package map leaves out: {sorted(on_disk - named)}"
+
+
+def test_the_drawn_house_has_no_circle():
+    """Issue #33: the layers contract forbids imports back up; this forbids a circle within a layer or package as
+    well (imports inside functions count; imports for type checking only do not: they never run)."""
+    import grimp
+
+    graph = grimp.build_graph("pytest_infergate", exclude_type_checking_imports=True)
+    circles = []
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if module < imported and graph.chain_exists(importer=imported, imported=module):
+                circles.append(f"{module} ⇄ {imported}: "
+                               + " → ".join(graph.find_shortest_chain(importer=imported, imported=module)))
+    assert circles == []

@@ -8,10 +8,14 @@ same computation, whatever the batch neighbours."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from pytest_infergate.quality.metrics import TokenStats
-from pytest_infergate.quality.score_cache import ScoreCache
+
+if TYPE_CHECKING:  # the cache imports this module's scorer when it scores: no arrow back at run time
+    from pytest_infergate.quality.score_cache import ScoreCache
 
 TOP_K = 10
 

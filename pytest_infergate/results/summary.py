@@ -14,6 +14,7 @@ from pytest_infergate.results.records import (
     undefined_reason,
 )
 from pytest_infergate.results.run import RunResults
+from pytest_infergate.results.verdict import verdict_reasons
 from pytest_infergate.status import Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
@@ -98,39 +99,6 @@ def metric_status(record: PerfRecord, metric: str) -> Status | None:
     statuses += [v.status for v in record.verdicts if v.metric == metric]
     gated = statuses or any(budget_metric(k) == metric for k in record.budget if k != "max_regression")
     return Status.worst(statuses) if gated else None
-
-
-def verdict_reasons(record: PerfRecord) -> list[str]:
-    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
-    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
-    reasons = []
-    for v in record.violations:
-        bound = "<" if v.higher_is_better else ">"
-        reasons.append(f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget "
-                       f"{units.metric_value(v.key, v.limit)} ({v.shortfall()})"
-                       + (f": inconclusive, {v.undecided}" if v.undecided else ""))
-    for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
-        where = f" p{v.percentile}" if v.percentile else ""
-        # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold),
-                                                          "straddles")
-        reasons.append(f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
-                       f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
-                       f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
-                       f"{units.ratio(v.threshold)}"
-                       + (", paired by round" if v.paired else "")
-                       + (", least-disturbed repetitions" if v.repetitions else "")
-                       + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
-                       + (f": {v.note}" if v.note else ""))
-    if record.baseline_provenance:
-        reasons.append(f"baseline: {record.baseline_provenance}")
-    if record.relative_check_missing:
-        reasons.append(f"no baseline comparison: {record.relative_check_missing}")
-    if record.machine_mismatch:
-        reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
-    if record.changes:
-        reasons.append("changed since the baseline: " + ", ".join(record.changes))
-    return reasons
 
 
 def perf_figures(summary: dict) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from pytest_infergate import units
 from pytest_infergate.status import Status
 
 if TYPE_CHECKING:
+    from pytest_infergate.results.records import PerfRecord
     from pytest_infergate.results.run import RunResults
 
 
@@ -54,7 +56,6 @@ GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden 
 def record_message(record) -> str:
     """Why a gate's record did not pass, in one line: its first three reasons."""
     from pytest_infergate.results.records import PerfRecord
-    from pytest_infergate.results.summary import verdict_reasons
 
     if isinstance(record, PerfRecord):
         lines = verdict_reasons(record)
@@ -81,3 +82,36 @@ def run_verdict(results: RunResults) -> RunVerdict:
         status = Status.FAIL
     order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
+
+
+def verdict_reasons(record: PerfRecord) -> list[str]:
+    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
+    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
+    reasons = []
+    for v in record.violations:
+        bound = "<" if v.higher_is_better else ">"
+        reasons.append(f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget "
+                       f"{units.metric_value(v.key, v.limit)} ({v.shortfall()})"
+                       + (f": inconclusive, {v.undecided}" if v.undecided else ""))
+    for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
+        where = f" p{v.percentile}" if v.percentile else ""
+        # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
+        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold),
+                                                          "straddles")
+        reasons.append(f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
+                       f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
+                       f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
+                       f"{units.ratio(v.threshold)}"
+                       + (", paired by round" if v.paired else "")
+                       + (", least-disturbed repetitions" if v.repetitions else "")
+                       + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
+                       + (f": {v.note}" if v.note else ""))
+    if record.baseline_provenance:
+        reasons.append(f"baseline: {record.baseline_provenance}")
+    if record.relative_check_missing:
+        reasons.append(f"no baseline comparison: {record.relative_check_missing}")
+    if record.machine_mismatch:
+        reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
+    if record.changes:
+        reasons.append("changed since the baseline: " + ", ".join(record.changes))
+    return reasons
