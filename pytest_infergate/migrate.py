@@ -19,8 +19,14 @@ def migrate(path: Path) -> list[str]:
     """Migrate a baseline file, an accepted golden file, or every such file under a folder; one line per file."""
     path = Path(path)
     if path.is_dir():
-        lines = [line for item in sorted(path.rglob("*.json*")) if item.suffix in (".json", ".jsonl")
-                 for line in _migrate_file(item, quiet=True)]
+        lines, failed = [], []
+        for item in sorted(p for p in path.rglob("*.json*") if p.suffix in (".json", ".jsonl")):
+            try:
+                lines += _migrate_file(item, quiet=True)
+            except InfergateError as exc:  # the others still migrate; this one is named with why
+                failed.append(f"{item}: not migrated: {exc}")
+        if failed:
+            raise InfergateError("\n".join(lines + failed))
         return lines or [f"{path}: no baseline or accepted golden file needed migrating"]
     if not path.exists():
         raise InfergateError(f"{path} does not exist: give a baseline file (--infergate-save-baseline), an accepted "
@@ -38,6 +44,8 @@ def _migrate_file(path: Path, quiet: bool) -> list[str]:
             return [] if quiet else [f"{path}: already schema {golden_files.SCHEMA_VERSION}"]
         with exclusive(path):
             accepted = golden_files.read_outputs(path)
+            if accepted.header.get("schema_version") == golden_files.SCHEMA_VERSION:  # an update won the lock first
+                return [] if quiet else [f"{path}: already schema {golden_files.SCHEMA_VERSION}"]
             golden_files.write_outputs(path, accepted.header, list(accepted.outputs.values()))
         return [f"{path}: accepted golden outputs, schema {header['schema_version']} → {golden_files.SCHEMA_VERSION}"]
     try:
@@ -49,10 +57,13 @@ def _migrate_file(path: Path, quiet: bool) -> list[str]:
     kind = baseline.file_kind(data)
     if kind != baseline.KIND:
         return [] if quiet else [f"{path}: a {kind} file: nothing to migrate (every version is read)"]
-    version = data.get("schema_version", 1)
-    if version == baseline.SCHEMA_VERSION:
+    if data.get("schema_version", 1) == baseline.SCHEMA_VERSION:
         return [] if quiet else [f"{path}: already schema {baseline.SCHEMA_VERSION}"]
-    with exclusive(path):
+    with exclusive(path):  # read again under the lock: a save may have replaced the file meanwhile
+        data = json.loads(path.read_text(encoding="utf-8"))
+        version = data.get("schema_version", 1)
+        if version == baseline.SCHEMA_VERSION:
+            return [] if quiet else [f"{path}: already schema {baseline.SCHEMA_VERSION}"]
         entries = baseline.load_baseline(path)
         created = float(data.get("created") or 0.0)
         write_json_atomic(path, {"kind": baseline.KIND, "schema_version": baseline.SCHEMA_VERSION,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.errors import InfergateError
 from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.migrate import migrate
@@ -134,3 +135,16 @@ def test_the_shipped_golden_files_are_in_the_current_schema():
     for path in accepted:
         header = read_outputs(path).header
         assert AcceptedKey.from_dict(header["key"]) == golden_key({k: v for k, v in header.items() if k != "key"})
+
+
+def test_a_folder_migrates_what_it_can_and_names_what_it_cannot(tmp_path):
+    good, bad = tmp_path / "cpu-fp32.jsonl", tmp_path / "cpu-int8.jsonl"
+    good.write_text(json.dumps({"schema_version": 1, **HEADER}) + "\n" + json.dumps({"id": "a", "token_ids": [1]})
+                    + "\n")
+    bad.write_text(json.dumps({"schema_version": 7}) + "\n")
+    with pytest.raises(InfergateError) as raised:
+        migrate(tmp_path)
+    message = str(raised.value)
+    assert f"{good}: accepted golden outputs, schema 1 → 2" in message
+    assert f"{bad}: not migrated:" in message and "schema version 7" in message
+    assert golden_files.schema_note(good) == ""  # the good one was migrated all the same

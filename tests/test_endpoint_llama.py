@@ -220,3 +220,4 @@ def test_two_deployments_compared_with_no_local_model(pytester, cache_dir, llama
     assert ab["baseline_summary"]["ttft_ms_p50"] > 0 and ab["verdicts"] and ab["engine_config"]["reference_url"]
     capacity = next(r for r in perf if r["tags"].get("experiment") == "capacity")
     assert capacity["status"] == "fail" and capacity["measurement"]["engine"]["capacity"]["points"]
+    assert capacity["notes"][0].startswith("capacity") and capacity["route"] == "budget"  # the search, said first

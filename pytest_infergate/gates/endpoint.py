@@ -220,8 +220,7 @@ class EndpointPerfBench:
             self.ctx.fail(f"{self.ctx.test_id}: {exc}")
         measurement = capacity_measurement(result, label)
         record = self._record(label, measurement, {"experiment": "capacity", "search": search})
-        record.notes.append(result.describe())
-        outcome = gate_measurement(self.ctx, record)
+        outcome = gate_measurement(self.ctx, record, notes=[result.describe()])
         if outcome.failed:
             self.ctx.fail(f"infergate capacity gate failed for {self.ctx.measurement_key(label)}:\n"
                           f"{outcome.message()}\n{result.describe()}")

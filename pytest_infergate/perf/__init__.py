@@ -16,7 +16,6 @@ from pytest_infergate.perf.budget import (
                                           parse_ini_budgets,
                                           resolve_budget,
 )
-from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf, run_gate
 from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.perf.reference import Reference, Route
@@ -24,6 +23,6 @@ from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare
 
 __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Limit",
            "Measurement", "PerfOutcome", "Reference", "Route", "Verdict", "Violation", "add_request_latencies",
-           "check_budget", "compare_measurements", "compare_paired", "compare_samples", "decide", "evaluate_ab",
+           "check_budget", "compare_measurements", "compare_paired", "compare_samples", "evaluate_ab",
            "evaluate_perf", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget",
            "run_gate", "save_baseline"]

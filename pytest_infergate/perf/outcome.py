@@ -109,9 +109,10 @@ class PerfOutcome:
 
 
 def _route_of(data: dict) -> str:
-    """The route of a record written before it was kept, from what the record says of its baseline."""
+    """The route of a record written before it was kept, from what the record says of its baseline (an old A/B
+    record does not say which side A was: a server's record was against a second endpoint, any other in-process)."""
     if data.get("baseline_provenance"):
         return "stored"
     if any(v.get("paired") for v in data.get("verdicts", [])):
-        return "interleaved"
+        return "endpoint" if data.get("backend") == "endpoint" else "in-process"
     return "budget"

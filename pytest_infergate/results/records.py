@@ -91,7 +91,9 @@ class PerfRecord:
 
     def decided(self, outcome: PerfOutcome) -> None:
         """Take the gate's outcome; where it was compared with a measurement, keep that one's figures beside this
-        run's in every output."""
+        run's in every output. Notes said of the record before the decision stay first."""
+        if self.outcome is not outcome and self.outcome.notes:
+            outcome.notes[:0] = [note for note in self.outcome.notes if note not in outcome.notes]
         self.outcome = outcome
         if outcome.baseline is not None:
             self.baseline_summary = outcome.baseline.summary()
