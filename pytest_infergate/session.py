@@ -89,8 +89,9 @@ class InfergateSession:
             from pytest_infergate.perf.baseline import load_baseline, schema_note
 
             self.baseline = load_baseline(options.baseline)
-            if schema_note(options.baseline):  # read as the current schema: said, not a warning that counts
-                warnings.warn(InfergateWarning(schema_note(options.baseline)), stacklevel=1)
+            note = schema_note(options.baseline)
+            if note:  # read as the current schema: said, not a warning that counts
+                warnings.warn(InfergateWarning(note), stacklevel=1)
 
     # ---- scoped ini lines ---------------------------------------------------------------------------------
     def user_lines(self, option: str) -> list[str]:

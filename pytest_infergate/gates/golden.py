@@ -282,7 +282,7 @@ class GoldenGate:
             accepted = read_outputs(path)
         except GoldenError as exc:
             self.ctx.fail(str(exc))
-        note = golden_schema_note(path)
+        note = golden_schema_note(path, accepted.header.get("schema_version"))
         if note:
             self.ctx.notify(note)
         return accepted

@@ -47,13 +47,11 @@ def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerp
     return outcome
 
 
-def undecided_by_noise(outcome: PerfOutcome, reference: Reference, fingerprint: dict | None) -> bool:
-    """Whether measuring more could decide: a verdict inconclusive by its interval alone (not by a baseline from
-    another machine, which no repetition makes comparable)."""
-    if reference.route == Route.STORED:
-        diff = diff_fingerprints(fingerprint or {}, reference.fingerprint or {})
-        return any(v.status == Status.INCONCLUSIVE and not machine_bound(v, diff) for v in outcome.verdicts)
-    return any(v.status == Status.INCONCLUSIVE for v in outcome.verdicts)
+def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
+    """Whether measuring more could decide: a verdict inconclusive by its interval alone (not by a stored
+    baseline from another machine, `diff`, which no repetition makes comparable)."""
+    return any(v.status == Status.INCONCLUSIVE and not (diff is not None and machine_bound(v, diff))
+               for v in outcome.verdicts)
 
 
 def budget_violations(measurement: Measurement, budget: Budget) -> list[Violation]:

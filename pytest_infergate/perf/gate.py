@@ -13,6 +13,7 @@ from pytest_infergate.perf import interference
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget
 from pytest_infergate.perf.decide import budget_violations, decide, undecided_by_noise
+from pytest_infergate.perf.fingerprint import diff_fingerprints
 from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.perf.reference import Reference, RoundRunner, Route
 from pytest_infergate.status import Status
@@ -33,14 +34,16 @@ def run_gate(candidate: Measurement, reference: Reference, budget: Budget, finge
     more = reference.more
     if more is None or reference.measurement is None or budget.max_regression is None:
         return outcome
-    busy_now = reference.route == Route.STORED and interference.busy(candidate.others_share) is not None
+    stored = reference.route == Route.STORED
+    busy_now = stored and interference.busy(candidate.others_share) is not None
+    diff = diff_fingerprints(fingerprint or {}, reference.fingerprint or {}) if stored else None
     remeasured = 0
-    while remeasured < max_remeasure and not busy_now and undecided_by_noise(outcome, reference, fingerprint):
+    while remeasured < max_remeasure and not busy_now and undecided_by_noise(outcome, diff):
         more()
         remeasured += 1
         outcome = decide(candidate, reference, budget, fingerprint, strict)
     confirmed = 0
-    if reference.route == Route.STORED and any(v.status == Status.FAIL and v.repetitions for v in outcome.verdicts):
+    if stored and any(v.status == Status.FAIL and v.repetitions for v in outcome.verdicts):
         confirmed = confirm_failure(candidate, more)
         outcome = decide(candidate, reference, budget, fingerprint, strict)
     outcome.remeasured, outcome.confirmed = remeasured, confirmed

@@ -202,9 +202,10 @@ def header_line(path: Path) -> dict:
     return header if isinstance(header, dict) else {}
 
 
-def schema_note(path: Path) -> str:
-    """"" for an accepted golden file in the current schema; else the line the golden check prints."""
-    version = header_line(path).get("schema_version")
+def schema_note(path: Path, version: int | None = None) -> str:
+    """"" for an accepted golden file in the current schema; else the line the golden check prints. `version`:
+    the schema its header says, when the caller has read it (else the header line is read)."""
+    version = header_line(path).get("schema_version") if version is None else version
     if version is None or version == SCHEMA_VERSION:
         return ""
     return (f"accepted golden outputs {path} have schema version {version}: read as {SCHEMA_VERSION} (the header's "
