@@ -144,3 +144,34 @@ def test_a_stored_baseline_verdict_names_the_busy_runner_through_the_gate():
     outcome = evaluate_perf(timed(30.0, others=0.7), gate, {}, entry)
     itl = next(v for v in outcome.verdicts if v.metric == "itl_ms")
     assert outcome.status == "inconclusive" and "other processes took 70%" in itl.note
+
+
+def test_a_baseline_saved_on_a_busy_runner_is_not_re_measured_against():
+    """More repetitions of this run cannot make a busy save comparable: the gate says so at once; a verdict
+    inconclusive by its interval alone, on quiet sides, is still measured again."""
+    gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    calls = []
+
+    def more(candidate: Measurement, itl_ms: float):
+        def one_more() -> None:
+            calls.append(itl_ms)
+            candidate.samples.setdefault("itl_ms", []).extend([itl_ms] * 10)
+            candidate.samples.setdefault("peak_mem_mb", []).append(900.0)
+            candidate.others_share.append(0.01)
+            candidate.end_repetition()
+        return one_more
+
+    candidate = timed(20.0, others=0.01)
+    outcome = evaluate_perf(candidate, gate, {}, BaselineEntry({}, timed(20.0, others=0.6)),
+                            remeasure=more(candidate, 20.0))
+    itl = next(v for v in outcome.verdicts if v.metric == "itl_ms")
+    assert itl.status == "inconclusive" and itl.baseline_at_fault and "saved on a busy runner" in itl.note
+    assert calls == [] and outcome.remeasured == 0
+    # both sides quiet, the candidate's repetitions spread across the threshold: measured again
+    spread = Measurement()
+    for itl_ms in (21.0, 23.5, 22.0, 24.0, 21.5, 23.0, 22.5, 25.0):  # x1.06 [1.05, 1.12] of 20 ms
+        more(spread, itl_ms)()
+    calls.clear()
+    outcome = evaluate_perf(spread, gate, {}, BaselineEntry({}, timed(20.0, others=0.01)),
+                            remeasure=more(spread, 22.0))
+    assert outcome.remeasured >= 1 and len(calls) >= outcome.remeasured

@@ -48,10 +48,10 @@ def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerp
 
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
-    """Whether measuring more could decide: a verdict inconclusive by its interval alone (not by a stored
-    baseline from another machine, `diff`, which no repetition makes comparable)."""
-    return any(v.status == Status.INCONCLUSIVE and not (diff is not None and machine_bound(v, diff))
-               for v in outcome.verdicts)
+    """Whether measuring more could decide: a verdict inconclusive by its interval (not by a stored baseline from
+    another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable)."""
+    return any(v.status == Status.INCONCLUSIVE and not v.baseline_at_fault
+               and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
 
 
 def budget_violations(measurement: Measurement, budget: Budget) -> list[Violation]:
@@ -96,7 +96,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
                         note=f"the baseline was measured on another machine ({diff.machine_text()}), so its "
                              f"figures are no yardstick here; re-save the baseline on this runner")
         elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / v.threshold:
-            v = replace(v, status=Status.INCONCLUSIVE,
+            v = replace(v, status=Status.INCONCLUSIVE, baseline_at_fault=True,
                         note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
                              "baseline: the baseline was likely measured on a busy runner; re-save it on a quiet one")
         out.append(v)

@@ -151,6 +151,7 @@ class StoredVerdict:
     measured: Comparison
     machine: MachineChange | None
     disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
+    baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help
 
 
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
@@ -162,7 +163,9 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     change = machine_change(candidate, baseline)
     busy = busy_sides(candidate, baseline, measured, status)
     if busy is not None:
-        return StoredVerdict(busy[0], measured, change, busy[1])
+        return StoredVerdict(busy[0], measured, change, busy[1],
+                             baseline_at_fault=busy[0] == Status.INCONCLUSIVE
+                             and interference.busy(baseline.others) is not None)
     adjusted = normalized(candidate, baseline) if change is not None else None
     if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
@@ -178,7 +181,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
                              f"the baseline was saved on a busy runner: the calibration probe ran "
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
                              f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
-                             "the baseline on a quiet runner")
+                             "the baseline on a quiet runner", baseline_at_fault=True)
     other = adjusted.status(threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,

@@ -37,6 +37,8 @@ class Verdict:
     machine_slowdown: float | None = None
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
     note: str = ""  # why a decisive comparison was made inconclusive
+    # the note blames the baseline (saved on a busy runner, or disturbed): measuring this run more cannot decide it
+    baseline_at_fault: bool = False
 
     def describe(self) -> str:
         where = f"p{self.percentile} " if self.percentile else ""
@@ -151,7 +153,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     return Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
                    pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),
                    stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
-                   machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement)
+                   machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
+                   baseline_at_fault=decided.baseline_at_fault)
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
