@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gate_power import budget_values  # noqa: E402
+
 from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
@@ -71,9 +73,7 @@ def main() -> int:
     if len(unchanged) < 2:
         print("need at least two unchanged trials (slowdown 0) to stand in as baselines")
         return 1
-    budget = parse_budget({"max_regression": args.max_regression,
-                           **{m: 1e-9 if m in ("tokens_per_s", "requests_per_s") else 1e12
-                              for m in args.metrics.split(",")}})
+    budget = parse_budget(budget_values(args))  # as gate_power's trials were gated
 
     print(f"{len(unchanged)} unchanged trials as baselines, {args.repetitions} repetitions a side, max_regression "
           f"{args.max_regression:.0%} on {args.metrics}, decided by perf.decide:")

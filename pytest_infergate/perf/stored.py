@@ -163,9 +163,8 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     change = machine_change(candidate, baseline)
     busy = busy_sides(candidate, baseline, measured, status)
     if busy is not None:
-        return StoredVerdict(busy[0], measured, change, busy[1],
-                             baseline_at_fault=busy[0] == Status.INCONCLUSIVE
-                             and interference.busy(baseline.others) is not None)
+        busy_status, why, baseline_at_fault = busy
+        return StoredVerdict(busy_status, measured, change, why, baseline_at_fault)
     adjusted = normalized(candidate, baseline) if change is not None else None
     if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
@@ -190,28 +189,30 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     return StoredVerdict(status, measured, change, "")
 
 
-def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status) -> tuple[Status, str] | None:
+def busy_sides(candidate: Side, baseline: Side, measured: Comparison,
+               status: Status) -> tuple[Status, str, bool] | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
-    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
+    only a failure; busy on both sides: nothing does. Returns the status, why, and whether the baseline's busy
+    runner is what made it inconclusive; None: neither side measured busy."""
     now, then = interference.busy(candidate.others), interference.busy(baseline.others)
     if now is None and then is None:
         return None
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
-            return status, ""  # passed despite the load, or slower than the load can explain
+            return status, "", False  # passed despite the load, or slower than the load can explain
         return Status.INCONCLUSIVE, (f"the runner was busy: {interference.describe(now)} during this run, so a "
                                      f"slowdown as measured (×{measured.ratio:.3f}) cannot be told from the machine's "
-                                     "load; rerun on a quiet runner")
+                                     "load; rerun on a quiet runner"), False
     if then is not None and now is None:
         if status == Status.FAIL:
-            return status, ""
+            return status, "", False
         return Status.INCONCLUSIVE, (f"the baseline was saved on a busy runner: {interference.describe(then)} "
                                      f"while it was measured, so this run being no slower (×{measured.ratio:.3f}) "
-                                     "says nothing; re-save the baseline on a quiet runner")
+                                     "says nothing; re-save the baseline on a quiet runner"), True
     return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
                                  f"run and {interference.taken(then)} "
-                                 "while the baseline was saved; re-save the baseline and rerun on a quiet runner")
+                                 "while the baseline was saved; re-save the baseline and rerun on a quiet runner"), True
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
