@@ -61,7 +61,7 @@ from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.gate import by_repetition, evaluate_ab  # noqa: E402
-from pytest_infergate.perf.slowdown import injected_slowdown  # noqa: E402
+from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 TEST_ID = "benchmarks/gate_power.py::test_chat_workload"
@@ -74,14 +74,15 @@ class GateFailed(Exception):
 class CpuHog:
     """One busy-loop process per core, as other jobs on a shared runner: started on entering, killed on leaving."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, processes: int | None = None):
         self.enabled = enabled
+        self.count = processes or os.cpu_count() or 1
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> CpuHog:
         if self.enabled:
             self.processes = [subprocess.Popen([sys.executable, "-c", "while 1: pass"])
-                              for _ in range(os.cpu_count() or 1)]
+                              for _ in range(self.count)]
             print(f"CPU hog: {len(self.processes)} busy-loop processes", flush=True)
         return self
 
@@ -124,7 +125,8 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
     bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
     try:
         # no hook at all when unchanged: the baseline side (saved, or in the other process) runs without one
-        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy") if slowdown else nullcontext():
+        with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy", quiet=args.quiet_times) \
+                if slowdown else nullcontext():
             bench(requests, config, warmup=2, repeats=args.repeats)
     except GateFailed:
         pass
@@ -162,9 +164,9 @@ def main() -> int:
                         help="how the injected slowdown waits after each forward: asleep (the cores free meanwhile) "
                         "or computing (torch matmuls: the machine as busy as a slower library keeps it)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own, one per core)")
-    parser.add_argument("--hog", choices=("none", "save", "run"), default="none",
-                        help="baseline mode: one busy-loop process per core while the baseline is saved, or while "
-                        "the trials run (a busy shared runner on that side)")
+    parser.add_argument("--hog", choices=("none", "save", "run", "both"), default="none",
+                        help="baseline mode: one busy-loop process per core while the baseline is saved, while "
+                        "the trials run, or both (a busy shared runner on that side)")
     parser.add_argument("--slowdowns", default="0,0.10,0.25",
                         help="the conditions, as fractions, taking turns in each trial (default 0,0.10,0.25)")
     parser.add_argument("--json", type=Path, help="baseline mode: write every trial's record (measurement, probe "
@@ -181,7 +183,12 @@ def main() -> int:
     requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
     config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
     warm = Bench(loaded, calibrate=False)
-    warm.measure(requests, config, warmup=2, repeats=2)  # warm the machine up; a cold first measurement drifts
+    warm.measure(requests, config, warmup=2, repeats=1)  # warm the machine up; a cold first measurement drifts
+    # each forward's quiet time, so that an injected slowdown adds the same seconds under a CPU hog as quiet (one
+    # scaled by the forward's time as measured would grow with the load and overstate the gate's power)
+    args.quiet_times = QuietForwardTimes()
+    with args.quiet_times.recording(loaded.model):
+        warm.measure(requests, config, warmup=1, repeats=1)
     warm.close()
     if args.save_baseline is not None:
         save_baseline_file(args, loaded, requests, config, args.save_baseline)
@@ -195,7 +202,7 @@ def main() -> int:
                      str(path), "--repeats", str(args.repeats), "--metrics", args.metrics]
             child += ["--threads", str(args.threads)] if args.threads else []
             child += ["--slowdown", args.slowdown]
-            with CpuHog(args.hog == "save"):
+            with CpuHog(args.hog in ("save", "both")):
                 subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
         baseline = load_baseline(path)
     env = BaselineEnv(sys.executable) if args.mode == "env" else None
@@ -209,7 +216,7 @@ def main() -> int:
 
     def run(fraction):
         def one(into):
-            with injected_slowdown(loaded.model, fraction, busy=args.slowdown == "busy"):
+            with injected_slowdown(loaded.model, fraction, busy=args.slowdown == "busy", quiet=args.quiet_times):
                 bench.run_once(requests, config, 1, into)
         return one
 
@@ -219,14 +226,15 @@ def main() -> int:
         if args.interleave == "repetition":
             return by_repetition(run(0.0), run(fraction))
         def hooked(share):
-            return lambda: injected_slowdown(loaded.model, share, busy=args.slowdown == "busy")
+            return lambda: injected_slowdown(loaded.model, share, busy=args.slowdown == "busy",
+                                             quiet=args.quiet_times)
         return lockstep.rounds(lockstep.LocalSide(bench, requests, config, 1, instance=1, around_step=hooked(0.0)),
                                lockstep.LocalSide(bench, requests, config, 1, around_step=hooked(fraction)))
 
     slowdowns = tuple(float(x) for x in args.slowdowns.split(","))
     outcomes: dict[float, Counter] = {slowdown: Counter() for slowdown in slowdowns}
     durations, dumped = [], []
-    hog = CpuHog(args.hog == "run").__enter__()
+    hog = CpuHog(args.hog in ("run", "both")).__enter__()
     atexit.register(hog.__exit__, None, None, None)  # never left running, whatever ends this process
     for trial in range(args.trials):  # the conditions take turns, so drift of the machine hits them alike
         for slowdown in slowdowns:

@@ -4,15 +4,63 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from statistics import median
 
 from pytest_infergate.lazy import import_torch
 
 
+def _tokens(args, kwargs) -> int:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    return int(ids.numel()) if ids is not None else 0
+
+
+class QuietForwardTimes:
+    """Each forward size's time (median seconds by its number of input tokens) recorded on a quiet machine, so an
+    injected slowdown adds the same seconds quiet or under a CPU hog: a slowdown scaled by the forward's time as
+    measured would grow with the load and overstate what a gate caught on a busy runner."""
+
+    def __init__(self):
+        self.times: dict[int, list[float]] = {}
+
+    @contextmanager
+    def recording(self, model):
+        starts: list[float] = []
+
+        def before(module, args, kwargs):
+            starts.append(time.perf_counter())
+
+        def after(module, args, kwargs, output):
+            self.times.setdefault(_tokens(args, kwargs), []).append(time.perf_counter() - starts.pop())
+            return output
+
+        with _hooks(model, before, after):
+            yield self
+
+    def of(self, tokens: int) -> float:
+        """The recorded time of the nearest recorded size, scaled to `tokens`'s size beyond the largest."""
+        if not self.times:
+            raise ValueError("QuietForwardTimes.of: nothing recorded; run a workload inside recording() first")
+        nearest = min(self.times, key=lambda n: abs(n - tokens))
+        return median(self.times[nearest]) * max(1.0, tokens / max(1, nearest))
+
+
 @contextmanager
-def injected_slowdown(model, fraction: float, busy: bool = False):
+def _hooks(model, before, after):
+    pre = model.register_forward_pre_hook(before, with_kwargs=True)
+    post = model.register_forward_hook(after, with_kwargs=True)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+@contextmanager
+def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietForwardTimes | None = None):
     """Make every forward of `model` take (1 + fraction) times as long, by waiting after it for `fraction` of its
-    own measured time: asleep, or with `busy` computing (torch matmuls, on the threads the forward used), which
-    is what a slower library does to the machine; a sleep leaves the cores to everything else meanwhile."""
+    own time: its quiet time from `quiet` where given (the same seconds under any load), else as measured now;
+    asleep, or with `busy` computing (torch matmuls, on the threads the forward used), which is what a slower
+    library does to the machine; a sleep leaves the cores to everything else meanwhile."""
     starts: list[float] = []
     wait = _busy_waiter() if busy else time.sleep
 
@@ -21,16 +69,11 @@ def injected_slowdown(model, fraction: float, busy: bool = False):
 
     def after(module, args, kwargs, output):
         elapsed = time.perf_counter() - starts.pop()
-        wait(elapsed * fraction)
+        wait((quiet.of(_tokens(args, kwargs)) if quiet is not None else elapsed) * fraction)
         return output
 
-    pre = model.register_forward_pre_hook(before, with_kwargs=True)
-    post = model.register_forward_hook(after, with_kwargs=True)
-    try:
+    with _hooks(model, before, after):
         yield
-    finally:
-        pre.remove()
-        post.remove()
 
 
 def _busy_waiter():

@@ -1,0 +1,117 @@
+"""Which figure of a repetition does co-tenant CPU load not distort? Measured side by side on this machine.
+
+    python benchmarks/load_evidence.py                  # 4 rounds, embedded model, one busy loop per core as the hog
+    python benchmarks/load_evidence.py --rounds 6 --hog-processes 1
+
+Each round measures the engine's workload (benchmarks/gate_power.py's) four ways — quiet and under a CPU hog, each
+unchanged and with a ×2 slowdown injected (a sleep after every forward as long as the forward's own quiet time) —
+and records per repetition, from Linux's per-thread counters (/proc/self/task/*/schedstat: CPU time, time runnable
+but waiting for a CPU), every candidate estimate of the repetition's cost:
+
+- wall: the wall time;
+- wall - run-queue delay: the wall time less the time our threads waited for a CPU (main thread; mean, max and
+  sum over the threads that computed);
+- CPU time: the main thread's, and the computing threads' mean.
+
+A good estimate reads the same quiet and busy (the hog/quiet ratio near 1, tight) and still sees the ×2 slowdown
+(slow/unchanged near 2) on both. Prints each estimate's ratios over rounds (median and range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gate_power import CpuHog  # noqa: E402
+
+from pytest_infergate import runqueue  # noqa: E402
+from pytest_infergate.engine import EngineConfig  # noqa: E402
+from pytest_infergate.models import load_model, resolve_model  # noqa: E402
+from pytest_infergate.options import default_cache_dir  # noqa: E402
+from pytest_infergate.perf.bench import Bench  # noqa: E402
+from pytest_infergate.perf.sessions import run_items  # noqa: E402
+from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
+from pytest_infergate.workloads import chat_workload  # noqa: E402
+
+ESTIMATES = ("wall", "wall-rq main", "wall-rq mean", "wall-rq max", "wall-rq sum", "cpu main", "cpu mean", "team")
+
+
+def estimates(wall: float, threads: dict[int, runqueue.ThreadTimes], main: int) -> dict[str, float]:
+    computing = [t for t in threads.values() if t.cpu_s > 0.1 * wall] or list(threads.values())
+    waits = [t.wait_s for t in computing]
+    main_times = threads.get(main, runqueue.ThreadTimes(0.0, 0.0))
+    return {"wall": wall, "wall-rq main": wall - main_times.wait_s,
+            "wall-rq mean": wall - statistics.fmean(waits), "wall-rq max": wall - max(waits),
+            "wall-rq sum": wall - sum(waits), "cpu main": main_times.cpu_s,
+            "cpu mean": statistics.fmean(t.cpu_s for t in computing),
+            "team": runqueue.team_progress_s(wall, threads, main)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2, help="repetitions per condition and round")
+    parser.add_argument("--hog-processes", type=int, help="busy-loop processes (default: one per core)")
+    args = parser.parse_args()
+
+    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
+    requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
+    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
+    bench = Bench(loaded, calibrate=False)
+    bench.measure(requests, config, warmup=2, repeats=1)  # warm up
+    quiet = QuietForwardTimes()
+    with quiet.recording(loaded.model):
+        bench.measure(requests, config, warmup=1, repeats=2)
+    main_tid = runqueue.thread_id()
+    rows: dict[tuple[bool, bool], list[dict[str, float]]] = {}
+
+    def repetition(slow: bool) -> dict[str, float]:
+        engine, workload = bench.begin_repetition(requests, config, 1)
+        before = runqueue.threads()
+        start = time.perf_counter()
+        # the injected sleep lasts as long as the forward took on the quiet machine: the same ×2 quiet or busy
+        with injected_slowdown(loaded.model, 1.0, quiet=quiet) if slow else _nothing():
+            run_items(engine, workload)
+        wall = time.perf_counter() - start
+        return estimates(wall, runqueue.delta(before, runqueue.threads()), main_tid)
+
+    for round_ in range(args.rounds):
+        for busy in (False, True):
+            with CpuHog(busy, args.hog_processes):
+                time.sleep(0.5 if busy else 0.0)
+                for slow in (False, True):
+                    for _ in range(args.repeats):
+                        rows.setdefault((busy, slow), []).append(repetition(slow))
+        print(f"round {round_ + 1}: " + ", ".join(
+            f"{'busy' if b else 'quiet'}/{'x2' if s else 'same'} wall {statistics.median(r['wall'] for r in v):.2f} s"
+            for (b, s), v in rows.items()), flush=True)
+
+    def ratio(num: tuple[bool, bool], den: tuple[bool, bool], name: str) -> tuple[float, float, float]:
+        pairs = [a[name] / b[name] for a, b in zip(rows[num], rows[den]) if b[name] > 0]
+        return statistics.median(pairs), min(pairs), max(pairs)
+
+    print(f"\n{'estimate':14s} {'busy/quiet':>22s} {'x2 quiet':>22s} {'x2 busy':>22s} {'x2 busy/quiet same':>22s}")
+    for name in ESTIMATES:
+        cols = [ratio((True, False), (False, False), name), ratio((False, True), (False, False), name),
+                ratio((True, True), (True, False), name), ratio((True, True), (False, False), name)]
+        print(f"{name:14s} " + " ".join(f"{m:6.2f} [{lo:5.2f},{hi:5.2f}]".rjust(22) for m, lo, hi in cols))
+    bench.close()
+    return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

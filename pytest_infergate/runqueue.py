@@ -1,0 +1,109 @@
+"""How long this process's threads ran, and how long they were ready to run but waited for a CPU.
+
+Linux keeps both per thread (/proc/self/task/TID/schedstat: nanoseconds on a CPU, nanoseconds runnable in a run
+queue, time slices). The wait is what co-tenant load does to us: another CI job, a CPU hog, a noisy neighbour.
+perf.load_clock turns it into the time a workload would have taken had no one else wanted the CPUs. Elsewhere than
+Linux (or with schedstats off) nothing is read and every caller falls back to wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+TASKS = "/proc/self/task"
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    cpu_s: float  # on a CPU
+    wait_s: float  # runnable, waiting in a run queue for a CPU
+
+
+def thread_id() -> int:
+    return threading.get_native_id()
+
+
+def _read(path: str) -> ThreadTimes | None:
+    try:
+        with open(path, "rb") as stat:
+            fields = stat.read().split()
+    except OSError:  # a thread that ended, or no schedstat on this kernel
+        return None
+    if len(fields) < 2:
+        return None
+    return ThreadTimes(int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+
+
+def threads() -> dict[int, ThreadTimes]:
+    """Every thread of this process now; {} where the kernel does not say (not Linux)."""
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return {}
+    out = {}
+    for tid in tids:
+        times = _read(f"{TASKS}/{tid}/schedstat")
+        if times is not None:
+            out[int(tid)] = times
+    return out
+
+
+def delta(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes]) -> dict[int, ThreadTimes]:
+    """What each thread alive at both instants did between them (a thread born in between counts from zero)."""
+    zero = ThreadTimes(0.0, 0.0)
+    return {tid: ThreadTimes(t.cpu_s - before.get(tid, zero).cpu_s, t.wait_s - before.get(tid, zero).wait_s)
+            for tid, t in after.items()}
+
+
+def team_progress_s(wall_s: float, times: dict[int, ThreadTimes], main: int, computing: float = 0.1) -> float:
+    """An estimate of how long `wall_s` of work would have taken with the CPUs to ourselves: the main thread's time
+    off a CPU by choice (asleep, blocked) plus its time on a CPU while every other computing thread (on a CPU for
+    more than `computing` of the wall time) was on one too. A team of threads meeting at a barrier (torch's OpenMP
+    pool) progresses only while all are on a CPU, and spinning keeps each runnable, so neither "wall less our
+    run-queue wait" nor CPU time removes the load: both keep the time one thread spun while another waited. Each
+    other thread was on a CPU for cpu / (cpu + wait) of the time it was runnable; the estimate takes those shares
+    as independent. Measured with a CPU hog (benchmarks/load_evidence.py, docs/measurements.md): one busy loop per
+    core reads ×0.92 its quiet figure, one busy loop on two cores ×1.34 (the shares are then anticorrelated)."""
+    own = times.get(main)
+    if own is None:
+        return wall_s
+    asleep = max(0.0, wall_s - own.cpu_s - own.wait_s)
+    share = 1.0
+    for tid, t in times.items():
+        if tid != main and t.cpu_s > computing * wall_s and t.cpu_s + t.wait_s > 0:
+            share *= t.cpu_s / (t.cpu_s + t.wait_s)
+    return asleep + own.cpu_s * share
+
+
+class ThreadWaits:
+    """Fast repeated reads of a fixed set of threads' run-queue waits (the files kept open, read at offset 0): a
+    few microseconds a read, cheap enough for every tick of an engine's clock."""
+
+    def __init__(self, tids: list[int] | None = None):
+        self._fds: dict[int, int] = {}
+        for tid in tids if tids is not None else sorted(threads()):
+            try:
+                self._fds[tid] = os.open(f"{TASKS}/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                continue
+
+    @property
+    def available(self) -> bool:
+        return bool(self._fds)
+
+    def read(self) -> dict[int, ThreadTimes]:
+        out = {}
+        for tid, fd in self._fds.items():
+            try:
+                fields = os.pread(fd, 128, 0).split()
+            except OSError:  # the thread ended: its last reading stands in the caller's sums
+                continue
+            out[tid] = ThreadTimes(int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
