@@ -115,7 +115,8 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
                          units.metric_value(v.metric, v.candidate), units.change(change),
                          f"{v.status} ({units.ratio(v.ratio)}, CI {units.number(v.low)}–{units.number(v.high)})"])
             if v.note:
-                notes.append(f"{pair.test} {v.metric}: inconclusive because {v.note}")
+                why = "inconclusive because " if v.status == Status.INCONCLUSIVE else ""
+                notes.append(f"{pair.test} {v.metric}: {why}{v.note}")
         if outcome.changes:
             notes.append(f"{pair.test}: changed since A: {', '.join(outcome.changes)}")
         if outcome.machine_mismatch:

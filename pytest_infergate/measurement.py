@@ -68,6 +68,10 @@ class Measurement:
     # Per repetition, the share of the machine's CPU time other processes took while it ran (perf.interference):
     # the direct evidence of a busy runner. Empty where not measured (not Linux, older baselines, endpoints).
     others_share: list[float] = field(default_factory=list)
+    # Per repetition, the share of its wall time the workload would have taken with the CPUs to itself (runqueue.
+    # team_progress_s / wall: 1.0 quiet, ~0.27 under one busy loop per core): a busy side's figures times it are
+    # what the gate compares there. Empty where not measured.
+    load_free_share: list[float] = field(default_factory=list)
     # Endpoint load runs: one record per request (endpoint.load.request_record: when it left, its first token and
     # each chunk's arrival in seconds from the run's start, tokens, HTTP status, error class), at most
     # MAX_REQUEST_RECORDS per measurement, for the slow tail a percentile hides.

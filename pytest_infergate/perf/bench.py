@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import replace
 
-from pytest_infergate import progress
+from pytest_infergate import progress, runqueue
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
@@ -98,11 +98,13 @@ class Bench:
         first = sampler.probe_now() if sampler is not None else None
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
         before = interference.snapshot(ours)
+        threads_before = runqueue.threads()
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
         self._others_after(before, ours, into)
+        self._load_free_after(threads_before, wall, into)
         if probe:
             self._probe_after(sampler, first, into)
         self.record_repetition(into, engine, workload, results, wall, peak.result)
@@ -156,6 +158,15 @@ class Bench:
             into.others_share.append(share)
         else:
             into.others_share = []
+
+    def _load_free_after(self, before: dict, wall: float, into: Measurement) -> None:
+        """The share of the repetition's wall time its work would have taken with the CPUs to itself (runqueue.
+        team_progress_s); one repetition not measured leaves the whole measurement unmeasured."""
+        times = runqueue.delta(before, runqueue.threads()) if before else {}
+        if times and wall > 0 and len(into.load_free_share) == into.repetitions:
+            into.load_free_share.append(min(1.0, runqueue.team_progress_s(wall, times, runqueue.thread_id()) / wall))
+        else:
+            into.load_free_share = []
 
     def _probe_after(self, sampler, first, into: Measurement) -> None:
         """The machine's speed over a repetition: the probes from right before to right after it."""

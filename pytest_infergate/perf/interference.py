@@ -27,6 +27,11 @@ BUSY_SHARE = 0.25
 # x4.1 on the engine's ITL, twice the share's x2; LOAD_PENALTY keeps twice that again as margin. A time worse
 # than this bound is more than the load can explain, and stands as a failure on a busy runner too.
 LOAD_PENALTY = 4.0
+# How far the load-free estimate of a repetition (runqueue.team_progress_s) can stray from its quiet figure under
+# co-tenant load: measured ×0.79-1.33 per repetition with one busy loop per core and ×1.19-1.58 with one busy loop
+# on two cores (benchmarks/load_evidence.py, docs/measurements.md, AMD EPYC 2026-12-04). A load-free slowdown
+# beyond threshold × this stands as a failure on a busy runner (perf.stored.load_free_failure).
+LOAD_FREE_RESIDUAL = 1.6
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,17 @@ class Side:
     during: list[float]  # the probe's time during each repetition (empty: not calibrated)
     quiet: list[float]  # before and after each repetition, no workload running (empty: not recorded)
     others: list[float] = field(default_factory=list)  # per repetition, the machine's share other processes took
+    # per repetition, the share of its wall time the work would have taken with the CPUs to itself (Measurement.
+    # load_free_share); empty: not measured
+    load_free: list[float] = field(default_factory=list)
+
+    def load_free_costs(self) -> list[float] | None:
+        """Each repetition's cost with the co-tenants' load taken out (cost × its load-free share); None: not
+        measured. For a per-request percentile the repetition's share stands for each request's: a CPU hog's load
+        is steady over a repetition of seconds."""
+        if len(self.load_free) != len(self.costs) or min(self.load_free, default=0.0) <= 0:
+            return None
+        return [c * f for c, f in zip(self.costs, self.load_free)]
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,9 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     calibrated = probed and len(measurement.probe_s) == len(reps) and min(measurement.probe_s) > 0
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
+    load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
-                list(measurement.probe_quiet_s) if calibrated and quiet else [], others)
+                list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -161,7 +173,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     measured = as_measured(candidate, baseline)
     status = measured.status(threshold)
     change = machine_change(candidate, baseline)
-    busy = busy_sides(candidate, baseline, measured, status)
+    busy = busy_sides(candidate, baseline, measured, status, threshold)
     if busy is not None:
         busy_status, why, baseline_at_fault = busy
         return StoredVerdict(busy_status, measured, change, why, baseline_at_fault)
@@ -189,8 +201,8 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     return StoredVerdict(status, measured, change, "")
 
 
-def busy_sides(candidate: Side, baseline: Side, measured: Comparison,
-               status: Status) -> tuple[Status, str, bool] | None:
+def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
+               threshold: float) -> tuple[Status, str, bool] | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
     only a failure; busy on both sides: nothing does. Returns the status, why, and whether the baseline's busy
@@ -198,6 +210,9 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison,
     now, then = interference.busy(candidate.others), interference.busy(baseline.others)
     if now is None and then is None:
         return None
+    failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
+    if failed is not None:
+        return Status.FAIL, failed, False
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
             return status, "", False  # passed despite the load, or slower than the load can explain
@@ -213,6 +228,24 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison,
     return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
                                  f"run and {interference.taken(then)} "
                                  "while the baseline was saved; re-save the baseline and rerun on a quiet runner"), True
+
+
+def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
+                      share: float) -> str | None:
+    """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
+    taken out (runqueue.team_progress_s) compared, failing only when the whole interval lies above the threshold
+    times the estimate's measured residual (interference.LOAD_FREE_RESIDUAL). Returns the reason, naming the load
+    and the evidence, or None (not measured on both sides, or not beyond the bound)."""
+    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
+    if cand is None or base is None:
+        return None
+    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
+    bound = threshold * interference.LOAD_FREE_RESIDUAL
+    if low <= bound:
+        return None
+    return (f"load-corrected by run-queue delay: ×{point:.3f} [{low:.3f}, {high:.3f}] slower with the co-tenants' "
+            f"load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), beyond "
+            f"×{bound:.2f}, the most the correction can be off (×{interference.LOAD_FREE_RESIDUAL} on the threshold)")
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:

@@ -36,7 +36,7 @@ class Verdict:
     # could have made (perf.stored.decide). None: no probe.
     machine_slowdown: float | None = None
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
-    note: str = ""  # why a decisive comparison was made inconclusive
+    note: str = ""  # why a decisive comparison was made inconclusive, or what evidence decided it on a busy runner
     # the note blames the baseline (saved on a busy runner, or disturbed): measuring this run more cannot decide it
     baseline_at_fault: bool = False
 
@@ -48,7 +48,7 @@ class Verdict:
         if self.machine_slowdown is not None:
             how += f"; calibration probe ×{self.machine_slowdown:.3f} of the baseline's"
         if self.note:
-            how += f"; inconclusive because {self.note}"
+            how += f"; inconclusive because {self.note}" if self.status == Status.INCONCLUSIVE else f"; {self.note}"
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown ×{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold ×{self.threshold:.3f}; "
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
