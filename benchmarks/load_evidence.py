@@ -23,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -76,7 +77,7 @@ def main() -> int:
         before = runqueue.threads()
         start = time.perf_counter()
         # the injected sleep lasts as long as the forward took on the quiet machine: the same ×2 quiet or busy
-        with injected_slowdown(loaded.model, 1.0, quiet=quiet) if slow else _nothing():
+        with injected_slowdown(loaded.model, 1.0, quiet=quiet) if slow else nullcontext():
             run_items(engine, workload)
         wall = time.perf_counter() - start
         return estimates(wall, runqueue.delta(before, runqueue.threads()), main_tid)
@@ -103,14 +104,6 @@ def main() -> int:
         print(f"{name:14s} " + " ".join(f"{m:6.2f} [{lo:5.2f},{hi:5.2f}]".rjust(22) for m, lo, hi in cols))
     bench.close()
     return 0
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 if __name__ == "__main__":

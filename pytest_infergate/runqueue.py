@@ -2,8 +2,9 @@
 
 Linux keeps both per thread (/proc/self/task/TID/schedstat: nanoseconds on a CPU, nanoseconds runnable in a run
 queue, time slices). The wait is what co-tenant load does to us: another CI job, a CPU hog, a noisy neighbour.
-perf.load_clock turns it into the time a workload would have taken had no one else wanted the CPUs. Elsewhere than
-Linux (or with schedstats off) nothing is read and every caller falls back to wall time.
+team_progress_s turns it into the time a workload would have taken had no one else wanted the CPUs (perf.bench
+records it per repetition, perf.stored decides with it on a busy runner). Elsewhere than Linux nothing is read and
+every caller falls back to wall time.
 """
 
 from __future__ import annotations
@@ -75,35 +76,3 @@ def team_progress_s(wall_s: float, times: dict[int, ThreadTimes], main: int, com
         if tid != main and t.cpu_s > computing * wall_s and t.cpu_s + t.wait_s > 0:
             share *= t.cpu_s / (t.cpu_s + t.wait_s)
     return asleep + own.cpu_s * share
-
-
-class ThreadWaits:
-    """Fast repeated reads of a fixed set of threads' run-queue waits (the files kept open, read at offset 0): a
-    few microseconds a read, cheap enough for every tick of an engine's clock."""
-
-    def __init__(self, tids: list[int] | None = None):
-        self._fds: dict[int, int] = {}
-        for tid in tids if tids is not None else sorted(threads()):
-            try:
-                self._fds[tid] = os.open(f"{TASKS}/{tid}/schedstat", os.O_RDONLY)
-            except OSError:
-                continue
-
-    @property
-    def available(self) -> bool:
-        return bool(self._fds)
-
-    def read(self) -> dict[int, ThreadTimes]:
-        out = {}
-        for tid, fd in self._fds.items():
-            try:
-                fields = os.pread(fd, 128, 0).split()
-            except OSError:  # the thread ended: its last reading stands in the caller's sums
-                continue
-            out[tid] = ThreadTimes(int(fields[0]) / 1e9, int(fields[1]) / 1e9)
-        return out
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
