@@ -12,6 +12,7 @@ from pathlib import Path
 from pytest_infergate.atomic import exclusive, write_json_atomic
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.perf import baseline
+from pytest_infergate.precision import QUANTIZED
 from pytest_infergate.quality import golden_files
 
 
@@ -47,7 +48,11 @@ def _migrate_file(path: Path, quiet: bool) -> list[str]:
             if accepted.header.get("schema_version") == golden_files.SCHEMA_VERSION:  # an update won the lock first
                 return [] if quiet else [f"{path}: already schema {golden_files.SCHEMA_VERSION}"]
             golden_files.write_outputs(path, accepted.header, list(accepted.outputs.values()))
-        return [f"{path}: accepted golden outputs, schema {header['schema_version']} → {golden_files.SCHEMA_VERSION}"]
+        later = ("; its quality figures against the reference, which decide on other machines, come with the next "
+                 "--infergate-update-golden" if accepted.header.get("precision") in QUANTIZED
+                 and not accepted.header.get("figures_against") else "")
+        return [f"{path}: accepted golden outputs, schema {header['schema_version']} → {golden_files.SCHEMA_VERSION}"
+                + later]
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -39,8 +39,11 @@ DEFAULT_QUALITY_POLICY = [
     # a server's outputs against the local reference precision (llama.cpp Q4_1 vs fp32 measured: ROUGE-L 0.69,
     # top-1 0.98, KL 0.002, task ratio 1.03; greedy paths drift apart late, so exact match is not required)
     "endpoint: min_top1=0.9, max_mean_kl=0.1, min_task_ratio=0.9, min_rouge_l=0.4",
-    "int8: min_top1=0.9, max_mean_kl=0.05, min_task_ratio=0.9, min_length_ratio=0.8, max_length_ratio=1.25",
-    "nf4: min_top1=0.7, max_mean_kl=0.5, min_task_ratio=0.85, min_length_ratio=0.7, max_length_ratio=1.5",
+    # per category (suites/test_golden.py says why): a category that loses (nearly) all of its answers fails
+    "int8: min_top1=0.9, max_mean_kl=0.05, min_task_ratio=0.9, min_length_ratio=0.8, max_length_ratio=1.25, "
+    "min_category_task_ratio=0.3",
+    "nf4: min_top1=0.7, max_mean_kl=0.5, min_task_ratio=0.85, min_length_ratio=0.7, max_length_ratio=1.5, "
+    "min_category_task_ratio=0.3",
 ]
 # KV cache experiment lengths. The guide uses 64/128/256 new tokens; recomputing without a cache costs
 # quadratically (the no-cache n=128 point alone took 50 s of a 2-core CPU), so on the CPU the suite stops at 64.

@@ -91,12 +91,14 @@ def test_an_older_golden_file_is_read_says_so_and_migrates_with_its_outputs_unch
     (tmp_path / "golden" / "samples.jsonl").write_text(json.dumps({"id": "a", "prompt": "p"}) + "\n")
     (tmp_path / "golden" / "results.json").write_text(json.dumps({"records": []}))
     old = read_outputs(path)
-    assert "schema version 1: read as 2" in golden_files.schema_note(path)
+    assert "schema version 1: read as 3" in golden_files.schema_note(path)
     assert select_accepted(path, ENVIRONMENT) == (path, SAME_MACHINE)
 
-    assert migrate(tmp_path / "golden") == [f"{path}: accepted golden outputs, schema 1 → 2"]
+    assert migrate(tmp_path / "golden") == [f"{path}: accepted golden outputs, schema 1 → 3; its quality figures "
+                                            "against the reference, which decide on other machines, come with the "
+                                            "next --infergate-update-golden"]
     new = read_outputs(path)
-    assert new.header["schema_version"] == 2 and new.header["key"] == golden_key(HEADER).to_dict()
+    assert new.header["schema_version"] == 3 and new.header["key"] == golden_key(HEADER).to_dict()
     assert new.outputs == old.outputs and golden_files.schema_note(path) == ""
     assert select_accepted(path, ENVIRONMENT) == (path, SAME_MACHINE)  # picked by the key's machine now
     assert json.loads((tmp_path / "golden" / "samples.jsonl").read_text()) == {"id": "a", "prompt": "p"}
@@ -145,6 +147,6 @@ def test_a_folder_migrates_what_it_can_and_names_what_it_cannot(tmp_path):
     with pytest.raises(InfergateError) as raised:
         migrate(tmp_path)
     message = str(raised.value)
-    assert f"{good}: accepted golden outputs, schema 1 → 2" in message
+    assert f"{good}: accepted golden outputs, schema 1 → 3" in message
     assert f"{bad}: not migrated:" in message and "schema version 7" in message
     assert golden_files.schema_note(good) == ""  # the good one was migrated all the same

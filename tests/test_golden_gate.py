@@ -39,6 +39,7 @@ from pytest_infergate.quality.regression import (
     margin_as_generated,
 )
 from pytest_infergate.quality.scoring import topk_kl
+from pytest_infergate.quality.travel import SampleFigures, TravelMargins, decide
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, record_from_dict
 from pytest_infergate.status import Status
 
@@ -137,26 +138,73 @@ def test_the_gate_fails_on_drift_beyond_policy_and_on_any_change_when_exact():
                                                       ["cpu_flags: ..."]).problems()[0]
 
 
-def test_int8_drift_against_another_machine_is_inconclusive_not_a_failure():
-    """int8's outputs are not reproduced across machines (LLM.int8's outlier threshold): drift against another
-    machine's file can be neither passed nor failed. Other precisions, and this machine's file, gate as usual."""
+def figures(top1=0.95, kl=0.02, task=1.0, reference_task=1.0, n=48, shift=0.0, every=1):
+    """Per-sample figures of `n` samples spread as a quantized model's are (KL 0.5x-1.5x its mean, top-1 within
+    0.05); `shift` worsens every `every`-th sample's KL by that many nats and its top-1 by shift/2."""
+    out = {}
+    for i in range(n):
+        moved = shift if i % every == 0 else 0.0
+        spread_top1, spread_kl = 0.05 * ((i * 7) % 5) / 4, 0.5 + (i * 3 % 11) / 10
+        out[f"q{i}"] = SampleFigures(top1 - spread_top1 - moved / 2, kl * spread_kl + moved, task, reference_task)
+    return out
+
+
+def test_quality_that_travels_passes_numerics_and_fails_a_real_drop():
+    """Another machine: this machine's figures against its own reference against the accepted machine's, paired
+    per sample. Numerics-sized differences (last digits of KL, a sample's top-1) are equivalent: PASS; a real
+    quality drop fails naming the figure, the categories and the samples; a drop near the margin is inconclusive."""
+    accepted = figures()
+    categories = {f"q{i}": ("chat" if i < 24 else "code") for i in range(48)}
+    numerics = {id_: SampleFigures(f.top1 - (0.01 if i % 3 == 0 else 0.0), f.mean_kl * 1.05, f.task, f.reference_task)
+                for i, (id_, f) in enumerate(accepted.items())}
+    same = decide(accepted, numerics, categories, TravelMargins())
+    assert same.status == Status.PASS and [f.metric for f in same.figures] == ["top1", "mean_kl", "task deficit"]
+    assert same.failures() == [] and same.undecided() == []
+
+    broken = {id_: SampleFigures(f.top1 - (0.4 if categories[id_] == "chat" else 0.0),
+                                 f.mean_kl + (1.0 if categories[id_] == "chat" else 0.0),
+                                 0.0 if categories[id_] == "chat" and int(id_[1:]) % 2 else f.task, f.reference_task)
+              for id_, f in accepted.items()}
+    fell = decide(accepted, broken, categories, TravelMargins())
+    assert fell.status == Status.FAIL
+    (why,) = fell.failures()
+    assert "top1 " in why and "> margin 0.05" in why and "code" not in why
+    assert "chat (top1 worse by 0.4, mean_kl worse by 1, task deficit worse by 0.5)" in why
+    assert "samples: q" in why and "[chat]" in why
+
+    near = decide(accepted, figures(shift=0.03, every=3), categories, TravelMargins())  # KL +0.01 on average
+    assert near.status == Status.INCONCLUSIVE and "straddles margin 0.00996" in near.undecided()[0]
+    assert decide(accepted, figures(shift=0.03, every=3), categories, TravelMargins(kl_rise=1.0)).status == Status.PASS
+    assert decide({}, numerics, categories, TravelMargins()).status == Status.INCONCLUSIVE  # nothing paired
+
+
+def test_drift_against_another_machine_is_decided_by_what_travels():
+    """Quantized precisions (gate_other_machine=0 by default) against another machine: the token changes are
+    listed, the travel decision decides; without figures to decide on, drift is inconclusive naming the action.
+    The reference precision, gate_other_machine=1 and this machine's own file gate tokens as before."""
     def drifted(precision):
         return GoldenRegression(precision, [changed("tie", 0.05, 0.001), changed("moved", 1.2, 0.05)], [], 10, None)
 
-    elsewhere = drifted("int8").classify(RegressionPolicy.of({}, "int8"), ["cpu: ..."], "AMD EPYC; kernels")
-    assert elsewhere.problems() == [] and elsewhere.ok  # nothing fails it ...
-    (why,) = elsewhere.undecided()  # ... and it does not pass either
-    assert "drift in 1 of 10 outputs (10.0%) against outputs accepted on another machine (AMD EPYC; kernels)" in why
-    assert "--infergate-update-golden" in why and "gate_other_machine=0" in why
+    accepted = figures()
+    for precision in ("int8", "nf4"):
+        elsewhere = drifted(precision).classify(RegressionPolicy.of({}, precision), ["cpu: ..."], "AMD EPYC; kernels")
+        assert elsewhere.travels and elsewhere.problems() == []
+        (why,) = elsewhere.undecided()  # no accepted file records figures
+        assert "drift in 1 of 10 outputs (10.0%) against outputs accepted on another machine (AMD EPYC; kernels)" in why
+        assert "--infergate-update-golden" in why and "records no quality figures" in why
+        elsewhere.travel = decide(accepted, accepted, {}, elsewhere.policy.travel)
+        assert elsewhere.ok and elsewhere.undecided() == []
+        assert "quality against the reference" in elsewhere.decided_by()
+        elsewhere.travel = decide(accepted, figures(shift=1.0), {}, elsewhere.policy.travel)
+        assert "fell beyond the margins" in elsewhere.problems()[0] and elsewhere.undecided() == []
     here = drifted("int8").classify(RegressionPolicy.of({}, "int8"), [], "")
-    assert here.undecided() == [] and "drift in 1 of 10" in here.problems()[0]
-    for precision in ("fp32", "nf4", "fp16"):  # their cross-machine changes are near-ties: gated
+    assert not here.travels and here.undecided() == [] and "drift in 1 of 10" in here.problems()[0]
+    assert here.decided_by() == "token for token against this machine's accepted outputs"
+    for precision in ("fp32", "fp16"):  # the reference precisions: their tokens are reproduced across machines
         other = drifted(precision).classify(RegressionPolicy.of({}, precision), [], "AMD EPYC")
-        assert other.undecided() == [] and other.problems()
+        assert not other.travels and other.undecided() == [] and other.problems()
     gated = drifted("int8").classify(RegressionPolicy.of({"gate_other_machine": 1}, "int8"), [], "AMD EPYC")
-    assert gated.undecided() == [] and gated.problems()
-    within = drifted("int8").classify(RegressionPolicy.of({"max_drift_share": 0.2}, "int8"), [], "AMD EPYC")
-    assert within.ok and within.undecided() == []
+    assert not gated.travels and gated.undecided() == [] and gated.problems()
     exact = drifted("int8").classify(RegressionPolicy.of({"exact": 1}, "int8"), [], "AMD EPYC")
     assert "exact=1" in exact.problems()[0] and exact.undecided() == []
 
@@ -187,9 +235,12 @@ def test_regression_policy_keys_are_validated():
 def test_regression_policy_defaults_per_precision():
     assert RegressionPolicy.of({}, "int8").max_accepted_kl == MAX_ACCEPTED_KL["int8"]
     assert RegressionPolicy.of({}, "fp32").max_accepted_kl == MAX_ACCEPTED_KL["fp32"]
-    default = RegressionPolicy.of({}, "nf4")
+    default = RegressionPolicy.of({}, "fp32")
     assert (default.exact, default.max_drift_share, default.near_tie_margin, default.same_environment,
             default.gate_other_machine) == (False, 0.0, NEAR_TIE_MARGIN, False, True)
+    assert RegressionPolicy.of({}, "nf4").gate_other_machine is False
+    assert RegressionPolicy.of({}, "int8").travel == TravelMargins(0.05, 0.5, 0.1)
+    assert RegressionPolicy.of({"max_top1_drop": 0.1, "max_kl_rise": 2}, "int8").travel == TravelMargins(0.1, 2, 0.1)
     assert RegressionPolicy.of({}, "int8").gate_other_machine is False
     assert RegressionPolicy.of({"max_accepted_kl": 0.5}, "nf4").max_accepted_kl == 0.5
 

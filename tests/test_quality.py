@@ -124,7 +124,7 @@ def test_golden_outputs_round_trip_and_diff(tmp_path):
     outputs = [GoldenOutput("a", [1, 2], "hi", [[[1, -0.1], [2, -2.5]]]), GoldenOutput("b", [3], "yo")]
     write_outputs(path, {"model": "m"}, outputs)
     back = read_outputs(path)
-    assert back.header["schema_version"] == 2 and back.outputs["a"].top_logprobs == [[[1, -0.1], [2, -2.5]]]
+    assert back.header["schema_version"] == 3 and back.outputs["a"].top_logprobs == [[[1, -0.1], [2, -2.5]]]
     changed = [GoldenOutput("a", [1, 5], "ho"), GoldenOutput("c", [4], "new")]
     assert diff_outputs(back, changed) == ["~ a: 'hi' -> 'ho'", "+ c: new sample", "- b: removed"]
     path.write_text(json.dumps({"schema_version": 7}) + "\n")

@@ -29,6 +29,7 @@ from pytest_infergate.quality.golden_variants import (
     path_to_update,
     recorded_elsewhere,
     select_accepted,
+    with_figures,
 )
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import (
@@ -39,6 +40,7 @@ from pytest_infergate.quality.policy import (
     resolve_policy,
 )
 from pytest_infergate.quality.score_cache import ScoreCache
+from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import Status
 
@@ -177,24 +179,14 @@ class GoldenGate:
     def check(self, limit: int | None = None, categories=None, policy: dict | None = None) -> QualityResult:
         """Candidate vs the reference precision on the golden samples, decided by the policy (marker
         `infergate_quality`, ini `infergate_quality_policy`, or `policy`). Returns the QualityResult."""
-        from pytest_infergate.quality.generation import fixed_outputs
-
         samples = self.samples(limit, categories)
-        key = (self.precision, tuple(s.id for s in samples))
-        if key not in self.comparisons:  # one comparison per precision and sample set per session
-            reference = self._reference()
-            try:
-                reference_outputs = fixed_outputs(reference, samples, self.generated, self.ctx.options.golden_max_len)
-                self.comparisons[key] = self.candidate.compare(reference, samples, reference_outputs)
-            except InfergateError as exc:  # e.g. an endpoint that did not answer every sample
-                self.ctx.fail(str(exc))
-        result = self.comparisons[key]
+        result = self._comparison(samples)
         rules = self.policy(policy)
         by_category, flagged = category_findings(result.categories, rules)
         problems = policy_violations(result.summary, rules) + by_category + result.flags
         status = Status.FAIL if problems else Status.PASS
-        for finding in flagged:  # the mean passed; a collapsed category is loud all the same
-            self.ctx.warn(f"{self.ctx.test_id}: {result.precision} vs {result.reference_precision}: {finding}")
+        for finding in flagged:  # the mean passed and the policy does not gate categories: a note beside the gate
+            self.ctx.notify(f"{self.ctx.test_id}: {result.precision} vs {result.reference_precision}: {finding}")
         if flagged:
             result.notes = [*result.notes, *flagged]
         self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
@@ -206,6 +198,52 @@ class GoldenGate:
             self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
                           + "\n  ".join(problems) + f"\nworst samples:\n{worst}")
         return result
+
+    def _comparison(self, samples: list[GoldenSample]) -> QualityResult:
+        """The candidate against the reference precision on `samples`: once per precision and sample set a
+        session (check() and the other-machine decision of check_regression() share it)."""
+        from pytest_infergate.quality.generation import fixed_outputs
+
+        key = (self.precision, tuple(s.id for s in samples))
+        if key not in self.comparisons:
+            reference = self._reference()
+            try:
+                reference_outputs = fixed_outputs(reference, samples, self.generated, self.ctx.options.golden_max_len)
+                self.comparisons[key] = self.candidate.compare(reference, samples, reference_outputs)
+            except InfergateError as exc:  # e.g. an endpoint that did not answer every sample
+                self.ctx.fail(str(exc))
+        return self.comparisons[key]
+
+    def _figures(self, samples: list[GoldenSample]) -> tuple[str, dict[str, SampleFigures]] | None:
+        """(reference precision, sample id -> this machine's figures against it) for a local precision that is
+        not the reference; None for the reference itself and for an endpoint (its accepted outputs are per server,
+        not per machine)."""
+        if not hasattr(self.candidate, "provenance"):
+            return None
+        reference = self._reference().record.requested_precision
+        if reference == self.precision:
+            return None
+        return reference, {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples}
+
+    def _travel(self, samples, default_path: Path, environment, accepted: GoldenOutputs, path: Path,
+                rules: RegressionPolicy) -> tuple[TravelDecision | None, str]:
+        """The other-machine decision (quality.travel) and the file whose figures it used: `accepted` when it
+        records them, else the file beside it that does."""
+        source, recorded = path, accepted
+        if not accepted.header.get("figures_against"):
+            found = with_figures(default_path, environment)
+            if found is None:
+                return None, ""
+            source, recorded = found, self._read_or_fail(found)
+        now = self._figures(samples)
+        if now is None:
+            return None, ""
+        reference, figures = now
+        if recorded.header.get("figures_against") != reference:
+            return None, ""  # figures against another reference precision do not compare
+        accepted_figures = {id_: SampleFigures.from_dict(output.figures)
+                            for id_, output in recorded.outputs.items() if output.figures is not None}
+        return decide(accepted_figures, figures, {s.id: s.category for s in samples}, rules.travel), source.name
 
     def check_regression(self, limit: int | None = None, categories=None, policy: dict | None = None):
         """This precision's current outputs vs its own accepted golden outputs, token for token. Each changed sample
@@ -228,7 +266,10 @@ class GoldenGate:
                        else select_accepted(default_path, environment))
         backend, why = self.backend()
         if update:
-            changes = self._update(path, header, samples, current)
+            figures = self._figures(samples)
+            if figures is not None:
+                header["figures_against"] = figures[0]
+            changes = self._update(path, header, samples, current, figures[1] if figures else None)
             if path != default_path and changes[0].startswith("new golden file"):
                 changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on "
                                   "another machine, kept)")
@@ -253,13 +294,18 @@ class GoldenGate:
         rules = RegressionPolicy.of(self.policy(policy), self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
+        if regression.travels:
+            regression.travel, regression.travel_source = self._travel(samples, default_path, environment, old, path,
+                                                                             rules)
         problems, undecided = regression.problems(), regression.undecided()
         status = Status.FAIL if problems else Status.INCONCLUSIVE if undecided else Status.PASS
         self.ctx.record(GoldenRecord(self.ctx.test_id, status, regression.precision,
                                      str(path), compared=regression.compared, missing=regression.missing,
                                      mean_topk_kl=regression.mean_topk_kl, changed=regression.changed,
                                      policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
-                                     backend=backend, backend_reason=why, undecided=undecided))
+                                     backend=backend, backend_reason=why, undecided=undecided,
+                                     decided_by=regression.decided_by(),
+                                     travel=regression.travel.summary() if regression.travel else ""))
         self.ctx.add_property("infergate.golden.changed", len(regression.changed))
         self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
         if problems or (undecided and self.ctx.options.strict):
@@ -269,8 +315,12 @@ class GoldenGate:
             self.ctx.notify(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
         return regression
 
-    def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list) -> list[str]:
+    def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list,
+                figures: dict[str, SampleFigures] | None = None) -> list[str]:
         outputs = self.candidate.to_accept(samples, current)
+        for output in outputs:  # this machine's quality against the reference: what decides on another machine
+            if figures and output.id in figures:
+                output.figures = figures[output.id].to_dict()
         try:
             return update_outputs(path, header, outputs, [sample.id for sample in self.samples()])
         except (OSError, InfergateError) as exc:

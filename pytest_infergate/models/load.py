@@ -7,6 +7,7 @@ turned into a local directory first (hub ids excepted), so a model loads the sam
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -104,9 +105,16 @@ def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
                              f"id and your access, or {fix}") from None
 
 
+# config.json keys that record who wrote the file, not the model: a transformers upgrade rewrites them on
+# conversion, and the weights must keep their fingerprint (else every library upgrade reads as new weights, and
+# the golden gate compares with "the weights before these" instead of this model's accepted outputs)
+_WRITER_KEYS = ("transformers_version",)
+
+
 def model_fingerprint(source: ModelSource) -> str:
-    """First 16 hex digits of a sha256 over config.json and the weight files. Cache entries recorded each
-    file's digest when they were built; other directories are hashed once per (file, size, mtime)."""
+    """First 16 hex digits of a sha256 over config.json (its writer's version left out) and the weight files.
+    Cache entries recorded each weight file's digest when they were built; other directories are hashed once per
+    (file, size, mtime)."""
     directory = Path(source.path)
     try:
         recorded = {name: info["sha256"] for name, info in read_meta(directory)["files"].items()}
@@ -114,13 +122,29 @@ def model_fingerprint(source: ModelSource) -> str:
         recorded = {}
     digest = hashlib.sha256()
     for path in sorted(directory.iterdir()):
-        if path.name == "config.json" or path.suffix in _WEIGHT_SUFFIXES:
+        if path.name == "config.json":
+            digest.update(path.name.encode())
+            digest.update(_config_digest(path).encode())
+        elif path.suffix in _WEIGHT_SUFFIXES:
             digest.update(path.name.encode())
             digest.update((recorded.get(path.name) or _cached_file_digest(path)).encode())
     return digest.hexdigest()[:16]
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _config_digest(path: Path) -> str:
+    """sha256 of config.json as the model sees it: keys sorted, the writer's version left out (the raw bytes
+    where it is not a JSON object: a broken config still fingerprints, and fails where it is loaded)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return _cached_file_digest(path)
+    if not isinstance(config, dict):
+        return _cached_file_digest(path)
+    canonical = {key: value for key, value in config.items() if key not in _WRITER_KEYS}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
 def _cached_file_digest(path: Path) -> str:

@@ -4,10 +4,12 @@ Sample sets are JSONL, one sample a line. Accepted outputs live beside them, und
 `<golden dir>/<model name>/<fingerprint>/<device>-<precision>.jsonl`: a header line (schema version, model,
 precision, device, library versions, and since schema 2 the `key` every accepted result carries: the machine it
 was accepted on and the change under test it was accepted with, split as keys.AcceptedKey splits a perf baseline's)
-and one line per sample with token ids, text and, for the reference precision, the top-k log-probabilities of each
-token of its own continuation. Files are written atomically and never overwritten except by
---infergate-update-golden; schema 1 files are read (their key derived from the header) and rewritten as 2 by
-`infergate migrate`.
+and one line per sample with token ids, text, the top-k log-probabilities of each token of its own continuation
+and, since schema 3, for a precision compared with a reference, its `figures` against that reference on the
+machine that accepted it (top-1, KL, task scores: quality.travel, what decides on another machine; the header's
+`figures_against` names the reference precision). Files are written atomically and never overwritten except by
+--infergate-update-golden; schema 1 and 2 files are read (a schema 1 key derived from the header; no figures) and
+rewritten as 3 by `infergate migrate` (the figures come with the next --infergate-update-golden).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pytest_infergate.atomic import write_text_atomic
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.keys import AcceptedKey
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 2 added the header's `key`
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 2 added the header's `key`, 3 each output's `figures` against the reference
 CATEGORIES = ("factual", "reasoning", "long-form", "code", "format", "chat", "summarization", "multilingual")
 _SAMPLE_KEYS = {"id", "category", "messages", "prompt", "max_new_tokens", "expected", "regex", "json_schema",
                 "must_parse_json", "max_words"}
@@ -143,6 +145,12 @@ class GoldenOutput:
     text: str
     # per generated token: [[token id, logprob], ...] top-k of the precision's own distribution
     top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    # against the reference precision on the accepting machine (travel.SampleFigures.to_dict); None: not recorded
+    figures: dict | None = None
+
+    def to_dict(self) -> dict:
+        data = {"id": self.id, "token_ids": self.token_ids, "text": self.text, "top_logprobs": self.top_logprobs}
+        return {**data, "figures": self.figures} if self.figures is not None else data
 
 
 @dataclass
@@ -187,8 +195,12 @@ def read_outputs(path: Path) -> GoldenOutputs:
         if (not isinstance(data, dict) or not isinstance(data.get("id"), str)
                 or not isinstance(data.get("token_ids"), list)):
             raise GoldenError(f"{path}:{number}: an output line needs 'id' and 'token_ids'")
+        figures = data.get("figures")
+        if figures is not None and not isinstance(figures, dict):
+            raise GoldenError(f"{path}:{number}: 'figures' must be an object (top1, mean_kl, task, reference_task); "
+                              "regenerate with --infergate-update-golden")
         outputs[data["id"]] = GoldenOutput(data["id"], list(data["token_ids"]), str(data.get("text", "")),
-                                           list(data.get("top_logprobs", [])))
+                                           list(data.get("top_logprobs", [])), figures)
     return GoldenOutputs(header, outputs)
 
 
@@ -247,7 +259,7 @@ def write_outputs(path: Path, header: dict, outputs: list[GoldenOutput]) -> None
     on_disk = {name: value for name, value in header.items() if name not in FOLDED}
     on_disk.update(key=golden_key(header).to_dict(), schema_version=SCHEMA_VERSION)
     lines = [json.dumps(on_disk, ensure_ascii=False, sort_keys=True)]
-    lines += [json.dumps(output.__dict__, ensure_ascii=False) for output in outputs]
+    lines += [json.dumps(output.to_dict(), ensure_ascii=False) for output in outputs]
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 

@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-from pytest_infergate.quality.golden_files import golden_key
+from pytest_infergate.quality.golden_files import golden_key, header_line
 
 
 def numerics_key(environment: dict | None) -> dict | None:
@@ -118,3 +118,18 @@ def recorded_elsewhere(header: dict, match: str | None) -> str:
     kernels = ", ".join(f"{name} {path}" for name, path in sorted((environment.get("kernels") or {}).items()))
     return "; ".join(part for part in (environment.get("gpu") or environment.get("cpu") or "an unnamed CPU", kernels)
                      if part)
+
+
+def with_figures(default: Path, environment: dict | None) -> Path | None:
+    """The accepted file beside `default` that records quality figures against the reference (schema 3, header
+    `figures_against`), for the decision on another machine (quality.travel): one recorded on this kernel path
+    first, else any. None when none records them."""
+    recorded = []
+    for path in variants(default):
+        header = header_line(path) if path.exists() else {}
+        if header.get("figures_against"):
+            recorded.append((path, golden_key(header).machine or None))
+    for path, machine in recorded:
+        if machine is not None and numerics_key(machine) == numerics_key(environment):
+            return path
+    return recorded[0][0] if recorded else None

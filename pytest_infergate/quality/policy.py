@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_infergate.errors import OptionError
+from pytest_infergate.quality.travel import TravelMargins
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
+
+# the margins of the decision against outputs accepted on another machine (quality.travel)
+TRAVEL_KEYS = ("max_top1_drop", "max_kl_rise", "max_task_drop")
 
 # key -> (aggregate name, "min" or "max"): thresholds of a comparison with the reference precision
 AGGREGATE_KEYS = {
@@ -25,13 +29,13 @@ AGGREGATE_KEYS = {
 }
 # the regression gate against accepted outputs (see RegressionPolicy)
 REGRESSION_KEYS = ("exact", "max_drift_share", "max_accepted_kl", "near_tie_margin", "same_environment",
-                   "gate_other_machine")
+                   "gate_other_machine", *TRAVEL_KEYS)
 BATCH_KEYS = ("max_batch_variant_share",)
 # per category of the golden samples: the lowest category's task-score ratio (a category whose answers collapse
 # while the mean over all samples holds)
 CATEGORY_KEYS = ("min_category_task_ratio",)
 FLAG_KEYS = ("exact", "same_environment", "gate_other_machine")  # 0 or 1
-SHARE_KEYS = ("max_drift_share", "max_batch_variant_share")  # 0..1
+SHARE_KEYS = ("max_drift_share", "max_batch_variant_share", "max_top1_drop")  # 0..1
 # figures that are fractions of the samples or tokens: a threshold above 1 can never be met (min_) or never
 # be broken (max_), so it is a typo, not a policy
 FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1")
@@ -45,13 +49,15 @@ POLICY_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
 NEAR_TIE_MARGIN = 0.25
 MAX_ACCEPTED_KL = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 5e-3, "int8": 1e-2, "nf4": 5e-3}
 MAX_ACCEPTED_KL_OTHER = 1e-2  # precisions not listed (e.g. an endpoint: never scored, so never a near-tie)
-# Whether drift against outputs accepted on another machine (CPU model, kernel path or GPU) fails the gate. int8's
-# does not: LLM.int8 switches a column between int8 and float when an activation crosses its outlier threshold, so
-# last-bit differences between two CPUs' MKL become changes no tie explains (README "Another machine's int8 outputs
-# are not a verdict": an emulated AVX2 CPU against an AMD EPYC's files 9-16 of 48 drift, scores up to 1.1 nats apart).
-# There such drift makes the verdict inconclusive (a failure under --infergate-strict) until this machine's outputs
-# are accepted.
-GATE_OTHER_MACHINE = {"int8": False}
+# Whether token drift against outputs accepted on another machine (CPU model, kernel path or GPU) fails the gate
+# (1) or is listed for review while what travels decides (0: quality.travel, this machine's quality against its own
+# reference compared with the accepted machine's). Quantized precisions travel: LLM.int8 switches a column between
+# int8 and float when an activation crosses its outlier threshold, so last-bit differences between two CPUs' MKL
+# become changes no tie explains (11 of 48 int8 samples drift between an Intel Xeon's and an AMD EPYC's outputs),
+# and nf4 runs another algorithm with AVX512-BF16 than without. The reference precision has no reference to travel
+# against; its outputs are reproduced across machines (fp32: 0 of 48 changed, Intel Xeon vs AMD EPYC), so its
+# tokens decide everywhere.
+GATE_OTHER_MACHINE = {"int8": False, "nf4": False}
 
 
 class QualityPolicyError(OptionError):
@@ -147,8 +153,9 @@ class RegressionPolicy:
     max_accepted_kl / near_tie_margin: the near-tie test (see NEAR_TIE_MARGIN).
     same_environment: a header that records another environment (CPU flags, GPU, libraries, kernels) fails the gate
     instead of only warning.
-    gate_other_machine: drift against outputs accepted on another machine fails the gate (True) or leaves it
-    inconclusive (False: int8's default, see GATE_OTHER_MACHINE)."""
+    gate_other_machine: token drift against outputs accepted on another machine fails the gate (True) or is listed
+    while the quality figures that travel decide (False: the quantized precisions' default, see GATE_OTHER_MACHINE;
+    `travel` holds that decision's margins)."""
 
     exact: bool = False
     max_drift_share: float = 0.0
@@ -156,6 +163,7 @@ class RegressionPolicy:
     near_tie_margin: float = NEAR_TIE_MARGIN
     same_environment: bool = False
     gate_other_machine: bool = True
+    travel: TravelMargins = TravelMargins()
 
     @classmethod
     def of(cls, rules: dict[str, float], precision: str) -> RegressionPolicy:
@@ -163,10 +171,12 @@ class RegressionPolicy:
                    max_accepted_kl=rules.get("max_accepted_kl", MAX_ACCEPTED_KL.get(precision, MAX_ACCEPTED_KL_OTHER)),
                    near_tie_margin=rules.get("near_tie_margin", NEAR_TIE_MARGIN),
                    same_environment=bool(rules.get("same_environment", 0)),
-                   gate_other_machine=bool(rules.get("gate_other_machine", GATE_OTHER_MACHINE.get(precision, True))))
+                   gate_other_machine=bool(rules.get("gate_other_machine", GATE_OTHER_MACHINE.get(precision, True))),
+                   travel=TravelMargins.of(rules))
 
     def to_dict(self) -> dict[str, float]:
         return {"exact": float(self.exact), "max_drift_share": self.max_drift_share,
                 "max_accepted_kl": self.max_accepted_kl, "near_tie_margin": self.near_tie_margin,
                 "same_environment": float(self.same_environment),
-                "gate_other_machine": float(self.gate_other_machine)}
+                "gate_other_machine": float(self.gate_other_machine), "max_top1_drop": self.travel.top1_drop,
+                "max_kl_rise": self.travel.kl_rise, "max_task_drop": self.travel.task_drop}

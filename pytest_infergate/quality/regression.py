@@ -11,21 +11,26 @@ from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, GoldenSample
 from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
 from pytest_infergate.quality.policy import RegressionPolicy
+from pytest_infergate.quality.travel import SampleFigures, TravelDecision
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"
 
 
-def outputs_to_accept(samples: list[GoldenSample], generated: list[Generated], model=None) -> list[GoldenOutput]:
+def outputs_to_accept(samples: list[GoldenSample], generated: list[Generated], model=None,
+                      figures: dict[str, SampleFigures] | None = None) -> list[GoldenOutput]:
     """Outputs to accept; with `model`, each token's top-k log-probabilities under it are stored too (scored
-    alone, as `compare_with_golden` scores them)."""
+    alone, as `compare_with_golden` scores them); with `figures` (sample id -> its figures against the reference
+    precision on this machine), those too, for the decision on another machine (quality.travel)."""
     topks: list = [[] for _ in generated]
     if model is not None:
         # imported here, where a model scores: the endpoint-only install (no torch) imports this module
         from pytest_infergate.quality.scoring import teacher_forced
 
         _, topks = teacher_forced(model, model, [(g.prompt_ids, g.token_ids) for g in generated])
-    return [GoldenOutput(g.id, g.token_ids, g.text, topk) for g, topk in zip(generated, topks)]
+    figures = figures or {}
+    return [GoldenOutput(g.id, g.token_ids, g.text, topk, figures[g.id].to_dict() if g.id in figures else None)
+            for g, topk in zip(generated, topks)]
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,10 @@ class GoldenRegression:
     policy: RegressionPolicy = field(default_factory=RegressionPolicy)
     environment_mismatch: list[str] = field(default_factory=list)
     other_machine: str = ""  # where the accepted outputs were recorded, when that is not this machine
+    # on another machine, under gate_other_machine=0: this machine's quality against its reference compared with
+    # the accepted machine's (None: not decided that way, or no accepted file records the figures)
+    travel: TravelDecision | None = None
+    travel_source: str = ""  # the accepted file whose figures `travel` compared with
 
     def classify(self, policy: RegressionPolicy, environment_mismatch: list[str] | None = None,
                  other_machine: str | None = None) -> GoldenRegression:
@@ -112,6 +121,22 @@ class GoldenRegression:
     def drift_share(self) -> float:
         return len(self.drift) / self.compared if self.compared else 0.0
 
+    @property
+    def travels(self) -> bool:
+        """Decided by what travels between machines, the token-level changes listed but not deciding: the accepted
+        outputs come from another machine and the policy does not gate tokens there (gate_other_machine=0)."""
+        return bool(self.other_machine) and not self.policy.gate_other_machine and not self.policy.exact
+
+    def decided_by(self) -> str:
+        """Which evidence decided, in one phrase (report and terminal)."""
+        if self.travels and self.travel is not None:
+            return (f"quality against the reference, this machine vs {self.other_machine} "
+                    f"({self.travel_source or 'the accepted file'})")
+        if self.travels:
+            return f"token for token against another machine ({self.other_machine}); no accepted file records figures"
+        return "token for token" + (f" against another machine ({self.other_machine})" if self.other_machine
+                                     else " against this machine's accepted outputs")
+
     def problems(self) -> list[str]:
         """Why the gate fails (empty: it passes)."""
         out = []
@@ -120,7 +145,9 @@ class GoldenRegression:
         if self.policy.exact and self.changed:
             out.append(f"exact=1: {len(self.changed)} of {self.compared} outputs changed "
                        f"({len(self.near_ties)} of them near-ties)")
-        elif self._drift_beyond_policy() and not self._drift_undecidable():
+        elif self.travels:
+            out += self.travel.failures() if self.travel is not None else []
+        elif self._drift_beyond_policy():
             out.append(f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}), policy "
                        f"max_drift_share {self.policy.max_drift_share:g}")
         if self.policy.same_environment and self.environment_mismatch:
@@ -129,21 +156,26 @@ class GoldenRegression:
         return out
 
     def undecided(self) -> list[str]:
-        """Why the gate can neither pass nor fail (empty: it can): drift beyond policy against outputs accepted on
-        another machine, for a precision whose outputs are not reproduced across machines (gate_other_machine=0)."""
-        if self.problems() or not (self._drift_beyond_policy() and self._drift_undecidable()):
+        """Why the gate can neither pass nor fail (empty: it can), each naming the action that decides: on another
+        machine under gate_other_machine=0, figures that straddle their margins, or drift beyond policy with no
+        accepted file recording the figures."""
+        if self.problems() or not self.travels:
+            return []
+        accept = ("Accept this machine's outputs beside them with --infergate-update-golden and commit the file "
+                  "(this machine then compares token for token)")
+        if self.travel is not None:
+            return [f"{why} on {self.other_machine}. {accept}, or widen the policy's max_top1_drop / max_kl_rise / "
+                    "max_task_drop; until then the verdict is inconclusive (a failure under --infergate-strict)"
+                    for why in self.travel.undecided()]
+        if not self._drift_beyond_policy():
             return []
         return [f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}) against outputs "
-                f"accepted on another machine ({self.other_machine}), which cannot be told from the machine under "
-                f"gate_other_machine=0 (int8's default: its outputs differ across machines by more than any tie). "
-                "Accept this machine's outputs beside them with --infergate-update-golden and commit the file; until "
-                "then the verdict is inconclusive (a failure under --infergate-strict)"]
+                f"accepted on another machine ({self.other_machine}), whose file records no quality figures to "
+                f"decide on (schema 3, gate_other_machine=0). {accept}; until then the verdict is inconclusive "
+                "(a failure under --infergate-strict)"]
 
     def _drift_beyond_policy(self) -> bool:
         return bool(self.drift) and self.drift_share > self.policy.max_drift_share
-
-    def _drift_undecidable(self) -> bool:
-        return bool(self.other_machine) and not self.policy.gate_other_machine
 
     @property
     def ok(self) -> bool:

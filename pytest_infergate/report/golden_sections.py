@@ -40,6 +40,8 @@ class GoldenSection:
     environment_mismatch: list[str]
     policy: str  # the regression policy applied, as text
     undecided: list[str]  # why it is inconclusive
+    decided_by: str = ""  # which evidence decided (GoldenRecord.decided_by)
+    travel: str = ""  # on another machine: quality against the reference, this machine vs the accepted one
 
 
 def golden_sections(records: list[GoldenRecord]) -> list[GoldenSection]:
@@ -52,7 +54,7 @@ def golden_sections(records: list[GoldenRecord]) -> list[GoldenSection]:
                                  len(r.near_ties), len(r.drift), drift_first, list(r.problems),
                                  list(r.environment_mismatch),
                                  ", ".join(f"{key} {units.number(value)}" for key, value in r.policy.items()),
-                                 list(r.undecided)))
+                                 list(r.undecided), r.decided_by, r.travel))
     return out
 
 

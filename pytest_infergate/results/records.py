@@ -193,7 +193,9 @@ class GoldenRecord:
     environment_mismatch: list[str] = field(default_factory=list)  # accepted file's header vs this run
     backend: str = "engine"  # what generated the current outputs: engine, hf-generate, endpoint
     backend_reason: str = ""  # why not the engine
-    undecided: list[str] = field(default_factory=list)  # why it is inconclusive (drift against another machine)
+    undecided: list[str] = field(default_factory=list)  # why it is inconclusive, each naming the action that decides
+    decided_by: str = ""  # which evidence decided, one phrase (GoldenRegression.decided_by)
+    travel: str = ""  # on another machine: the quality figures against the reference, this machine vs the accepted
 
     @property
     def near_ties(self) -> list[SampleQuality]:
@@ -209,7 +211,8 @@ class GoldenRecord:
                 "missing": self.missing, "mean_topk_kl": self.mean_topk_kl,
                 "near_ties": len(self.near_ties), "drift": len(self.drift),  # counts, derived from `changed`
                 "changed": [s.to_dict() for s in self.changed], "policy": self.policy, "problems": self.problems,
-                "environment_mismatch": self.environment_mismatch, "undecided": self.undecided, **backend_dict(self)}
+                "environment_mismatch": self.environment_mismatch, "undecided": self.undecided,
+                "decided_by": self.decided_by, "travel": self.travel, **backend_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> GoldenRecord:
@@ -219,7 +222,8 @@ class GoldenRecord:
                    list(data.get("missing", [])), data.get("mean_topk_kl"),
                    [SampleQuality.from_dict(s) for s in data.get("changed", [])], dict(data.get("policy", {})),
                    list(data.get("problems", [])), list(data.get("environment_mismatch", [])), *backend_of(data),
-                   undecided=list(data.get("undecided", [])))
+                   undecided=list(data.get("undecided", [])), decided_by=str(data.get("decided_by", "")),
+                   travel=str(data.get("travel", "")))
 
 
 @dataclass

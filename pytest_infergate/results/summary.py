@@ -174,13 +174,14 @@ def golden_lines(record: GoldenRecord) -> list[Line]:
     near = record.near_ties
     ties = (" (near-ties: " + ", ".join(f"{s.id} margin {s.divergence_margin:.2f}" for s in near[:3])
             + (", ..." if len(near) > 3 else "") + ")") if near else ""
-    return [Line(f"  golden {record.status.value.upper():10s} {record.precision}{backend_tag(record)}: "
-                 f"{len(record.changed)} of "
-                 f"{record.compared} outputs changed, {len(record.drift)} drift, {len(near)} near-ties{ties}",
-                 _color(record.status))] + [
-        Line("      drift against outputs accepted on another machine, which this precision's outputs do not "
-             "reproduce (gate_other_machine=0): accept this machine's with --infergate-update-golden",
-             _color(record.status)) for _ in record.undecided[:1]]
+    decided = f"; judged {record.decided_by}" if record.decided_by else ""
+    lines = [Line(f"  golden {record.status.value.upper():10s} {record.precision}{backend_tag(record)}: "
+                  f"{len(record.changed)} of {record.compared} outputs changed, {len(record.drift)} drift, "
+                  f"{len(near)} near-ties{ties}{decided}", _color(record.status))]
+    if record.travel:
+        lines.append(Line(f"      {record.travel}", _color(record.status)))
+    return lines + [Line(f"      inconclusive: {why}", _color(record.status))
+                    for why in record.undecided[:1]]
 
 
 def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
@@ -209,7 +210,10 @@ def summary_lines(results: RunResults) -> list[Line]:
     lines = model_lines(results) + unexplained_backend_lines(results)
     for record in results.perf:
         lines += perf_lines(record)
-    lines += [quality_line(group) for group in quality_groups(results.quality)]
+    for group in quality_groups(results.quality):
+        lines.append(quality_line(group))
+        # figures the policy does not gate: a note beside their gate, never a reason in the verdict
+        lines += [Line(f"      note: {note}") for note in group.records[0].result.notes[:4]]
     for record in results.golden:
         lines += golden_lines(record)
     lines += [batch_invariance_line(record) for record in results.batch_invariance]

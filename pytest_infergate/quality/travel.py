@@ -1,0 +1,210 @@
+"""Golden verdicts that travel between machines.
+
+A quantized precision's tokens are not reproduced on another CPU model or kernel path (LLM.int8's outlier columns
+turn last-bit differences into other tokens: 11 of 48 int8 samples drift between an Intel Xeon and an AMD EPYC
+with nothing changed), so against outputs accepted on another machine a token-level comparison cannot decide. What
+does travel is how far the precision sits from its own reference on the same machine: top-1 agreement and KL on
+the reference's continuation, and the task score beside the reference's. The accepted file stores those figures
+per sample (schema 3); on another machine this run's figures against its own reference are compared with them,
+sample by sample (paired: the reference's outputs are reproduced across machines), and a bootstrap over the samples
+decides:
+
+- PASS when every figure's worsening is, with 95% confidence, within its margin (equivalent quality);
+- FAIL when a figure's worsening is, with 95% confidence, beyond its margin (quality fell);
+- inconclusive otherwise, naming the action that decides (accept this machine's outputs).
+
+Margins (policy keys, defaults from the measured spread between machines): `max_top1_drop` 0.05 (int8 top-1 on
+two machines: 0.949 and 0.938), `max_kl_rise` 0.5, relative to the accepted mean KL (int8 0.0200 and 0.0211,
+nf4 0.276 and 0.277), `max_task_drop` 0.1 (the task score's deficit against the reference; both machines 1.00).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytest_infergate import units
+from pytest_infergate.stats import mean, paired_bootstrap_ci
+from pytest_infergate.status import Status
+
+MAX_TOP1_DROP = 0.05
+MAX_KL_RISE = 0.5  # relative to the accepted mean KL
+KL_FLOOR = 1e-3  # nats: the margin of a precision whose accepted KL is ~0 (numerics alone reach this)
+MAX_TASK_DROP = 0.1
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class SampleFigures:
+    """One sample's quality against the reference precision on the machine that measured it."""
+
+    top1: float | None = None  # teacher-forced top-1 agreement on the reference's continuation
+    mean_kl: float | None = None  # mean KL(reference || candidate) over that continuation, nats
+    task: float | None = None  # the candidate's task score (None: the sample has no task checks)
+    reference_task: float | None = None
+
+    @classmethod
+    def of(cls, quality) -> SampleFigures:
+        """From a metrics.SampleQuality of the candidate against the reference."""
+        return cls(quality.top1, quality.mean_kl, quality.candidate_task, quality.reference_task)
+
+    def to_dict(self) -> dict:
+        return {name: round(value, 6) if value is not None else None
+                for name, value in (("top1", self.top1), ("mean_kl", self.mean_kl), ("task", self.task),
+                                    ("reference_task", self.reference_task))}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SampleFigures:
+        def number(name: str) -> float | None:
+            value = data.get(name)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        return cls(number("top1"), number("mean_kl"), number("task"), number("reference_task"))
+
+    @property
+    def task_deficit(self) -> float | None:
+        """How much of the reference's task score the candidate lost on this sample (negative: it did better)."""
+        if self.task is None or self.reference_task is None:
+            return None
+        return self.reference_task - self.task
+
+
+@dataclass(frozen=True)
+class TravelMargins:
+    top1_drop: float = MAX_TOP1_DROP
+    kl_rise: float = MAX_KL_RISE
+    task_drop: float = MAX_TASK_DROP
+
+    @classmethod
+    def of(cls, rules: dict[str, float]) -> TravelMargins:
+        return cls(rules.get("max_top1_drop", MAX_TOP1_DROP), rules.get("max_kl_rise", MAX_KL_RISE),
+                   rules.get("max_task_drop", MAX_TASK_DROP))
+
+
+@dataclass(frozen=True)
+class TravelFigure:
+    """One figure's equivalence decision: its worsening (now minus accepted, positive = worse), mean over the
+    paired samples with a 95% bootstrap interval, against its margin."""
+
+    metric: str  # "top1", "mean_kl", "task deficit"
+    accepted: float  # the mean as accepted on the other machine
+    now: float  # the mean on this machine
+    worsening: float
+    low: float
+    high: float
+    margin: float
+    samples: int
+
+    @property
+    def status(self) -> Status:
+        if self.low > self.margin:
+            return Status.FAIL
+        return Status.PASS if self.high <= self.margin else Status.INCONCLUSIVE
+
+    def describe(self) -> str:
+        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(self.status, "straddles")
+        return (f"{self.metric} {units.number(self.accepted, 3)} accepted → {units.number(self.now, 3)} now, "
+                f"worse by {units.number(self.worsening, 3)} (95% CI {units.number(self.low, 3)} to "
+                f"{units.number(self.high, 3)}) {relation} margin {units.number(self.margin, 3)} "
+                f"({self.samples} samples)")
+
+
+@dataclass
+class TravelDecision:
+    """This machine's figures against the accepted machine's, per figure, with the categories and samples that
+    moved most (for a failure's message)."""
+
+    figures: list[TravelFigure]
+    worst_categories: list[str] = field(default_factory=list)  # "chat: top1 −0.31" where a category fell most
+    worst_samples: list[str] = field(default_factory=list)  # "q3 [chat]: KL 0.02 → 0.9"
+    unpaired: int = 0  # samples without figures on one side
+
+    @property
+    def status(self) -> Status:
+        if not self.figures:
+            return Status.INCONCLUSIVE
+        return Status.worst(figure.status for figure in self.figures)
+
+    def summary(self) -> str:
+        return "; ".join(figure.describe() for figure in self.figures) or "no figures to compare"
+
+    def failures(self) -> list[str]:
+        if self.status != Status.FAIL:
+            return []
+        fell = "; ".join(f.describe() for f in self.figures if f.status == Status.FAIL)
+        where = ""
+        if self.worst_categories:
+            where += "; categories that fell most: " + ", ".join(self.worst_categories)
+        if self.worst_samples:
+            where += "; samples: " + ", ".join(self.worst_samples)
+        return [f"quality against the reference fell beyond the margins compared with the accepted machine's: "
+                f"{fell}{where}"]
+
+    def undecided(self) -> list[str]:
+        if self.status != Status.INCONCLUSIVE:
+            return []
+        straddling = "; ".join(f.describe() for f in self.figures if f.status == Status.INCONCLUSIVE)
+        return [f"quality against the reference neither equivalent nor fallen compared with the accepted machine's "
+                f"({straddling or 'no sample has figures on both machines'})"]
+
+
+def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
+           margins: TravelMargins) -> TravelDecision:
+    """`now` (this machine, sample id -> figures against its reference) against `accepted` (the accepted file's);
+    `categories`: sample id -> category."""
+    paired = [sample for sample in now if sample in accepted]
+    figures = []
+    worst_categories: dict[str, list[str]] = {}  # category -> what fell there, in the order first found
+    for metric, worse, margin_of in (
+            ("top1", lambda a, n: a.top1 - n.top1 if a.top1 is not None and n.top1 is not None else None,
+             lambda accepted_mean: margins.top1_drop),
+            ("mean_kl", lambda a, n: n.mean_kl - a.mean_kl if a.mean_kl is not None and n.mean_kl is not None
+             else None, lambda accepted_mean: max(margins.kl_rise * accepted_mean, KL_FLOOR)),
+            ("task deficit", lambda a, n: n.task_deficit - a.task_deficit
+             if a.task_deficit is not None and n.task_deficit is not None else None,
+             lambda accepted_mean: margins.task_drop)):
+        pairs = [(sample, worse(accepted[sample], now[sample])) for sample in paired]
+        pairs = [(sample, value) for sample, value in pairs if value is not None]
+        if not pairs:
+            continue
+        values = [value for _, value in pairs]
+        point, low, high = paired_bootstrap_ci(values, resamples=RESAMPLES)
+        accepted_mean = mean([_figure(metric, accepted[sample]) for sample, _ in pairs])
+        now_mean = mean([_figure(metric, now[sample]) for sample, _ in pairs])
+        figure = TravelFigure(metric, accepted_mean, now_mean, point, low, high, margin_of(accepted_mean), len(pairs))
+        figures.append(figure)
+        if figure.status != Status.PASS:
+            for name, fell in _worst_categories(metric, pairs, categories, figure.margin):
+                worst_categories.setdefault(name, []).append(fell)
+    worst_samples = _worst_samples(accepted, now, paired, categories)
+    return TravelDecision(figures, [f"{name} ({', '.join(fell)})" for name, fell in worst_categories.items()],
+                          worst_samples, unpaired=len(set(now) ^ set(accepted)))
+
+
+def _figure(metric: str, figures: SampleFigures) -> float:
+    return {"top1": figures.top1, "mean_kl": figures.mean_kl, "task deficit": figures.task_deficit}[metric]
+
+
+def _worst_categories(metric: str, pairs: list[tuple[str, float]], categories: dict[str, str], margin: float,
+                      count: int = 3) -> list[tuple[str, str]]:
+    """(category, what fell) for the `count` categories whose mean worsening of `metric` is largest and beyond
+    the margin."""
+    by_category: dict[str, list[float]] = {}
+    for sample, value in pairs:
+        by_category.setdefault(categories.get(sample, "?"), []).append(value)
+    means = sorted(((mean(values), name) for name, values in by_category.items()), reverse=True)
+    return [(name, f"{metric} worse by {units.number(value, 3)}") for value, name in means[:count] if value > margin]
+
+
+def _worst_samples(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], paired: list[str],
+                   categories: dict[str, str], count: int = 5) -> list[str]:
+    """The samples whose KL rose most (top-1 drop where there is no KL)."""
+    def rise(sample: str) -> float:
+        a, n = accepted[sample], now[sample]
+        if a.mean_kl is not None and n.mean_kl is not None:
+            return n.mean_kl - a.mean_kl
+        return (a.top1 or 0.0) - (n.top1 or 0.0)
+
+    ranked = sorted(paired, key=rise, reverse=True)[:count]
+    return [f"{sample} [{categories.get(sample, '?')}]: KL {units.number(accepted[sample].mean_kl or 0, 3)} → "
+            f"{units.number(now[sample].mean_kl or 0, 3)}, top-1 {units.number(accepted[sample].top1 or 0, 3)} → "
+            f"{units.number(now[sample].top1 or 0, 3)}" for sample in ranked if rise(sample) > 0]
