@@ -210,3 +210,23 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
     if expected == "fail" and (interference.busy(candidate.others_share) or interference.busy(baseline.others_share)):
         assert "load-corrected by run-queue delay" in itl.note and "other processes took 74%" in itl.note
         assert "load-corrected by run-queue delay" in outcome.message()
+
+
+def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_never_fails_one():
+    """A busy runner's time budget breach is cleared when the figure load-corrected by run-queue delay meets the
+    budget with room for the correction's error (x1.6), said in the outcome's notes; closer than that it stays
+    inconclusive naming the corrected figure; a corrected figure far over the budget does not make a failure."""
+    budget = parse_budget({"itl_ms": 50})
+    cleared = evaluate_perf(loaded(20.0, 0.74, 0.27), budget, {}, None, baseline_given=False)  # 74 ms as measured
+    assert cleared.status == "pass" and cleared.violations == []
+    (note,) = [n for n in cleared.notes if "load-corrected by run-queue delay" in n]
+    assert note.startswith("itl_ms: 74") and "breaks the budget 50 ms on a busy runner" in note
+    assert "it is 20.2 ms, within the budget by more than the correction can be off (×1.6): met" in note
+
+    close = evaluate_perf(loaded(40.0, 0.74, 0.54), budget, {}, None, baseline_given=False)  # 40 ms > 50 / 1.6
+    assert close.status == "inconclusive"
+    assert "load-corrected by run-queue delay it is 40.4 ms, too close to the budget to tell" in \
+        close.violations[0].undecided
+    # load-corrected 3x over the budget, as measured within what the load explains: inconclusive, not a failure
+    over = evaluate_perf(loaded(150.0, 0.74, 0.9), budget, {}, None, baseline_given=False)
+    assert over.status == "inconclusive"

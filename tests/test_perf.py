@@ -1,5 +1,6 @@
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from pytest_infergate.perf import (
     stored,
 )
 from pytest_infergate.stats import percentile
+from pytest_infergate.status import Status
 
 
 def noisy(center, n, noise=0.05, seed=0):
@@ -444,8 +446,8 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
     assert itl.startswith("itl_ms p50 baseline 20 ms → now 23 ms, 15% slower: ×1.15")
     assert provenance == "baseline: 8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
     # the interval lies above the threshold although the verdict is inconclusive: the line says which, and why
-    assert "(CI 1.12–1.18) > ×1.1, least-disturbed repetitions, calibration probe ×1.14: as measured it would fail" \
-        in itl
+    assert ("(CI 1.12–1.18) > ×1.1, as measured, least-disturbed repetitions, resolves slowdowns above ×1.03, "
+            "calibration probe ×1.14: as measured it would fail") in itl
     assert "≤ ×1.1" in tps and "calibration probe ×2" in tps
     assert changed == "changed since the baseline: torch 2.0 → 2.1"
 
@@ -506,3 +508,58 @@ def test_the_kv_budget_is_sized_from_the_workload_unless_the_config_sets_one(tin
     with Engine(tiny_fp32.model, tiny_fp32.tokenizer, config) as engine:
         (result,) = engine.generate([Request(prompt_token_ids=[5] * 40, max_new_tokens=8)])
     assert not result.ok and "more than the budget sized for this workload holds" in result.reason
+
+
+# ---- the resolution a stored comparison states, and the evidence each verdict names ------------------------------
+
+def test_a_stored_verdict_states_its_resolution_and_says_at_once_when_the_threshold_is_below_it():
+    """Each stored verdict says the smallest slowdown its two sides' spread resolves; an inconclusive one whose
+    spread re-measuring cannot narrow below max_regression says so at once, naming the A/B route, and is not
+    re-measured; a spread that re-measuring can narrow is re-measured as before."""
+    entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1, noise=0.03))
+    quiet = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {}, entry)
+    itl = next(v for v in quiet.verdicts if v.metric == "itl_ms")
+    assert 1.0 < itl.resolution < 1.1 and f"resolves slowdowns above ×{itl.resolution:.3f}" in itl.describe()
+    assert any("resolves slowdowns above ×" in line for line in verdict_reasons_of(quiet))
+    assert any(f"{v.metric} " in line and ", as measured, least-disturbed repetitions" in line
+               for v in quiet.verdicts if v.repetitions for line in verdict_reasons_of(quiet))
+
+    def spread_out(scale: float) -> Measurement:  # repetitions 0.8x-1.6x apart, no probe: resolves ~x1.3
+        m = Measurement()
+        for speed in [1.0, 1.6, 0.8, 1.3, 0.9, 1.5, 1.1]:
+            m.samples.setdefault("itl_ms", []).extend([20.0 * speed * scale] * 10)
+            m.end_repetition()
+        return m
+
+    calls = []
+    outcome = evaluate_perf(spread_out(1.05), parse_budget({"max_regression": 0.10, "itl_ms": 1e12}), {},
+                            BaselineEntry({}, spread_out(1.0)), remeasure=lambda: calls.append(1))
+    undecided = [v for v in outcome.verdicts if v.status == "inconclusive"]
+    assert undecided and all(v.unresolvable for v in undecided), [v.describe() for v in outcome.verdicts]
+    assert calls == [] and outcome.remeasured == 0  # said at once
+    why = undecided[0].note
+    assert why.startswith("this comparison resolves slowdowns above ×") and "infergate_bench.ab" in why
+    assert "max_regression >= " in why
+
+
+def test_each_verdict_names_the_evidence_that_decided_it():
+    from pytest_infergate.perf.verdict import Verdict
+
+    plain = Verdict("itl_ms", Status.PASS, 1.0, 0.95, 1.05, 1.1, 50, 10.0, 10.0, (8, 8))
+    assert plain.evidence() == "as measured"
+    assert replace(plain, paired=True).evidence() == "as measured, paired by round"
+    assert replace(plain, repetitions=True).evidence() == "as measured, least-disturbed repetitions"
+    loaded = replace(plain, status=Status.FAIL, repetitions=True,
+                     note="load-corrected by run-queue delay: ×3.1 [2.5, 3.9] slower with the load taken out")
+    assert loaded.evidence() == "load-corrected by run-queue delay"
+
+
+def verdict_reasons_of(outcome) -> list[str]:
+    """The lines the terminal and the report show for an outcome's verdicts (results.verdict.verdict_reasons)."""
+    from types import SimpleNamespace
+
+    from pytest_infergate.results.verdict import verdict_reasons
+
+    record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
+                             relative_check_missing="", machine_mismatch=[], changes=[])
+    return verdict_reasons(record)

@@ -35,6 +35,9 @@ from pytest_infergate.perf import interference
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
 from pytest_infergate.status import Status
 
+# the phrase a busy-runner failure's note starts with (load_free_failure; Verdict.evidence reads it)
+LOAD_CORRECTED = "load-corrected by run-queue delay"
+
 FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
 
@@ -243,7 +246,7 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     bound = threshold * interference.LOAD_FREE_RESIDUAL
     if low <= bound:
         return None
-    return (f"load-corrected by run-queue delay: ×{point:.3f} [{low:.3f}, {high:.3f}] slower with the co-tenants' "
+    return (f"{LOAD_CORRECTED}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower with the co-tenants' "
             f"load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), beyond "
             f"×{bound:.2f}, the most the correction can be off (×{interference.LOAD_FREE_RESIDUAL} on the threshold)")
 

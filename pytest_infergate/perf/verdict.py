@@ -6,7 +6,8 @@ below the threshold, fail when it lies above, inconclusive when it straddles it 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement
@@ -39,12 +40,23 @@ class Verdict:
     note: str = ""  # why a decisive comparison was made inconclusive, or what evidence decided it on a busy runner
     # the note blames the baseline (saved on a busy runner, or disturbed): measuring this run more cannot decide it
     baseline_at_fault: bool = False
+    # inconclusive by the two sides' own spread, which re-measuring cannot narrow below the threshold: said at once
+    unresolvable: bool = False
+
+    @property
+    def resolution(self) -> float:
+        """The smallest slowdown this comparison can tell from no change, from the two sides' own spread: its
+        interval's half-width as a factor, √(high/low). A threshold below it cannot be decided either way."""
+        if self.low <= 0 or self.high <= 0 or not math.isfinite(self.high):
+            return math.inf
+        return math.sqrt(self.high / self.low)
 
     def describe(self) -> str:
         where = f"p{self.percentile} " if self.percentile else ""
         how = ", paired by round" if self.paired else ""
         if self.repetitions:
-            how += f", least-disturbed repetitions (p{stored.FAST_QUANTILE * 100:g} of per-repetition values)"
+            how += (f", least-disturbed repetitions (p{stored.FAST_QUANTILE * 100:g} of per-repetition values), "
+                    f"resolves slowdowns above ×{self.resolution:.3f}")
         if self.machine_slowdown is not None:
             how += f"; calibration probe ×{self.machine_slowdown:.3f} of the baseline's"
         if self.note:
@@ -52,6 +64,18 @@ class Verdict:
         return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown ×{self.ratio:.3f} "
                 f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold ×{self.threshold:.3f}; "
                 f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
+
+    def evidence(self) -> str:
+        """Which evidence decided the verdict (or failed to), in one short phrase for the report and the terminal:
+        the figures as measured (paired by A/B round, or each side's least-disturbed repetitions), or load-corrected
+        by the kernel's run-queue delays where a busy side's figures could not decide (perf.stored)."""
+        if self.note.startswith(stored.LOAD_CORRECTED):
+            return stored.LOAD_CORRECTED
+        if self.paired:
+            return "as measured, paired by round"
+        if self.repetitions:
+            return "as measured, least-disturbed repetitions"
+        return "as measured"
 
     def headline(self) -> str:
         """One line a reviewer reads: metric, ratio with its interval and the threshold, the baseline's figure
@@ -150,11 +174,29 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
         return None
     decided = stored.decide(cand, base, max_regression)
     measured, machine = decided.measured, decided.machine
-    return Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
+    verdict = Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
                    pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),
                    stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
                    machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
                    baseline_at_fault=decided.baseline_at_fault)
+    if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
+        verdict = replace(verdict, unresolvable=True, note=(
+            f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
+            f"spread), and re-measuring cannot bring that below max_regression {max_regression:g}: compare in one "
+            f"process (infergate_bench.ab, or --infergate-compare-model), or set max_regression >= "
+            f"{verdict.resolution - 1:.2f}"))
+    return verdict
+
+
+# run_gate re-measures at most twice, adding a block of repetitions each time: at most about three times the
+# repetitions, which narrows a bootstrap interval's log-width by about √3
+REMEASURE_NARROWING = math.sqrt(3)
+
+
+def beyond_remeasure(verdict: Verdict) -> bool:
+    """Whether even the re-measured comparison would still straddle the threshold: its resolution, narrowed by
+    REMEASURE_NARROWING in log space, stays above the threshold."""
+    return math.log(verdict.resolution) / REMEASURE_NARROWING > math.log(verdict.threshold)
 
 
 def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,

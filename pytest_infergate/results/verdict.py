@@ -102,10 +102,11 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
                        f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
                        f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
                        f"{units.ratio(v.threshold)}"
-                       + (", paired by round" if v.paired else "")
-                       + (", least-disturbed repetitions" if v.repetitions else "")
+                       + f", {v.evidence()}"
+                       + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
                        + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
-                       + (f": {v.note}" if v.note else ""))
+                       + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
+                          f": {v.note[len(v.evidence()) + 2:]}" if v.note else ""))
     if record.baseline_provenance:
         reasons.append(f"baseline: {record.baseline_provenance}")
     if record.relative_check_missing:
