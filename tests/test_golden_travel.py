@@ -75,11 +75,13 @@ def test_quality_decides_on_a_machine_the_outputs_were_not_accepted_on(travel_pr
     numerics.assert_outcomes(passed=2)
     records = golden_records(pytester)
     assert records["nf4"]["status"] == "pass", records["nf4"]
-    assert records["nf4"]["decided_by"].startswith("quality against the reference, this machine vs Another CPU model")
+    assert records["nf4"]["decided_by"].startswith("quality against the reference, this machine's vs as accepted in "
+                                                   "cpu-nf4.jsonl (tokens compared with another machine's: Another "
+                                                   "CPU model")
     assert "top1 " in records["nf4"]["travel"] and "mean_kl " in records["nf4"]["travel"]
     assert records["fp32"]["decided_by"].startswith("token for token against another machine")
     numerics.stdout.fnmatch_lines(["*golden PASS*nf4: * of 12 outputs changed*; judged quality against the "
-                                   "reference, this machine vs Another CPU model*"])
+                                   "reference, this machine's vs as accepted in cpu-nf4.jsonl*"])
 
     monkeypatch.setenv("INFERGATE_TEST_CHANGE", "broken")
     broken = run()

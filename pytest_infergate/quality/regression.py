@@ -130,8 +130,9 @@ class GoldenRegression:
     def decided_by(self) -> str:
         """Which evidence decided, in one phrase (report and terminal)."""
         if self.travels and self.travel is not None:
-            return (f"quality against the reference, this machine vs {self.other_machine} "
-                    f"({self.travel_source or 'the accepted file'})")
+            return (f"quality against the reference, this machine's vs as accepted in "
+                    f"{self.travel_source or 'the accepted file'} (tokens compared with another machine's: "
+                    f"{self.other_machine})")
         if self.travels:
             return f"token for token against another machine ({self.other_machine}); no accepted file records figures"
         return "token for token" + (f" against another machine ({self.other_machine})" if self.other_machine
