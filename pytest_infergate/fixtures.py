@@ -123,7 +123,8 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
     candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
     (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
     no local model - and `check_regression()` with its own accepted outputs."""
-    from pytest_infergate.gates.golden import GoldenGate, LocalCandidate
+    from pytest_infergate.gates.golden import GoldenGate
+    from pytest_infergate.gates.local_candidate import LocalCandidate
 
     session = session_of(request.config)
     options = session.options
