@@ -563,3 +563,18 @@ def verdict_reasons_of(outcome) -> list[str]:
     record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
     return verdict_reasons(record)
+
+
+def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides():
+    from types import SimpleNamespace
+
+    from pytest_infergate.perf.verdict import Verdict
+    from pytest_infergate.results.verdict import UNDECIDED_ACTION, verdict_reasons
+
+    straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
+    decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))
+    record = SimpleNamespace(violations=[], verdicts=[straddles, decided], baseline_provenance="",
+                             relative_check_missing="", machine_mismatch=[], changes=[])
+    first, second = verdict_reasons(record)
+    assert "straddles ×1.1, as measured: measure more (a larger `repeats=`" in first and "infergate_bench.ab" in first
+    assert UNDECIDED_ACTION not in second

@@ -49,6 +49,10 @@ class RunVerdict:
         return {"verdict": self.status.value, "reasons": [reason.to_dict() for reason in self.reasons]}
 
 
+# what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
+UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
+                    "(infergate_bench.ab) where the runner's speed drifts")
+
 GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
               "batch_invariance": "batch invariance"}
 
@@ -106,7 +110,8 @@ def verdict_reasons(record: PerfRecord) -> list[str]:
                        + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
                        + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
                        + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
-                          f": {v.note[len(v.evidence()) + 2:]}" if v.note else ""))
+                          f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
+                       + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
     if record.baseline_provenance:
         reasons.append(f"baseline: {record.baseline_provenance}")
     if record.relative_check_missing:
