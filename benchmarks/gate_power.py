@@ -60,7 +60,7 @@ from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_ba
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.gate import by_repetition, evaluate_ab  # noqa: E402
+from pytest_infergate.perf.gate import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
@@ -153,7 +153,7 @@ def main() -> int:
     parser.add_argument("--metrics", default="itl_ms,tokens_per_s")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions per measurement (baseline mode)")
     parser.add_argument("--mode", choices=("ab", "baseline", "env"), default="ab")
-    parser.add_argument("--rounds", type=int, default=4, help="A/B rounds per trial (as infergate_bench.ab)")
+    parser.add_argument("--rounds", type=int, default=AB_ROUNDS, help="A/B rounds per trial (as infergate_bench.ab)")
     parser.add_argument("--interleave", choices=("step", "repetition"), default="step",
                         help="ab mode: take engine steps in turn (as infergate_bench.ab does on a closed batch), "
                              "or whole repetitions (as before 2026-12-02, and for what cannot run step-locked)")

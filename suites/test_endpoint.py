@@ -60,5 +60,5 @@ def test_against_the_reference_deployment(infergate_endpoint, workload):
     """With --infergate-reference-endpoint (e.g. the fp16 deployment of a quantized one): the same load on both
     servers, interleaved A B A B, and the candidate's slowdown judged on a paired bootstrap CI (max_regression,
     default 0.10). Skipped with one server."""
-    a, b = infergate_endpoint.ab(workload(16, seed=25), {"concurrency": 4}, rounds=4)
+    a, b = infergate_endpoint.ab(workload(16, seed=25), {"concurrency": 4})
     assert a.num_requests == b.num_requests

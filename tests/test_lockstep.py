@@ -12,7 +12,7 @@ from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
 from pytest_infergate.perf.bench import Bench
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.gate import evaluate_ab
+from pytest_infergate.perf.gate import AB_ROUNDS, evaluate_ab
 from pytest_infergate.perf.verdict import compare_measurements, compare_samples
 from pytest_infergate.status import Status
 from pytest_infergate.workload_files import Session, Turn
@@ -147,11 +147,12 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
         run_round = lockstep.rounds(lockstep.LocalSide(bench, requests(4, 8), CFG, 1, instance=1),
                                     lockstep.LocalSide(bench, requests(4, 8), CFG, 1))
         budget = parse_budget({"max_regression": 5.0, "itl_ms": 1e12, "tokens_per_s": 1e-9})
+        # 3 rounds cannot bound a median: the gate measures more, one round at a time, up to AB_ROUNDS here
         b, outcome = evaluate_ab(run_round, budget, rounds=3)
-        assert outcome.baseline.repetitions == b.repetitions == 3
+        assert outcome.baseline.repetitions == b.repetitions == AB_ROUNDS == 6
         verdicts = {v.metric: v for v in outcome.verdicts}
         assert set(verdicts) == {"itl_ms", "tokens_per_s"} and all(v.paired for v in verdicts.values())
-        assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (3, 3)  # one value per round
+        assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (6, 6)  # one value per round
         assert outcome.status == Status.PASS  # the same model against itself, within 6x
     finally:
         bench.close()
@@ -160,7 +161,7 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
 def test_per_request_metrics_of_an_ab_compare_round_by_round():
     """A spell of interference over one side's repetition moves all its requests at once: pooled, the requests
     look like hundreds of independent samples and the gate fails unchanged code; by round, it is one round of
-    four, and the median ratio stays near 1."""
+    six, and the median ratio stays near 1."""
     def side(rounds):
         m = Measurement()
         for scale in rounds:
@@ -168,17 +169,17 @@ def test_per_request_metrics_of_an_ab_compare_round_by_round():
             m.end_repetition()
         return m
 
-    baseline, candidate = side([1.0, 1.0, 1.0, 1.0]), side([1.0, 1.3, 1.0, 1.01])
+    baseline, candidate = side([1.0] * 6), side([1.0, 1.3, 1.0, 1.01, 0.99, 1.0])
     budget = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     pooled = compare_samples("itl_ms", candidate.samples["itl_ms"], baseline.samples["itl_ms"], 0.10)
     (paired,) = compare_measurements(candidate, baseline, budget, paired=True)
-    assert paired.paired and paired.samples == (4, 4) and paired.status != Status.FAIL
+    assert paired.paired and paired.samples == (6, 6) and paired.status != Status.FAIL
     assert paired.ratio == pytest.approx(1.0, abs=0.02)
-    slower = side([1.3, 1.3, 1.3, 1.3])
+    slower = side([1.3] * 6)
     (failed,) = compare_measurements(slower, baseline, budget, paired=True)
     assert failed.status == Status.FAIL and failed.ratio == pytest.approx(1.3, abs=0.01)
     # the pooled comparison of the same data reads the spell as a regression of the whole distribution's tail
-    assert pooled.samples == (400, 400)
+    assert pooled.samples == (600, 600)
     (tail,) = compare_measurements(candidate, baseline, parse_budget({"max_regression": 0.10, "itl_ms_p90": 1e12}),
                                    paired=True)
     assert tail.percentile == 90 and tail.paired

@@ -1,4 +1,5 @@
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ from pytest_infergate.perf import (
     calibration,
     check_budget,
     compare_measurements,
+    compare_paired,
     compare_samples,
     evaluate_perf,
     load_baseline,
@@ -21,7 +23,7 @@ from pytest_infergate.perf import (
     save_baseline,
     stored,
 )
-from pytest_infergate.stats import percentile
+from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
 
 
@@ -101,10 +103,10 @@ def test_throughput_direction_is_oriented():
 
 def test_interleaved_rounds_compare_pairwise_so_drift_cancels():
     # the machine slows down round by round (a shared CI box); B is 2x slower than A within every round
-    drift = [1.0, 0.5, 1.3, 0.4, 0.9]
-    a = Measurement(samples={"tokens_per_s": [100.0 * d for d in drift], "ttft_ms": [10.0] * 5})
+    drift = [1.0, 0.5, 1.3, 0.4, 0.9, 1.1]
+    a = Measurement(samples={"tokens_per_s": [100.0 * d for d in drift], "ttft_ms": [10.0] * 6})
     b = Measurement(samples={"tokens_per_s": [50.0 * d * (1 + 0.03 * (-1) ** i) for i, d in enumerate(drift)],
-                             "ttft_ms": [10.0] * 5})
+                             "ttft_ms": [10.0] * 6})
     budget = parse_budget({"tokens_per_s": 1e-9, "max_regression": 0.5})
     independent = compare_measurements(b, a, budget)[0]
     paired = compare_measurements(b, a, budget, paired=True)[0]
@@ -114,6 +116,31 @@ def test_interleaved_rounds_compare_pairwise_so_drift_cancels():
     # per-request latencies are not paired: they are many samples per round
     ttft = compare_measurements(b, a, parse_budget({"ttft_ms": 100, "max_regression": 0.5}), paired=True)[0]
     assert not ttft.paired
+
+
+def test_the_median_interval_of_a_few_rounds_covers_what_it_claims():
+    """Order statistics bound the median at 95% whatever the distribution; below 6 values nothing does. The
+    bootstrap it replaces claimed 95% over 4 rounds and was wrong more often (a false failure under a CPU hog)."""
+    assert min_rounds() == 6 and median_interval([1.26, 1.19, 1.59, 1.21])[1:] == (0.0, math.inf)
+    assert median_interval([1.0, 1.1, 0.9, 1.05, 0.95, 1.2]) == (1.025, 0.9, 1.2)
+    assert median_interval(list(range(1, 10)))[1:] == (2, 8)  # 9 values: the most extreme one each side left out
+    rng = random.Random(7)
+    for n in (4, 6, 9, 12):
+        # heavy-tailed per-round ratios (a busy runner's spells) around a true median of 1
+        covered = bootstrap_covered = 0
+        for _ in range(400):
+            ratios = [math.exp(rng.gauss(0, 0.05) + (rng.expovariate(4) if rng.random() < 0.3 else 0)
+                               - (rng.expovariate(4) if rng.random() < 0.3 else 0)) for _ in range(n)]
+            _, low, high = median_interval(ratios)
+            covered += low <= 1.0 <= high
+            _, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), resamples=200)
+            bootstrap_covered += low <= 1.0 <= high
+        assert covered / 400 >= 0.94, n
+        if n == 4:
+            assert bootstrap_covered / 400 < 0.9  # what the A/B gate used before
+    # the false failure measured under a CPU hog: 4 rounds of unchanged code, tokens/s x1.26 [1.19, 1.59]
+    verdict = compare_paired("tokens_per_s", [79.0, 84.0, 63.0, 83.0], [100.0, 100.0, 100.0, 100.0], 0.10)
+    assert verdict.status == Status.INCONCLUSIVE and "an A/B needs at least 6" in verdict.note
 
 
 def test_percentile_matches_numpy_linear():

@@ -13,7 +13,15 @@ from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
-from pytest_infergate.perf.gate import PerfOutcome, Reference, Route, by_repetition, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.gate import (
+    AB_ROUNDS,
+    PerfOutcome,
+    Reference,
+    Route,
+    by_repetition,
+    evaluate_ab,
+    evaluate_perf,
+)
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
@@ -25,8 +33,8 @@ DEFAULT_AB_REGRESSION = 0.10
 # side of one repetition (a cold first call, a pause of the machine) would make a verdict the interval cannot see.
 BASELINE_MIN_REPEATS = 8
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
-# comparison's interval needs a few rounds whatever `repeats` the test asked for.
-ENV_MIN_ROUNDS = 4
+# comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
+ENV_MIN_ROUNDS = AB_ROUNDS
 
 
 def uses_stored_baseline(ctx: TestContext) -> bool:
@@ -270,7 +278,7 @@ class PerfBench:
         return lockstep.rounds(lockstep.LocalSide(other_bench, requests, other_config, warmup, instance=a_instance),
                                lockstep.LocalSide(self.bench, requests, config, warmup)), refused
 
-    def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = 4,
+    def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = AB_ROUNDS,
            warmup: int = 1, label: str = "ab"):
         """Interleaved A/B: the baseline side and this test's model are measured alternately, A B A B ..., so
         drift of the machine hits both alike. The baseline side is `baseline_model`, else --infergate-compare-model

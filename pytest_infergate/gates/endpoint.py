@@ -20,7 +20,7 @@ from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.lazy import require_local_model_stack
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.gate import PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetition, evaluate_ab
 from pytest_infergate.results.records import PerfRecord
 
 
@@ -226,7 +226,7 @@ class EndpointPerfBench:
                           f"{outcome.message()}\n{result.describe()}")
         return result
 
-    def ab(self, requests=None, config=None, *, pattern=None, slo=None, rounds: int = 4, warmup: int = 1,
+    def ab(self, requests=None, config=None, *, pattern=None, slo=None, rounds: int = AB_ROUNDS, warmup: int = 1,
            label: str = "ab", **local_only):
         """Interleaved A/B between the two servers: --infergate-reference-endpoint (A) and --infergate-endpoint
         (B) run the same load alternately, A B A B ..., so drift of either machine hits both alike; the verdict

@@ -16,13 +16,19 @@ from pytest_infergate.perf.decide import budget_violations, decide, undecided_by
 from pytest_infergate.perf.fingerprint import diff_fingerprints
 from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.perf.reference import Reference, RoundRunner, Route
+from pytest_infergate.stats import min_rounds
 from pytest_infergate.status import Status
 
-__all__ = ["CONFIRM_REPETITIONS", "PerfOutcome", "Reference", "RoundRunner", "Route", "budget_violations",
-           "by_repetition", "evaluate_ab", "evaluate_perf", "run_gate"]
+__all__ = ["AB_MORE_ROUNDS", "AB_ROUNDS", "CONFIRM_REPETITIONS", "PerfOutcome", "Reference", "RoundRunner", "Route",
+           "budget_violations", "by_repetition", "evaluate_ab", "evaluate_perf", "run_gate"]
 
 # the fresh block after which a failure against a stored baseline is decided again (at most as many as the first)
 CONFIRM_REPETITIONS = 8
+# An interleaved A/B's rounds: the fewest whose extremes bound the median per-round ratio at 95% (stats.min_rounds),
+# and up to AB_MORE_ROUNDS more while inconclusive: at 9 rounds the interval leaves out the most extreme round on
+# each side, which is what a spell of co-tenant load on one round needs.
+AB_ROUNDS = min_rounds()
+AB_MORE_ROUNDS = 3
 
 
 def run_gate(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
@@ -85,8 +91,9 @@ def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measure
     return run_round
 
 
-def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int, strict: bool = False,
-                max_remeasure: int = 2, route: Route = Route.IN_PROCESS) -> tuple[Measurement, PerfOutcome]:
+def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int = AB_ROUNDS, strict: bool = False,
+                max_remeasure: int = AB_MORE_ROUNDS,
+                route: Route = Route.IN_PROCESS) -> tuple[Measurement, PerfOutcome]:
     """An interleaved route: `rounds` rounds (each adds one repetition to A and one to B: step-locked, or
     `by_repetition`), then one more round at a time while a verdict is inconclusive, up to `max_remeasure`; B's
     budgets checked and every metric compared round by round. Returns B's Measurement and the outcome, whose

@@ -13,7 +13,7 @@ from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import calibration, stored
 from pytest_infergate.perf.budget import Budget
-from pytest_infergate.stats import bootstrap_ratio_ci, paired_bootstrap_ci, percentile
+from pytest_infergate.stats import bootstrap_ratio_ci, median_interval, min_rounds, percentile
 from pytest_infergate.status import Status
 
 
@@ -126,22 +126,26 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
 
 
 def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
-                   confidence: float = 0.95, resamples: int = 2000, pct: int | None = None,
+                   confidence: float = 0.95, pct: int | None = None,
                    shown: tuple[float, float] | None = None) -> Verdict:
     """Like compare_samples for one value per round of an interleaved A/B run, where candidate[i] and
     baseline[i] were measured back to back: the ratio is taken within each round, so drift of the machine
-    between rounds cancels instead of widening the interval; the CI bootstraps the median over rounds.
-    `pct`: the values are each round's percentile of a per-request metric; `shown`: the (candidate, baseline)
-    values to show (default: the medians of the per-round values)."""
+    between rounds cancels instead of widening the interval; the median of the per-round ratios decides, with its
+    order-statistic interval (stats.median_interval: no assumption on how a busy runner spreads the rounds; below
+    stats.min_rounds rounds it decides nothing, and the gate measures more rounds). `pct`: the values are each
+    round's percentile of a per-request metric; `shown`: the (candidate, baseline) values to show (default: the
+    medians of the per-round values)."""
     higher_is_better = METRICS[metric][1]
     ratios = [(b / c if higher_is_better else c / b) for c, b in zip(candidate, baseline) if c > 0 and b > 0]
     if len(ratios) != len(candidate):
         return compare_samples(metric, candidate, baseline, max_regression)
-    point, low, high = paired_bootstrap_ci(ratios, lambda xs: percentile(xs, 50), confidence, resamples)
+    point, low, high = median_interval(ratios, confidence)
     threshold = 1.0 + max_regression
     shown = shown or (percentile(candidate, 50), percentile(baseline, 50))
+    note = "" if math.isfinite(high) else (f"{len(ratios)} rounds cannot bound the median ratio at "
+                                           f"{confidence:.0%}: an A/B needs at least {min_rounds(confidence)}")
     return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold, pct,
-                   shown[0], shown[1], (len(candidate), len(baseline)), paired=True)
+                   shown[0], shown[1], (len(candidate), len(baseline)), paired=True, note=note)
 
 
 def compare_paired_percentiles(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
