@@ -14,7 +14,8 @@ busy` computing torch matmuls), and decides it exactly as the pytest gate does; 
 - `--mode ab` (default, as `infergate_bench.ab()`): the unchanged model (A) and the candidate (B) alternate for
   `--rounds` rounds, step-locked (perf.lockstep: their engine steps in turn, each side timed on its own steps; or
   `--interleave repetition`, a whole repetition per side and turn), decided by evaluate_ab (every metric by the
-  median of per-round ratios; one more round at a time while inconclusive, up to two);
+  median of per-round ratios with its order-statistic interval; one more round at a time while inconclusive, up
+  to three);
 - `--mode baseline` (as `--infergate-save-baseline`, then `--infergate-baseline`): a child process measures the
   workload through the `infergate_bench` fixture's object (PerfBench, its calibration probe included) and saves the
   baseline file as the session does; this process loads that file and measures every trial through a fresh
@@ -24,9 +25,9 @@ busy` computing torch matmuls), and decides it exactly as the pytest gate does; 
   one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3;
 - `--mode env` (as `--infergate-baseline-python`): a worker process of another Python environment (here this
   same interpreter: what is tested is two processes taking turns) runs the baseline side, this process the
-  candidate, through the fixture's object (PerfBench) as a test with the budget marker: at least 4 rounds
+  candidate, through the fixture's object (PerfBench) as a test with the budget marker: at least 6 rounds
   (step-locked: the worker takes a step each time this process has taken one), one more while inconclusive, up
-  to two, decided as an interleaved A/B.
+  to three, decided as an interleaved A/B.
 `--hog save` / `--hog run` (baseline mode) keep a busy runner on one side: one busy-loop process per core (as
 another CI job would) while the baseline is saved, or while the trials run. Targets (issue #30): with a hog on
 either side, unchanged code never fails and a 25% slowdown never passes (inconclusive, with the reason, is allowed).

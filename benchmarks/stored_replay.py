@@ -30,7 +30,7 @@ from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.decide import decide  # noqa: E402
-from pytest_infergate.perf.reference import Reference  # noqa: E402
+from pytest_infergate.perf.reference import StoredReference  # noqa: E402
 
 PER_REPETITION = ("probe_s", "probe_quiet_s", "others_share")
 
@@ -80,7 +80,7 @@ def main() -> int:
     for slowdown, measured in sorted(trials.items()):
         counts: Counter = Counter()
         for i, (baseline, fingerprint) in enumerate(unchanged):
-            reference = Reference.stored(BaselineEntry(fingerprint, baseline))
+            reference = StoredReference(BaselineEntry(fingerprint, baseline))
             for j, (candidate, candidate_fingerprint) in enumerate(measured):
                 if slowdown == 0.0 and i == j:
                     continue

@@ -18,8 +18,8 @@ from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.decide import decide
-from pytest_infergate.perf.gate import evaluate_perf, run_gate
-from pytest_infergate.perf.reference import Reference, Route
+from pytest_infergate.perf.gate import AB_MORE_ROUNDS, PerfGate, evaluate_perf
+from pytest_infergate.perf.reference import Interleaved, NoReference, Route, StoredReference
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.records import PerfRecord
@@ -166,25 +166,27 @@ def _rounds(slowdown: float):
 
 @pytest.mark.parametrize("route", [r for r in Route if r.interleaved])
 def test_every_interleaved_route_is_decided_round_by_round_by_the_one_decision(route):
-    reference, candidate = Reference.interleaved(route, _rounds(1.0), rounds=5)
-    same = run_gate(candidate, reference, GATE)
+    reference = Interleaved(route, _rounds(1.0))
+    candidate = reference.measure(5)
+    same = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(candidate)
     assert same.route == route.value and same.status == Status.PASS, same.message()
-    assert same.baseline is reference.measurement and all(v.paired for v in same.verdicts if v.metric != "peak_mem_mb")
-    assert same.verdicts == decide(candidate, reference, GATE).verdicts  # run_gate adds no judgement of its own
-    reference, candidate = Reference.interleaved(route, _rounds(1.5), rounds=5)
-    slower = run_gate(candidate, reference, GATE)
+    assert same.baseline is reference.baseline and all(v.paired for v in same.verdicts if v.metric != "peak_mem_mb")
+    assert same.verdicts == decide(candidate, reference, GATE).verdicts  # the gate adds no judgement of its own
+    reference = Interleaved(route, _rounds(1.5))
+    slower = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(reference.measure(5))
     assert slower.status == Status.FAIL and {v.metric for v in slower.verdicts if v.status == "fail"} >= {"itl_ms"}
 
 
 def test_the_stored_and_budget_routes_go_through_the_same_decision():
     accepted = machine(BASELINE_SPEEDS, seed=1)
-    stored = run_gate(machine(BASELINE_SPEEDS, regression=1.25, seed=2), Reference.stored(
-        BaselineEntry(FINGERPRINT, accepted)), GATE, {**FINGERPRINT, "torch": "2.14.0"})
+    stored = PerfGate(GATE, StoredReference(BaselineEntry(FINGERPRINT, accepted)),
+                      fingerprint={**FINGERPRINT, "torch": "2.14.0"}).check(machine(BASELINE_SPEEDS, regression=1.25,
+                                                                                   seed=2))
     assert stored.route == "stored" and stored.status == Status.FAIL
     assert stored.changes == ["torch 2.13.0 → 2.14.0"] and all(v.repetitions for v in stored.verdicts
                                                                  if v.metric != "peak_mem_mb")
     tight = parse_budget({"itl_ms": 1.0, "max_regression": 0.10})
-    alone = run_gate(machine(BASELINE_SPEEDS, seed=2), Reference.nothing(baseline_given=True), tight, strict=True)
+    alone = PerfGate(tight, NoReference(baseline_given=True), strict=True).check(machine(BASELINE_SPEEDS, seed=2))
     assert alone.route == "budget" and [v.key for v in alone.violations] == ["itl_ms"]
     assert alone.relative_check_missing.startswith("the baseline file has no entry") and alone.status == Status.FAIL
 
@@ -194,8 +196,8 @@ def test_a_record_holds_the_gate_outcome_and_reads_it_back_whole():
     # block and the route included) survives the JSON the report, compare and history read
     entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
     slow = machine(BASELINE_SPEEDS, regression=1.5, seed=2)
-    outcome = run_gate(slow, Reference.stored(entry, remeasure=lambda: add_repetitions(slow, BASELINE_SPEEDS,
-                                                                                      1.5, seed=3)), GATE)
+    outcome = PerfGate(GATE, StoredReference(entry, remeasure=lambda: add_repetitions(slow, BASELINE_SPEEDS, 1.5,
+                                                                                       seed=3))).check(slow)
     assert outcome.status == Status.FAIL and outcome.confirmed == 5
     record = PerfRecord(test=TEST, label="", precision="fp32", measurement=slow)
     record.decided(outcome)

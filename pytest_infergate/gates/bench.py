@@ -15,8 +15,8 @@ from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import (
     AB_ROUNDS,
+    NoReference,
     PerfOutcome,
-    Reference,
     Route,
     by_repetition,
     evaluate_ab,
@@ -335,7 +335,7 @@ class PerfBench:
             record = self._record(key, label, measured, each, tags)
             budget, unmeasured = measured_budget(self.ctx, record, budget_for(self.ctx, self.precision, key))
             # each side against its budgets alone: it was compared with the other side, not with a baseline
-            outcome = decide(measured, Reference.nothing(), replace(budget, max_regression=None))
+            outcome = decide(measured, NoReference(), replace(budget, max_regression=None))
             outcome.notes.append(note)
             finish_gate(self.ctx, record, outcome, budget, unmeasured)
             self.measurements.append(measured)

@@ -1,7 +1,8 @@
-"""Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references a
-candidate is compared with (perf.reference: five routes) and the one decision over them (perf.decide, one
-PerfOutcome whatever the route). No pytest and no torch here; the
-engine bench (`perf.bench`) imports the engine when it is used; the fixture object is `gates.bench`."""
+"""Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references
+a candidate is compared with (perf.reference: a strategy per route), the one decision over them (perf.decide, one
+PerfOutcome whatever the route) and the gate that measures more while it cannot decide (perf.gate.PerfGate). No
+pytest and no torch here; the engine bench (`perf.bench`) imports the engine when it is used; the fixture object is
+`gates.bench`."""
 
 from pytest_infergate.measurement import METRICS, PERCENTILES, Measurement, add_request_latencies
 from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline, save_baseline
@@ -16,13 +17,13 @@ from pytest_infergate.perf.budget import (
                                           parse_ini_budgets,
                                           resolve_budget,
 )
-from pytest_infergate.perf.gate import evaluate_ab, evaluate_perf, run_gate
-from pytest_infergate.perf.outcome import PerfOutcome
-from pytest_infergate.perf.reference import Reference, Route
+from pytest_infergate.perf.gate import PerfGate, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.outcome import PerfOutcome, Route
+from pytest_infergate.perf.reference import Interleaved, NoReference, StoredReference
 from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare_paired, compare_samples
 
-__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Limit",
-           "Measurement", "PerfOutcome", "Reference", "Route", "Verdict", "Violation", "add_request_latencies",
-           "check_budget", "compare_measurements", "compare_paired", "compare_samples", "evaluate_ab",
-           "evaluate_perf", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget",
-           "run_gate", "save_baseline"]
+__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Interleaved",
+           "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "StoredReference", "Verdict",
+           "Violation", "add_request_latencies", "check_budget", "compare_measurements", "compare_paired",
+           "compare_samples", "evaluate_ab", "evaluate_perf", "load_baseline", "merge_budgets", "parse_budget",
+           "parse_ini_budgets", "resolve_budget", "save_baseline"]

@@ -1,54 +1,111 @@
-"""The one decision of a perf gate: a candidate measurement against its budget and its reference (any of the five
-routes of perf.reference) → a PerfOutcome. Pure: it measures nothing (perf.gate.run_gate measures more while it
-cannot decide). The in-run gate, `infergate compare` (results.compare), the report (which shows the records the
-gate wrote) and the history (each run against the one before it) all go through it, so they cannot disagree on
-the same data (tests/test_one_decision.py)."""
+"""The one decision of a perf gate: a candidate measurement against its budget and its reference (a strategy of
+perf.reference: none, stored, or an interleaved A/B) → a PerfOutcome. Pure: it measures nothing (perf.gate.PerfGate
+measures more while it cannot decide). The in-run gate, `infergate compare` (results.compare), the report (which
+shows the records the gate wrote) and the history (each run against the one before it) all go through it, so they
+cannot disagree on the same data (tests/test_one_decision.py). The strategies call back into the comparisons here,
+so that verdicts are made in this module only."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import calibration, interference, stored
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
-from pytest_infergate.perf.outcome import PerfOutcome
-from pytest_infergate.perf.reference import Reference, Route
+from pytest_infergate.perf.outcome import PerfOutcome, Route
 from pytest_infergate.perf.verdict import Verdict, compare_measurements
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a decision knows besides the two sides' figures, worked out once per decision: how busy the runner was
+    while the candidate ran (the others' share on its median repetition when a busy runner's: interference.busy),
+    and, against a stored baseline, what changed since it was saved."""
+
+    busy_share: float | None = None
+    diff: FingerprintDiff | None = None
+
+    @classmethod
+    def of(cls, candidate: Measurement, diff: FingerprintDiff | None = None) -> Evidence:
+        return cls(interference.busy(candidate.others_share), diff)
+
+
+@dataclass
+class Comparison:
+    """What a reference says of the candidate beyond its budgets: the verdicts, and what the outcome says of them."""
+
+    verdicts: list[Verdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    machine_mismatch: list[str] = field(default_factory=list)  # the stored baseline's machine differs
+    changes: list[str] = field(default_factory=list)  # what under test changed since the stored baseline
+    provenance: str = ""
+    missing: str = ""  # a relative check was asked for and could not run: why
+
+
+class Reference(Protocol):
+    """What a candidate is compared with (perf.reference holds the strategies). `compare` makes the verdicts (by
+    the functions below); `measure_more` measures once more where that could decide (False: it could not, or
+    nothing more can be measured); `confirm` re-measures a failure where the route needs it (returns how many
+    repetitions)."""
+
+    route: Route
+    baseline: Measurement | None
+
+    def changes(self, fingerprint: dict | None) -> FingerprintDiff | None: ...
+
+    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison: ...
+
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool: ...
+
+    def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int: ...
+
+
 def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
-           strict: bool = False) -> PerfOutcome:
+           strict: bool = False, evidence: Evidence | None = None) -> PerfOutcome:
     """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
-    the budget has a max_regression, the comparison with the reference: interleaved rounds compare round by round;
-    a stored baseline compares repetition by repetition, with what under test changed since it (from
-    `fingerprint`, the candidate's) named and a baseline from another machine making timings inconclusive."""
+    the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
+    since a stored baseline; `evidence`: worked out by the caller (PerfGate does, once per decision)."""
+    evidence = evidence or Evidence.of(candidate, reference.changes(fingerprint))
     notes: list[str] = []
-    outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes), strict=strict,
-                          route=reference.route.value)
+    outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes, evidence),
+                          strict=strict, route=reference.route.value)
     outcome.notes += notes
     if budget.max_regression is None:
         return outcome
-    if reference.route == Route.BUDGET or reference.measurement is None:
-        outcome.relative_check_missing = reference.missing
-        outcome.notes.append("relative check skipped: "
-                             + (reference.missing or "no baseline was given (--infergate-baseline PATH)"))
-        return outcome
-    outcome.baseline = reference.measurement
-    if reference.route.interleaved:
-        outcome.verdicts = compare_measurements(candidate, reference.measurement, budget, paired=True)
-        return outcome
-    diff = diff_fingerprints(fingerprint or {}, reference.fingerprint or {})
-    outcome.machine_mismatch = [change.describe() for change in diff.machine]
-    outcome.changes = [change.describe() for change in diff.under_test]
-    outcome.baseline_provenance = reference.provenance
-    outcome.verdicts = judged(compare_measurements(candidate, reference.measurement, budget, stored_baseline=True),
-                              diff)
-    outcome.notes.append(calibration_note(candidate, reference.measurement, outcome.verdicts))
+    comparison = reference.compare(candidate, budget, evidence)
+    outcome.verdicts, outcome.baseline = comparison.verdicts, reference.baseline
+    outcome.relative_check_missing = comparison.missing
+    outcome.machine_mismatch, outcome.changes = comparison.machine_mismatch, comparison.changes
+    outcome.baseline_provenance = comparison.provenance
+    outcome.notes += comparison.notes
     return outcome
+
+
+def no_comparison(missing: str) -> Comparison:
+    """No reference: the relative check is skipped, said in a note (`missing`: why, where one was asked for)."""
+    return Comparison(missing=missing, notes=["relative check skipped: " + (
+        missing or "no baseline was given (--infergate-baseline PATH)")])
+
+
+def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> Comparison:
+    """An interleaved A/B: every metric compared round by round."""
+    return Comparison(compare_measurements(candidate, baseline, budget, paired=True))
+
+
+def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Budget, evidence: Evidence,
+                      provenance: str) -> Comparison:
+    """A stored baseline: compared repetition by repetition, with what under test changed since it named and a
+    baseline from another machine making timings inconclusive (evidence.diff)."""
+    diff = evidence.diff or diff_fingerprints({}, {})
+    verdicts = judged(compare_measurements(candidate, baseline, budget, stored_baseline=True), diff)
+    return Comparison(verdicts, [calibration_note(candidate, baseline, verdicts)],
+                      [change.describe() for change in diff.machine], [change.describe() for change in diff.under_test],
+                      provenance)
 
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
@@ -59,7 +116,8 @@ def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bo
                and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
 
 
-def budget_violations(measurement: Measurement, budget: Budget, notes: list[str] | None = None) -> list[Violation]:
+def budget_violations(measurement: Measurement, budget: Budget, notes: list[str] | None = None,
+                      evidence: Evidence | None = None) -> list[Violation]:
     """The budgets `measurement` breaks (keys it has no figure for are not checked). A breach made by time while
     other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
     figure measured the machine's load as much as the code — unless it is worse than the load can explain, or the
@@ -67,11 +125,11 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     correction's error (×interference.LOAD_FREE_RESIDUAL): then the breach is cleared, said in `notes`. The
     correction never makes a failure (an open-loop workload's queue grows faster than its service slows, which a
     per-repetition share does not take out). A breach of memory, counts or rates of success stands whatever the
-    load."""
+    load. `evidence`: the decision's (its busy share), worked out here when not given."""
     measured = replace(budget, limits=tuple(limit for limit in budget.limits
                                             if measurement.samples.get(limit.metric)))
     violations = check_budget(measurement, measured)
-    share = interference.busy(measurement.others_share)
+    share = (evidence or Evidence.of(measurement)).busy_share
     if share is None:
         return violations
     metric_of = {limit.key: limit.metric for limit in budget.limits}

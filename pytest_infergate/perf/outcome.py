@@ -4,12 +4,31 @@ it, written to JSON and read back)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import Violation
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.status import Status
+
+
+class Route(str, enum.Enum):
+    """What a candidate is compared with (perf.reference: a strategy each)."""
+
+    BUDGET = "budget"  # nothing: the absolute budgets decide alone
+    STORED = "stored"  # a baseline an earlier run saved, or run A's record (`infergate compare`, the history)
+    ENVIRONMENT = "environment"  # the same workload in another Python environment, interleaved
+    IN_PROCESS = "in-process"  # another model, precision or engine config in this process, interleaved
+    ENDPOINT = "endpoint"  # a second server, interleaved
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def interleaved(self) -> bool:
+        """Both sides measured in alternating rounds: their per-round ratios cancel the machine's drift."""
+        return self in (Route.ENVIRONMENT, Route.IN_PROCESS, Route.ENDPOINT)
 
 
 @dataclass
@@ -19,7 +38,7 @@ class PerfOutcome:
     notes: list[str] = field(default_factory=list)
     remeasured: int = 0
     strict: bool = False
-    route: str = "budget"  # perf.reference.Route: what the candidate was compared with
+    route: str = "budget"  # Route: what the candidate was compared with
     # the baseline's machine differs (timings not comparable: those verdicts are inconclusive), and what under
     # test changed since the baseline (compared, and named in every message)
     machine_mismatch: list[str] = field(default_factory=list)

@@ -192,8 +192,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     return verdict
 
 
-# run_gate re-measures at most twice, adding a block of repetitions each time: at most about three times the
-# repetitions, which narrows a bootstrap interval's log-width by about √3
+# PerfGate re-measures a stored comparison at most twice, adding a block of repetitions each time: at most about
+# three times the repetitions, which narrows a bootstrap interval's log-width by about √3
 REMEASURE_NARROWING = math.sqrt(3)
 
 

@@ -12,7 +12,7 @@ from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, BudgetError, parse_budget
 from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.outcome import PerfOutcome
-from pytest_infergate.perf.reference import Reference
+from pytest_infergate.perf.reference import StoredReference
 from pytest_infergate.results.records import PerfRecord
 
 # metrics compared when the candidate's record names none in its budget (a run with max_regression alone)
@@ -50,7 +50,7 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
 def decide_pair(baseline: PerfRecord, candidate: PerfRecord, max_regression: float | None = None) -> PerfOutcome:
     """The candidate record's measurement against the baseline record's, as the in-run gate decides it. Only the
     relative question: the candidate's absolute budgets were its own run's verdict (`infergate summary`)."""
-    reference = Reference.stored(BaselineEntry(baseline.fingerprint, baseline.measurement))
+    reference = StoredReference(BaselineEntry(baseline.fingerprint, baseline.measurement))
     budget = budget_of(candidate, max_regression)
     outcome = decide(candidate.measurement, reference, budget, candidate.fingerprint)
     outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
