@@ -41,9 +41,9 @@ def load(precision: str):
 
 
 def samples():
-    from pytest_infergate.quality.golden_files import load_samples
+    from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET, load_samples
 
-    return load_samples(ROOT / "golden" / "default.jsonl")
+    return load_samples(BUILTIN_SAMPLE_SET)
 
 
 def accepted(loaded, own_kernel_path: bool = False):

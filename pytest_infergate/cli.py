@@ -183,6 +183,16 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_init_golden(args: argparse.Namespace) -> int:
+    """Copy the built-in golden sample set into a project's folder, to make it the project's own."""
+    from pytest_infergate.quality.golden_files import copy_builtin_samples
+
+    target = copy_builtin_samples(Path(args.folder))
+    print(f"wrote {target}: 48 samples to edit and extend; the gate reads every *.jsonl in {args.folder} (accepted "
+          "outputs go beside them, one folder per model, with --infergate-update-golden)")
+    return 0
+
+
 def _cmd_migrate(args: argparse.Namespace) -> int:
     """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.migrate)."""
     from pytest_infergate.migrate import migrate
@@ -236,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--markdown", action="store_true",
                          help="Markdown tables (also written to $GITHUB_STEP_SUMMARY)")
     summary.set_defaults(func=_cmd_summary)
+    init_golden = sub.add_parser("init-golden", help="copy the built-in golden sample set into FOLDER (default "
+                                 "golden/) to make it the project's own")
+    init_golden.add_argument("folder", nargs="?", default="golden")
+    init_golden.set_defaults(func=_cmd_init_golden)
     migrate = sub.add_parser("migrate", help="rewrite baseline and accepted golden files of an older "
                              "pytest-infergate in the current schema (each entry keyed by machine and change under "
                              "test)")

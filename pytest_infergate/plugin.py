@@ -148,7 +148,7 @@ def _terminal_sink(config: pytest.Config):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers are validated at collection time, so a typo fails the run before any model loads."""
-    from pytest_infergate.perf.budget import BudgetError, parse_budget
+    from pytest_infergate.perf.budget import BudgetError, parse_budget, unknown_keys
     from pytest_infergate.quality.policy import QualityPolicyError, parse_policy
 
     def parse_slo(values: dict, where: str) -> None:
@@ -167,7 +167,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     checks = (("infergate_budget", parse_budget, BudgetError), ("infergate_quality", parse_policy, QualityPolicyError),
               ("infergate_slo", parse_slo, InfergateError), ("infergate_extra_body", parse_extra_body, InfergateError))
     problems = []
+    known = [spec.split("(")[0] for spec in MARKERS]
     for item in items:
+        # a misspelt marker (infergate_budgets) would leave the test ungated and the run PASS (issue #45)
+        names = sorted({marker.name for marker in item.iter_markers() if marker.name.startswith("infergate")})
+        unknown = unknown_keys(names, known, "marker")
+        if unknown:
+            problems.append(f"{item.nodeid}: {unknown}; the infergate markers are {', '.join(known)}")
         for name, parse, error in checks:
             for marker in item.iter_markers(name):
                 if marker.args:

@@ -150,3 +150,20 @@ def test_a_folder_migrates_what_it_can_and_names_what_it_cannot(tmp_path):
     assert f"{good}: accepted golden outputs, schema 1 → 3" in message
     assert f"{bad}: not migrated:" in message and "schema version 7" in message
     assert golden_files.schema_note(good) == ""  # the good one was migrated all the same
+
+
+def test_the_builtin_sample_set_is_used_without_one_and_init_golden_makes_it_the_projects(tmp_path, capsys):
+    # issue #44: a project of its own (pip install) had no sample set at all
+    from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET, GoldenError, find_sample_sets, load_samples
+
+    assert len(load_samples(BUILTIN_SAMPLE_SET)) == 48
+    assert find_sample_sets(tmp_path / "golden") == [BUILTIN_SAMPLE_SET]  # no folder: the built-in set
+    with pytest.raises(GoldenError, match="golden directory .*missing does not exist: set --infergate-golden-dir"):
+        find_sample_sets(tmp_path / "missing", explicit=True)  # a folder named and not there: a typo, said
+    assert cli_main(["init-golden", str(tmp_path / "golden")]) == 0
+    copied = tmp_path / "golden" / "default.jsonl"
+    assert copied.read_bytes() == BUILTIN_SAMPLE_SET.read_bytes() and "wrote " in capsys.readouterr().out
+    assert find_sample_sets(tmp_path / "golden") == [copied]  # now the project's own
+    copied.write_text(copied.read_text().splitlines()[0] + "\n")  # edited: a second init leaves it alone
+    assert cli_main(["init-golden", str(tmp_path / "golden")]) == 2
+    assert "exists already" in capsys.readouterr().err and len(load_samples(copied)) == 1

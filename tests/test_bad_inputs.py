@@ -125,6 +125,14 @@ DAMAGES = {  # issue #32 rows 6 and 5: (damage to a saved baseline, what the err
                        "*`entries` must be a mapping*list*"),
     "empty-samples": (lambda saved: [values.clear() for entry in saved["entries"].values()
                                      for values in entry["measurement"]["samples"].values()], "*entry*has no samples*"),
+    # issue #44: a NaN compared silently (every interval NaN, the verdict inconclusive, nothing said)
+    "nan-sample": (lambda saved: [entry["measurement"]["samples"]["ttft_ms"].__setitem__(0, float("nan"))
+                                  for entry in saved["entries"].values()],
+                   "*entry '*::test_speed[[]fp32[]]' has ttft_ms[[]0[]] = nan (not a finite number)*"
+                   "--infergate-save-baseline*"),
+    "null-sample": (lambda saved: [entry["measurement"]["samples"]["ttft_ms"].__setitem__(1, None)
+                                   for entry in saved["entries"].values()],
+                    "*has ttft_ms[[]1[]] = None (not a finite*"),
 }
 
 
@@ -432,3 +440,19 @@ def check_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_so
         resolve_model(str(own), tmp_path / "cache")
     shutil.copy(Path(tiny_source.path) / "tokenizer.json", own / "tokenizer.json")
     assert resolve_model(str(own), tmp_path / "cache").kind == "directory"
+
+
+def check_a_model_directory_whose_config_is_not_json_names_the_config(tmp_path):
+    # issue #44: the error blamed missing tokenizer files; the cause was the config
+    from pytest_infergate.errors import ModelLoadError
+    from pytest_infergate.models import resolve_model
+
+    own = tmp_path / "my-model"
+    own.mkdir()
+    (own / "config.json").write_text('{"model_type": "llama",')  # cut short
+    with pytest.raises(ModelLoadError, match=r"my-model/config.json is not valid JSON \(Expecting .*line 1 column "
+                                             r"\d+.*\): repair it or save the model again"):
+        resolve_model(str(own), tmp_path / "cache")
+    (own / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"config.json holds a JSON list, not the object of a model's config"):
+        resolve_model(str(own), tmp_path / "cache")

@@ -34,14 +34,13 @@ def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, ba
 
 def test_embedded_int8_quality_against_fp32(smollm2_fp32):
     """A few golden samples: int8 drifts from fp32 a little, measurably, and keeps the answers' gist."""
-    from pathlib import Path
 
     from pytest_infergate.models import load_model
     from pytest_infergate.quality.compare import compare_precision
     from pytest_infergate.quality.generation import generate_golden_outputs as generate
-    from pytest_infergate.quality.golden_files import load_samples
+    from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET, load_samples
 
-    samples = load_samples(Path(__file__).parents[1] / "golden" / "default.jsonl")[:6]
+    samples = load_samples(BUILTIN_SAMPLE_SET)[:6]
     int8 = load_model(smollm2_fp32.source, "int8", tokenizer=smollm2_fp32.tokenizer)
     result = compare_precision(smollm2_fp32, int8, samples, generate(smollm2_fp32, samples),
                                     generate(int8, samples))

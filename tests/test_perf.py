@@ -44,7 +44,10 @@ def test_parse_budget_keys_and_percentiles():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"ttft": 5}, r"unknown budget key 'ttft'; allowed: ttft_ms, tpot_ms"),
+    ({"ttft": 5}, r"unknown budget key 'ttft' \(did you mean 'ttft_ms'\?\); allowed: ttft_ms, tpot_ms"),
+    # every typo at once, each with the closest key (issue #45: one per run cost a run per typo)
+    ({"token_per_s": 5, "max_regresion": 0.1}, r"unknown budget keys 'token_per_s' \(did you mean 'tokens_per_s'\?\), "
+                                               r"'max_regresion' \(did you mean 'max_regression'\?\); allowed"),
     ({"tokens_per_s_p95": 5}, "unknown budget key 'tokens_per_s_p95'"),
     ({"ttft_ms_p42": 5}, "unknown budget key 'ttft_ms_p42'"),
     ({"ttft_ms": "fast"}, r"ttft_ms='fast' must be a positive number \(ms\)"),

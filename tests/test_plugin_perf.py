@@ -21,7 +21,17 @@ def test_unknown_budget_key_fails_collection(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="ttft_msec=5"))
     result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*invalid infergate markers*", "*unknown budget key 'ttft_msec'; allowed: ttft_ms*"])
+    result.stderr.fnmatch_lines(["*invalid infergate markers*",
+                                 "*unknown budget key 'ttft_msec' (did you mean 'ttft_ms'?); allowed: ttft_ms*"])
+
+
+def test_a_misspelt_infergate_marker_fails_collection_with_the_closest_name(pytester, run):
+    # issue #45: @pytest.mark.infergate_budgets ran ungated behind pytest's generic warning, and the run said PASS
+    pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=1e9").replace("infergate_budget(", "infergate_budgets("))
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid infergate markers*", "*test_speed*: unknown marker 'infergate_budgets' (did "
+                                 "you mean 'infergate_budget'?); the infergate markers are infergate_budget, *"])
 
 
 def test_budget_violation_lists_every_metric(pytester, run):
@@ -83,6 +93,15 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     result = run("--infergate-baseline=other.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*", "*torch 0.0.1 → *: tokens_per_s slowdown ×*"])
+
+    # a gate without max_regression does not compare: with a baseline given, that is said, and the run is not a
+    # plain PASS (issue #45: tokens/s had fallen from 5.15 to 3.34, and the run passed saying nothing)
+    pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=0.001"))
+    result = run("--infergate-baseline=fast.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*--infergate-baseline *fast.json was given but not compared with: this measurement's "
+                                 "budget has no max_regression; add max_regression=0.1*",
+                                 "*infergate verdict: INCONCLUSIVE*"])
 
 
 def test_malformed_baseline_is_a_usage_error(pytester, run):

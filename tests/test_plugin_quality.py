@@ -308,11 +308,16 @@ def test_new_weights_are_gated_against_the_accepted_outputs_of_the_weights_befor
     # the accepted release was another model fingerprint: its folder beside the one this model's outputs would take
     before = path.parent.parent / "0123456789abcdef"
     path.parent.rename(before)
-    same = run("-k", "test_regression", "--infergate-json=out.json")
+    same = run("-k", "test_regression", "--infergate-json=out.json", "--infergate-report=out.html")
     same.assert_outcomes(passed=1)
     (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
     assert record["path"].startswith(str(before)) and record["compared"] == 8
     assert record["environment_mismatch"][0].startswith(f"model fingerprint 0123456789abcdef → {path.parent.name}")
+    # a pass across a model change says so (issue #44): terminal, JSON, report
+    assert record["status"] == "pass" and record["model_change"].startswith("model fingerprint 0123456789abcdef →")
+    same.stdout.fnmatch_lines(["*golden PASS*fp32*", "*across a model change: model fingerprint 0123456789abcdef → *"
+                               "compared with the accepted outputs of the weights before these*"])
+    assert "model fingerprint 0123456789abcdef →" in (pytester.path / "out.html").read_text()
     monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.3")  # new weights whose outputs moved: drift, naming the change
     drift = run("-k", "test_regression")
     drift.assert_outcomes(failed=1)

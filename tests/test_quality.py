@@ -3,6 +3,7 @@ import json
 import pytest
 
 from pytest_infergate.quality.golden_files import (
+    BUILTIN_SAMPLE_SET,
     GoldenError,
     GoldenOutput,
     GoldenSample,
@@ -108,9 +109,8 @@ def test_malformed_golden_names_file_and_line(tmp_path, line, match):
 
 
 def test_shipped_sample_set_covers_every_category():
-    from pathlib import Path
 
-    samples = load_samples(Path(__file__).parents[1] / "golden" / "default.jsonl")
+    samples = load_samples(BUILTIN_SAMPLE_SET)
     counts = {}
     for s in samples:
         counts[s.category] = counts.get(s.category, 0) + 1

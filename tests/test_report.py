@@ -372,3 +372,15 @@ def test_a_parameter_with_an_empty_id_reads_as_such():
     assert split_test_id("suites/t.py::test_chat_latency[]") == ("suites/t.py", "test_chat_latency[(empty id)]")
     assert split_test_id("suites/t.py::test_gain[-1]::long") == ("suites/t.py", "test_gain[-1]::long")
     assert split_test_id("test_bare[]") == ("", "test_bare[(empty id)]")
+
+
+def test_a_measurement_no_gate_checked_says_so_instead_of_pass(results):
+    # issue #45: a test with no budget and no reference read PASS, though nothing was checked
+    data = copy.deepcopy(results)
+    record = next(r for r in data["records"] if r["kind"] == "perf" and r["status"] == "pass")
+    record["budget"] = {"max_regression": None}
+    ungated = render(data)
+    assert f'title="{record["test"]}"' in ungated
+    row = ungated[ungated.index(f'title="{record["test"]}"'):]
+    assert "<b>measured, not gated</b>" in row[:row.index("</tr>")]
+    assert "<b>measured, not gated</b>" not in render(results)  # every measurement of the run had a budget

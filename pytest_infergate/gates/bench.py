@@ -95,6 +95,13 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
                             remeasure=remeasure, baseline_given=ctx.baseline is not None)
     outcome.notes[:0] = notes
+    if ctx.baseline is not None and budget.max_regression is None:
+        # a baseline given and not used would let a slower run PASS with nothing said (issue #45)
+        unused = (f"{key}: --infergate-baseline {ctx.options.baseline} was given but not compared with: this "
+                  "measurement's budget has no max_regression; add max_regression=0.1 to its infergate_budget "
+                  "marker (or the ini infergate_budgets) to gate it against the baseline")
+        outcome.notes.append(unused)
+        ctx.warn(unused)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = interference.busy(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:

@@ -10,6 +10,8 @@ from typing import Protocol
 from pytest_infergate.context import TestContext
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.quality.golden_files import (
+    BUILTIN_NOTICE,
+    BUILTIN_SAMPLE_SET,
     GoldenError,
     GoldenOutputs,
     GoldenSample,
@@ -87,9 +89,12 @@ class GoldenGate:
 
     def samples(self, limit: int | None = None, categories=None) -> list[GoldenSample]:
         try:
-            samples = [s for path in find_sample_sets(self.golden_dir) for s in load_samples(path)]
+            sets = find_sample_sets(self.golden_dir, explicit=self.ctx.options.golden_dir is not None)
+            samples = [s for path in sets for s in load_samples(path)]
         except GoldenError as exc:
             self.ctx.fail(str(exc))
+        if sets == [BUILTIN_SAMPLE_SET]:
+            self.ctx.notify(BUILTIN_NOTICE.format(folder=self.golden_dir))
         if categories:
             samples = [s for s in samples if s.category in set(categories)]
         return samples[:limit] if limit else samples
@@ -232,7 +237,8 @@ class GoldenGate:
                                      policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
                                      backend=backend, backend_reason=why, undecided=undecided,
                                      decided_by=regression.decided_by(),
-                                     travel=regression.travel.summary() if regression.travel else ""))
+                                     travel=regression.travel.summary() if regression.travel else "",
+                                     model_change=model_change))
         self.ctx.add_property("infergate.golden.changed", len(regression.changed))
         self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
         if problems or (undecided and self.ctx.options.strict):

@@ -60,6 +60,7 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
                                  "Hugging Face model directory (one saved with save_pretrained)")
+        _check_config(path / "config.json")
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ModelLoadError(f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): without them "
                                  "transformers builds a one-token tokenizer and every output is garbage; save the "
@@ -70,6 +71,19 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
         raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
                              "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
     return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
+
+
+def _check_config(config: Path) -> None:
+    """A model directory's config.json must be a JSON object: said here, naming the file and the JSON error, before
+    transformers fails on it with a message about something else (issue #44: missing tokenizer files)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{config} is not valid JSON ({exc}): repair it or save the model again with "
+                             "save_pretrained") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{config} holds a JSON {type(data).__name__}, not the object of a model's config: "
+                             "repair it or save the model again with save_pretrained")
 
 
 # a tokenizer's vocabulary, in each of the formats transformers reads (fast, SentencePiece, BPE, WordPiece)

@@ -13,6 +13,7 @@ the same split the golden files' headers and the history use. Versions 1 to 3 ar
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,4 +157,20 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
         if not any(entries[key].measurement.samples.values()):
             raise BaselineError(f"baseline file {path}: entry {key!r} has no samples, so nothing can be compared "
                                 "with it; re-create the file with --infergate-save-baseline")
+        bad = _unusable_samples(entries[key].measurement.samples)
+        if bad:
+            raise BaselineError(f"baseline file {path}: entry {key!r} has {bad}, which no comparison can use; "
+                                "re-create the file with --infergate-save-baseline")
     return entries
+
+
+def _unusable_samples(samples: dict) -> str:
+    """What in a baseline's samples is not a finite number ("" if nothing): NaN, infinity, null or text. A NaN
+    makes every interval NaN and the verdict silently inconclusive (issue #44)."""
+    for metric, values in samples.items():
+        if not isinstance(values, list):
+            return f"{metric} = {values!r} (not a list of numbers)"
+        for index, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"{metric}[{index}] = {value!r} (not a finite number)"
+    return ""

@@ -9,6 +9,7 @@ A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -76,8 +77,27 @@ def _split_key(key: str, where: str) -> tuple[str, str | None]:
     return metric, pct
 
 
+def unknown_keys(keys, allowed: list[str], what: str) -> str:
+    """Every key of `keys` not in `allowed`, each with the closest allowed one ("did you mean"), in one message;
+    "" when all are known. One message for all: a run that says one typo at a time costs a run per typo."""
+    unknown = [key for key in keys if key not in allowed]
+    if not unknown:
+        return ""
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(named)}"
+
+
 def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Budget:
-    """Validate budget keys and values; raise BudgetError naming the key and the allowed ones."""
+    """Validate budget keys and values; raise BudgetError naming every unknown key (with the closest allowed one)
+    and the allowed ones."""
+    # a min_/max_ key of a known metric in the wrong direction gets its own message (_split_key)
+    directed = [key for key in values if (m := _DIRECTION.match(key)) and m.group("metric") in METRICS]
+    unknown = unknown_keys([key for key in values if key not in directed], allowed_keys(), "budget key")
+    if unknown:
+        raise BudgetError(f"{where}: {unknown}; allowed: {', '.join(allowed_keys())}")
     percentile_default = values.get("percentile", 50)
     if (not isinstance(percentile_default, (int, float)) or isinstance(percentile_default, bool)
             or percentile_default not in PERCENTILES):

@@ -127,15 +127,35 @@ def load_samples(path: Path) -> list[GoldenSample]:
     return samples
 
 
-def find_sample_sets(golden_dir: Path) -> list[Path]:
+# the default sample set, shipped in the package: a project without sample sets of its own is gated on it
+BUILTIN_SAMPLE_SET = Path(__file__).with_name("samples") / "default.jsonl"
+BUILTIN_NOTICE = ("golden samples: using the built-in 48-sample set (no *.jsonl sample set in {folder}); copy it "
+                  "with `infergate init-golden {folder}` to make it yours")
+
+
+def find_sample_sets(golden_dir: Path, explicit: bool = False) -> list[Path]:
+    """The project's sample sets (`golden_dir`/*.jsonl), else the built-in set (BUILTIN_SAMPLE_SET). A folder
+    named explicitly (--infergate-golden-dir) that does not exist is an error: a typo must not fall back."""
     golden_dir = Path(golden_dir)
-    if not golden_dir.is_dir():
+    if explicit and not golden_dir.is_dir():
         raise GoldenError(f"golden directory {golden_dir} does not exist: set --infergate-golden-dir (ini "
-                          "infergate_golden_dir) to a folder of .jsonl sample sets")
-    sets = sorted(golden_dir.glob("*.jsonl"))
-    if not sets:
-        raise GoldenError(f"golden directory {golden_dir} has no *.jsonl sample sets")
-    return sets
+                          "infergate_golden_dir) to a folder of .jsonl sample sets, or leave it unset to use the "
+                          "built-in sample set")
+    sets = sorted(golden_dir.glob("*.jsonl")) if golden_dir.is_dir() else []
+    return sets or [BUILTIN_SAMPLE_SET]
+
+
+def copy_builtin_samples(folder: Path) -> Path:
+    """`infergate init-golden FOLDER`: the built-in sample set copied into FOLDER (created), to edit and extend.
+    An existing file of that name is left alone (an error says so)."""
+    folder = Path(folder)
+    target = folder / BUILTIN_SAMPLE_SET.name
+    if target.exists():
+        raise GoldenError(f"{target} exists already: it is left as it is (remove it first to start again from the "
+                          "built-in set)")
+    folder.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(BUILTIN_SAMPLE_SET.read_bytes())
+    return target
 
 
 @dataclass

@@ -50,6 +50,13 @@ class PerfRecord:
         return self.outcome.status
 
     @property
+    def gated(self) -> bool:
+        """Whether a gate checked anything of it: a budget limit, or a comparison with a reference. A pass of an
+        ungated measurement says it checked nothing (the report: "measured, not gated")."""
+        limits = any(key != "max_regression" for key in self.budget)
+        return limits or self.budget.get("max_regression") is not None or bool(self.verdicts)
+
+    @property
     def violations(self) -> list[Violation]:
         return self.outcome.violations
 
@@ -196,6 +203,8 @@ class GoldenRecord:
     undecided: list[str] = field(default_factory=list)  # why it is inconclusive, each naming the action that decides
     decided_by: str = ""  # which evidence decided, one phrase (GoldenRegression.decided_by)
     travel: str = ""  # on another machine: the quality figures against the reference, this machine vs the accepted
+    # compared across a model change (the accepted outputs of the weights before these): said on a pass too
+    model_change: str = ""
 
     @property
     def near_ties(self) -> list[SampleQuality]:
@@ -212,7 +221,8 @@ class GoldenRecord:
                 "near_ties": len(self.near_ties), "drift": len(self.drift),  # counts, derived from `changed`
                 "changed": [s.to_dict() for s in self.changed], "policy": self.policy, "problems": self.problems,
                 "environment_mismatch": self.environment_mismatch, "undecided": self.undecided,
-                "decided_by": self.decided_by, "travel": self.travel, **backend_dict(self)}
+                "decided_by": self.decided_by, "travel": self.travel, "model_change": self.model_change,
+                **backend_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> GoldenRecord:
@@ -223,7 +233,7 @@ class GoldenRecord:
                    [SampleQuality.from_dict(s) for s in data.get("changed", [])], dict(data.get("policy", {})),
                    list(data.get("problems", [])), list(data.get("environment_mismatch", [])), *backend_of(data),
                    undecided=list(data.get("undecided", [])), decided_by=str(data.get("decided_by", "")),
-                   travel=str(data.get("travel", "")))
+                   travel=str(data.get("travel", "")), model_change=str(data.get("model_change", "")))
 
 
 @dataclass

@@ -178,6 +178,8 @@ def golden_lines(record: GoldenRecord) -> list[Line]:
     lines = [Line(f"  golden {record.status.value.upper():10s} {record.precision}{backend_tag(record)}: "
                   f"{len(record.changed)} of {record.compared} outputs changed, {len(record.drift)} drift, "
                   f"{len(near)} near-ties{ties}{decided}", _color(record.status))]
+    if record.model_change:  # a reviewer must see a model change was crossed, on a pass too
+        lines.append(Line(f"      across a model change: {record.model_change}", _color(record.status)))
     if record.travel:
         lines.append(Line(f"      {record.travel}", _color(record.status)))
     return lines + [Line(f"      inconclusive: {why}", _color(record.status))

@@ -1,0 +1,66 @@
+"""The package as a user installs it (issues #44, #45): the wheel built from this checkout, installed into a
+scratch venv, gates from an empty folder outside the checkout, with the golden sample set shipped inside it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+GATE = """
+import pytest_infergate
+
+def test_the_plugin_is_the_installed_wheel():
+    assert "site-packages" in pytest_infergate.__file__ and {checkout!r} not in pytest_infergate.__file__
+
+def test_quality(infergate_golden):
+    infergate_golden.check(limit=4)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out)], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("pytest_infergate-*.whl")
+    return built
+
+
+def test_the_wheel_ships_the_sample_set_and_the_report_templates(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "pytest_infergate/quality/samples/default.jsonl" in names
+    assert "pytest_infergate/report/templates/report.html" in names
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_gates_from_an_empty_folder_on_the_builtin_samples(wheel, tmp_path, cache_dir):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    scratch_site = Path(subprocess.run([str(python), "-c", where], check=True, capture_output=True,
+                                       text=True).stdout.strip())
+    # the wheel into the scratch venv; its dependencies (torch & co.) from this venv's site-packages, listed after
+    # it (a .pth names folders only: the checkout's editable install is not among them)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(scratch_site),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    (scratch_site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    project = tmp_path / "project"  # no golden/, no conftest, outside the checkout
+    project.mkdir()
+    (project / "test_gate.py").write_text(GATE.format(checkout=str(REPO)))
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                           "--infergate-precisions=fp32,int8"], cwd=project, capture_output=True, text=True,
+                          timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert " passed" in out and "failed" not in out and "golden samples: using the built-in 48-sample set" in out
+    assert "infergate init-golden" in out
+    assert not (project / "golden").exists()  # nothing written unasked
