@@ -32,6 +32,16 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
     "waiting_requests": ("requests", False, False),  # peak queue length during the run
     "running_requests": ("requests", True, False),  # peak batch (requests running at once) during the run
 }
+# Metrics in time units scale with the machine's speed, throughputs inversely; memory, counts and fractions not at
+# all (the load time is the model's, not the workload's). What a busy runner or another machine can distort.
+LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
+THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
+
+
+def scales_with_speed(metric: str) -> bool:
+    return metric in LATENCY_METRICS or metric in THROUGHPUT_METRICS
+
+
 PERCENTILES = (50, 90, 95, 99, 99.9)
 MAX_REQUEST_RECORDS = 5000  # per measurement: about 1 MB of JSON at 20 chunks a request
 

@@ -11,6 +11,7 @@ import json
 import time
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.signals import TerminateAsInterrupt
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
+PACKAGE_DIR = Path(__file__).resolve().parent
 _DEFAULTS = pytest.StashKey[dict]()
 PLUGIN_NAME = "infergate-session"
 WORKER_OUTPUT = "infergate"
@@ -46,11 +48,16 @@ def add_defaults(config: pytest.Config, budgets: list[str] = (), quality_policy:
 
 
 def failure_message(report: pytest.TestReport) -> str:
-    """A failed test's short message and where it failed: `AssertionError: ... (suites/test_x.py:42)`."""
+    """A failed test's short message and where it failed: `AssertionError: ... (suites/test_x.py:42)`. A gate's
+    failure is raised inside this plugin: its place is the user's test, not the plugin's line (issue #45)."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         first = (crash.message or "").strip().splitlines()
-        return f"{first[0] if first else 'failed'} ({crash.path}:{crash.lineno})"
+        where = f"{crash.path}:{crash.lineno}"
+        if Path(str(crash.path)).resolve().is_relative_to(PACKAGE_DIR):
+            path, lineno, _ = report.location
+            where = f"{path}:{(lineno or 0) + 1}"
+        return f"{first[0] if first else 'failed'} ({where})"
     text = str(report.longrepr or "").strip().splitlines()
     return text[-1] if text else f"failed in {report.when}"
 

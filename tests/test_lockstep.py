@@ -150,6 +150,10 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
         # 3 rounds cannot bound a median: the gate measures more, one round at a time, up to AB_ROUNDS here
         b, outcome = evaluate_ab(run_round, budget, rounds=3)
         assert outcome.baseline.repetitions == b.repetitions == AB_ROUNDS == 6
+        # per round, each side's load-free share over its own steps, and how busy the machine was (Linux)
+        for side in (outcome.baseline, b):
+            assert len(side.load_free_share) == len(side.others_share) == 6
+            assert all(0 < share <= 1 for share in side.load_free_share)
         verdicts = {v.metric: v for v in outcome.verdicts}
         assert set(verdicts) == {"itl_ms", "tokens_per_s"} and all(v.paired for v in verdicts.values())
         assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (6, 6)  # one value per round
@@ -211,3 +215,55 @@ def test_the_baseline_environment_steps_when_asked(tiny_source, cache_dir):
         assert fresh.repetitions == 1
     finally:
         env.close()
+
+
+def _busy_rounds(itl_ms: list[float], load_free: list[float], others: float = 0.5) -> Measurement:
+    """An A/B side on a busy runner: per round, 50 ITLs around the given level, its load-free share, and the
+    share of the machine other processes took."""
+    m = Measurement()
+    for level, share in zip(itl_ms, load_free):
+        m.samples.setdefault("itl_ms", []).extend(level * (1 + 0.001 * i) for i in range(50))
+        m.load_free_share.append(share)
+        m.others_share.append(others)
+        m.end_repetition()
+    return m
+
+
+def test_an_ab_on_a_busy_runner_decides_on_each_sides_load_corrected_steps():
+    """Under a CPU hog a forward that sleeps twice as long reads only ×1.33 as measured and one that sleeps 25%
+    longer ×1.08 (the load stretches what computes, not what waits): as measured, the rounds would pass the
+    second. Each side's steps with the load taken out (their load-free share) show the ×2 and fail it, saying
+    which evidence decided; the 25% fails only beyond the estimate's error (×1.6 on the threshold), so it is
+    inconclusive, not passed; unchanged code does not fail; quiet, nothing changes."""
+    budget = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    rounds = 6
+    # A: 100 ms of compute stretched to 300 ms (load-free share 1/3); B: the same plus time asleep (kept whole)
+    a = _busy_rounds([300.0 * (1 + 0.01 * (i % 3)) for i in range(rounds)], [1 / 3] * rounds)
+
+    def asleep_longer(extra_ms):
+        levels = [(300.0 + extra_ms) * (1 + 0.01 * ((i + 1) % 3)) for i in range(rounds)]
+        return _busy_rounds(levels, [(100.0 + extra_ms) / level for level in levels])
+
+    (slower,) = compare_measurements(asleep_longer(100.0), a, budget, paired=True)
+    assert slower.status == Status.FAIL and slower.load_corrected and slower.ratio == pytest.approx(2.0, abs=0.05)
+    assert slower.evidence() == "load-corrected by run-queue delay, paired by round"
+    assert "as measured" in slower.note and "other processes took 50%" in slower.note
+    (quarter,) = compare_measurements(asleep_longer(25.0), a, budget, paired=True)
+    assert quarter.status == Status.INCONCLUSIVE and quarter.ratio == pytest.approx(1.25, abs=0.03)
+    assert "not beyond ×1.76, the most the correction can be off" in quarter.note
+    assert "a pass as measured (×1.0" in quarter.note, quarter.note
+    b_levels = [325.0 * (1 + 0.01 * ((i + 1) % 3)) for i in range(rounds)]
+    # unchanged code, the shares noisy round by round: never a failure
+    same = _busy_rounds([300.0 * (1 + 0.02 * (i % 3)) for i in range(rounds)],
+                        [1 / 3 * (1 + 0.05 * ((-1) ** i)) for i in range(rounds)])
+    (unchanged,) = compare_measurements(same, a, budget, paired=True)
+    assert unchanged.status != Status.FAIL
+    # load-corrected too noisy to tell, as measured a pass: inconclusive on a busy runner, the reason said
+    noisy = _busy_rounds([300.0] * rounds, [1 / 3 * (0.6 if i % 2 else 1.5) for i in range(rounds)])
+    (straddling,) = compare_measurements(noisy, a, budget, paired=True)
+    assert straddling.status == Status.INCONCLUSIVE and "a pass as measured" in straddling.note
+    # the same rounds on a quiet runner: as measured, as before
+    quiet_a, quiet_b = (_busy_rounds(m_levels, [1.0] * rounds, others=0.02) for m_levels in
+                        ([300.0] * rounds, b_levels))
+    (as_measured,) = compare_measurements(quiet_b, quiet_a, budget, paired=True)
+    assert not as_measured.load_corrected and as_measured.evidence() == "as measured, paired by round"

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_infergate.measurement import scales_with_speed
 from pytest_infergate.perf import (
     BaselineEntry,
     BaselineError,
@@ -427,7 +428,7 @@ def test_repetition_probe_is_the_geometric_mean_of_its_probes():
     assert calibration.repetition_probe([0.01, 0.04]) == pytest.approx(0.02)
     assert calibration.repetition_probe([0.01, 0.02, 0.04, 0.08]) == pytest.approx((0.01 * 0.02 * 0.04 * 0.08) ** 0.25)
     assert calibration.scale("itl_ms", 0.02, 0.01) == 0.5 and calibration.scale("tokens_per_s", 0.02, 0.01) == 2.0
-    assert calibration.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not calibration.normalizes("load_s")
+    assert calibration.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not scales_with_speed("load_s")
 
 
 def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():

@@ -384,3 +384,14 @@ def test_a_measurement_no_gate_checked_says_so_instead_of_pass(results):
     row = ungated[ungated.index(f'title="{record["test"]}"'):]
     assert "<b>measured, not gated</b>" in row[:row.index("</tr>")]
     assert "<b>measured, not gated</b>" not in render(results)  # every measurement of the run had a budget
+
+
+def test_a_test_failed_by_its_gate_is_one_reason_located_in_the_test(results):
+    # issue #45: each failing test read twice (as the test and as its gate), its place a line of the plugin
+    from pytest_infergate.results.verdict import run_verdict
+
+    verdict = run_verdict(RunResults.from_dict(results))
+    slow = [reason for reason in verdict.reasons if "test_too_slow" in reason.name]
+    assert len(slow) == 2 and {reason.what for reason in slow} == {"perf gate"}  # fp32 and nf4, once each
+    failures = {nodeid: message for nodeid, message in results["failures"].items() if "test_too_slow" in nodeid}
+    assert len(failures) == 2 and all("(test_run.py:" in message for message in failures.values()), failures

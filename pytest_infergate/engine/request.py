@@ -120,16 +120,37 @@ def check_messages(messages: Any) -> None:
                                "an empty one)")
 
 
+# how a base model (a tokenizer without a chat template) is sent chat messages: a plain transcript
+_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": ""}
+
+
+def has_chat_template(tokenizer) -> bool:
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def plain_text(messages) -> str:
+    """Chat messages as a base model reads them: the system message as a plain paragraph, each turn as "User: ..."
+    or "Assistant: ...", ending with "Assistant:" for the answer (the same content as the chat prompt, without a
+    template the base model never saw)."""
+    lines = []
+    for message in messages:
+        speaker = _SPEAKERS.get(message["role"], message["role"].capitalize())
+        content = str(message["content"]).strip()
+        lines.append(f"{speaker}: {content}" if speaker else content)
+    return "\n\n".join(lines + ["Assistant:"])
+
+
 def render_prompt(tokenizer, request: Request) -> list[int]:
     """The prompt as the model sees it: token ids as given, chat messages rendered with the tokenizer's chat
-    template (and the generation prompt), or text with the tokenizer's special tokens."""
+    template (and the generation prompt) or, for a base model without one, as a plain transcript (plain_text),
+    or text with the tokenizer's special tokens."""
     if request.prompt_token_ids is not None:
         ids = list(request.prompt_token_ids)
     elif request.messages is not None:
         if not request.messages:
             raise RequestError("request.messages is empty: give at least one chat message")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise RequestError("the tokenizer has no chat template: send `prompt` text instead of `messages`")
+        if not has_chat_template(tokenizer):
+            return _nonempty(tokenizer(plain_text(request.messages), add_special_tokens=True)["input_ids"])
         ids = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
         if not isinstance(ids, list):
             ids = ids["input_ids"]
@@ -137,9 +158,13 @@ def render_prompt(tokenizer, request: Request) -> list[int]:
         if not request.prompt:
             raise RequestError("request.prompt is empty: give some text, messages or prompt_token_ids")
         ids = tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+    return _nonempty(ids)
+
+
+def _nonempty(ids: list[int]) -> list[int]:
     if not ids:
         raise RequestError("the prompt tokenized to zero tokens: give a non-empty prompt")
-    return ids
+    return list(ids)
 
 
 @dataclass

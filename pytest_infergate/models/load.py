@@ -193,6 +193,7 @@ class LoadRecord:
     backend: str = ""
     backend_reason: str = ""
     self_check_s: float | None = None
+    plain_text_prompts: bool = False  # a base model: its tokenizer has no chat template (engine.request.plain_text)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -304,4 +305,6 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
         peak_mem_bytes=peak.result.peak_bytes, peak_mem_method=peak.result.method, quantized_modules=quantized,
         fingerprint=model_fingerprint(source), versions=library_versions(),
         load_mem_delta_bytes=peak.result.delta_bytes)
-    return LoadedModel(model, tokenizer if tokenizer is not None else load_tokenizer(source), source, record)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source)
+    record.plain_text_prompts = getattr(tokenizer, "chat_template", None) is None
+    return LoadedModel(model, tokenizer, source, record)

@@ -205,6 +205,11 @@ class EnvSide:
     def __init__(self, env: BaselineEnv, measurement_id: str, workload: Workload):
         self.env, self.measurement_id, self.workload = env, measurement_id, workload
 
+    @property
+    def pid(self) -> int:
+        """The worker's process: ours, not a co-tenant, when the round reads how busy the machine was."""
+        return self.env._process.pid
+
     def begin(self) -> None:
         self.env.ask(self.workload.message(self.measurement_id, "begin"), self.workload.doing)
 

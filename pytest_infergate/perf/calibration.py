@@ -39,13 +39,10 @@ import time
 from functools import cache
 from pathlib import Path
 
-from pytest_infergate.measurement import METRICS
+from pytest_infergate.measurement import LATENCY_METRICS, THROUGHPUT_METRICS
 
 # The probe's name and version: a baseline's probe times are comparable only with the same probe's.
 PROBE = "numpy-prefill-decode-copy/1"
-# Metrics in time units scale with machine speed; throughputs inversely; memory, counts and fractions not at all.
-LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
-THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
 MIN_INTERVAL_S = 0.25  # the sampler's pause between probes: at least this, and at least DUTY times the probe's time
 DUTY = 19
 
@@ -193,6 +190,3 @@ def scale(metric: str, probe_s: float, reference_s: float) -> float:
         return probe_s / reference_s
     return 1.0
 
-
-def normalizes(metric: str) -> bool:
-    return metric in LATENCY_METRICS or metric in THROUGHPUT_METRICS

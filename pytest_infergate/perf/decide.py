@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement
-from pytest_infergate.perf import calibration, interference, stored
+from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
+from pytest_infergate.perf import interference, stored
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import PerfOutcome, Route
@@ -137,7 +137,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     out = []
     for v in violations:
         metric = metric_of.get(v.key, "")
-        if not calibration.normalizes(metric) or _times_worse(v.measured, v) > bound:
+        if not scales_with_speed(metric) or _times_worse(v.measured, v) > bound:
             out.append(v)
             continue
         corrected = load_free_value(measurement, metric, v.percentile)
@@ -179,7 +179,7 @@ def load_free_value(measurement: Measurement, metric: str, pct: float | None) ->
 def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:
     """Whether `verdict` compares figures that the baseline's other machine makes incomparable: timings, and
     every figure where the device changed. Re-measuring cannot decide such a verdict."""
-    return bool(diff.machine) and (calibration.normalizes(verdict.metric) or diff.device_changed)
+    return bool(diff.machine) and (scales_with_speed(verdict.metric) or diff.device_changed)
 
 
 def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
@@ -188,7 +188,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
     its baseline says the baseline was disturbed, not that anything improved."""
     out = []
     for v in verdicts:
-        timing = calibration.normalizes(v.metric)
+        timing = scales_with_speed(v.metric)
         if machine_bound(v, diff):
             v = replace(v, status=Status.INCONCLUSIVE,
                         note=f"the baseline was measured on another machine ({diff.machine_text()}), so its "

@@ -18,13 +18,16 @@ interleaves whole repetitions (`refusal` says why).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Protocol
 
+from pytest_infergate import runqueue
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
+from pytest_infergate.perf import interference
 from pytest_infergate.workload_files import Session
 
 
@@ -98,23 +101,42 @@ class LocalSide:
         self.rise = self.peak = 0
         self.method = ""
         self.ids = []
+        # the side's own steps: their wall time, and what it would have been with the CPUs to ourselves
+        # (runqueue.team_progress_s), for the gate's load-corrected comparison on a busy runner
+        self.stepped_s = self.load_free_s = 0.0
+        self.load_free_measured = True
         with self.clock.running():  # tokenizing and queueing count, as in Engine.generate
             for item in self.workload:
                 self.ids.append(self.engine.submit(item))
 
     def step(self) -> bool:
         # the peak of each own step, measured from just before it: the other side's steps are not counted
-        with self.around_step(), PeakMemory(self.bench.device) as peak, self.clock.running():
-            self.engine.step()
+        threads_before = runqueue.threads()
+        with self.around_step(), PeakMemory(self.bench.device) as peak:
+            started = self.clock()
+            with self.clock.running():
+                self.engine.step()
+            wall = self.clock() - started
+        self._count_load_free(wall, threads_before)
         self.rise = max(self.rise, peak.result.delta_bytes)
         self.peak = max(self.peak, peak.result.peak_bytes)
         self.method = f"{peak.result.method}, own steps"
         return self.engine.has_unfinished
 
+    def _count_load_free(self, wall: float, threads_before: dict) -> None:
+        times = runqueue.delta(threads_before, runqueue.threads()) if threads_before else {}
+        if not times:
+            self.load_free_measured = False
+            return
+        self.stepped_s += wall
+        self.load_free_s += min(wall, runqueue.team_progress_s(wall, times, runqueue.thread_id()))
+
     def finish(self, into: Measurement) -> None:
         results = [self.engine.result(request_id) for request_id in self.ids]
         wall = self.clock()
         self.abort()
+        share = self.load_free_s / self.stepped_s if self.load_free_measured and self.stepped_s > 0 else None
+        note_per_repetition(into.load_free_share, share, into.repetitions)
         self.bench.record_repetition(into, self.engine, self.workload, results, wall,
                                      PeakMemoryResult(self.method, self.peak, self.peak - self.rise))
 
@@ -128,10 +150,22 @@ class LocalSide:
             stack.close()
 
 
+def note_per_repetition(values: list[float], value: float | None, repetitions: int) -> None:
+    """Append one repetition's `value` to a per-repetition list; one repetition not measured leaves the whole list
+    unmeasured (as perf.bench does: the gate then has no evidence either way)."""
+    if value is not None and len(values) == repetitions:
+        values.append(value)
+    else:
+        values.clear()
+
+
 def lockstep_round(a: StepSide, b: StepSide, into_a: Measurement, into_b: Measurement, a_first: bool) -> None:
     """One repetition of each side, their steps in turn (the order flipping after every step), into `into_a` and
-    `into_b`. A side that finished first waits while the other runs out."""
+    `into_b`; the share of the machine other processes took during the round goes to both (perf.interference).
+    A side that finished first waits while the other runs out."""
+    ours = [os.getpid()] + [pid for pid in (getattr(a, "pid", None), getattr(b, "pid", None)) if pid]
     try:
+        before = interference.snapshot(ours)
         a.begin()
         b.begin()
         order = [a, b] if a_first else [b, a]
@@ -141,6 +175,9 @@ def lockstep_round(a: StepSide, b: StepSide, into_a: Measurement, into_b: Measur
                 if running[id(side)]:
                     running[id(side)] = side.step()
             order.reverse()
+        others = interference.others_share(before, interference.snapshot(ours))
+        note_per_repetition(into_a.others_share, others, into_a.repetitions)
+        note_per_repetition(into_b.others_share, others, into_b.repetitions)
         a.finish(into_a)
         b.finish(into_b)
     except BaseException:

@@ -10,8 +10,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement
-from pytest_infergate.perf import calibration, stored
+from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
+from pytest_infergate.perf import interference, stored
 from pytest_infergate.perf.budget import Budget
 from pytest_infergate.stats import bootstrap_ratio_ci, median_interval, min_rounds, percentile
 from pytest_infergate.status import Status
@@ -42,6 +42,8 @@ class Verdict:
     baseline_at_fault: bool = False
     # inconclusive by the two sides' own spread, which re-measuring cannot narrow below the threshold: said at once
     unresolvable: bool = False
+    # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: load_aware_paired)
+    load_corrected: bool = False
 
     @property
     def resolution(self) -> float:
@@ -69,6 +71,8 @@ class Verdict:
         """Which evidence decided the verdict (or failed to), in one short phrase for the report and the terminal:
         the figures as measured (paired by A/B round, or each side's least-disturbed repetitions), or load-corrected
         by the kernel's run-queue delays where a busy side's figures could not decide (perf.stored)."""
+        if self.load_corrected:
+            return stored.LOAD_CORRECTED + (", paired by round" if self.paired else "")
         if self.note.startswith(stored.LOAD_CORRECTED):
             return stored.LOAD_CORRECTED
         if self.paired:
@@ -165,12 +169,75 @@ def compare_paired_percentiles(metric: str, candidate: Measurement, baseline: Me
                           shown=(candidate.value(metric, pct), baseline.value(metric, pct)))
 
 
+def per_round(metric: str, measurement: Measurement, pct: int | None, load_free: bool = False) -> list[float] | None:
+    """One value of `metric` per round (a per-request metric: the round's percentile `pct`), with `load_free` each
+    multiplied by the round's load-free share (a throughput divided by it); None where not split by round or, with
+    `load_free`, the shares were not measured for every round."""
+    split = measurement.by_repetition(metric)
+    if not split or not all(split):
+        return None
+    values = [percentile(xs, pct or 50) for xs in split] if METRICS[metric][2] else [xs[0] for xs in split]
+    if not load_free:
+        return values
+    shares = measurement.load_free_share
+    if len(shares) != len(values) or min(shares, default=0.0) <= 0:
+        return None
+    return [v / s if METRICS[metric][1] else v * s for v, s in zip(values, shares)]
+
+
+def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measurement,
+                      max_regression: float) -> Verdict:
+    """An A/B's verdict on a busy runner. The co-tenants' load hits both sides of a round alike, but it stretches
+    what computes and not what waits (a forward that sleeps 25% longer reads ×1.08 under one busy loop per core),
+    and it spreads the rounds. So each side's own steps are load-corrected (runqueue.team_progress_s: the side's
+    load-free share per round) and compared round by round. A failure as measured stands (the load slows both
+    sides of a round alike: it cannot make B slower than A); a pass as measured does not (the load could have
+    hidden a slowdown that waits). So a load-corrected pass decides (unless as measured it fails: inconclusive),
+    a load-corrected failure decides beyond the estimate's error (×interference.LOAD_FREE_RESIDUAL on the
+    threshold); otherwise a failure as measured stands and anything else is inconclusive. Quiet, or without the
+    shares: `measured` as it is."""
+    share = interference.busy(candidate.others_share)
+    if share is None:
+        return measured
+    pct = measured.percentile
+    cand, base = (per_round(measured.metric, m, pct, load_free=True) for m in (candidate, baseline))
+    if cand is None or base is None or len(cand) != len(base):
+        return measured
+    corrected = compare_paired(measured.metric, cand, base, max_regression, pct=pct)
+    busy = interference.describe(share)
+    as_measured = f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
+    bound = corrected.threshold * interference.LOAD_FREE_RESIDUAL
+    if corrected.status == Status.FAIL and corrected.low <= bound:
+        # the estimate keeps a side's waits whole and shrinks its compute by its own error: a slowdown that waits
+        # reads larger load-corrected than it is (×1.59 for a 25% one under one busy loop per core): a failure
+        # stands only beyond the estimate's measured error
+        corrected = replace(corrected, status=Status.INCONCLUSIVE, note=(
+            f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
+            f"threshold but not beyond ×{bound:.2f}, the most the correction can be off"))
+    if corrected.status != Status.INCONCLUSIVE:
+        if corrected.status == Status.PASS and measured.status == Status.FAIL:
+            return replace(corrected, status=Status.INCONCLUSIVE, load_corrected=True, note=(
+                f"the runner was busy ({busy}): load-corrected it would pass, as measured ({as_measured}) it "
+                "would fail"))
+        return replace(corrected, load_corrected=True, note=(
+            f"{stored.LOAD_CORRECTED}: each side's steps with the co-tenants' load taken out ({as_measured}; "
+            f"{busy})"))
+    if measured.status == Status.FAIL:
+        return replace(measured, note=f"the runner was busy ({busy}), which slows both sides of a round alike; "
+                                      f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, "
+                                      f"{corrected.high:.3f}]")
+    return replace(corrected, load_corrected=True, note=(
+        f"the runner was busy ({busy}): {corrected.note or 'load-corrected the interval straddles the threshold'}; "
+        f"a pass as measured ({as_measured}) does not stand, since the load stretches what computes and not what "
+        "waits: gate on a quiet runner, or accept that only a gross slowdown fails here"))
+
+
 def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
                    pct: int | None = 50) -> Verdict | None:
     """A time-like metric against a stored baseline, repetition by repetition (perf.stored: each side summarized
     by its least-disturbed repetitions, normalized for machine speed where the calibration probe shows it changed
     by more than max_regression). None: not a time-like metric, or a side without the split by repetition."""
-    if not calibration.normalizes(metric):
+    if not scales_with_speed(metric):
         return None
     probed = bool(candidate.probe) and candidate.probe == baseline.probe
     cand, base = stored.side(candidate, metric, pct, probed), stored.side(baseline, metric, pct, probed)
@@ -219,13 +286,14 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
         if not a or not b or metric in ("load_s",):
             continue
         if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
-            verdicts.append(compare_paired(metric, a, b, budget.max_regression))
+            verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
+                                              baseline, budget.max_regression))
             continue
         pct = next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile)
         by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
             if paired and METRICS[metric][2] else None
         if by_round is not None:
-            verdicts.append(by_round)
+            verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
             continue
         verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
         verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))

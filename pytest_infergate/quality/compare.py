@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 from pytest_infergate.models import QUANTIZED
-from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenSample
 from pytest_infergate.quality.metrics import (
+    Generated,
     QualityResult,
     SampleQuality,
     TokenStats,

@@ -22,6 +22,7 @@ from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.request import RequestError, render_prompt
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
+from pytest_infergate.quality.metrics import Generated
 
 DEFAULT_MAX_MODEL_LEN = 2048
 # log-probabilities recorded per generated token: the margin of a changed golden token is read from the run that
@@ -30,17 +31,6 @@ GOLDEN_TOP_LOGPROBS = 8
 # the engine settings that decide which tokens share a forward (max_model_len only caps lengths)
 GOLDEN_BATCHING = {"batching": "continuous", "cache_mode": "paged", "max_batch_size": 64, "max_batched_tokens": 2048,
                    "prefill_chunk_size": 512, "block_size": 16, "kv_budget_bytes": 512 << 20}
-
-
-@dataclass
-class Generated:
-    id: str
-    prompt_ids: list[int]
-    token_ids: list[int]
-    text: str
-    # per token, (ids, log-probabilities) of the GOLDEN_TOP_LOGPROBS most likely tokens as generated (in the batch
-    # of the fixed composition); empty where the backend does not record them (HF generate)
-    top_logprobs: list = field(default_factory=list)
 
 
 @dataclass

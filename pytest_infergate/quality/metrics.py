@@ -260,3 +260,16 @@ def describe_sample(sample: SampleQuality, labels: tuple[str, str] = ("reference
     return (f"{sample.id} [{sample.category}]{figures}, first divergence at token {sample.first_divergence}:\n"
             f"      {ref}{sample.reference_text[:where]!r} + {sample.reference_text[where:where + 50]!r}\n"
             f"      {cand}{sample.candidate_text[:where]!r} + {sample.candidate_text[where:where + 50]!r}")
+
+
+@dataclass
+class Generated:
+    """One golden sample's output as a precision generated it (quality.generation), what every comparison reads."""
+
+    id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    # per token, (ids, log-probabilities) of the GOLDEN_TOP_LOGPROBS most likely tokens as generated (in the batch
+    # of the fixed composition); empty where the backend does not record them (HF generate)
+    top_logprobs: list = field(default_factory=list)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_infergate import units
-from pytest_infergate.quality.generation import Generated
 from pytest_infergate.quality.golden_files import GoldenOutput, GoldenOutputs, GoldenSample
-from pytest_infergate.quality.metrics import SampleQuality, compare_sample, first_divergence
+from pytest_infergate.quality.metrics import Generated, SampleQuality, compare_sample, first_divergence
 from pytest_infergate.quality.policy import RegressionPolicy
 from pytest_infergate.quality.travel import SampleFigures, TravelDecision
 

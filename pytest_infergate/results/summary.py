@@ -68,6 +68,8 @@ def model_lines(results: RunResults) -> list[Line]:
                           f"{r['fingerprint']}{note}"))
         if r.get("backend") == HF_GENERATE:  # quiet on the engine: that is the default
             lines.append(Line(f"         backend: {HF_GENERATE}, because {r.get('backend_reason') or '?'}", "yellow"))
+    if any(r.get("plain_text_prompts") for r in results.models.values()):
+        lines.append(Line("  base model: prompts sent as plain text (the tokenizer has no chat template)", "yellow"))
     return lines
 
 

@@ -14,6 +14,8 @@ from pytest_infergate import units
 from pytest_infergate.status import Status
 
 if TYPE_CHECKING:
+    from pytest_infergate.perf.budget import Violation
+    from pytest_infergate.perf.verdict import Verdict
     from pytest_infergate.results.records import PerfRecord
     from pytest_infergate.results.run import RunResults
 
@@ -62,16 +64,22 @@ def record_message(record) -> str:
     from pytest_infergate.results.records import PerfRecord
 
     if isinstance(record, PerfRecord):
-        lines = verdict_reasons(record)
-        bad = [line for line in lines if "straddles" in line or ">" in line or "budget" in line] or lines
-        return "; ".join(bad[:3]) or record.status.value
+        bad = ([violation_line(v) for v in record.violations]
+               + [verdict_line(v) for v in record.verdicts if v.status != Status.PASS])
+        if record.relative_check_missing:
+            bad.append(f"no baseline comparison: {record.relative_check_missing}")
+        return "; ".join((bad or verdict_reasons(record))[:3]) or record.status.value
     problems = list(getattr(record, "problems", []) or []) + list(getattr(record, "undecided", []) or [])
     return "; ".join(problems[:3]) or record.status.value
 
 
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []
+    # a test failed by its own gate is said once, as the gate with its reasons (not again as a failed test)
+    gated = {record.test for record in results.records if record.status == Status.FAIL}
     for nodeid, outcome in results.outcomes.items():
+        if outcome == "failed" and any(test == nodeid or test.startswith(nodeid + "::") for test in gated):
+            continue
         if outcome in ("failed", "error"):
             message = results.failures.get(nodeid, "")
             reasons.append(Reason(Status.FAIL, "test" if outcome == "failed" else "test error", nodeid,
@@ -88,30 +96,34 @@ def run_verdict(results: RunResults) -> RunVerdict:
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
 
 
+def violation_line(v: Violation) -> str:
+    """A budget check in one line: the key, measured against the limit, by how much (and why undecided)."""
+    bound = "<" if v.higher_is_better else ">"
+    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
+            f"({v.shortfall()})" + (f": inconclusive, {v.undecided}" if v.undecided else ""))
+
+
+def verdict_line(v: Verdict) -> str:
+    """A comparison in one line: the change with its interval against the threshold, the evidence that decided."""
+    where = f" p{v.percentile}" if v.percentile else ""
+    # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
+    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold), "straddles")
+    return (f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
+            f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
+            f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
+            f"{units.ratio(v.threshold)}, {v.evidence()}"
+            + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
+            + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
+            + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
+               f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
+            + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
+
+
 def verdict_reasons(record: PerfRecord) -> list[str]:
     """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
     95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
-    reasons = []
-    for v in record.violations:
-        bound = "<" if v.higher_is_better else ">"
-        reasons.append(f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget "
-                       f"{units.metric_value(v.key, v.limit)} ({v.shortfall()})"
-                       + (f": inconclusive, {v.undecided}" if v.undecided else ""))
-    for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
-        where = f" p{v.percentile}" if v.percentile else ""
-        # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-        relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold),
-                                                          "straddles")
-        reasons.append(f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
-                       f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
-                       f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
-                       f"{units.ratio(v.threshold)}"
-                       + f", {v.evidence()}"
-                       + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
-                       + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
-                       + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
-                          f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
-                       + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
+    reasons = [violation_line(v) for v in record.violations]
+    reasons += [verdict_line(v) for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS)]
     if record.baseline_provenance:
         reasons.append(f"baseline: {record.baseline_provenance}")
     if record.relative_check_missing:

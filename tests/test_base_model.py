@@ -1,0 +1,67 @@
+"""A base model, as teams bring them (issue #44): a tokenizer without a chat template. The built-in workloads and
+the golden samples reach it as plain text built from the same content, and the run says so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_infergate.engine.request import Request, plain_text, render_prompt
+
+BASE_RUN = """
+from pytest_infergate.engine import EngineConfig
+
+def test_speed(infergate_bench):
+    m = infergate_bench(config=EngineConfig(max_model_len=512), repeats=1, warmup=0)
+    assert m.num_requests > 0 and m.num_failed == 0
+
+def test_quality(infergate_golden):
+    infergate_golden.check(limit=4)
+"""
+
+
+def test_chat_messages_reach_a_base_model_as_a_plain_transcript():
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": " Capital of France? "},
+                {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+    assert plain_text(messages) == ("Answer briefly.\n\nUser: Capital of France?\n\nAssistant: Paris.\n\n"
+                                    "User: And of Italy?\n\nAssistant:")
+
+    class BaseTokenizer:  # what transformers gives for a tokenizer without a chat template
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    ids = render_prompt(BaseTokenizer(), Request(messages=messages[1:2]))
+    assert "".join(map(chr, ids)) == "User: Capital of France?\n\nAssistant:"
+
+
+@pytest.fixture
+def base_model(tiny_source, tmp_path) -> Path:
+    """tiny-random-llama saved without its chat template: a base model of our own (seeded)."""
+    own = tmp_path / "tiny-base"
+    shutil.copytree(tiny_source.path, own, ignore=shutil.ignore_patterns("chat_template.jinja", "infergate-meta.json"))
+    config = json.loads((own / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (own / "tokenizer_config.json").write_text(json.dumps(config))
+    return own
+
+
+@pytest.mark.slow
+def test_a_base_model_runs_the_default_workload_and_the_golden_samples_as_plain_text(pytester, base_model,
+                                                                                   cache_dir):
+    pytester.makepyfile(BASE_RUN)
+    result = pytester.runpytest_subprocess(f"--infergate-model={base_model}", f"--infergate-cache-dir={cache_dir}",
+                                           "--infergate-precisions=fp32,int8", "-p", "no:cacheprovider",
+                                           "--infergate-json=out.json")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    assert "base model: prompts sent as plain text (the tokenizer has no chat template)" in out
+    assert "golden samples: using the built-in 48-sample set" in out + result.stderr.str()
+    records = json.loads((pytester.path / "out.json").read_text())
+    assert all(m["plain_text_prompts"] for m in records["models"].values())
+    decided = {(r["kind"], r["precision"]) for r in records["records"] if r["status"] in ("pass", "fail")}
+    assert {("perf", "fp32"), ("perf", "int8"), ("quality", "int8")} <= decided
