@@ -94,8 +94,9 @@ class InfergateSession:
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
             from pytest_infergate.perf.baseline import load_baseline, schema_note
+            from pytest_infergate.results.run import baseline_entries
 
-            self.baseline = load_baseline(options.baseline)
+            self.baseline = load_baseline(options.baseline, baseline_entries)
             note = schema_note(options.baseline)
             if note:  # read as the current schema: said, not a warning that counts
                 warnings.warn(InfergateWarning(note), stacklevel=1)

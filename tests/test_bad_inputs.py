@@ -183,13 +183,20 @@ def test_baseline_path_with_a_space_outside_the_project_is_a_usage_error(pyteste
     assert record["verdicts"] and not record["relative_check_missing"]
 
 
-def test_results_file_as_baseline_says_what_it_is(pytester, run):
-    pytester.makepyfile(BENCH.format(budget=""))
+def test_a_results_file_is_a_baseline_the_accepted_run(pytester, run):
+    # issue #42: a baseline is a saved run; --infergate-save-baseline stays a convenience writing the same
+    pytester.makepyfile(BENCH.format(budget="max_regression=0.5"))
     run("--infergate-json=r.json").assert_outcomes(passed=1)
-    result = run("--infergate-baseline=r.json")
+    run("--infergate-baseline=r.json", "--infergate-json=again.json")
+    (record,) = [r for r in json.loads((pytester.path / "again.json").read_text())["records"] if r["kind"] == "perf"]
+    assert record["route"] == "stored" and record["verdicts"] and "recorded" in record["baseline_provenance"]
+    # measured as the accepted run was: without the calibration probe it did not take
+    assert record["measurement"]["probe_s"] == [] and record["measurement"]["repetitions"] >= 8
+    # a results file without a perf measurement is no baseline, said
+    (pytester.path / "empty.json").write_text(json.dumps({"kind": "results", "schema_version": 4, "records": []}))
+    result = run("--infergate-baseline=empty.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--infergate-baseline r.json is a results file, not a baseline file*"
-                                 "--infergate-save-baseline*"])
+    result.stderr.fnmatch_lines(["*--infergate-baseline empty.json: this results file holds no perf measurement*"])
 
 
 def test_cli_refuses_baselines_and_incomplete_results(pytester, run, capsys):

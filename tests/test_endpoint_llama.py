@@ -183,7 +183,7 @@ def test_quality(infergate_golden):
 @pytest.mark.infergate_budget(max_regression=9.0)
 def test_ab(infergate_endpoint):
     a, b = infergate_endpoint.ab(REQS, {"concurrency": 2}, rounds=2, warmup=0)
-    assert a.repetitions == b.repetitions == 2
+    assert a.repetitions == b.repetitions == 5  # 2 rounds cannot bound a median: 3 more, still under the 6 needed
 
 @pytest.mark.infergate_slo(e2e_ms=30000)
 @pytest.mark.infergate_budget(min_capacity_rps=1000)

@@ -150,10 +150,11 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
         # 3 rounds cannot bound a median: the gate measures more, one round at a time, up to AB_ROUNDS here
         b, outcome = evaluate_ab(run_round, budget, rounds=3)
         assert outcome.baseline.repetitions == b.repetitions == AB_ROUNDS == 6
-        # per round, each side's load-free share over its own steps, and how busy the machine was (Linux)
+        # per round, each side's load-free share over its own steps, and how busy the machine was (Linux; a round
+        # shorter than a few clock ticks cannot tell, and then no round says: as perf.bench does)
         for side in (outcome.baseline, b):
-            assert len(side.load_free_share) == len(side.others_share) == 6
-            assert all(0 < share <= 1 for share in side.load_free_share)
+            assert len(side.load_free_share) == 6 and all(0 < share <= 1 for share in side.load_free_share)
+            assert len(side.others_share) in (0, 6)
         verdicts = {v.metric: v for v in outcome.verdicts}
         assert set(verdicts) == {"itl_ms", "tokens_per_s"} and all(v.paired for v in verdicts.values())
         assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (6, 6)  # one value per round

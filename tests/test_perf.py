@@ -273,7 +273,7 @@ def test_a_slower_machine_now_never_manufactures_a_failure_nor_a_pass():
     for m in (candidate, entry.measurement):
         m.probe, m.probe_s = "", []
     unprobed = evaluate_perf(candidate, GATE, {}, entry)
-    assert unprobed.status == "fail" and "no calibration probe" in unprobed.notes[-1]
+    assert unprobed.status == "fail" and "neither side took the calibration probe" in unprobed.notes[-1]
 
 
 def test_a_baseline_saved_on_a_busy_runner_never_manufactures_a_pass_nor_a_failure():

@@ -42,6 +42,16 @@ def uses_stored_baseline(ctx: TestContext) -> bool:
     return ctx.options.save_baseline is not None or ctx.baseline is not None
 
 
+def probe_wanted(ctx: TestContext) -> bool:
+    """Whether this run's measurements take the calibration probe: a save does (a later run reads it), a
+    comparison does where the baseline has it. Against an accepted run measured without it (a results file, an
+    older baseline), measuring with it would measure differently: the probe's sampler takes a share of the cores
+    (on tiny-random-llama's ms steps the same workload read ×1.8 slower with it)."""
+    if ctx.options.save_baseline is not None:
+        return True
+    return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
+
+
 def repetitions_for(ctx: TestContext, repeats: int) -> int:
     """`repeats`, raised to BASELINE_MIN_REPEATS when this run saves or compares a stored baseline (engine and
     endpoint measurements alike)."""
@@ -161,7 +171,7 @@ class PerfBench:
         self.baseline_env = baseline_env  # with --infergate-baseline-python: the session's perf.baseline_env worker
         # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
         # would take a share of the cores from the workload and start a sampler process per test for nothing
-        self.bench = Bench(loaded, ctx.options.device, calibrate=None if uses_stored_baseline(ctx) else False)
+        self.bench = Bench(loaded, ctx.options.device, calibrate=None if probe_wanted(ctx) else False)
         self.measurements: list[Measurement] = []
 
     @property

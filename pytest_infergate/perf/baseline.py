@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,8 @@ def schema_note(path: Path) -> str:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
+    if file_kind(data) != KIND:  # a results file read as a baseline: its own schema, read by results.run
+        return ""
     version = data.get("schema_version", 1) if isinstance(data, dict) else SCHEMA_VERSION
     if version == SCHEMA_VERSION:
         return ""
@@ -125,7 +128,11 @@ def file_kind(data: object) -> str:
     return "unknown"
 
 
-def load_baseline(path: Path) -> dict[str, BaselineEntry]:
+def load_baseline(path: Path, results_entries: Callable[[dict], dict[str, BaselineEntry]] | None = None
+                  ) -> dict[str, BaselineEntry]:
+    """The entries of a baseline file, by measurement key. With `results_entries` (the session passes
+    results.run.baseline_entries), a results file (--infergate-json) is read as one too: the accepted run is the
+    baseline, each of its perf records an entry."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -136,6 +143,13 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
         raise BaselineError(f"baseline file {path} is not valid JSON ({exc}); re-create it with "
                             "--infergate-save-baseline") from None
     kind = file_kind(data)
+    if kind == "results" and results_entries is not None:
+        entries = results_entries(data)
+        if not entries:
+            raise BaselineError(f"--infergate-baseline {path}: this results file holds no perf measurement to compare "
+                                "with; pass the results of a run that measured (infergate_bench), or a baseline file")
+        _check_entries(path, entries)
+        return entries
     if kind != KIND:
         hint = (" (written by --infergate-json); a baseline is written by --infergate-save-baseline"
                 if kind == "results" else "; create a baseline with --infergate-save-baseline")
@@ -154,14 +168,19 @@ def load_baseline(path: Path) -> dict[str, BaselineEntry]:
         except (KeyError, TypeError, ValueError):
             raise BaselineError(f"baseline file {path}: entry {key!r} lacks a measurement or fingerprint; "
                                 "re-create the file with --infergate-save-baseline") from None
-        if not any(entries[key].measurement.samples.values()):
+    _check_entries(path, entries)
+    return entries
+
+
+def _check_entries(path: Path, entries: dict[str, BaselineEntry]) -> None:
+    for key, entry in entries.items():
+        if not any(entry.measurement.samples.values()):
             raise BaselineError(f"baseline file {path}: entry {key!r} has no samples, so nothing can be compared "
                                 "with it; re-create the file with --infergate-save-baseline")
-        bad = _unusable_samples(entries[key].measurement.samples)
+        bad = _unusable_samples(entry.measurement.samples)
         if bad:
             raise BaselineError(f"baseline file {path}: entry {key!r} has {bad}, which no comparison can use; "
                                 "re-create the file with --infergate-save-baseline")
-    return entries
 
 
 def _unusable_samples(samples: dict) -> str:

@@ -224,4 +224,8 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
                 f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
     if measurement.probe:
         return "machine speed not checked: no time-like metric was compared repetition by repetition"
+    if not baseline.probe:
+        return ("machine speed not checked: neither side took the calibration probe (the baseline, an older file or "
+                "a run's results, has none, so this run measured without it too; on the CPU, a baseline saved with "
+                "--infergate-save-baseline has it)")
     return "machine speed not checked: no calibration probe ran with this measurement"

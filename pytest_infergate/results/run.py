@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
@@ -152,3 +153,12 @@ class RunResults:
                    failures=dict(data.get("failures", {})), skips=dict(data.get("skips", {})),
                    strict=bool(data.get("strict", False)),
                    run_id=str(data.get("run_id") or ""), commit=data.get("commit"))
+
+
+def baseline_entries(data: dict) -> dict[str, BaselineEntry]:
+    """A results file (--infergate-json) as a stored baseline (issue #42: the accepted run *is* the baseline): each
+    perf record with samples an entry, keyed by its measurement key, with its fingerprint, measured when the run
+    started."""
+    run = RunResults.from_dict(data)
+    return {record.test: BaselineEntry(record.fingerprint, record.measurement, run.started)
+            for record in run.perf if record.fingerprint and any(record.measurement.samples.values())}
