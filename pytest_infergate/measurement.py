@@ -131,6 +131,15 @@ class Measurement:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+def note_per_repetition(values: list[float], value: float | None, repetitions: int) -> None:
+    """Append one repetition's `value` to a per-repetition list of a Measurement (others_share, load_free_share);
+    one repetition not measured (None) leaves the whole list unmeasured: the gate then has no evidence either way."""
+    if value is not None and len(values) == repetitions:
+        values.append(value)
+    else:
+        values.clear()
+
+
 def add_request_latencies(samples: dict[str, list[float]], ttft_s: float | None, tpot_s: float | None,
                           itl_s: list[float], e2e_s: float, queue_s: float | None = None) -> None:
     """One finished request's latencies, in ms, into a Measurement's samples (engine and endpoint alike)."""

@@ -13,7 +13,7 @@ from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.request import Result
 from pytest_infergate.lazy import import_torch
-from pytest_infergate.measurement import Measurement, add_request_latencies
+from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.sessions import (
@@ -153,20 +153,16 @@ class Bench:
     def _others_after(self, before, ours: list[int], into: Measurement) -> None:
         """What other processes took of the machine during the repetition; one repetition not measured leaves the
         whole measurement unmeasured (the gate then has no evidence either way)."""
-        share = interference.others_share(before, interference.snapshot(ours))
-        if share is not None and len(into.others_share) == into.repetitions:
-            into.others_share.append(share)
-        else:
-            into.others_share = []
+        note_per_repetition(into.others_share, interference.others_share(before, interference.snapshot(ours)),
+                            into.repetitions)
 
     def _load_free_after(self, before: dict, wall: float, into: Measurement) -> None:
         """The share of the repetition's wall time its work would have taken with the CPUs to itself (runqueue.
         team_progress_s); one repetition not measured leaves the whole measurement unmeasured."""
         times = runqueue.delta(before, runqueue.threads()) if before else {}
-        if times and wall > 0 and len(into.load_free_share) == into.repetitions:
-            into.load_free_share.append(min(1.0, runqueue.team_progress_s(wall, times, runqueue.thread_id()) / wall))
-        else:
-            into.load_free_share = []
+        share = min(1.0, runqueue.team_progress_s(wall, times, runqueue.thread_id()) / wall) if times and wall > 0 \
+            else None
+        note_per_repetition(into.load_free_share, share, into.repetitions)
 
     def _probe_after(self, sampler, first, into: Measurement) -> None:
         """The machine's speed over a repetition: the probes from right before to right after it."""

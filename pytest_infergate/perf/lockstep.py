@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from typing import Protocol
 
 from pytest_infergate import runqueue
-from pytest_infergate.measurement import Measurement
+from pytest_infergate.measurement import Measurement, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
 from pytest_infergate.workload_files import Session
@@ -148,15 +148,6 @@ class LocalSide:
                     self.engine.cancel(request_id)
                 self.engine.step()
             stack.close()
-
-
-def note_per_repetition(values: list[float], value: float | None, repetitions: int) -> None:
-    """Append one repetition's `value` to a per-repetition list; one repetition not measured leaves the whole list
-    unmeasured (as perf.bench does: the gate then has no evidence either way)."""
-    if value is not None and len(values) == repetitions:
-        values.append(value)
-    else:
-        values.clear()
 
 
 def lockstep_round(a: StepSide, b: StepSide, into_a: Measurement, into_b: Measurement, a_first: bool) -> None:

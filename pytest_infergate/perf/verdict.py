@@ -158,14 +158,11 @@ def compare_paired_percentiles(metric: str, candidate: Measurement, baseline: Me
     as compare_paired. Pooling the requests instead takes them as independent, and a spell of interference on one
     side's repetition moves hundreds of them at once (README: a false failure of unchanged code, ITL p50 x1.206).
     None: a side without the split by repetition, or the rounds do not pair up."""
-    split_c, split_b = candidate.by_repetition(metric), baseline.by_repetition(metric)
-    if split_c is None or split_b is None or len(split_c) != len(split_b) or len(split_c) < 2:
-        return None
-    if not all(split_c) or not all(split_b):
-        return None
     pct = pct or 50
-    return compare_paired(metric, [percentile(xs, pct) for xs in split_c], [percentile(xs, pct) for xs in split_b],
-                          max_regression, pct=pct,
+    rounds_c, rounds_b = per_round(metric, candidate, pct), per_round(metric, baseline, pct)
+    if rounds_c is None or rounds_b is None or len(rounds_c) != len(rounds_b) or len(rounds_c) < 2:
+        return None
+    return compare_paired(metric, rounds_c, rounds_b, max_regression, pct=pct,
                           shown=(candidate.value(metric, pct), baseline.value(metric, pct)))
 
 
