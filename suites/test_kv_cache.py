@@ -5,7 +5,7 @@ the config says (2 x layers x kv_heads x head_dim x bytes per token)?"""
 import torch
 
 from pytest_infergate.engine import Engine, Request
-from pytest_infergate.perf.experiment import Speedup, faster, grows
+from pytest_infergate.perf.experiment import Finding, Speedup, faster, grows
 from pytest_infergate.workloads import chat_prompt_with_length
 
 
@@ -41,11 +41,22 @@ def _record(record_property, prefix: str, s: Speedup) -> None:
     record_property(f"{prefix}_ci", [round(s.low, 2), round(s.high, 2)])
 
 
+def _growth(record_property, suite_device: str, ordered: list[Speedup]) -> list[Finding]:
+    """The claim that the gap grows, where it is one. On the CPU recomputing the prefix is compute-bound, so its
+    cost (and the cache's gain) grows with the context. On a GPU, at these lengths, it is bound by the per-step
+    launch overhead instead: on an H200 (random-llama-0.5b, fp16) recomputing took 24-33 ms a token from 32 to 256
+    prompt tokens, flat, and the speedup went from x7.84 (95% CI 6.48-8.09) to x6.16 (5.92-6.30). There the growth
+    is recorded (`kv_speedup_growth`), not claimed; that the cache is faster at every point still is."""
+    growth = grows(ordered[0], ordered[-1])
+    record_property("kv_speedup_growth", growth.describe())
+    return [growth] if suite_device == "cpu" else []
+
+
 CACHE_MODES = "the KV cache on/off experiment (cache_mode 'paged' against 'none')"
 
 
 def test_cache_speedup_grows_with_generation_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
-                                                     engine_config, kv_lengths, record_property):
+                                                     engine_config, kv_lengths, suite_device, record_property):
     needs_engine(CACHE_MODES)
     speedups = _speedups(infergate_bench, engine_config, infergate_tokenizer, [(32, n) for n in kv_lengths],
                          "kv-cache-length", LENGTH_ROUNDS)
@@ -53,11 +64,11 @@ def test_cache_speedup_grows_with_generation_length(reference_only, needs_engine
     for n, s in zip(kv_lengths, ordered):
         _record(record_property, f"kv_speedup_max_new_{n}", s)
     infergate_bench.conclude("KV cache on vs off over max_new_tokens",
-                             [faster(s) for s in ordered] + [grows(ordered[0], ordered[-1])])
+                             [faster(s) for s in ordered] + _growth(record_property, suite_device, ordered))
 
 
 def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, infergate_bench, infergate_tokenizer,
-                                                engine_config, record_property):
+                                                engine_config, suite_device, record_property):
     needs_engine(CACHE_MODES)
     prompts, max_new = (32, 128, 256), 8  # 8 new tokens: recomputing a 256-token prompt for each is the cost
     # decided on the decode steps (TPOT), where the cache acts: tokens/s also counts the prefill, which costs both
@@ -70,8 +81,9 @@ def test_cache_speedup_grows_with_prompt_length(reference_only, needs_engine, in
         _record(record_property, f"kv_speedup_prompt_{p}", s)
     # claimed faster where recomputing the prompt is the cost (x14 and x4 at 128 and 256 tokens on a loaded VM);
     # at 32 tokens the gap is small (x1.75 there) and the claim is its growth
+    claimed = ordered if suite_device == "cuda" else ordered[1:]
     infergate_bench.conclude("KV cache on vs off over the prompt length",
-                             [faster(s) for s in ordered[1:]] + [grows(ordered[0], ordered[-1])])
+                             [faster(s) for s in claimed] + _growth(record_property, suite_device, ordered))
 
 
 def test_kv_bytes_per_token_measured_vs_config(infergate_model, infergate_tokenizer, needs_engine, record_property):
