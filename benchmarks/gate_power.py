@@ -55,7 +55,7 @@ from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.gates.bench import PerfBench  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
-from pytest_infergate.options import Options, default_cache_dir  # noqa: E402
+from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
@@ -164,7 +164,9 @@ def main() -> int:
     parser.add_argument("--slowdown", choices=("sleep", "busy"), default="sleep",
                         help="how the injected slowdown waits after each forward: asleep (the cores free meanwhile) "
                         "or computing (torch matmuls: the machine as busy as a slower library keeps it)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own, one per core)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_CPU_THREADS,
+                        help=f"torch threads (default {DEFAULT_CPU_THREADS}, as the plugin on the CPU: "
+                             "--infergate-cpu-threads)")
     parser.add_argument("--hog", choices=("none", "save", "run", "both"), default="none",
                         help="baseline mode: one busy-loop process per core while the baseline is saved, while "
                         "the trials run, or both (a busy shared runner on that side)")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 from gate_power import CpuHog  # noqa: E402
 
 from pytest_infergate import runqueue  # noqa: E402
@@ -59,7 +60,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="repetitions per condition and round")
     parser.add_argument("--hog-processes", type=int, help="busy-loop processes (default: one per core)")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch threads {torch.get_num_threads()}, hog {args.hog_processes or 'one busy loop per core'}", flush=True)
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
     requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)

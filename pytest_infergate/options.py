@@ -39,6 +39,7 @@ class OptionSpec:
 
 ENDPOINT_APIS = ("chat", "completions")
 BASELINE_PYTHON_FLAG = "--infergate-baseline-python"
+DEFAULT_CPU_THREADS = 1  # Options.torch_threads says why
 BACKENDS = ("auto", "engine", "hf")  # engine.backends.choose_backend's choices
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
@@ -112,6 +113,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("history", "folder", "append this run's results to the history folder DIR (one file per run, the "
                "oldest removed beyond --infergate-history-keep), redraw DIR/history.html, and link it from the "
                "report; `infergate history DIR` reads it", None, "DIR"),
+    OptionSpec("cpu_threads", "int", "torch threads that run a model on the CPU (default 1: one computing thread "
+               "is what a busy runner's load can be taken out of exactly, where a team of threads stalls at every "
+               "barrier a co-tenant lands on; 0: torch's own default, one per core, split between xdist workers)",
+               None, "N"),
     OptionSpec("history_keep", "int", "runs kept in --infergate-history (default 100)", 100, "N"),
 )
 
@@ -173,7 +178,7 @@ class Options:
     reference_api_key_env: str | None = None
     precisions_given: bool = False  # --infergate-precisions / ini set explicitly (with an endpoint: run them too)
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
-    cpu_threads: int | None = None  # set per pytest-xdist worker on the CPU: its share of the cores
+    cpu_threads: int | None = None  # --infergate-cpu-threads; 0 becomes each xdist worker's share of the cores
 
     def __post_init__(self):
         ref = check_precision(self.reference_precision or default_reference(self.device), "reference precision")
@@ -202,6 +207,9 @@ class Options:
         if self.history is not None:
             check_folder_path(self.history, "--infergate-history")
         check_distinct_outputs(self)
+        if self.cpu_threads is not None and self.cpu_threads < 0:
+            raise OptionError(f"--infergate-cpu-threads must be 0 (torch's default) or a number of threads, got "
+                              f"{self.cpu_threads}")
         if self.history_keep < 2:
             raise OptionError(f"--infergate-history-keep must keep at least 2 runs, got {self.history_keep}")
         if not str(self.model).strip():
@@ -217,6 +225,18 @@ class Options:
             raise OptionError(f"{FLAG} measures the local engine in another environment; an endpoint's baseline "
                               "is another server (--infergate-reference-endpoint) or a stored file")
         object.__setattr__(self, "baseline_python", resolve_python(self.baseline_python))
+
+    @property
+    def torch_threads(self) -> int | None:
+        """The threads torch runs a model with in this session; None: torch's own default (one per core).
+        On the CPU one by default: with one computing thread the time a co-tenant took is exactly the thread's
+        run-queue wait, which runqueue.team_progress_s takes out (busy/quiet ×1.01 [0.94, 1.11], a ×2 slowdown
+        still ×2.00 under one busy loop per core); a team of two stalls at every barrier a co-tenant lands on (the
+        same workload ×5.3 slower busy, a ×2 slowdown unseen). Quiet, one thread cost ×1.14-1.24 on 2 cores
+        (benchmarks/load_evidence.py, docs/measurements.md). On a GPU the host threads matter little: torch's."""
+        if self.cpu_threads is None:
+            return None if self.gpu else DEFAULT_CPU_THREADS
+        return self.cpu_threads or None
 
     @property
     def device(self) -> str:

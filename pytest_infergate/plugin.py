@@ -73,7 +73,7 @@ def _options(config: pytest.Config) -> Options:
     workers = getattr(config, "workerinput", {}).get("workercount")
     if options.gpu:
         options = _pin_gpu(config, options)
-    elif workers:  # xdist workers share the CPU: split its cores instead of oversubscribing them
+    elif workers and options.cpu_threads == 0:  # torch's default per worker would oversubscribe: split the cores
         options = replace(options, cpu_threads=max(1, (os.cpu_count() or 1) // int(workers)))
     return options
 

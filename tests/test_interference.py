@@ -230,3 +230,51 @@ def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_
     # load-corrected 3x over the budget, as measured within what the load explains: inconclusive, not a failure
     over = evaluate_perf(loaded(150.0, 0.74, 0.9), budget, {}, None, baseline_given=False)
     assert over.status == "inconclusive"
+
+
+@pytest.mark.parametrize("threads, expected", [(1, "fail"), (2, "inconclusive"), (0, "inconclusive")])
+def test_one_cpu_thread_makes_the_load_correction_exact_enough_to_fail_a_smaller_slowdown(threads, expected):
+    """Both sides busy, x1.4 slower with the load taken out: beyond the one-thread residual on the threshold
+    (1.10 x 1.15 = 1.27) but within a team's (1.10 x 1.6 = 1.76). One computing thread's run-queue wait is what the
+    co-tenants took (busy/quiet x0.94-1.11 measured), so the failure stands; a team's estimate could be off by that
+    much, so it does not (0: threads not recorded, as in baselines saved before they were)."""
+    baseline, candidate = loaded(20.0, 0.74, 0.27), loaded(28.0, 0.74, 0.27)
+    baseline.cpu_threads = candidate.cpu_threads = threads
+    assert interference.load_free_residual(candidate, baseline) == (1.15 if threads == 1 else 1.6)
+    gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    itl = next(v for v in evaluate_perf(candidate, gate, {}, BaselineEntry({}, baseline)).verdicts
+               if v.metric == "itl_ms")
+    assert itl.status == expected, itl.describe()
+    if expected == "fail":
+        assert "the most the correction can be off (×1.15 on the threshold)" in itl.note
+
+
+def test_the_cpu_defaults_to_one_torch_thread_and_the_option_says_otherwise():
+    from pytest_infergate.errors import OptionError
+    from pytest_infergate.options import Options
+
+    assert Options().torch_threads == 1
+    assert Options(cpu_threads=4).torch_threads == 4
+    assert Options(cpu_threads=0).torch_threads is None  # torch's own default
+    assert Options(gpu=True).torch_threads is None
+    with pytest.raises(OptionError, match="--infergate-cpu-threads must be 0"):
+        Options(cpu_threads=-1)
+
+
+def test_measurements_on_the_cpu_record_torch_threads(tiny_fp32):
+    import torch
+
+    from pytest_infergate.engine import EngineConfig
+    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.workloads import chat_workload
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bench = Bench(tiny_fp32, calibrate=False)
+        requests = chat_workload(tiny_fp32.tokenizer, 2, prompt_tokens=(8, 16), max_new_tokens=(4, 4), seed=1)
+        m = bench.measure(requests, EngineConfig(max_batch_size=2, max_model_len=256), warmup=0, repeats=1)
+        bench.close()
+    finally:
+        torch.set_num_threads(threads)
+    assert m.cpu_threads == 1

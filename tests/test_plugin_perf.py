@@ -274,3 +274,27 @@ def test_long_work_shows_progress_on_the_terminal_and_is_quiet_under_q(pytester,
     quiet = run("-q")
     quiet.assert_outcomes(passed=1)
     assert "infergate: measuring" not in quiet.stdout.str()
+
+
+@pytest.mark.parametrize("args, threads", [((), 1), (("--infergate-cpu-threads=2",), 2)])
+def test_models_on_the_cpu_run_on_one_torch_thread_unless_told(pytester, run, args, threads):
+    """One computing thread is what a busy runner's load can be taken out of exactly (Options.torch_threads); the
+    option gives torch more, and every measurement records the count it ran with."""
+    import torch
+
+    pytester.makepyfile("""
+        import torch
+        from pytest_infergate.engine import EngineConfig, Request
+
+        def test_threads(infergate_bench):
+            m = infergate_bench([Request(prompt_token_ids=[5] * 8, max_new_tokens=2, ignore_eos=True)],
+                                EngineConfig(max_model_len=64, kv_budget_bytes=1 << 20), repeats=1, warmup=0)
+            print(f"THREADS {torch.get_num_threads()} RECORDED {m.cpu_threads}")
+    """)
+    before = torch.get_num_threads()
+    try:
+        result = run("-s", *args)
+    finally:
+        torch.set_num_threads(before)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*THREADS {threads} RECORDED {threads}*"])

@@ -60,10 +60,10 @@ class ModelPool:
             return self._loaded[key]
         if key in self._failed:
             raise self._failed[key]
-        if self.options.cpu_threads:
+        if self.options.torch_threads:
             torch = import_torch()
 
-            torch.set_num_threads(self.options.cpu_threads)
+            torch.set_num_threads(self.options.torch_threads)
         try:
             model = load_model(self.source, precision, self.options.device, self.options.reference_precision,
                                tokenizer=self.tokenizer)

@@ -181,6 +181,8 @@ class Bench:
         """One repetition's results into `into`: per-request latencies, throughput over `wall` seconds, memory
         (with `peak`, what serving raised the process's memory by), the engine's figures and step timeline."""
         samples = into.samples
+        if self.device == "cpu":
+            into.cpu_threads = max(into.cpu_threads, import_torch().get_num_threads())
         ok = [r for r in results if r.ok and not r.is_warmup]
         planned = planned_requests(workload)  # a session's turns after a failed one never ran: failed too
         into.num_requests += planned

@@ -122,7 +122,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
     figure measured the machine's load as much as the code — unless it is worse than the load can explain, or the
     figure load-corrected by the kernel's run-queue delays (load_free_value) meets the budget with room for the
-    correction's error (×interference.LOAD_FREE_RESIDUAL): then the breach is cleared, said in `notes`. The
+    correction's error (interference.load_free_residual): then the breach is cleared, said in `notes`. The
     correction never makes a failure (an open-loop workload's queue grows faster than its service slows, which a
     per-repetition share does not take out). A breach of memory, counts or rates of success stands whatever the
     load. `evidence`: the decision's (its busy share), worked out here when not given."""
@@ -134,6 +134,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
         return violations
     metric_of = {limit.key: limit.metric for limit in budget.limits}
     bound = interference.explainable_slowdown(share)
+    residual = interference.load_free_residual(measurement)
     out = []
     for v in violations:
         metric = metric_of.get(v.key, "")
@@ -141,13 +142,13 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
             out.append(v)
             continue
         corrected = load_free_value(measurement, metric, v.percentile)
-        if corrected is not None and _times_worse(corrected, v) <= 1.0 / interference.LOAD_FREE_RESIDUAL:
+        if corrected is not None and _times_worse(corrected, v) <= 1.0 / residual:
             if notes is not None:
                 shown = units.metric_value(metric, corrected)
                 notes.append(f"{v.key}: {units.metric_value(metric, v.measured)} as measured breaks the budget "
                              f"{units.metric_value(metric, v.limit)} on a busy runner "
                              f"({interference.describe(share)}); {stored.LOAD_CORRECTED} it is {shown}, within the "
-                             f"budget by more than the correction can be off (×{interference.LOAD_FREE_RESIDUAL}): met")
+                             f"budget by more than the correction can be off (×{residual}): met")
             continue
         aside = (f"; {stored.LOAD_CORRECTED} it is {units.metric_value(metric, corrected)}, too close to the budget "
                  f"to tell" if corrected is not None else "")

@@ -53,6 +53,7 @@ class Side:
     # per repetition, the share of its wall time the work would have taken with the CPUs to itself (Measurement.
     # load_free_share); empty: not measured
     load_free: list[float] = field(default_factory=list)
+    cpu_threads: int = 0  # Measurement.cpu_threads: how exact load_free is (interference.load_free_residual)
 
     def load_free_costs(self) -> list[float] | None:
         """Each repetition's cost with the co-tenants' load taken out (cost × its load-free share); None: not
@@ -112,7 +113,8 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
-                list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free)
+                list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
+                measurement.cpu_threads)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -237,18 +239,19 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
                       share: float) -> str | None:
     """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
     taken out (runqueue.team_progress_s) compared, failing only when the whole interval lies above the threshold
-    times the estimate's measured residual (interference.LOAD_FREE_RESIDUAL). Returns the reason, naming the load
+    times the estimate's measured residual (interference.load_free_residual). Returns the reason, naming the load
     and the evidence, or None (not measured on both sides, or not beyond the bound)."""
     cand, base = candidate.load_free_costs(), baseline.load_free_costs()
     if cand is None or base is None:
         return None
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    bound = threshold * interference.LOAD_FREE_RESIDUAL
+    residual = interference.load_free_residual(candidate, baseline)
+    bound = threshold * residual
     if low <= bound:
         return None
     return (f"{LOAD_CORRECTED}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower with the co-tenants' "
             f"load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), beyond "
-            f"×{bound:.2f}, the most the correction can be off (×{interference.LOAD_FREE_RESIDUAL} on the threshold)")
+            f"×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
