@@ -268,3 +268,26 @@ def test_an_ab_on_a_busy_runner_decides_on_each_sides_load_corrected_steps():
                         ([300.0] * rounds, b_levels))
     (as_measured,) = compare_measurements(quiet_b, quiet_a, budget, paired=True)
     assert not as_measured.load_corrected and as_measured.evidence() == "as measured, paired by round"
+
+
+def test_an_ab_on_one_cpu_thread_fails_a_quarter_slowdown_on_a_busy_runner():
+    """Both sides on one CPU thread (the default): each round's load-corrected ratio is exact up to the noise the
+    interval over the rounds bounds, so a 25% slowdown that sleeps fails load-corrected under a hog (a team's
+    ×1.6 margin left it inconclusive), and unchanged code with noisy shares still does not fail."""
+    budget = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
+    rounds = 6
+
+    def one_thread(m: Measurement) -> Measurement:
+        m.cpu_threads = 1
+        return m
+
+    a = one_thread(_busy_rounds([300.0 * (1 + 0.01 * (i % 3)) for i in range(rounds)], [1 / 3] * rounds))
+    levels = [325.0 * (1 + 0.01 * ((i + 1) % 3)) for i in range(rounds)]
+    quarter_b = one_thread(_busy_rounds(levels, [125.0 / level for level in levels]))
+    (quarter,) = compare_measurements(quarter_b, a, budget, paired=True)
+    assert quarter.status == Status.FAIL and quarter.load_corrected, quarter.describe()
+    assert quarter.ratio == pytest.approx(1.25, abs=0.03)
+    same = one_thread(_busy_rounds([300.0 * (1 + 0.02 * (i % 3)) for i in range(rounds)],
+                                   [1 / 3 * (1 + 0.05 * ((-1) ** i)) for i in range(rounds)]))
+    (unchanged,) = compare_measurements(same, a, budget, paired=True)
+    assert unchanged.status != Status.FAIL

@@ -38,11 +38,16 @@ LOAD_FREE_RESIDUAL = 1.6
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
-def load_free_residual(*measurements) -> float:
+def load_free_residual(*measurements, paired: bool = False) -> float:
     """How far a load-free estimate can be off for these measurements (Measurement.cpu_threads): the one-thread
-    residual when every side ran on one CPU thread, else a team's."""
-    one_thread = measurements and all(getattr(m, "cpu_threads", 0) == 1 for m in measurements)
-    return LOAD_FREE_RESIDUAL_ONE_THREAD if one_thread else LOAD_FREE_RESIDUAL
+    residual when every side ran on one CPU thread, else a team's. `paired`: the sides were measured round by
+    round under the same load (an A/B); there, on one thread, the estimate's error enters every round's ratio
+    alike and the interval over the rounds already bounds it, so no margin is added (a team's stalls still differ
+    between the sides: its residual stays)."""
+    one_thread = bool(measurements) and all(getattr(m, "cpu_threads", 0) == 1 for m in measurements)
+    if not one_thread:
+        return LOAD_FREE_RESIDUAL
+    return 1.0 if paired else LOAD_FREE_RESIDUAL_ONE_THREAD
 
 
 @dataclass(frozen=True)

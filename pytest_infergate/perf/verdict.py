@@ -191,7 +191,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     sides of a round alike: it cannot make B slower than A); a pass as measured does not (the load could have
     hidden a slowdown that waits). So a load-corrected pass decides (unless as measured it fails: inconclusive),
     a load-corrected failure decides beyond the estimate's error (interference.load_free_residual on the
-    threshold: ×1.15 where both sides ran on one CPU thread, ×1.6 for a team); otherwise a failure as measured
+    threshold: none where both sides ran on one CPU thread, ×1.6 for a team); otherwise a failure as measured
     stands and anything else is inconclusive. Quiet, or without the shares: `measured` as it is."""
     share = interference.busy(candidate.others_share)
     if share is None:
@@ -203,8 +203,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     corrected = compare_paired(measured.metric, cand, base, max_regression, pct=pct)
     busy = interference.describe(share)
     as_measured = f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
-    residual = interference.load_free_residual(candidate, baseline)
-    bound = corrected.threshold * residual
+    bound = corrected.threshold * interference.load_free_residual(candidate, baseline, paired=True)
     if corrected.status == Status.FAIL and corrected.low <= bound:
         # the estimate keeps a side's waits whole and shrinks its compute by its own error: a slowdown that waits
         # reads larger load-corrected than it is (×1.59 for a 25% one under one busy loop per core): a failure
