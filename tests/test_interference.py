@@ -232,21 +232,21 @@ def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_
     assert over.status == "inconclusive"
 
 
-@pytest.mark.parametrize("threads, expected", [(1, "fail"), (2, "inconclusive"), (0, "inconclusive")])
-def test_one_cpu_thread_makes_the_load_correction_exact_enough_to_fail_a_smaller_slowdown(threads, expected):
-    """Both sides busy, x1.4 slower with the load taken out: beyond the one-thread residual on the threshold
-    (1.10 x 1.15 = 1.27) but within a team's (1.10 x 1.6 = 1.76). One computing thread's run-queue wait is what the
-    co-tenants took (busy/quiet x0.94-1.11 measured), so the failure stands; a team's estimate could be off by that
-    much, so it does not (0: threads not recorded, as in baselines saved before they were)."""
+@pytest.mark.parametrize("threads", [1, 2, 0])
+def test_a_stored_comparison_keeps_the_team_margin_on_one_cpu_thread_too(threads):
+    """Both sides busy, x1.4 slower with the load taken out: within the x1.6 margin on the threshold, so
+    inconclusive whatever the thread count. A repetition's load-free share stands for each request's latency
+    against a stored baseline, and a time-sliced co-tenant does not stretch those evenly: unchanged code on one
+    thread read x1.31 load-corrected against a baseline saved under a hog. Only an A/B on one thread drops the
+    margin (test_lockstep)."""
     baseline, candidate = loaded(20.0, 0.74, 0.27), loaded(28.0, 0.74, 0.27)
     baseline.cpu_threads = candidate.cpu_threads = threads
-    assert interference.load_free_residual(candidate, baseline) == (1.15 if threads == 1 else 1.6)
+    assert interference.load_free_residual(candidate, baseline) == 1.6
+    assert interference.load_free_residual(candidate, baseline, paired=True) == (1.0 if threads == 1 else 1.6)
     gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     itl = next(v for v in evaluate_perf(candidate, gate, {}, BaselineEntry({}, baseline)).verdicts
                if v.metric == "itl_ms")
-    assert itl.status == expected, itl.describe()
-    if expected == "fail":
-        assert "the most the correction can be off (×1.15 on the threshold)" in itl.note
+    assert itl.status == "inconclusive", itl.describe()
 
 
 def test_the_cpu_defaults_to_one_torch_thread_and_the_option_says_otherwise():
