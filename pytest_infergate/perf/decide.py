@@ -165,12 +165,13 @@ def _times_worse(value: float, violation: Violation) -> float:
 
 
 def load_free_value(measurement: Measurement, metric: str, pct: float | None) -> float | None:
-    """`metric` with the co-tenants' load taken out: each repetition's times scaled by its load-free share
-    (Measurement.load_free_share), throughputs divided by it; None where the shares were not measured for every
-    repetition or the samples are not split by repetition."""
+    """`metric` with the co-tenants' load taken out: each repetition's figure scaled by its load-free share
+    (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile (the share is the
+    repetition's, not each request's), where the shares were not measured for every repetition or the samples are
+    not split by repetition."""
     shares, reps = measurement.load_free_share, measurement.by_repetition(metric)
-    if not reps or len(shares) != len(reps) or min(shares) <= 0:
-        return None
+    if METRICS[metric][2] or not reps or len(shares) != len(reps) or min(shares) <= 0:
+        return None  # a per-request percentile: the repetition's share is not each request's (perf.stored.side)
     higher_is_better = METRICS[metric][1]
     scaled = [value / share if higher_is_better else value * share for values, share in zip(reps, shares)
               for value in values]

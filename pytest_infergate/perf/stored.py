@@ -111,7 +111,12 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     calibrated = probed and len(measurement.probe_s) == len(reps) and min(measurement.probe_s) > 0
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
-    load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
+    # a repetition's load-free share scales its wall time, so a figure of the whole repetition (a throughput) and
+    # not a per-request percentile: a time-sliced co-tenant stretches a few requests' latencies a lot and most not
+    # at all, so the share scaled a busy baseline's ITL p50 below its quiet figure (unchanged code read ×1.31
+    # [1.11, 1.43] slower, tiny-random-llama on one thread, docs/measurements.md)
+    load_free = list(measurement.load_free_share) if not per_request and \
+        len(measurement.load_free_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
                 measurement.cpu_threads)
