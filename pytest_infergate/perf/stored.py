@@ -54,6 +54,7 @@ class Side:
     # load_free_share); empty: not measured
     load_free: list[float] = field(default_factory=list)
     cpu_threads: int = 0  # Measurement.cpu_threads: how exact load_free is (interference.load_free_residual)
+    per_request: bool = False  # a percentile of per-request figures (a latency), not a figure of the repetition
 
     def load_free_costs(self) -> list[float] | None:
         """Each repetition's cost with the co-tenants' load taken out (cost × its load-free share); None: not
@@ -111,15 +112,10 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     calibrated = probed and len(measurement.probe_s) == len(reps) and min(measurement.probe_s) > 0
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
-    # a repetition's load-free share scales its wall time, so a figure of the whole repetition (a throughput) and
-    # not a per-request percentile: a time-sliced co-tenant stretches a few requests' latencies a lot and most not
-    # at all, so the share scaled a busy baseline's ITL p50 below its quiet figure (unchanged code read ×1.31
-    # [1.11, 1.43] slower, tiny-random-llama on one thread, docs/measurements.md)
-    load_free = list(measurement.load_free_share) if not per_request and \
-        len(measurement.load_free_share) == len(reps) else []
+    load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads)
+                measurement.cpu_threads, per_request)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -246,6 +242,12 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     taken out (runqueue.team_progress_s) compared, failing only when the whole interval lies above the threshold
     times the estimate's measured residual (interference.load_free_residual). Returns the reason, naming the load
     and the evidence, or None (not measured on both sides, or not beyond the bound)."""
+    if baseline.per_request and interference.busy(baseline.others) is not None:
+        # a repetition's share scales its wall time, not each request's latency: a time-sliced co-tenant stretches
+        # a few tokens a lot and most not at all, so a busy baseline's ITL p50 times its share reads below its
+        # quiet figure (unchanged code read ×1.31 [1.11, 1.43] slower: false failures, docs/measurements.md).
+        # Understating a busy *candidate* the same way can only hide a slowdown, never make one: corrected there
+        return None
     cand, base = candidate.load_free_costs(), baseline.load_free_costs()
     if cand is None or base is None:
         return None
