@@ -34,7 +34,12 @@ LOAD_PENALTY = 4.0
 LOAD_FREE_RESIDUAL = 1.6
 
 
-def load_free_residual(*measurements, paired: bool = False) -> float:
+# One computing thread's per-repetition error (busy/quiet ×0.94-1.11 under one busy loop per core,
+# benchmarks/load_evidence.py --threads 1, AMD EPYC 2026-12-04)
+LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
+
+
+def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool = False) -> float:
     """How far a load-free estimate can be off for these measurements. Against a stored baseline or a budget: a
     team's LOAD_FREE_RESIDUAL, on one thread too. A repetition's load-free share stands for each of its requests'
     latencies there, and a time-sliced co-tenant does not stretch them evenly: with a baseline saved under one busy
@@ -42,9 +47,14 @@ def load_free_residual(*measurements, paired: bool = False) -> float:
     llama, docs/measurements.md), beyond one thread's per-repetition error. `paired` (an A/B: the sides measured
     round by round under the same load) with every side on one CPU thread (Measurement.cpu_threads): the load's
     unevenness hits both sides of a round alike and the interval over the rounds bounds the rest, so no margin is
-    added (a team's stalls differ between the sides: its residual stays)."""
+    added (a team's stalls differ between the sides: its residual stays). `baseline_quiet` (a stored baseline
+    saved on a quiet runner, only this run busy) on one thread: the correction can only understate the busy
+    candidate's latencies (hiding a slowdown, never making one), so one thread's per-repetition error is the
+    margin."""
     one_thread = bool(measurements) and all(getattr(m, "cpu_threads", 0) == 1 for m in measurements)
-    return 1.0 if paired and one_thread else LOAD_FREE_RESIDUAL
+    if not one_thread:
+        return LOAD_FREE_RESIDUAL
+    return 1.0 if paired else LOAD_FREE_RESIDUAL_ONE_THREAD if baseline_quiet else LOAD_FREE_RESIDUAL
 
 
 @dataclass(frozen=True)

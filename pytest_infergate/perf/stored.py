@@ -252,7 +252,8 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     if cand is None or base is None:
         return None
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    residual = interference.load_free_residual(candidate, baseline)
+    residual = interference.load_free_residual(candidate, baseline,
+                                               baseline_quiet=interference.busy(baseline.others) is None)
     bound = threshold * residual
     if low <= bound:
         return None
