@@ -141,7 +141,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
         if not scales_with_speed(metric) or _times_worse(v.measured, v) > bound:
             out.append(v)
             continue
-        corrected = load_free_value(measurement, metric, v.percentile)
+        corrected = load_free_value(measurement, metric)
         if corrected is not None and _times_worse(corrected, v) <= 1.0 / residual:
             if notes is not None:
                 shown = units.metric_value(metric, corrected)
@@ -164,7 +164,7 @@ def _times_worse(value: float, violation: Violation) -> float:
     return worse / better if better > 0 else float("inf")
 
 
-def load_free_value(measurement: Measurement, metric: str, pct: float | None) -> float | None:
+def load_free_value(measurement: Measurement, metric: str) -> float | None:
     """`metric` with the co-tenants' load taken out: each repetition's figure scaled by its load-free share
     (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile (the share is the
     repetition's, not each request's), where the shares were not measured for every repetition or the samples are
@@ -175,7 +175,7 @@ def load_free_value(measurement: Measurement, metric: str, pct: float | None) ->
     higher_is_better = METRICS[metric][1]
     scaled = [value / share if higher_is_better else value * share for values, share in zip(reps, shares)
               for value in values]
-    return percentile(scaled, (pct or 50) if METRICS[metric][2] else 50)
+    return percentile(scaled, 50)
 
 
 def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:

@@ -40,8 +40,9 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
 def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool = False) -> float:
-    """How far a load-free estimate can be off for these measurements. Against a stored baseline or a budget: a
-    team's LOAD_FREE_RESIDUAL, on one thread too. A repetition's load-free share stands for each of its requests'
+    """How far a load-free estimate can be off for these measurements (Measurement or perf.stored.Side, by their
+    cpu_threads). Against a stored baseline or a budget: a team's LOAD_FREE_RESIDUAL, on one thread too, unless
+    only the candidate was busy (below). A repetition's load-free share stands for each of its requests'
     latencies there, and a time-sliced co-tenant does not stretch them evenly: with a baseline saved under one busy
     loop per core, unchanged code on one thread read ITL ×1.31 [1.11, 1.43] slower load-corrected (tiny-random-
     llama, docs/measurements.md), beyond one thread's per-repetition error. `paired` (an A/B: the sides measured
@@ -51,7 +52,7 @@ def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool
     saved on a quiet runner, only this run busy) on one thread: the correction can only understate the busy
     candidate's latencies (hiding a slowdown, never making one), so one thread's per-repetition error is the
     margin."""
-    one_thread = bool(measurements) and all(getattr(m, "cpu_threads", 0) == 1 for m in measurements)
+    one_thread = bool(measurements) and all(m.cpu_threads == 1 for m in measurements)
     if not one_thread:
         return LOAD_FREE_RESIDUAL
     return 1.0 if paired else LOAD_FREE_RESIDUAL_ONE_THREAD if baseline_quiet else LOAD_FREE_RESIDUAL
