@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of `pytest --infergate-gpu`: one prepared script for a CUDA machine without network, at most ~10 min
-# (each step has a time limit, 580 s together; give the device call timeout_s=600 and expect about 8 min).
+# (each step has a time limit, 520 s together; give the device call timeout_s=600 and expect about 8 min).
 #   bash benchmarks/gpu_wheels.sh             # here, with PyPI: the missing wheels into .whl/
 #   bash benchmarks/gpu_check.sh OUT_DIR      # there, from the repository root, with .whl/ beside the checkout
 # It installs the wheels and this checkout into a scratch site folder, then runs
@@ -8,7 +8,9 @@
 #   2. the golden and quantization suites with --infergate-gpu on tiny-random-llama (fp16 / int8 / nf4 mechanics),
 #   3. the suites on random-llama-0.5b (a seeded 0.5 B Llama, real shapes: speed and memory; its golden gates
 #      would only measure a random model's noise, so they are deselected),
-#   4. benchmarks/engine.py on CUDA (engine vs HF generate; run second, before the suites),
+#   4. benchmarks/load_evidence.py on CUDA: does a CPU hog (one busy loop per core) move the device time by CUDA
+#      events that the gate compares on a busy runner, and does that time still see a ×2 slowdown?
+#   5. with ENGINE_BENCHMARK=1, benchmarks/engine.py on CUDA (engine vs HF generate; measured on the first run),
 # and writes the log, the JSON results, the HTML reports and nvidia-smi's memory trace into OUT_DIR; the figures
 # the README needs are printed at the end.
 set -uo pipefail
@@ -49,7 +51,10 @@ smi=$!
 # one is minutes, and the static and continuous-batching alternatives already set the engine's ratio).
 pytest=("$python" -m pytest -p no:cacheprovider -q -rfE)
 step gpu-tests 90 "${pytest[@]}" tests/test_gpu.py tests/test_gpu_paths.py
-step engine-benchmark 150 "$python" benchmarks/engine.py --model random-llama-0.5b --device cuda --skip sequential
+step load-evidence 90 "$python" benchmarks/load_evidence.py --device cuda --model random-llama-0.5b --rounds 3
+if [ "${ENGINE_BENCHMARK:-0}" = 1 ]; then
+  step engine-benchmark 150 "$python" benchmarks/engine.py --model random-llama-0.5b --device cuda --skip sequential
+fi
 # tiny-random-llama runs the suites the 0.5 B run leaves out or cannot size: the golden gates and the precision
 # ladder (its perf suites took 142 s of the first run and told nothing the 0.5 B run does not). Its quantized
 # outputs against fp16 measure random weights' noise (int8 top-1 0.87, nf4 0.30 on the first run), not a quality

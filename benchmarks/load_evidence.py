@@ -2,6 +2,7 @@
 
     python benchmarks/load_evidence.py                  # 4 rounds, embedded model, one busy loop per core as the hog
     python benchmarks/load_evidence.py --rounds 6 --hog-processes 1
+    python benchmarks/load_evidence.py --device cuda --model random-llama-0.5b   # on a GPU (benchmarks/gpu_check.sh)
 
 Each round measures the engine's workload (benchmarks/gate_power.py's) four ways — quiet and under a CPU hog, each
 unchanged and with a ×2 slowdown injected (a sleep after every forward as long as the forward's own quiet time) —
@@ -13,6 +14,11 @@ but waiting for a CPU), every candidate estimate of the repetition's cost:
   sum over the threads that computed);
 - CPU time: the main thread's, and the computing threads' mean.
 
+- device (`--device cuda`): the device's time in the engine's forwards by CUDA events (engine.runner), what the gate
+  compares on a busy GPU runner (perf.bench.LoadFreeTimer). There the ×2 slowdown is every forward computed twice
+  (the second writes the same KV entries, so the outputs do not change): a sleep on the host would not slow the
+  device, and CUDA graph replays run no forward hooks.
+
 A good estimate reads the same quiet and busy (the hog/quiet ratio near 1, tight) and still sees the ×2 slowdown
 (slow/unchanged near 2) on both. Prints each estimate's ratios over rounds (median and range).
 """
@@ -23,7 +29,7 @@ import argparse
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,6 +47,24 @@ from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown 
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 ESTIMATES = ("wall", "wall-rq main", "wall-rq mean", "wall-rq max", "wall-rq sum", "cpu main", "cpu mean", "team")
+
+
+@contextmanager
+def doubled_forwards(engine):
+    """Every forward of `engine` computed twice (×2 the device's work and the host's launches), the logits of the
+    second returned: the same inputs write the same KV entries, so the outputs are unchanged."""
+    runner, forward = engine.runner, engine.runner.forward
+
+    def twice(plan):
+        _, first_s = forward(plan)
+        logits, second_s = forward(plan)
+        return logits, first_s + second_s
+
+    runner.forward = twice
+    try:
+        yield
+    finally:
+        runner.forward = forward
 
 
 def estimates(wall: float, threads: dict[int, runqueue.ThreadTimes], main: int) -> dict[str, float]:
@@ -61,31 +85,41 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="repetitions per condition and round")
     parser.add_argument("--hog-processes", type=int, help="busy-loop processes (default: one per core)")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own, one per core)")
+    parser.add_argument("--device", default="cpu", help="cpu (fp32), or cuda (fp16; the ×2 is every forward twice)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch threads {torch.get_num_threads()}, hog {args.hog_processes or 'one busy loop per core'}", flush=True)
+    on_gpu = args.device != "cpu"
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, "
+          f"hog {args.hog_processes or 'one busy loop per core'}", flush=True)
 
-    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
+    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp16" if on_gpu else "fp32", args.device,
+                        reference="fp16" if on_gpu else "fp32")
     requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
     config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
-    bench = Bench(loaded, calibrate=False)
+    bench = Bench(loaded, device=args.device, calibrate=False)
     bench.measure(requests, config, warmup=2, repeats=1)  # warm up
     quiet = QuietForwardTimes()
     with quiet.recording(loaded.model):
         bench.measure(requests, config, warmup=1, repeats=2)
     main_tid = runqueue.thread_id()
     rows: dict[tuple[bool, bool], list[dict[str, float]]] = {}
+    names = ESTIMATES + (("device",) if on_gpu else ())
 
     def repetition(slow: bool) -> dict[str, float]:
         engine, workload = bench.begin_repetition(requests, config, 1)
         before = runqueue.threads()
+        device_before = engine.device_s
         start = time.perf_counter()
         # the injected sleep lasts as long as the forward took on the quiet machine: the same ×2 quiet or busy
-        with injected_slowdown(loaded.model, 1.0, quiet=quiet) if slow else nullcontext():
+        slowdown = doubled_forwards(engine) if on_gpu else injected_slowdown(loaded.model, 1.0, quiet=quiet)
+        with slowdown if slow else nullcontext():
             run_items(engine, workload)
         wall = time.perf_counter() - start
-        return estimates(wall, runqueue.delta(before, runqueue.threads()), main_tid)
+        figures = estimates(wall, runqueue.delta(before, runqueue.threads()), main_tid)
+        if on_gpu:
+            figures["device"] = engine.device_s - device_before
+        return figures
 
     for round_ in range(args.rounds):
         for busy in (False, True):
@@ -103,7 +137,7 @@ def main() -> int:
         return statistics.median(pairs), min(pairs), max(pairs)
 
     print(f"\n{'estimate':14s} {'busy/quiet':>22s} {'x2 quiet':>22s} {'x2 busy':>22s} {'x2 busy/quiet same':>22s}")
-    for name in ESTIMATES:
+    for name in names:
         cols = [ratio((True, False), (False, False), name), ratio((False, True), (False, False), name),
                 ratio((True, True), (True, False), name), ratio((True, True), (False, False), name)]
         print(f"{name:14s} " + " ".join(f"{m:6.2f} [{lo:5.2f},{hi:5.2f}]".rjust(22) for m, lo, hi in cols))

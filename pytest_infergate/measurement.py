@@ -82,6 +82,8 @@ class Measurement:
     # team_progress_s / wall: 1.0 quiet, ~0.27 under one busy loop per core): a busy side's figures times it are
     # what the gate compares there. Empty where not measured.
     load_free_share: list[float] = field(default_factory=list)
+    # what measured load_free_share (perf.interference.RUN_QUEUE on the CPU, DEVICE_TIME on a CUDA device)
+    load_free_by: str = ""
     # torch's threads while the workload ran on the CPU (0: not recorded, or not on the CPU). One thread makes the
     # load-free share exact up to cache effects; a team's is an estimate (perf.interference.load_free_residual).
     cpu_threads: int = 0

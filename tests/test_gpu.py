@@ -72,3 +72,30 @@ def test_memory_split_matches_the_allocator():
     result = peak.result
     assert result.delta_bytes >= 256 << 20
     assert result.reserved_peak_bytes >= result.peak_bytes
+
+
+def test_each_forward_records_its_device_time_and_a_measurement_its_load_free_share(tiny_fp16):
+    """CUDA events around every forward: each step's device time is positive and within its wall time (the
+    forward waits for its kernels), the engine's total is their sum, and a measured repetition's load-free share
+    is that device time over its wall time, named as such for the verdict (perf.bench.LoadFreeTimer)."""
+    from engine_helpers import PROMPTS, messages
+
+    from pytest_infergate.engine import Engine, EngineConfig, Request
+    from pytest_infergate.perf import interference
+    from pytest_infergate.perf.bench import Bench
+
+    with Engine(tiny_fp16.model, tiny_fp16.tokenizer, EngineConfig(max_model_len=512)) as engine:
+        before = engine.device_s
+        engine.generate([Request(messages=messages(p), max_new_tokens=8) for p in PROMPTS])
+        steps = engine.steps
+        assert steps and all(0 < s.device_s <= s.forward_s + 1e-4 for s in steps)
+        assert engine.device_s - before == pytest.approx(sum(s.device_s for s in steps), rel=1e-6)
+    bench = Bench(tiny_fp16, device="cuda")
+    try:
+        m = bench.measure([Request(messages=messages(p), max_new_tokens=8) for p in PROMPTS],
+                          EngineConfig(max_model_len=512), warmup=1, repeats=2)
+    finally:
+        bench.close()
+    print(f"device time / wall per repetition: {m.load_free_share}")
+    assert m.load_free_by == interference.DEVICE_TIME
+    assert len(m.load_free_share) == 2 and all(0 < share <= 1 for share in m.load_free_share)

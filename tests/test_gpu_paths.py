@@ -173,3 +173,61 @@ def test_a_failing_capture_is_ended_and_its_error_raised(monkeypatch):
     with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
         capture.capture(forward)
     assert fake.log[-1] == ("capture_end", "graph1") and capture.pool is None
+
+
+def test_a_forward_on_cuda_adds_the_device_time_between_two_cuda_events(monkeypatch):
+    """The runner records an event before and after the forward's kernels, waits for them, and adds the span
+    (elapsed_time is in ms) to its device total; off CUDA nothing is recorded."""
+    from pytest_infergate.engine.runner import ModelRunner
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.index = sum(1 for entry in log if entry[0] == "new")
+            log.append(("new", self.index))
+
+        def record(self):
+            log.append(("record", self.index))
+
+        def elapsed_time(self, end):
+            assert end.index == self.index + 1  # begin.elapsed_time(end)
+            return 12.5
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", device)))
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.is_cuda, runner.device, runner.device_s, runner.last_device_s = True, torch.device("cuda", 0), 0.0, None
+    for _ in range(2):
+        with runner._device_timer():
+            log.append(("forward",))
+    assert log[:6] == [("new", 0), ("new", 1), ("record", 0), ("forward",), ("record", 1),
+                       ("synchronize", torch.device("cuda", 0))]
+    assert runner.last_device_s == 0.0125 and runner.device_s == pytest.approx(0.025)
+
+    cpu = ModelRunner.__new__(ModelRunner)
+    cpu.is_cuda, cpu.device_s, cpu.last_device_s = False, None, None
+    with cpu._device_timer():
+        pass
+    assert cpu.device_s is None and cpu.last_device_s is None
+
+
+def test_the_load_free_time_on_a_gpu_is_the_engines_device_time_and_on_the_cpu_the_run_queues():
+    """perf.bench.LoadFreeTimer: on a CUDA device the engine's device-time total over the stretch (capped at the
+    wall time), named as device time; a backend without device time (HF generate) is not measured there; on the
+    CPU the run-queue estimate."""
+    from pytest_infergate import runqueue
+    from pytest_infergate.perf import interference
+    from pytest_infergate.perf.bench import LoadFreeTimer
+
+    engine = SimpleNamespace(device_s=3.0)
+    timer = LoadFreeTimer(engine, "cuda:0")
+    engine.device_s = 3.4
+    assert timer.by == interference.DEVICE_TIME and timer.seconds(1.0) == pytest.approx(0.4)
+    assert timer.seconds(0.3) == 0.3  # never more than the wall time
+    assert LoadFreeTimer(SimpleNamespace(), "cuda").seconds(1.0) is None
+    cpu = LoadFreeTimer(engine, "cpu")
+    assert cpu.by == interference.RUN_QUEUE
+    seconds = cpu.seconds(1.0)
+    assert seconds is None if not runqueue.threads() else 0 <= seconds <= 1.0

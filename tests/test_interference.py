@@ -292,3 +292,25 @@ def test_measurements_on_the_cpu_record_torch_threads(tiny_fp32):
     finally:
         torch.set_num_threads(threads)
     assert m.cpu_threads == 1
+
+
+def test_on_a_gpu_the_load_is_taken_out_by_device_time_and_the_verdict_says_so():
+    """Measurements on a CUDA device carry the engine's device time by CUDA events as their load-free share: both
+    sides busy and x4 slower fails naming that evidence (terminal and report phrase), unchanged does not fail; a
+    baseline whose load was taken out by other evidence (the CPU's run-queue delays) is not load-corrected
+    against (the two costs would measure different things)."""
+    def on_gpu(m: Measurement) -> Measurement:
+        m.load_free_by = interference.DEVICE_TIME
+        return m
+
+    gate = parse_budget({"max_regression": 0.10, "tokens_per_s": 1e-9})
+    baseline = on_gpu(loaded(20.0, 0.74, 0.27))
+    slower = evaluate_perf(on_gpu(loaded(80.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, baseline))
+    throughput = next(v for v in slower.verdicts if v.metric == "tokens_per_s")
+    assert throughput.status == "fail" and throughput.load_corrected, throughput.describe()
+    assert throughput.evidence() == "load-corrected by device time (CUDA events)"
+    assert "load-corrected by device time (CUDA events): ×4" in throughput.note
+    unchanged = evaluate_perf(on_gpu(loaded(20.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, baseline))
+    assert all(v.status != "fail" for v in unchanged.verdicts)
+    mixed = evaluate_perf(on_gpu(loaded(80.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, loaded(20.0, 0.74, 0.27)))
+    assert next(v for v in mixed.verdicts if v.metric == "tokens_per_s").status == "inconclusive"

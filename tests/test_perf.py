@@ -580,9 +580,13 @@ def test_each_verdict_names_the_evidence_that_decided_it():
     assert plain.evidence() == "as measured"
     assert replace(plain, paired=True).evidence() == "as measured, paired by round"
     assert replace(plain, repetitions=True).evidence() == "as measured, least-disturbed repetitions"
-    loaded = replace(plain, status=Status.FAIL, repetitions=True,
+    loaded = replace(plain, status=Status.FAIL, repetitions=True, load_corrected=True,
                      note="load-corrected by run-queue delay: ×3.1 [2.5, 3.9] slower with the load taken out")
-    assert loaded.evidence() == "load-corrected by run-queue delay"
+    assert loaded.evidence() == "load-corrected by run-queue delay"  # saved before load_free_by was recorded
+    assert replace(loaded, load_free_by="device time (CUDA events)").evidence() == \
+        "load-corrected by device time (CUDA events)"
+    # the evidence is the typed field, never read back from the note
+    assert replace(loaded, load_corrected=False).evidence() == "as measured, least-disturbed repetitions"
 
 
 def verdict_reasons_of(outcome) -> list[str]:

@@ -132,6 +132,11 @@ class Engine:
         return self.cache.allocated_bytes if self.cache is not None else 0
 
     @property
+    def device_s(self) -> float | None:
+        """The device's time in this engine's forwards so far, by CUDA events; None off CUDA (engine.runner)."""
+        return self.runner.device_s
+
+    @property
     def num_free_blocks(self) -> int | None:
         return self.blocks.num_free_blocks if self.blocks is not None else None
 
@@ -240,7 +245,8 @@ class Engine:
                 index=len(self.steps), start_s=started - self._clock0, batch_size=len(plan.chunks),
                 num_prefill_tokens=sum(c.num_tokens for c in plan.prefills), num_decode_tokens=len(plan.decodes),
                 num_padding_tokens=plan.num_padding, kv_blocks_used=used, forward_s=forward_s,
-                step_s=self.clock() - started, num_preempted=len(plan.preempted)))
+                step_s=self.clock() - started, num_preempted=len(plan.preempted),
+                device_s=self.runner.last_device_s))
 
     def _end(self, seq: Sequence, reason: FinishReason, detail: str) -> str:
         if seq.status != SequenceStatus.FINISHED:

@@ -17,6 +17,7 @@ class StepRecord:
     forward_s: float
     step_s: float
     num_preempted: int = 0
+    device_s: float | None = None  # the forward's device time by CUDA events (None off CUDA)
 
     def to_dict(self) -> dict:
         return asdict(self)

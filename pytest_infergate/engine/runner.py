@@ -4,6 +4,8 @@ prepared per phase, then one forward runs them all)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +42,10 @@ class ModelRunner:
         self.decode_group_size = decode_group_size or (None if self.is_cuda else CPU_DECODE_GROUP_SIZE)
         self.graphs = None  # DecodeGraphs once the engine captured and checked them
         self.chunk_sizes = declared_patterns(model.config).chunks  # chunked layers: their mask is the config's
+        # the device's time in this runner's forwards so far, by CUDA events (None off CUDA): what the gate compares
+        # on a busy runner, since CPU co-tenants slow the host's launches, not the kernels (perf.bench)
+        self.device_s: float | None = 0.0 if self.is_cuda else None
+        self.last_device_s: float | None = None  # the last forward's
 
     def _block_tables(self, seqs: list[Sequence], num_tokens: int) -> torch.Tensor:
         """[len(seqs), blocks covering num_tokens] block ids (short tables padded with block 0)."""
@@ -108,11 +114,10 @@ class ModelRunner:
         if inputs.batch.slot_mapping is not None:
             inputs.batch.slot_mapping = inputs.batch.slot_mapping.to(self.device)
         start = time.perf_counter()
-        out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep,
-                         infergate_batch=inputs.batch)
-        logits = out.logits[0].float()
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+        with self._device_timer():
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep,
+                             infergate_batch=inputs.batch)
+            logits = out.logits[0].float()
         return logits, time.perf_counter() - start
 
     def forward(self, plan: StepPlan) -> tuple[torch.Tensor, float]:
@@ -121,7 +126,22 @@ class ModelRunner:
         if self.graphs is None or not self.graphs.can_run(inputs):
             return self.run_model(inputs)
         start = time.perf_counter()
-        logits = self.graphs.run(inputs)
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+        with self._device_timer():
+            logits = self.graphs.run(inputs)
         return logits, time.perf_counter() - start
+
+    @contextmanager
+    def _device_timer(self) -> Iterator[None]:
+        """On CUDA: waits for the forward's kernels (its wall time then covers them) and adds the device's time
+        between two CUDA events around them to `device_s`. A CUDA graph's replay is one launch, so its span is the
+        kernels' own time; an eager forward's span also holds the gaps while the host launches kernels."""
+        if not self.is_cuda:
+            yield
+            return
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        yield
+        end.record()
+        torch.cuda.synchronize(self.device)
+        self.last_device_s = begin.elapsed_time(end) / 1000.0
+        self.device_s += self.last_device_s

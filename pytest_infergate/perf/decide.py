@@ -12,7 +12,7 @@ from typing import Protocol
 
 from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
-from pytest_infergate.perf import interference, stored
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import PerfOutcome, Route
@@ -121,11 +121,11 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     """The budgets `measurement` breaks (keys it has no figure for are not checked). A breach made by time while
     other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
     figure measured the machine's load as much as the code — unless it is worse than the load can explain, or the
-    figure load-corrected by the kernel's run-queue delays (load_free_value) meets the budget with room for the
-    correction's error (interference.load_free_residual): then the breach is cleared, said in `notes`. The
-    correction never makes a failure (an open-loop workload's queue grows faster than its service slows, which a
-    per-repetition share does not take out). A breach of memory, counts or rates of success stands whatever the
-    load. `evidence`: the decision's (its busy share), worked out here when not given."""
+    figure load-corrected (load_free_value: by the kernel's run-queue delays, or the device's time) meets the
+    budget with room for the correction's error (interference.load_free_residual): then the breach is cleared,
+    said in `notes`. The correction never makes a failure (an open-loop workload's queue grows faster than its
+    service slows, which a per-repetition share does not take out). A breach of memory, counts or rates of success
+    stands whatever the load. `evidence`: the decision's (its busy share), worked out here when not given."""
     measured = replace(budget, limits=tuple(limit for limit in budget.limits
                                             if measurement.samples.get(limit.metric)))
     violations = check_budget(measurement, measured)
@@ -135,6 +135,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     metric_of = {limit.key: limit.metric for limit in budget.limits}
     bound = interference.explainable_slowdown(share)
     residual = interference.load_free_residual(measurement)
+    corrected_by = interference.load_corrected(measurement.load_free_by)
     out = []
     for v in violations:
         metric = metric_of.get(v.key, "")
@@ -147,10 +148,10 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
                 shown = units.metric_value(metric, corrected)
                 notes.append(f"{v.key}: {units.metric_value(metric, v.measured)} as measured breaks the budget "
                              f"{units.metric_value(metric, v.limit)} on a busy runner "
-                             f"({interference.describe(share)}); {stored.LOAD_CORRECTED} it is {shown}, within the "
+                             f"({interference.describe(share)}); {corrected_by} it is {shown}, within the "
                              f"budget by more than the correction can be off (×{residual}): met")
             continue
-        aside = (f"; {stored.LOAD_CORRECTED} it is {units.metric_value(metric, corrected)}, too close to the budget "
+        aside = (f"; {corrected_by} it is {units.metric_value(metric, corrected)}, too close to the budget "
                  f"to tell" if corrected is not None else "")
         out.append(replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the "
                                         f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}; rerun "

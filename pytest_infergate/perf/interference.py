@@ -39,6 +39,19 @@ LOAD_FREE_RESIDUAL = 1.6
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
+# What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
+# delays of our threads (runqueue.team_progress_s); on a CUDA device, the device's time in the engine's forwards by
+# CUDA events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
+RUN_QUEUE = "run-queue delay"
+DEVICE_TIME = "device time (CUDA events)"
+
+
+def load_corrected(by: str) -> str:
+    """The evidence phrase of a figure with the co-tenants' load taken out: 'load-corrected by run-queue delay'.
+    Measurements saved before `by` was recorded measured it by run-queue delay."""
+    return f"load-corrected by {by or RUN_QUEUE}"
+
+
 def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool = False) -> float:
     """How far a load-free estimate can be off for these measurements (Measurement or perf.stored.Side, by their
     cpu_threads). Against a stored baseline or a budget: a team's LOAD_FREE_RESIDUAL, on one thread too, unless
@@ -52,6 +65,8 @@ def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool
     saved on a quiet runner, only this run busy) on one thread: the correction can only understate the busy
     candidate's latencies (hiding a slowdown, never making one), so one thread's per-repetition error is the
     margin."""
+    # device time by CUDA events is not measured against a quiet device yet (benchmarks/load_evidence.py --device
+    # cuda, run by benchmarks/gpu_check.sh): a team's margin until it is
     one_thread = bool(measurements) and all(m.cpu_threads == 1 for m in measurements)
     if not one_thread:
         return LOAD_FREE_RESIDUAL

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Protocol
 
-from pytest_infergate import runqueue
 from pytest_infergate.measurement import Measurement, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
+from pytest_infergate.perf.bench import LoadFreeTimer
 from pytest_infergate.workload_files import Session
 
 
@@ -101,35 +101,37 @@ class LocalSide:
         self.rise = self.peak = 0
         self.method = ""
         self.ids = []
-        # the side's own steps: their wall time, and what it would have been with the CPUs to ourselves
-        # (runqueue.team_progress_s), for the gate's load-corrected comparison on a busy runner
+        # the side's own steps: their wall time, and what it would have been with no co-tenant (perf.bench.
+        # LoadFreeTimer), for the gate's load-corrected comparison on a busy runner
         self.stepped_s = self.load_free_s = 0.0
         self.load_free_measured = True
+        self.load_free_by = ""
         with self.clock.running():  # tokenizing and queueing count, as in Engine.generate
             for item in self.workload:
                 self.ids.append(self.engine.submit(item))
 
     def step(self) -> bool:
         # the peak of each own step, measured from just before it: the other side's steps are not counted
-        threads_before = runqueue.threads()
+        load_free = LoadFreeTimer(self.engine, self.bench.device)
         with self.around_step(), PeakMemory(self.bench.device) as peak:
             started = self.clock()
             with self.clock.running():
                 self.engine.step()
             wall = self.clock() - started
-        self._count_load_free(wall, threads_before)
+        self._count_load_free(wall, load_free)
         self.rise = max(self.rise, peak.result.delta_bytes)
         self.peak = max(self.peak, peak.result.peak_bytes)
         self.method = f"{peak.result.method}, own steps"
         return self.engine.has_unfinished
 
-    def _count_load_free(self, wall: float, threads_before: dict) -> None:
-        times = runqueue.delta(threads_before, runqueue.threads()) if threads_before else {}
-        if not times:
+    def _count_load_free(self, wall: float, load_free: LoadFreeTimer) -> None:
+        seconds = load_free.seconds(wall)
+        if seconds is None:
             self.load_free_measured = False
             return
         self.stepped_s += wall
-        self.load_free_s += min(wall, runqueue.team_progress_s(wall, times, runqueue.thread_id()))
+        self.load_free_s += seconds
+        self.load_free_by = load_free.by
 
     def finish(self, into: Measurement) -> None:
         results = [self.engine.result(request_id) for request_id in self.ids]
@@ -137,6 +139,7 @@ class LocalSide:
         self.abort()
         share = self.load_free_s / self.stepped_s if self.load_free_measured and self.stepped_s > 0 else None
         note_per_repetition(into.load_free_share, share, into.repetitions)
+        into.load_free_by = self.load_free_by
         self.bench.record_repetition(into, self.engine, self.workload, results, wall,
                                      PeakMemoryResult(self.method, self.peak, self.peak - self.rise))
 

@@ -35,9 +35,6 @@ from pytest_infergate.perf import interference
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
 from pytest_infergate.status import Status
 
-# the phrase a busy-runner failure's note starts with (load_free_failure; Verdict.evidence reads it)
-LOAD_CORRECTED = "load-corrected by run-queue delay"
-
 FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
 
@@ -54,6 +51,7 @@ class Side:
     # load_free_share); empty: not measured
     load_free: list[float] = field(default_factory=list)
     cpu_threads: int = 0  # Measurement.cpu_threads: how exact load_free is (interference.load_free_residual)
+    load_free_by: str = ""  # Measurement.load_free_by: what measured load_free
     per_request: bool = False  # a percentile of per-request figures (a latency), not a figure of the repetition
 
     def load_free_costs(self) -> list[float] | None:
@@ -113,9 +111,10 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
+    load_free_by = measurement.load_free_by or (interference.RUN_QUEUE if load_free else "")  # older files: the CPU's
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, per_request)
+                measurement.cpu_threads, load_free_by, per_request)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -170,6 +169,7 @@ class StoredVerdict:
     machine: MachineChange | None
     disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
     baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help
+    load_corrected: bool = False  # decided on the figures with the co-tenants' load taken out (load_free_failure)
 
 
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
@@ -181,8 +181,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     change = machine_change(candidate, baseline)
     busy = busy_sides(candidate, baseline, measured, status, threshold)
     if busy is not None:
-        busy_status, why, baseline_at_fault = busy
-        return StoredVerdict(busy_status, measured, change, why, baseline_at_fault)
+        return StoredVerdict(busy.status, measured, change, busy.why, busy.baseline_at_fault, busy.load_corrected)
     adjusted = normalized(candidate, baseline) if change is not None else None
     if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
@@ -207,39 +206,47 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     return StoredVerdict(status, measured, change, "")
 
 
+@dataclass(frozen=True)
+class BusyVerdict:
+    status: Status
+    why: str
+    baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
+    load_corrected: bool = False
+
+
 def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
-               threshold: float) -> tuple[Status, str, bool] | None:
+               threshold: float) -> BusyVerdict | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
-    only a failure; busy on both sides: nothing does. Returns the status, why, and whether the baseline's busy
-    runner is what made it inconclusive; None: neither side measured busy."""
+    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
     now, then = interference.busy(candidate.others), interference.busy(baseline.others)
     if now is None and then is None:
         return None
     failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
     if failed is not None:
-        return Status.FAIL, failed, False
+        return BusyVerdict(Status.FAIL, failed, load_corrected=True)
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
-            return status, "", False  # passed despite the load, or slower than the load can explain
-        return Status.INCONCLUSIVE, (f"the runner was busy: {interference.describe(now)} during this run, so a "
-                                     f"slowdown as measured (×{measured.ratio:.3f}) cannot be told from the machine's "
-                                     "load; rerun on a quiet runner"), False
+            return BusyVerdict(status, "")  # passed despite the load, or slower than the load can explain
+        return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy: {interference.describe(now)} during this run, "
+                                                f"so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
+                                                "from the machine's load; rerun on a quiet runner")
     if then is not None and now is None:
         if status == Status.FAIL:
-            return status, "", False
-        return Status.INCONCLUSIVE, (f"the baseline was saved on a busy runner: {interference.describe(then)} "
-                                     f"while it was measured, so this run being no slower (×{measured.ratio:.3f}) "
-                                     "says nothing; re-save the baseline on a quiet runner"), True
-    return Status.INCONCLUSIVE, (f"the runner was busy on both sides: {interference.describe(now)} during this "
-                                 f"run and {interference.taken(then)} "
-                                 "while the baseline was saved; re-save the baseline and rerun on a quiet runner"), True
+            return BusyVerdict(status, "")
+        return BusyVerdict(Status.INCONCLUSIVE, f"the baseline was saved on a busy runner: "
+                                                f"{interference.describe(then)} while it was measured, so this run "
+                                                f"being no slower (×{measured.ratio:.3f}) says nothing; re-save the "
+                                                "baseline on a quiet runner", baseline_at_fault=True)
+    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides: {interference.describe(now)} during "
+                                            f"this run and {interference.taken(then)} while the baseline was saved; "
+                                            "re-save the baseline and rerun on a quiet runner", baseline_at_fault=True)
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
                       share: float) -> str | None:
     """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
-    taken out (runqueue.team_progress_s) compared, failing only when the whole interval lies above the threshold
+    taken out (Side.load_free_costs) compared, failing only when the whole interval lies above the threshold
     times the estimate's measured residual (interference.load_free_residual). Returns the reason, naming the load
     and the evidence, or None (not measured on both sides, or not beyond the bound)."""
     if baseline.per_request and interference.busy(baseline.others) is not None:
@@ -249,17 +256,17 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
         # Understating a busy *candidate* the same way can only hide a slowdown, never make one: corrected there
         return None
     cand, base = candidate.load_free_costs(), baseline.load_free_costs()
-    if cand is None or base is None:
-        return None
+    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
+        return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
     residual = interference.load_free_residual(candidate, baseline,
                                                baseline_quiet=interference.busy(baseline.others) is None)
     bound = threshold * residual
     if low <= bound:
         return None
-    return (f"{LOAD_CORRECTED}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower with the co-tenants' "
-            f"load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), beyond "
-            f"×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
+    return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
+            f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
+            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:

@@ -42,8 +42,10 @@ class Verdict:
     baseline_at_fault: bool = False
     # inconclusive by the two sides' own spread, which re-measuring cannot narrow below the threshold: said at once
     unresolvable: bool = False
-    # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: load_aware_paired)
+    # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: load_aware_paired; a
+    # stored comparison: perf.stored.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
     load_corrected: bool = False
+    load_free_by: str = ""
 
     @property
     def resolution(self) -> float:
@@ -72,9 +74,7 @@ class Verdict:
         the figures as measured (paired by A/B round, or each side's least-disturbed repetitions), or load-corrected
         by the kernel's run-queue delays where a busy side's figures could not decide (perf.stored)."""
         if self.load_corrected:
-            return stored.LOAD_CORRECTED + (", paired by round" if self.paired else "")
-        if self.note.startswith(stored.LOAD_CORRECTED):
-            return stored.LOAD_CORRECTED
+            return interference.load_corrected(self.load_free_by) + (", paired by round" if self.paired else "")
         if self.paired:
             return "as measured, paired by round"
         if self.repetitions:
@@ -200,7 +200,10 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     cand, base = (per_round(measured.metric, m, pct, load_free=True) for m in (candidate, baseline))
     if cand is None or base is None or len(cand) != len(base):
         return measured
-    corrected = compare_paired(measured.metric, cand, base, max_regression, pct=pct)
+    by = candidate.load_free_by or interference.RUN_QUEUE
+    if (baseline.load_free_by or interference.RUN_QUEUE) != by:
+        return measured  # the two sides' loads taken out by different evidence: not comparable
+    corrected = replace(compare_paired(measured.metric, cand, base, max_regression, pct=pct), load_free_by=by)
     busy = interference.describe(share)
     as_measured = f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
     bound = corrected.threshold * interference.load_free_residual(candidate, baseline, paired=True)
@@ -217,7 +220,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
                 f"the runner was busy ({busy}): load-corrected it would pass, as measured ({as_measured}) it "
                 "would fail"))
         return replace(corrected, load_corrected=True, note=(
-            f"{stored.LOAD_CORRECTED}: each side's steps with the co-tenants' load taken out ({as_measured}; "
+            f"{interference.load_corrected(by)}: each side's steps with the co-tenants' load taken out ({as_measured}; "
             f"{busy})"))
     if measured.status == Status.FAIL:
         return replace(measured, note=f"the runner was busy ({busy}), which slows both sides of a round alike; "
@@ -246,7 +249,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),
                    stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
                    machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
-                   baseline_at_fault=decided.baseline_at_fault)
+                   baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
+                   load_free_by=cand.load_free_by if decided.load_corrected else "")
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
             f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
