@@ -196,3 +196,53 @@ def test_a_config_field_that_may_change_attention_and_that_the_engine_does_not_k
                        f"does not implement or check: {named}"):
         Engine(model, tokenizer, EngineConfig(**BASE))
     assert model.config._attn_implementation != "infergate_paged"  # never switched
+
+
+# six layers, two attention patterns (sliding window, full), the first of each at layers 0 and 1
+SIX_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention",
+              "sliding_attention"]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gpt-oss", "cohere2"])
+def test_the_long_probe_runs_one_layer_per_attention_pattern_and_still_catches_a_broken_mask(tokenizer, monkeypatch,
+                                                                                            family):
+    """Issue #44: the probe past the window runs through the first layer of each distinct pattern only (layers 0
+    and 1 of six), the engine stays exact past the window on the whole model, and a mask that ignores the window is
+    still refused, by the whole model's check."""
+    model = build_model(family, num_hidden_layers=6, layer_types=SIX_LAYERS, sliding_window=LONG)
+    prompt = prompts(1, seed=5, lengths=(LONG + 8, LONG + 8))[0]
+    reference = hf_reference(model, prompt)
+    with Engine(model, tokenizer, EngineConfig(**BASE)) as engine:
+        report = engine.self_check
+        assert report.long_probe_layers == [0, 1] and report.window_crossed is True
+        assert len(engine.layers) == 6  # the engine knows every layer, from the short probe through all of them
+        assert engine.generate([Request(prompt_token_ids=prompt, max_new_tokens=MAX_NEW)])[0].token_ids == reference
+    assert len(model.model.layers) == 6 and model.config.num_hidden_layers == 6  # put back
+    assert model.config.layer_types == SIX_LAYERS
+    ignore_windows(monkeypatch)
+    with pytest.raises(UnsupportedModelError, match=f"fails the engine's self-check: at layer 0 .*{LONG}"):
+        Engine(model, tokenizer, EngineConfig(**BASE))
+    assert len(model.model.layers) == 6 and model.config._attn_implementation != "infergate_paged"
+
+
+def test_a_model_the_cut_probe_cannot_run_is_probed_whole(tokenizer, monkeypatch):
+    """Only the whole model's check decides: where the cut model differs (here its config's layer types are
+    scrambled, so the model's own masks no longer match its layers) the long probe runs through every layer, and
+    the model is accepted when that passes."""
+    from contextlib import contextmanager
+
+    from pytest_infergate.engine import self_check
+
+    cut = self_check.only_layers
+
+    @contextmanager
+    def scrambled(model, layers):
+        with cut(model, layers):
+            model.config.layer_types = list(reversed(model.config.layer_types))
+            yield
+
+    monkeypatch.setattr(self_check, "only_layers", scrambled)
+    model = build_model("gemma3", num_hidden_layers=6, layer_types=SIX_LAYERS, sliding_window=LONG)
+    with Engine(model, tokenizer, EngineConfig(**BASE)) as engine:
+        assert engine.self_check.long_probe_layers == list(range(6)) and engine.self_check.window_crossed is True
+    assert model.config.layer_types == SIX_LAYERS and len(model.model.layers) == 6

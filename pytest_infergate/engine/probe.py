@@ -134,7 +134,11 @@ class LayerWatch:
 class Probe:
     """The probe's sequences and their state: a small paged cache, blocks, and what each forward computed."""
 
-    def __init__(self, model, runner_factory, dtype: torch.dtype, reach: int | None = None):
+    def __init__(self, model, runner_factory, dtype: torch.dtype, reach: int | None = None,
+                 spans: frozenset[int] = frozenset()):
+        """`spans`: with a reach, the windows and chunks the layers use. Their boundaries are where a mask error
+        first shows, so logits are computed there, at each sequence's start and end and every LOGIT_STRIDE-th
+        position (LogitRows); every token still goes through every layer's attention check."""
         text_config = model.config.get_text_config()
         self.reach = reach  # the longest window / chunk to cross (patterns.DeclaredPatterns.reach); None: none
         self.span = reach + 4 if reach else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the reach)
@@ -150,7 +154,9 @@ class Probe:
         self.seqs = [Sequence(Request(prompt_token_ids=row[:1], max_new_tokens=1), row[:1], 0.0, f"probe-{i}")
                      for i, row in enumerate(self.ids)]
         self.rows: list[list[tuple[int, int]]] = []  # per forward: (sequence, position) of each token, in order
-        self.logits: list[torch.Tensor] = []  # per forward: [tokens, vocab]
+        self.logit_rows: list[list[tuple[int, int]]] = []  # per forward: the rows whose logits were computed
+        self.logits: list[torch.Tensor] = []  # per forward: [logit rows, vocab]
+        self.wanted = LogitRows([len(row) for row in self.ids], spans) if reach else None  # None: every row
 
     def _chunk(self, index: int, count: int) -> Chunk:
         """The next `count` tokens of sequence `index`, its blocks grown to hold them."""
@@ -164,13 +170,14 @@ class Probe:
         plan = StepPlan(decodes=[self._chunk(i, 1) for i in decodes],
                         prefills=[self._chunk(i, n) for i, n in prefills])
         inputs = self.runner.prepare(plan, observer=self.watch)  # sorts the decodes: plan order is forward order
-        self.logits.append(self.runner.run_model(inputs, all_logits=True)[0])
-        rows = []
+        rows = [(self.seqs.index(chunk.seq), chunk.seq.num_computed_tokens + i)
+                for chunk in plan.chunks for i in range(chunk.num_tokens)]
+        keep = None if self.wanted is None else [i for i, row in enumerate(rows) if self.wanted.has(*row)]
+        self.logits.append(self.runner.run_model(inputs, all_logits=True, logit_rows=keep)[0])
         for chunk in plan.chunks:
-            seq = chunk.seq
-            rows += [(self.seqs.index(seq), seq.num_computed_tokens + i) for i in range(chunk.num_tokens)]
-            seq.num_computed_tokens += chunk.num_tokens
+            chunk.seq.num_computed_tokens += chunk.num_tokens
         self.rows.append(rows)
+        self.logit_rows.append(rows if keep is None else [rows[i] for i in keep])
 
     def run_first(self) -> None:
         self.run([], [(0, FIRST_CHUNK), (1, self.long_prefill), (2, 2)])
@@ -190,3 +197,26 @@ class Probe:
     @property
     def all_rows(self) -> list[tuple[int, int]]:
         return [row for rows in self.rows for row in rows]
+
+    @property
+    def all_logit_rows(self) -> list[tuple[int, int]]:
+        return [row for rows in self.logit_rows for row in rows]
+
+
+LOGIT_STRIDE = 64
+
+
+@dataclass(frozen=True)
+class LogitRows:
+    """Which (sequence, position) rows of a long probe get logits: a vocabulary of 262k makes the LM head most of a
+    long probe's cost (Gemma 3), while what the logit check is for (position ids, how tokens are packed, state
+    around attention) shows at every position alike. Kept: each sequence's first and last tokens, every
+    LOGIT_STRIDE-th position, and two positions either side of every window or chunk boundary."""
+
+    lengths: list[int]
+    spans: frozenset[int]
+    edge: int = 4
+
+    def has(self, seq: int, pos: int) -> bool:
+        return (pos < self.edge or pos >= self.lengths[seq] - self.edge or pos % LOGIT_STRIDE == 0
+                or any(pos >= span - 2 and min(pos % span, span - pos % span) <= 2 for span in self.spans))

@@ -107,10 +107,14 @@ class ModelRunner:
 
     # ---- the forward -------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run_model(self, inputs: ForwardInputs, all_logits: bool = False) -> tuple[torch.Tensor, float]:
+    def run_model(self, inputs: ForwardInputs, all_logits: bool = False,
+                  logit_rows: list[int] | None = None) -> tuple[torch.Tensor, float]:
+        """The forward's logits at the sampling positions; with `all_logits` at every token, with `logit_rows` at
+        those token indices (the self-check's probe), and its wall time in seconds."""
         ids = torch.tensor([inputs.input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([inputs.positions], dtype=torch.long, device=self.device)
-        keep = 0 if all_logits else torch.tensor(inputs.sample_at, dtype=torch.long, device=self.device)
+        rows = logit_rows if logit_rows is not None else None if all_logits else inputs.sample_at
+        keep = 0 if rows is None else torch.tensor(rows, dtype=torch.long, device=self.device)
         if inputs.batch.slot_mapping is not None:
             inputs.batch.slot_mapping = inputs.batch.slot_mapping.to(self.device)
         start = time.perf_counter()

@@ -35,7 +35,7 @@ from pytest_infergate.engine.attention import (
     uninstall,
 )
 from pytest_infergate.engine.patterns import DeclaredPatterns, declared_patterns, unknown_attention_fields
-from pytest_infergate.engine.probe import PROBE_MAX_REACH, LayerSpec, LayerWatch, Probe
+from pytest_infergate.engine.probe import PROBE_BLOCK_SIZE, PROBE_MAX_REACH, LayerSpec, LayerWatch, Probe
 from pytest_infergate.errors import OptionError
 
 LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
@@ -59,6 +59,9 @@ class SelfCheckReport:
     attention_tolerance: float
     window_crossed: bool | None  # None: the model has no sliding window
     quantized: bool
+    # the layers the long probe (past every window and chunk) ran through: one of every distinct attention
+    # pattern, or all of them; None: no window or chunk to cross, so no long probe
+    long_probe_layers: list[int] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,42 +127,134 @@ def probe_threads(device: torch.device):
 
 def _install_and_check(model, runner_factory, dtype: torch.dtype, patterns: DeclaredPatterns, reach: int | None,
                        max_model_len: int | None) -> tuple[dict[int, LayerSpec], SelfCheckReport]:
+    """Two probes. A short one (15 tokens) through every layer learns the layers and checks each against the
+    model's own attention. Where a window or chunk must be crossed, a long one (2 × reach + 10 tokens) runs through
+    one layer of each distinct attention pattern (its window or chunk, softcapping, sinks, scaling, geometry):
+    layers of one pattern run the same code of the engine, and the long probe's cost grows with every layer
+    (Gemma 3's 18 layers have two patterns). A model the cut probe would refuse, or that cannot be cut, is probed
+    whole: only the whole model's check refuses a model."""
     start = time.perf_counter()
     install(model)
     try:
-        probe = Probe(model, runner_factory, dtype, reach)
-        try:
-            probe.run_first()
-            error = None
-        except Exception as exc:
-            error = exc
-        check_layers(model, probe.watch, error)
-        check_windows_reached(model, probe, max_model_len)
-        crossed = probe.run_rest(patterns.chunks)
-        reference, logits = reference_logits(model, probe.sequences())
-        attention_diff = check_attention(model, probe, reference, dtype, patterns.chunks)
-        quantized = is_quantized(model)
-        tolerance = QUANTIZED_LOGITS_TOLERANCE if quantized else LOGITS_TOLERANCE.get(dtype, 2e-2)
-        engine = torch.cat(probe.logits)
-        expected = torch.stack([logits[s, p] for s, p in probe.all_rows])
-        scale = max(1.0, float(expected.abs().max()))
-        max_diff = float((engine - expected).abs().max())
-        if not max_diff <= tolerance * scale:  # also catches nan
-            raise UnsupportedModelError(
-                f"{family(model)} ({type(model).__name__}) fails the engine's self-check: its attention matches the "
-                f"model's own {reference!r} attention in every layer, but the logits differ by up to {max_diff:.3g} "
-                f"(tolerance {tolerance:g} x logit scale {scale:.3g}), so the difference comes from around attention: "
-                "how the engine packs tokens into one forward (position ids, per-sequence state). " + HF_ADVICE)
+        short = probe_and_check(model, runner_factory, dtype, None, patterns)
+        specs = short.probe.watch.specs
+        check_windows_reached(model, specs, (reach + 1) if reach else PROBE_BLOCK_SIZE - 2, max_model_len)
+        checked, layers = [short], None
+        if reach is not None:
+            spans = frozenset(s.sliding_window for s in specs.values() if s.sliding_window) | frozenset(
+                patterns.chunks.values())
+            long, layers = None, one_layer_per_pattern(specs, patterns.chunks)
+            if not FULL_LONG_PROBE and len(layers) < len(specs):
+                try:
+                    with only_layers(model, layers):
+                        long = probe_and_check(model, runner_factory, dtype, reach, patterns, spans, layers)
+                except Exception:  # noqa: BLE001 - the cut model refused or differed: the whole model decides
+                    long = None
+            if long is None:
+                layers = sorted(specs)
+                long = probe_and_check(model, runner_factory, dtype, reach, patterns, spans)
+            checked.append(long)
     except BaseException:
         uninstall(model)
         raise
-    report = SelfCheckReport(reference, time.perf_counter() - start, len(probe.all_rows), max_diff, scale, tolerance,
-                             attention_diff, ATTENTION_TOLERANCE.get(dtype, 1e-2), crossed, quantized)
-    return probe.watch.specs, report
+    worst = max(checked, key=lambda c: c.max_diff / (c.tolerance * c.scale))
+    report = SelfCheckReport(worst.reference, time.perf_counter() - start,
+                             sum(len(c.probe.all_rows) for c in checked), worst.max_diff, worst.scale,
+                             worst.tolerance, max(c.attention_diff for c in checked),
+                             ATTENTION_TOLERANCE.get(dtype, 1e-2), checked[-1].crossed,
+                             is_quantized(model), layers)
+    return specs, report
 
 
-def check_layers(model, watch: LayerWatch, error: Exception | None) -> None:
-    """The first forward went through the attention interface, every layer of it, with tensors the engine takes."""
+# the long probe through every layer (as before 2026-12-04): benchmarks/self_check.py compares the two
+FULL_LONG_PROBE = False
+
+
+def one_layer_per_pattern(specs: dict[int, LayerSpec], chunks: dict[int, int]) -> list[int]:
+    """The first layer of each distinct attention pattern, in order."""
+    first: dict[tuple, int] = {}
+    for index in sorted(specs):
+        spec = specs[index]
+        pattern = (spec.module_type, spec.geometry, spec.num_heads, spec.scaling, spec.sliding_window, spec.softcap,
+                   spec.has_sinks, tuple(spec.other_kwargs), chunks.get(index))
+        first.setdefault(pattern, index)
+    return sorted(first.values())
+
+
+@contextmanager
+def only_layers(model, layers: list[int]):
+    """The model cut to the decoder layers `layers` inside the block: its one ModuleList of num_hidden_layers
+    entries, the config's num_hidden_layers and every per-layer list of the config (layer_types, no_rope_layers),
+    put back after. Raises ValueError where the layer list is not found."""
+    text = model.config.get_text_config()
+    total = getattr(text, "num_hidden_layers", None)
+    found = [(owner, name) for owner in model.modules() for name, child in owner.named_children()
+             if isinstance(child, torch.nn.ModuleList) and len(child) == total]
+    if not isinstance(total, int) or len(found) != 1:
+        raise ValueError("the model's decoder layers are not one ModuleList of num_hidden_layers entries")
+    owner, name = found[0]
+    whole = getattr(owner, name)
+    per_layer = {key: value for key, value in vars(text).items()
+                 if isinstance(value, list | tuple) and len(value) == total and key != "_name_or_path"}
+    try:
+        setattr(owner, name, torch.nn.ModuleList([whole[i] for i in layers]))
+        text.num_hidden_layers = len(layers)
+        for key, value in per_layer.items():
+            setattr(text, key, type(value)(value[i] for i in layers))
+        yield
+    finally:
+        setattr(owner, name, whole)
+        text.num_hidden_layers = total
+        for key, value in per_layer.items():
+            setattr(text, key, value)
+
+
+@dataclass
+class ProbeCheck:
+    probe: Probe
+    reference: str
+    max_diff: float
+    scale: float
+    tolerance: float
+    attention_diff: float
+    crossed: bool | None
+
+
+def probe_and_check(model, runner_factory, dtype: torch.dtype, reach: int | None, patterns: DeclaredPatterns,
+                    spans: frozenset[int] = frozenset(), layers: list[int] | None = None) -> ProbeCheck:
+    """One probe through the engine's attention, then its every layer and its logits against the model's own.
+    `layers`: the model is cut to those (only_layers)."""
+    probe = Probe(model, runner_factory, dtype, reach, spans)
+    try:
+        probe.run_first()
+        error = None
+    except Exception as exc:
+        error = exc
+    check_layers(model, probe.watch, error, layers)
+    crossed = probe.run_rest(patterns.chunks)
+    reference, logits = reference_logits(model, probe.sequences(), probe.all_logit_rows)
+    attention_diff = check_attention(model, probe, reference, dtype, patterns.chunks)
+    quantized = is_quantized(model)
+    tolerance = QUANTIZED_LOGITS_TOLERANCE if quantized else LOGITS_TOLERANCE.get(dtype, 2e-2)
+    engine = torch.cat(probe.logits)
+    scale = max(1.0, float(logits.abs().max()))
+    max_diff = float((engine - logits).abs().max())
+    if not max_diff <= tolerance * scale:  # also catches nan
+        raise UnsupportedModelError(
+            f"{family(model)} ({type(model).__name__}) fails the engine's self-check: its attention matches the "
+            f"model's own {reference!r} attention in every layer, but the logits differ by up to {max_diff:.3g} "
+            f"(tolerance {tolerance:g} x logit scale {scale:.3g}), so the difference comes from around attention: "
+            "how the engine packs tokens into one forward (position ids, per-sequence state). " + HF_ADVICE)
+    return ProbeCheck(probe, reference, max_diff, scale, tolerance, attention_diff, crossed)
+
+
+def check_layers(model, watch: LayerWatch, error: Exception | None, layers: list[int] | None = None) -> None:
+    """The first forward went through the attention interface, every layer of it (of `layers` on a cut model),
+    with tensors the engine takes."""
+    if layers is not None:
+        if error is not None or watch.problems or sorted(watch.specs) != layers:
+            raise UnsupportedModelError(f"the model cut to layers {layers} did not run them as the whole model did")
+        return
     if watch.problems:
         raise UnsupportedModelError(f"{family(model)} cannot run on the infergate engine: "
                                     f"{'; '.join(dict.fromkeys(watch.problems))}. " + HF_ADVICE) from error
@@ -181,11 +276,10 @@ def check_layers(model, watch: LayerWatch, error: Exception | None) -> None:
             + HF_ADVICE)
 
 
-def check_windows_reached(model, probe: Probe, max_model_len: int | None) -> None:
-    """Every sliding window a layer passed is one the probe crosses, or one no request can outgrow: a window the
-    config does not declare (under another field's name) would otherwise run unchecked."""
-    longest = probe.long_prefill - 1  # the probe crosses every window up to this
-    for spec in probe.watch.specs.values():
+def check_windows_reached(model, specs: dict[int, LayerSpec], longest: int, max_model_len: int | None) -> None:
+    """Every sliding window a layer passed is one the probe crosses (up to `longest`), or one no request can
+    outgrow: a window the config does not declare (under another field's name) would otherwise run unchecked."""
+    for spec in specs.values():
         window = spec.sliding_window
         if window is not None and window > longest and (max_model_len is None or window < max_model_len):
             raise UnsupportedModelError(
@@ -195,23 +289,29 @@ def check_windows_reached(model, probe: Probe, max_model_len: int | None) -> Non
 
 
 @torch.inference_mode()
-def reference_logits(model, sequences: list[list[int]]) -> tuple[str, torch.Tensor]:
-    """The model's own logits [batch, L, vocab] over the sequences (right-padded, one forward), with its own
-    attention implementation (sdpa or eager; eager when the other refuses, e.g. sdpa with softcapping)."""
+def reference_logits(model, sequences: list[list[int]], rows: list[tuple[int, int]]) -> tuple[str, torch.Tensor]:
+    """The model's own logits [len(rows), vocab] at the (sequence, position) `rows` (one forward per sequence,
+    computing logits at its rows only), with its own attention implementation (sdpa or eager; eager when the
+    other refuses, e.g. sdpa with softcapping)."""
     own = original_attention(model)
     candidates = [own] if own and own != ATTENTION_NAME else []
     candidates += [name for name in ("sdpa", "eager") if name not in candidates]
     device = next(model.parameters()).device
-    width = max(map(len, sequences))
-    ids = torch.tensor([row + [0] * (width - len(row)) for row in sequences], device=device)
-    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in sequences], device=device)
-    positions = torch.arange(width, device=device).expand(len(sequences), -1)
+    wanted = [sorted({p for s, p in rows if s == index}) for index in range(len(sequences))]
     error = None
     for name in candidates:
         try:
             model.set_attn_implementation(name)
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-            return name, out.logits.float()
+            found = {}
+            for index, (row, positions) in enumerate(zip(sequences, wanted)):
+                if not positions:
+                    continue
+                out = model(input_ids=torch.tensor([row], device=device),
+                            attention_mask=torch.ones(1, len(row), dtype=torch.long, device=device),
+                            position_ids=torch.arange(len(row), device=device).unsqueeze(0), use_cache=False,
+                            logits_to_keep=torch.tensor(positions, device=device))
+                found.update({(index, p): logits for p, logits in zip(positions, out.logits[0].float())})
+            return name, torch.stack([found[row] for row in rows])
         except Exception as exc:  # the next implementation may support what this one refused
             error = exc
         finally:
