@@ -15,7 +15,7 @@ but waiting for a CPU), every candidate estimate of the repetition's cost:
 - CPU time: the main thread's, and the computing threads' mean.
 
 - device (`--device cuda`): the device's time in the engine's forwards by CUDA events (engine.runner), what the gate
-  compares on a busy GPU runner (perf.bench.LoadFreeTimer). There the ×2 slowdown is every forward computed twice
+  compares on a busy GPU runner (runqueue.LoadFreeTimer). There the ×2 slowdown is every forward computed twice
   (the second writes the same KV entries, so the outputs do not change): a sleep on the host would not slow the
   device, and CUDA graph replays run no forward hooks.
 

@@ -76,3 +76,32 @@ def team_progress_s(wall_s: float, times: dict[int, ThreadTimes], main: int, com
         if tid != main and t.cpu_s > computing * wall_s and t.cpu_s + t.wait_s > 0:
             share *= t.cpu_s / (t.cpu_s + t.wait_s)
     return asleep + own.cpu_s * share
+
+
+# What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
+# delays of our threads (team_progress_s); on a CUDA device, the device's time in the engine's forwards by CUDA
+# events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
+RUN_QUEUE = "run-queue delay"
+DEVICE_TIME = "device time (CUDA events)"
+
+
+class LoadFreeTimer:
+    """How long a stretch of an engine's work would have taken with no co-tenant, from its start (construction) to
+    `seconds(wall)`: on the CPU, team_progress_s of our threads; on a CUDA device, the device's time in the
+    engine's forwards by CUDA events (engine.runner: CPU co-tenants slow the host's launches, not the kernels; the
+    host's own work between forwards is left out on both sides alike). None where neither is measured (not Linux;
+    the HF generate backend on a GPU)."""
+
+    def __init__(self, engine, device: str):
+        self.engine = engine
+        self.on_device = device != "cpu"
+        self.by = DEVICE_TIME if self.on_device else RUN_QUEUE
+        self._device_s = getattr(engine, "device_s", None) if self.on_device else None
+        self._threads = {} if self.on_device else threads()
+
+    def seconds(self, wall: float) -> float | None:
+        if self.on_device:
+            now = getattr(self.engine, "device_s", None)
+            return None if now is None or self._device_s is None else min(wall, now - self._device_s)
+        times = delta(self._threads, threads()) if self._threads else {}
+        return min(wall, team_progress_s(wall, times, thread_id())) if times else None

@@ -60,6 +60,10 @@ class FaultyHandler(BaseHTTPRequestHandler):
         self.server.requests += 1
         if mode == "error500" or (mode == "flaky" and self.server.requests % 2 == 0):
             return self._send(500, b'{"error": {"message": "injected failure"}}')
+        if mode == "base_model" and self.path.endswith("/chat/completions"):  # vLLM's answer, for a base model
+            return self._send(400, b'{"error": {"message": "As of transformers v4.44, default chat template is no '
+                                   b'longer allowed, so you must provide a chat template if the tokenizer does not '
+                                   b'define one."}}')
         if mode in ("busy", "unavailable"):
             self.send_response(429 if mode == "busy" else 503)
             self.send_header("Retry-After", "2")
@@ -94,7 +98,8 @@ class FaultyHandler(BaseHTTPRequestHandler):
             self.wfile.flush()
             if self.server.token_delay_s:
                 time.sleep(self.server.token_delay_s)
-        if mode in ("ok", "flaky", "finished_no_done", "duplicate_chunk", "usage_lie", "no_usage", "after_finish"):
+        if mode in ("ok", "base_model", "flaky", "finished_no_done", "duplicate_chunk", "usage_lie", "no_usage",
+                    "after_finish"):
             completion = 1 if mode == "usage_lie" else len(tokens)
             last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
             if mode != "no_usage":

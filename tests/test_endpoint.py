@@ -13,6 +13,7 @@ from openai_servers import FaultyServer, free_port
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.endpoint.load import LoadRun
 from pytest_infergate.engine import Request
+from pytest_infergate.engine.request import plain_text
 from pytest_infergate.errors import OptionError
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -50,8 +51,9 @@ def test_engine_requests_translate_to_the_api():
     assert ids.body("m", False)["prompt"] == [1, 2, 3] and ids.path == "/completions"
     with pytest.raises(OptionError, match="needs --infergate-endpoint-api completions"):
         EndpointRequest.from_engine_request(Request(prompt_token_ids=[1, 2, 3]), api="chat")
-    with pytest.raises(OptionError, match="needs --infergate-endpoint-api chat"):
-        EndpointRequest.from_engine_request(Request(messages=CHAT), api="completions")
+    # the completions API (a base model's server) gets chat messages as the engine sends a base model them
+    plain = EndpointRequest.from_engine_request(Request(messages=CHAT), api="completions")
+    assert plain.path == "/completions" and plain.prompt == plain_text(CHAT) and plain.prompt.endswith("Assistant:")
 
 
 def test_slo_and_pattern_validation():

@@ -203,9 +203,24 @@ def test_a_failed_turn_aborts_the_rest_of_its_session_counted():
                                                               ("s-t2", "session_aborted")]
 
 
-def test_sessions_need_the_chat_api():
-    with pytest.raises(OptionError, match="needs the chat API"):
-        run_load(EndpointConfig("http://127.0.0.1:9", api="completions"), [Session([], session_id="x")])
+def test_a_base_models_server_gets_sessions_as_a_plain_transcript_and_a_chat_refusal_names_the_fix():
+    """Issue #44: a server whose model has no chat template refuses chat requests (vLLM: 400 "... must provide a
+    chat template ..."); the failure says so and names --infergate-endpoint-api completions, under which each turn
+    of a multi-turn session goes to /v1/completions as the conversation's plain-text transcript."""
+    session = Session([Turn("Hello", 3), Turn("And then?", 3)], session_id="s")
+    with FaultyServer("base_model") as server:
+        refused = run_load(EndpointConfig(server.url), [session])
+        assert refused.results[0].error == "no_chat_template"
+        assert "has no chat template for its model (a base model): run with --infergate-endpoint-api " \
+               "completions" in refused.results[0].error_detail
+        assert "must provide a chat template" in refused.results[0].error_detail  # the server's own words
+        server.httpd.bodies.clear()
+        run = run_load(EndpointConfig(server.url, api="completions"), [session])
+    assert all(r.ok for r in run.results), [(r.error, r.error_detail) for r in run.results]
+    prompts = [body["prompt"] for body in server.httpd.bodies if "prompt" in body]
+    assert prompts[-2:] == ["User: Hello\n\nAssistant:",
+                            f"User: Hello\n\nAssistant: {run.results[0].text.strip()}\n\nUser: And then?\n\n"
+                            "Assistant:"]
 
 
 def test_sessions_on_the_engine_reuse_the_conversation_prefix(tmp_path, tiny_fp32):

@@ -77,7 +77,7 @@ def test_memory_split_matches_the_allocator():
 def test_each_forward_records_its_device_time_and_a_measurement_its_load_free_share(tiny_fp16):
     """CUDA events around every forward: each step's device time is positive and within its wall time (the
     forward waits for its kernels), the engine's total is their sum, and a measured repetition's load-free share
-    is that device time over its wall time, named as such for the verdict (perf.bench.LoadFreeTimer)."""
+    is that device time over its wall time, named as such for the verdict (runqueue.LoadFreeTimer)."""
     from engine_helpers import PROMPTS, messages
 
     from pytest_infergate.engine import Engine, EngineConfig, Request

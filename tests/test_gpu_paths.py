@@ -214,12 +214,12 @@ def test_a_forward_on_cuda_adds_the_device_time_between_two_cuda_events(monkeypa
 
 
 def test_the_load_free_time_on_a_gpu_is_the_engines_device_time_and_on_the_cpu_the_run_queues():
-    """perf.bench.LoadFreeTimer: on a CUDA device the engine's device-time total over the stretch (capped at the
+    """runqueue.LoadFreeTimer: on a CUDA device the engine's device-time total over the stretch (capped at the
     wall time), named as device time; a backend without device time (HF generate) is not measured there; on the
     CPU the run-queue estimate."""
     from pytest_infergate import runqueue
     from pytest_infergate.perf import interference
-    from pytest_infergate.perf.bench import LoadFreeTimer
+    from pytest_infergate.runqueue import LoadFreeTimer
 
     engine = SimpleNamespace(device_s=3.0)
     timer = LoadFreeTimer(engine, "cuda:0")

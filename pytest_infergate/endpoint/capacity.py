@@ -244,7 +244,7 @@ def search_capacity(config: EndpointConfig, requests: list, spec: CapacitySpec, 
             if client.model is None:
                 await client.discover_model()
             for item in items[:warmup]:
-                await client.send(warmup_request(item))
+                await client.send(warmup_request(item, client.config.api))
             return await _search(client, items, spec, on_point)
 
     return _run(main())

@@ -26,6 +26,10 @@ from pytest_infergate.endpoint.request import (
 __all__ = ["EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest", "EndpointResult"]
 
 
+# the error of a chat request refused for want of a chat template (EndpointClient._refused)
+NO_CHAT_TEMPLATE = "no_chat_template"
+
+
 class EndpointClient:
     """One pooled async HTTP client for an endpoint. Use inside `async with`."""
 
@@ -127,7 +131,7 @@ class EndpointClient:
             response = await self._http.post(path, json=body, extensions=self._on_the_wire(result))
             result.status = response.status_code
             if response.status_code != 200:
-                return self._fail(result, f"http_{response.status_code}", self._refusal(response))
+                return self._refused(result, response, path)
             data = response.json()
             result.first_token = result.finished = time.perf_counter()
             self._take_usage(data, result)
@@ -142,7 +146,7 @@ class EndpointClient:
             result.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
-                return self._fail(result, f"http_{response.status_code}", self._refusal(response))
+                return self._refused(result, response, path)
             pieces: list[str] = []
             done = False
             async for event in source.aiter_sse():
@@ -182,6 +186,17 @@ class EndpointClient:
                 return self._fail(result, "inconsistent_usage", f"usage.completion_tokens is {result.output_tokens} "
                                   f"but {len(result.chunk_times)} content chunks arrived")
         return None
+
+    def _refused(self, result: EndpointResult, response: httpx.Response, path: str) -> None:
+        """A non-200 answer, recorded. A chat request refused because the model has no chat template (a base
+        model: vLLM answers 400 "... must provide a chat template ...") says so and names the fix."""
+        detail = self._refusal(response)
+        if path == "/chat/completions" and "chat template" in response.text.lower():
+            return self._fail(result, NO_CHAT_TEMPLATE, (
+                f"{self.config.base_url} has no chat template for its model (a base model): run with "
+                "--infergate-endpoint-api completions, which sends chat workloads and golden samples as a "
+                f"plain-text transcript, as the engine sends a base model them (the server said: {detail})"))
+        return self._fail(result, f"http_{response.status_code}", detail)
 
     @staticmethod
     def _refusal(response: httpx.Response) -> str:

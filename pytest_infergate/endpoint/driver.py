@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from pytest_infergate.endpoint.client import EndpointClient
 from pytest_infergate.endpoint.request import EndpointRequest, EndpointResult
-from pytest_infergate.errors import OptionError
 from pytest_infergate.workload_files import Session
 
 CANCELLED = "cancelled"
@@ -26,16 +25,14 @@ def item_ids(item: EndpointRequest | Session) -> list[str]:
 
 
 def session_request(session: Session, index: int, answers: list[str], api: str) -> EndpointRequest:
-    if api != "chat":
-        raise OptionError(f"multi-turn session {session.session_id} ({session.source or 'given in code'}) needs the "
-                          "chat API: drop --infergate-endpoint-api completions")
+    """A session's turn `index` after the server's `answers`: chat messages, or under the completions API (a base
+    model's server) the conversation as one plain-text transcript."""
     return EndpointRequest.from_engine_request(session.request(index, answers), api)
 
 
-def warmup_request(item: EndpointRequest | Session) -> EndpointRequest:
+def warmup_request(item: EndpointRequest | Session, api: str = "chat") -> EndpointRequest:
     """A short request like `item` (a session's first turn), sent before a run and not counted."""
-    first = item if isinstance(item, EndpointRequest) else EndpointRequest(messages=item.messages(0, []),
-                                                                          request_id=item.turn_id(0))
+    first = item if isinstance(item, EndpointRequest) else session_request(item, 0, [], api)
     return replace(first, max_tokens=min(first.max_tokens, 8))
 
 

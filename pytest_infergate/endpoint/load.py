@@ -239,9 +239,6 @@ def coerce_items(items: list, api: str) -> list:
     out = []
     for index, item in enumerate(items):
         if isinstance(item, Session):
-            if api != "chat":
-                raise OptionError(f"multi-turn session {item.session_id or index} needs the chat API: drop "
-                                  "--infergate-endpoint-api completions")
             out.append(item if item.session_id else replace(item, session_id=f"s{index}"))
             continue
         request = EndpointRequest.coerce(item, api)
@@ -277,7 +274,7 @@ def run_load(config: EndpointConfig, requests: list, pattern: LoadPattern = Load
             if client.model is None:  # the session probe names it once; a busy server need not be asked again
                 await client.discover_model()
             for item in items[:warmup]:
-                await client.send(warmup_request(item))
+                await client.send(warmup_request(item, client.config.api))
             return await run_load_async(client, items, pattern, slo, stream, scrape=scrape, **drive_options)
 
     return _run(main())

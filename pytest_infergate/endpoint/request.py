@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pytest_infergate.engine.request import plain_text
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import Options, check_endpoint_settings
 
@@ -117,8 +118,8 @@ class EndpointRequest:
         if request.messages is not None:
             if api == "chat":
                 return cls(messages=request.messages, **common)
-            raise OptionError("a chat request (messages) needs --infergate-endpoint-api chat; the completions API "
-                              "takes a prompt")
+            # a base model's server (no chat template): the same transcript the engine sends a base model
+            return cls(prompt=plain_text(request.messages), **common)
         prompt = request.prompt if request.prompt is not None else list(request.prompt_token_ids)
         if api == "chat":
             if not isinstance(prompt, str):

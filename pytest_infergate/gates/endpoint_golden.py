@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.load import LoadPattern, run_load
-from pytest_infergate.engine.request import Request, render_prompt
+from pytest_infergate.engine.request import Request, plain_text, render_prompt
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.quality.compare import QualityResult, compare_with_reference
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
@@ -45,6 +45,9 @@ def ask_greedy(config: EndpointConfig, samples: list[GoldenSample], top_logprobs
                                 temperature=0.0, seed=0, logprobs=top_logprobs, request_id=s.id) for s in samples]
     if config.api == "chat" and any(r.prompt is not None for r in requests):
         requests = [replace(r, messages=[{"role": "user", "content": r.prompt}], prompt=None) if r.prompt else r
+                    for r in requests]
+    if config.api == "completions":  # a base model's server: chat samples as the engine sends a base model them
+        requests = [replace(r, prompt=plain_text(r.messages), messages=None) if r.messages is not None else r
                     for r in requests]
     # a few in flight: a request's timeout also runs while it waits in the server's queue
     pattern = LoadPattern(concurrency=min(config.max_concurrency, GOLDEN_CONCURRENCY))

@@ -42,28 +42,6 @@ def warmup_requests(requests: list[Request | Session], count: int) -> list[Reque
     return warm
 
 
-class LoadFreeTimer:
-    """How long a stretch of an engine's work would have taken with no co-tenant, from its start (construction) to
-    `seconds(wall)`: on the CPU, runqueue.team_progress_s of our threads; on a CUDA device, the device's time in the
-    engine's forwards by CUDA events (engine.runner: CPU co-tenants slow the host's launches, not the kernels; the
-    host's own work between forwards is left out on both sides alike). None where neither is measured (not Linux;
-    the HF generate backend on a GPU)."""
-
-    def __init__(self, engine, device: str):
-        self.engine = engine
-        self.on_device = device != "cpu"
-        self.by = interference.DEVICE_TIME if self.on_device else interference.RUN_QUEUE
-        self._device_s = getattr(engine, "device_s", None) if self.on_device else None
-        self._threads = {} if self.on_device else runqueue.threads()
-
-    def seconds(self, wall: float) -> float | None:
-        if self.on_device:
-            now = getattr(self.engine, "device_s", None)
-            return None if now is None or self._device_s is None else min(wall, now - self._device_s)
-        times = runqueue.delta(self._threads, runqueue.threads()) if self._threads else {}
-        return min(wall, runqueue.team_progress_s(wall, times, runqueue.thread_id())) if times else None
-
-
 class Bench:
     """Measures workloads for one loaded model on its backend (`choice_for(loaded)`). Repetitions reuse one
     backend per engine config."""
@@ -120,7 +98,7 @@ class Bench:
         first = sampler.probe_now() if sampler is not None else None
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
         before = interference.snapshot(ours)
-        load_free = LoadFreeTimer(engine, self.device)
+        load_free = runqueue.LoadFreeTimer(engine, self.device)
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = run_items(engine, workload)

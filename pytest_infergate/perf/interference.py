@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from statistics import median
 
+from pytest_infergate import runqueue
+
 # Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
 # beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
 BUSY_SHARE = 0.25
@@ -39,11 +41,8 @@ LOAD_FREE_RESIDUAL = 1.6
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
-# What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
-# delays of our threads (runqueue.team_progress_s); on a CUDA device, the device's time in the engine's forwards by
-# CUDA events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
-RUN_QUEUE = "run-queue delay"
-DEVICE_TIME = "device time (CUDA events)"
+# what measured a load-free share (runqueue.LoadFreeTimer)
+RUN_QUEUE, DEVICE_TIME = runqueue.RUN_QUEUE, runqueue.DEVICE_TIME
 
 
 def load_corrected(by: str) -> str:

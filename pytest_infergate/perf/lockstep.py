@@ -27,7 +27,7 @@ from typing import Protocol
 from pytest_infergate.measurement import Measurement, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.bench import LoadFreeTimer
+from pytest_infergate.runqueue import LoadFreeTimer
 from pytest_infergate.workload_files import Session
 
 
@@ -101,7 +101,7 @@ class LocalSide:
         self.rise = self.peak = 0
         self.method = ""
         self.ids = []
-        # the side's own steps: their wall time, and what it would have been with no co-tenant (perf.bench.
+        # the side's own steps: their wall time, and what it would have been with no co-tenant (runqueue.
         # LoadFreeTimer), for the gate's load-corrected comparison on a busy runner
         self.stepped_s = self.load_free_s = 0.0
         self.load_free_measured = True
