@@ -42,6 +42,8 @@ MARKERS = (
     "max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99",
     "infergate_extra_body(**fields): JSON fields every request of this test sends to a served model, e.g. "
     "ignore_eos=True, min_tokens=16, top_k=20 (a request's own extra_body wins)",
+    "infergate_chat: this test's workload needs the model's chat template (a chat-format task, tool calls): on a "
+    "base model it fails at collection instead of sending its chat messages as a plain-text transcript",
 )
 
 
@@ -167,7 +169,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     checks = (("infergate_budget", parse_budget, BudgetError), ("infergate_quality", parse_policy, QualityPolicyError),
               ("infergate_slo", parse_slo, InfergateError), ("infergate_extra_body", parse_extra_body, InfergateError))
     problems = []
-    known = [spec.split("(")[0] for spec in MARKERS]
+    known = [spec.split("(")[0].split(":")[0] for spec in MARKERS]
     for item in items:
         # a misspelt marker (infergate_budgets) would leave the test ungated and the run PASS (issue #45)
         names = sorted({marker.name for marker in item.iter_markers() if marker.name.startswith("infergate")})
@@ -183,8 +185,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     parse(marker.kwargs, f"{item.nodeid}: {name}")
                 except error as exc:
                     problems.append(str(exc))
+    problems += chat_only_problems(config, [item for item in items if item.get_closest_marker("infergate_chat")])
     if problems:
         raise pytest.UsageError("invalid infergate markers:\n" + "\n".join(problems))
+
+
+def chat_only_problems(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """Tests marked infergate_chat where chat messages would go as plain text: the model's tokenizer has no chat
+    template (a base model; loading it here is what the test would do first), or the served model is asked
+    through the completions API. Each named, with the way out."""
+    if not items:
+        return []
+    options = session_of(config).options
+    if options.endpoint is not None:
+        if options.endpoint_api == "chat":
+            return []
+        why = "--infergate-endpoint-api completions sends chat messages as a plain-text transcript"
+    else:
+        from pytest_infergate.engine.request import has_chat_template
+
+        try:
+            tokenizer = session_of(config).pool.tokenizer
+        except InfergateError as exc:
+            raise pytest.UsageError(f"infergate: {exc}") from None
+        if has_chat_template(tokenizer):
+            return []
+        why = (f"the tokenizer of {options.model} has no chat template (a base model), so chat messages would go "
+               "as a plain-text transcript")
+    tests = dict.fromkeys(item.nodeid.split("[")[0] for item in items)  # once per test, not per precision
+    return [f"{test}: marked infergate_chat (its workload needs the model's chat template), but {why}: run it on a "
+            "chat model, or drop the marker to accept the transcript" for test in tests]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

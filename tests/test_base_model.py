@@ -65,3 +65,32 @@ def test_a_base_model_runs_the_default_workload_and_the_golden_samples_as_plain_
     assert all(m["plain_text_prompts"] for m in records["models"].values())
     decided = {(r["kind"], r["precision"]) for r in records["records"] if r["status"] in ("pass", "fail")}
     assert {("perf", "fp32"), ("perf", "int8"), ("quality", "int8")} <= decided
+
+
+CHAT_ONLY = """
+import pytest
+
+@pytest.mark.infergate_chat
+def test_tool_calls(infergate_bench):
+    pass
+
+def test_transcript_is_fine():
+    pass
+"""
+
+
+def test_a_test_that_needs_chat_fails_at_collection_on_a_base_model_naming_it(pytester, base_model, cache_dir):
+    """Issue #44: a workload marked as needing the chat template is refused before any model loads on a base
+    model (its tokenizer has none), naming the test and the way out; on a chat model it is collected as usual."""
+    pytester.makepyfile(CHAT_ONLY)
+    result = pytester.runpytest_subprocess(f"--infergate-model={base_model}", f"--infergate-cache-dir={cache_dir}",
+                                           "-p", "no:cacheprovider")
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:] + err
+    assert ("test_a_test_that_needs_chat_fails_at_collection_on_a_base_model_naming_it.py::test_tool_calls: marked "
+            "infergate_chat (its workload needs the model's chat template), but the tokenizer of ") in err
+    assert "has no chat template (a base model)" in err and "drop the marker to accept the transcript" in err
+    assert "test_transcript_is_fine" not in err
+    chat = pytester.runpytest_subprocess("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                         "-p", "no:cacheprovider", "--collect-only", "-q")
+    assert chat.ret == pytest.ExitCode.OK and "test_tool_calls" in chat.stdout.str()
