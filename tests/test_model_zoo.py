@@ -233,7 +233,7 @@ def test_a_model_the_cut_probe_cannot_run_is_probed_whole(tokenizer, monkeypatch
 
     from pytest_infergate.engine import self_check
 
-    cut = self_check.only_layers
+    cut = self_check.only_layers  # self_check's own name for probe.only_layers: what it calls
 
     @contextmanager
     def scrambled(model, layers):

@@ -6,7 +6,9 @@ crosses KV block boundaries in a chunk after cached context; B is a prefill long
 attention chunk the config declares and then a decode past it, and A's second chunk crosses them after cached
 context. The probe's reach is the longest of those a request can outgrow (patterns.py; shorter than the engine's
 max_model_len), at most PROBE_MAX_REACH tokens: beyond, the engine refuses the model rather than run a pattern it
-did not check. The whole probe is 15 tokens without a window or chunk, 2 x reach + 10 with one.
+did not check. The whole probe is 15 tokens without a window or chunk, 2 x reach + 10 with one. The self-check
+runs a short probe (no reach) through every layer, and a long one through one layer of each distinct attention
+pattern (one_layer_per_pattern, only_layers), its logits at the rows LogitRows keeps.
 
 A LayerWatch sees every attention call: on the first forward it learns the layers (which call the interface,
 with what tensors and features; the probe's cache gets each layer as it appears), and on every forward it keeps
@@ -15,6 +17,7 @@ what each layer was handed and what the engine's attention returned, for the sel
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -220,3 +223,42 @@ class LogitRows:
     def has(self, seq: int, pos: int) -> bool:
         return (pos < self.edge or pos >= self.lengths[seq] - self.edge or pos % LOGIT_STRIDE == 0
                 or any(pos >= span - 2 and min(pos % span, span - pos % span) <= 2 for span in self.spans))
+
+
+def one_layer_per_pattern(specs: dict[int, LayerSpec], chunks: dict[int, int]) -> list[int]:
+    """The first layer of each distinct attention pattern, in order."""
+    first: dict[tuple, int] = {}
+    for index in sorted(specs):
+        spec = specs[index]
+        pattern = (spec.module_type, spec.geometry, spec.num_heads, spec.scaling, spec.sliding_window, spec.softcap,
+                   spec.has_sinks, tuple(spec.other_kwargs), chunks.get(index))
+        first.setdefault(pattern, index)
+    return sorted(first.values())
+
+
+@contextmanager
+def only_layers(model, layers: list[int]):
+    """The model cut to the decoder layers `layers` inside the block: its one ModuleList of num_hidden_layers
+    entries, the config's num_hidden_layers and its per-layer lists (a `*layer*` field of num_hidden_layers
+    entries: layer_types, no_rope_layers), put back after. Raises ValueError where the layer list is not found."""
+    text = model.config.get_text_config()
+    total = getattr(text, "num_hidden_layers", None)
+    found = [(owner, name) for owner in model.modules() for name, child in owner.named_children()
+             if isinstance(child, torch.nn.ModuleList) and len(child) == total]
+    if not isinstance(total, int) or len(found) != 1:
+        raise ValueError("the model's decoder layers are not one ModuleList of num_hidden_layers entries")
+    owner, name = found[0]
+    whole = getattr(owner, name)
+    per_layer = {key: value for key, value in vars(text).items()  # layer_types, no_rope_layers: not eos_token_id
+                 if "layer" in key and isinstance(value, list | tuple) and len(value) == total}
+    try:
+        setattr(owner, name, torch.nn.ModuleList([whole[i] for i in layers]))
+        text.num_hidden_layers = len(layers)
+        for key, value in per_layer.items():
+            setattr(text, key, type(value)(value[i] for i in layers))
+        yield
+    finally:
+        setattr(owner, name, whole)
+        text.num_hidden_layers = total
+        for key, value in per_layer.items():
+            setattr(text, key, value)

@@ -20,22 +20,24 @@ the features it uses (from what it passed and from the config) and the largest d
 
 from __future__ import annotations
 
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
 
-from pytest_infergate.engine.attention import (
-    ATTENTION_NAME,
-    UnsupportedModelError,
-    install,
-    original_attention,
-    uninstall,
-)
+from pytest_infergate.engine.attention import UnsupportedModelError, install, uninstall
+from pytest_infergate.engine.model_reference import HF_ADVICE, family, recompute_layer, reference_logits
 from pytest_infergate.engine.patterns import DeclaredPatterns, declared_patterns, unknown_attention_fields
-from pytest_infergate.engine.probe import PROBE_BLOCK_SIZE, PROBE_MAX_REACH, LayerSpec, LayerWatch, Probe
+from pytest_infergate.engine.probe import (
+    PROBE_BLOCK_SIZE,
+    PROBE_MAX_REACH,
+    LayerSpec,
+    LayerWatch,
+    Probe,
+    one_layer_per_pattern,
+    only_layers,
+)
 from pytest_infergate.errors import OptionError
 
 LOGITS_TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}  # x the largest logit (>= 1)
@@ -43,8 +45,6 @@ QUANTIZED_LOGITS_TOLERANCE = 0.25
 ATTENTION_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # x the layer's largest
 CONFIG_FEATURES = ("sliding_window", "use_sliding_window", "attn_logit_softcapping", "query_pre_attn_scalar",
                    "attention_multiplier", "use_bidirectional_attention", "attention_chunk_size", "alibi")
-HF_ADVICE = ("The gates still run on it through transformers' own generate: choose the HF backend "
-             "(--infergate-backend hf; `auto` falls back to it), or run the engine on another family.")
 
 
 @dataclass
@@ -65,10 +65,6 @@ class SelfCheckReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def family(model) -> str:
-    return f"model family {getattr(model.config, 'model_type', '?')!r}"
 
 
 def is_quantized(model) -> bool:
@@ -170,45 +166,6 @@ def _install_and_check(model, runner_factory, dtype: torch.dtype, patterns: Decl
 FULL_LONG_PROBE = False
 
 
-def one_layer_per_pattern(specs: dict[int, LayerSpec], chunks: dict[int, int]) -> list[int]:
-    """The first layer of each distinct attention pattern, in order."""
-    first: dict[tuple, int] = {}
-    for index in sorted(specs):
-        spec = specs[index]
-        pattern = (spec.module_type, spec.geometry, spec.num_heads, spec.scaling, spec.sliding_window, spec.softcap,
-                   spec.has_sinks, tuple(spec.other_kwargs), chunks.get(index))
-        first.setdefault(pattern, index)
-    return sorted(first.values())
-
-
-@contextmanager
-def only_layers(model, layers: list[int]):
-    """The model cut to the decoder layers `layers` inside the block: its one ModuleList of num_hidden_layers
-    entries, the config's num_hidden_layers and every per-layer list of the config (layer_types, no_rope_layers),
-    put back after. Raises ValueError where the layer list is not found."""
-    text = model.config.get_text_config()
-    total = getattr(text, "num_hidden_layers", None)
-    found = [(owner, name) for owner in model.modules() for name, child in owner.named_children()
-             if isinstance(child, torch.nn.ModuleList) and len(child) == total]
-    if not isinstance(total, int) or len(found) != 1:
-        raise ValueError("the model's decoder layers are not one ModuleList of num_hidden_layers entries")
-    owner, name = found[0]
-    whole = getattr(owner, name)
-    per_layer = {key: value for key, value in vars(text).items()
-                 if isinstance(value, list | tuple) and len(value) == total and key != "_name_or_path"}
-    try:
-        setattr(owner, name, torch.nn.ModuleList([whole[i] for i in layers]))
-        text.num_hidden_layers = len(layers)
-        for key, value in per_layer.items():
-            setattr(text, key, type(value)(value[i] for i in layers))
-        yield
-    finally:
-        setattr(owner, name, whole)
-        text.num_hidden_layers = total
-        for key, value in per_layer.items():
-            setattr(text, key, value)
-
-
 @dataclass
 class ProbeCheck:
     probe: Probe
@@ -286,83 +243,6 @@ def check_windows_reached(model, specs: dict[int, LayerSpec], longest: int, max_
                 f"{family(model)}: layer {spec.layer_idx} ({spec.module_type}) passes a sliding window of {window} "
                 "tokens that its config does not declare as `sliding_window`, so the self-check's probe did not "
                 "cross it and the engine refuses to run it unverified. " + HF_ADVICE)
-
-
-@torch.inference_mode()
-def reference_logits(model, sequences: list[list[int]], rows: list[tuple[int, int]]) -> tuple[str, torch.Tensor]:
-    """The model's own logits [len(rows), vocab] at the (sequence, position) `rows` (one forward per sequence,
-    computing logits at its rows only), with its own attention implementation (sdpa or eager; eager when the
-    other refuses, e.g. sdpa with softcapping)."""
-    own = original_attention(model)
-    candidates = [own] if own and own != ATTENTION_NAME else []
-    candidates += [name for name in ("sdpa", "eager") if name not in candidates]
-    device = next(model.parameters()).device
-    wanted = [sorted({p for s, p in rows if s == index}) for index in range(len(sequences))]
-    error = None
-    for name in candidates:
-        try:
-            model.set_attn_implementation(name)
-            found = {}
-            for index, (row, positions) in enumerate(zip(sequences, wanted)):
-                if not positions:
-                    continue
-                out = model(input_ids=torch.tensor([row], device=device),
-                            attention_mask=torch.ones(1, len(row), dtype=torch.long, device=device),
-                            position_ids=torch.arange(len(row), device=device).unsqueeze(0), use_cache=False,
-                            logits_to_keep=torch.tensor(positions, device=device))
-                found.update({(index, p): logits for p, logits in zip(positions, out.logits[0].float())})
-            return name, torch.stack([found[row] for row in rows])
-        except Exception as exc:  # the next implementation may support what this one refused
-            error = exc
-        finally:
-            model.set_attn_implementation(ATTENTION_NAME)
-    raise UnsupportedModelError(f"{family(model)}: its own attention implementations {candidates} all failed on the "
-                                f"engine's self-check probe ({error}), so the engine cannot be checked against it. "
-                                + HF_ADVICE) from error
-
-
-def attention_functions(module, name: str) -> list:
-    """The model's own attention functions to recompute a layer with: `name`'s, then eager (from the layer's
-    modeling file) for what `name` refuses (sdpa refuses softcapping)."""
-    from transformers import AttentionInterface
-
-    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    registry = AttentionInterface()
-    named = eager if name == "eager" else (registry[name] if name in registry else registry["sdpa"])
-    return [fn for fn in (named, eager) if fn is not None]
-
-
-def layer_mask(length: int, window: int | None, eager: bool, dtype: torch.dtype, device,
-               chunk: int | None = None) -> torch.Tensor:
-    """[1, 1, L, L] with transformers' own mask functions: bool (sdpa) or additive (eager)."""
-    from transformers.masking_utils import causal_mask_function, chunked_overlay, sliding_window_overlay
-
-    q_idx, kv_idx = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device)
-    allowed = causal_mask_function(0, 0, q_idx, kv_idx)
-    if window is not None:
-        allowed = allowed & sliding_window_overlay(window)(0, 0, q_idx, kv_idx)
-    if chunk is not None:
-        allowed = allowed & chunked_overlay(chunk, torch.zeros(1, dtype=torch.long, device=device))(0, 0, q_idx,
-                                                                                                   kv_idx)
-    allowed = allowed.view(1, 1, length, length)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min) \
-        if eager else allowed
-
-
-@torch.inference_mode()
-def recompute_layer(module, name: str, q, k, v, kwargs: dict, chunk: int | None = None) -> torch.Tensor:
-    """The model's own attention over one whole sequence: q [H, L, D], k/v [KvH, L, D] -> [L, H, Dv]."""
-    error = None
-    for fn in attention_functions(module, name):
-        eager = fn.__name__ == "eager_attention_forward"
-        mask = layer_mask(q.shape[1], kwargs.get("sliding_window"), eager, q.dtype, q.device, chunk)
-        try:
-            out, _ = fn(module, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, **{**kwargs, "dropout": 0.0})
-            return out[0]
-        except Exception as exc:  # e.g. sdpa refusing softcap: eager next
-            error = exc
-    raise UnsupportedModelError(f"the model's own attention could not recompute layer {module.layer_idx} for the "
-                                f"engine's self-check: {error}") from error
 
 
 def check_attention(model, probe: Probe, reference: str, dtype: torch.dtype, chunks: dict[int, int] | None = None
