@@ -193,6 +193,20 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.init_project)."""
+    from pytest_infergate.init_project import DEFAULT_INSTALL, init_project
+
+    for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install):
+        print(written.line())
+    print(f"next: pytest {args.tests} --infergate-model=YOUR_MODEL (the embedded model without it); put traffic "
+          "files in workloads/*.jsonl; commit perf/baseline.json from the CI job's first run")
+    if args.ci != "none" and args.install == DEFAULT_INSTALL:
+        print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, rerun with --install "
+              "./wheels/pytest_infergate-<version>-py3-none-any.whl (a wheel you commit) or --install 'git+<URL>'")
+    return 0
+
+
 def _cmd_migrate(args: argparse.Namespace) -> int:
     """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.migrate)."""
     from pytest_infergate.migrate import migrate
@@ -250,6 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
                                  "golden/) to make it the project's own")
     init_golden.add_argument("folder", nargs="?", default="golden")
     init_golden.set_defaults(func=_cmd_init_golden)
+    init = sub.add_parser("init", help="write a project's first gate into FOLDER (default .): a starter gate test "
+                          "and conftest under tests/, golden/ with the built-in samples, a CI job; existing files "
+                          "are left as they are")
+    init.add_argument("folder", nargs="?", default=".")
+    init.add_argument("--ci", choices=("github", "gitlab", "none"), default="github",
+                      help="the CI job to write (default github: .github/workflows/infergate.yml)")
+    init.add_argument("--tests", default="tests", help="the folder of the gate tests (default tests)")
+    init.add_argument("--install", default="pytest-infergate", metavar="SPEC",
+                      help="what the CI job pip-installs (default pytest-infergate; a committed wheel's path or "
+                      "'git+URL' before it is on PyPI)")
+    init.set_defaults(func=_cmd_init)
     migrate = sub.add_parser("migrate", help="rewrite baseline and accepted golden files of an older "
                              "pytest-infergate in the current schema (each entry keyed by machine and change under "
                              "test)")

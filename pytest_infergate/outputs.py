@@ -22,6 +22,7 @@ class Written:
     errors: list[str] = field(default_factory=list)  # one line per output not written, naming option and path
     notes: list[str] = field(default_factory=list)  # what a reviewer should know about an output that was written
     history: History | None = None  # when --infergate-history was written
+    saved: list[str] = field(default_factory=list)  # what was written, said in the terminal ("baseline: ...")
 
 
 def write_outputs(results: RunResults, options: Options, interrupted: bool = False) -> Written:
@@ -31,6 +32,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
 
     history: History | None = None
     notes: list[str] = []
+    saved: list[str] = []
 
     def save_baseline(path: Path) -> None:
         from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
@@ -38,8 +40,10 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         if interrupted:
             raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
                                  "was: save the baseline from a run that completes")
-        kept = save_baseline(path, {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf},
-                             run_started=results.started)
+        entries = {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf}
+        kept = save_baseline(path, entries, run_started=results.started)
+        saved.append(f"baseline: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} saved to {path} (later runs "
+                     f"compare with --infergate-baseline {path})")
         if kept:
             notes.append(f"--infergate-save-baseline {path}: another run saved it while this one ran; its "
                          f"{len(kept)} entr{'y' if len(kept) == 1 else 'ies'} this run did not measure kept "
@@ -76,4 +80,4 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
             write(path)
         except (OSError, InfergateError) as exc:
             errors.append(f"{option} {path} was not written: {exc}")
-    return Written(errors, notes, history)
+    return Written(errors, notes, history, saved)

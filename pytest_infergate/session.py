@@ -89,6 +89,7 @@ class InfergateSession:
         self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
         self.output_errors: list[str] = []
         self.output_notes: list[str] = []
+        self.output_saved: list[str] = []  # outputs written, said in the terminal (the baseline's entries and path)
         self.terminate_as_interrupt = TerminateAsInterrupt()
         self.history = None  # history.History, once this run is appended to --infergate-history
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
@@ -309,6 +310,7 @@ class InfergateSession:
         interrupted = session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
         written = write_outputs(self.results, self.options, interrupted)
         self.output_errors, self.output_notes, self.history = written.errors, written.notes, written.history
+        self.output_saved = written.saved
         if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -328,6 +330,8 @@ class InfergateSession:
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
                                         f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
+        for line in self.output_saved:
+            terminalreporter.write_line(line)
         for note in self.output_notes:
             terminalreporter.write_line(note, yellow=True)
         for error in self.output_errors:

@@ -1,0 +1,163 @@
+"""`infergate init DIR`: a project's first gate in one command — a starter gate test, a conftest whose `workload`
+fixture reads the project's own traffic files, the golden sample set to make its own, and a CI job whose first
+run saves the baseline to commit and whose later runs compare against it. Nothing that exists is overwritten."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_infergate.errors import OptionError
+from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
+
+GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
+
+    pytest --infergate-model=PATH_OR_GGUF --infergate-precisions=fp32,int8
+
+- test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
+  a saved baseline (--infergate-baseline perf/baseline.json) a slowdown beyond 10% fails;
+- test_quantized_outputs: each quantized precision's greedy answers to golden/*.jsonl against the reference
+  precision's (top-1 agreement, KL, ROUGE-L under the default policy).
+"""
+
+import pytest
+
+from pytest_infergate.engine import EngineConfig
+
+
+@pytest.mark.infergate_budget(max_regression=0.10)
+def test_serving(infergate_bench, workload):
+    infergate_bench(workload, config=EngineConfig(max_batch_size=8))
+
+
+def test_quantized_outputs(infergate_golden):
+    infergate_golden.check(limit=16)
+'''
+
+CONFTEST = '''"""The project's workload (written by `infergate init`): the requests of workloads/*.jsonl — prompts, chat
+messages or ShareGPT conversations, one JSON object a line — or, while that folder has none, the plugin's default
+chat workload."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_infergate.workload_files import from_file
+
+WORKLOADS = Path(__file__).parent / "workloads"
+
+
+@pytest.fixture
+def workload(infergate_bench):
+    files = sorted(WORKLOADS.glob("*.jsonl"))
+    if not files:
+        return infergate_bench.default_workload()
+    return [item for path in files for item in from_file(path, max_new_tokens=64)]
+'''
+
+# The first run on main saves the baseline (an artifact to commit as perf/baseline.json); every later run compares
+# against the committed file. Results, the report and the history are kept whatever the outcome, and the summary
+# step runs only where the results file was written (a usage error leaves none: one failure, not two).
+GITHUB = '''name: infergate
+on: [pull_request, push]
+jobs:
+  gate:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "3.11"
+      - uses: actions/cache@v4
+        with:
+          path: ~/.cache/infergate
+          key: infergate-models-${{ hashFiles('**/test_inference_gate.py') }}
+      - uses: actions/cache@v4
+        with:
+          path: infergate-history
+          key: infergate-history-${{ github.run_id }}
+          restore-keys: infergate-history-
+      - run: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install INSTALL_SPEC
+      - name: gate
+        run: |
+          if [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
+          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
+          pytest TESTS_DIR $baseline --infergate-json=infergate-results.json \\
+            --infergate-report=infergate-report.html --infergate-history=infergate-history
+      - name: summary
+        if: always() && hashFiles('infergate-results.json') != ''
+        run: infergate summary infergate-results.json --markdown >> "$GITHUB_STEP_SUMMARY"
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: infergate
+          path: |
+            infergate-report.html
+            infergate-results.json
+            perf/baseline.json
+          if-no-files-found: ignore
+'''
+
+GITLAB = '''infergate:
+  image: python:3.11
+  cache:
+    - key: infergate-models
+      paths: [.cache/infergate]
+    - key: infergate-history
+      paths: [infergate-history]
+  variables:
+    INFERGATE_CACHE_DIR: "$CI_PROJECT_DIR/.cache/infergate"
+  script:
+    - pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install INSTALL_SPEC
+    - |
+      if [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
+      else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
+      pytest TESTS_DIR $baseline --infergate-json=infergate-results.json \\
+        --infergate-report=infergate-report.html --infergate-history=infergate-history
+  after_script:
+    - test -f infergate-results.json && infergate summary infergate-results.json || true
+  artifacts:
+    when: always
+    paths: [infergate-report.html, infergate-results.json, perf/baseline.json]
+'''
+
+CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB), "gitlab": (".gitlab-ci.yml", GITLAB)}
+# what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to
+# the project (./wheels/pytest_infergate-….whl) or "git+URL" of this repository (the CLI says so)
+DEFAULT_INSTALL = "pytest-infergate"
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    kept: bool  # it existed: left as it was
+
+    def line(self) -> str:
+        return f"{'kept   ' if self.kept else 'wrote  '} {self.path}" + (" (exists: left as it is)" if self.kept
+                                                                          else "")
+
+
+def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL
+                 ) -> list[Written]:
+    """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`,
+    `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job (`ci`: github, gitlab or none)."""
+    if ci not in (*CI_FILES, "none"):
+        raise OptionError(f"--ci {ci!r} is not known: choose github, gitlab or none")
+    root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise OptionError(f"{root} is a file: give the project's folder")
+    files = {Path(tests) / "test_inference_gate.py": GATE_TEST, Path(tests) / "conftest.py": CONFTEST,
+             Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
+    if ci != "none":
+        name, text = CI_FILES[ci]
+        files[Path(name)] = text.replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)
+    written = []
+    for relative, text in files.items():
+        path = root / relative
+        if path.exists():
+            written.append(Written(path, kept=True))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(Written(path, kept=False))
+    return written

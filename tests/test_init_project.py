@@ -1,0 +1,78 @@
+"""`infergate init` (issue #45): a project's first gate, and its CI job's steps run as written, in order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_infergate.cli import main
+from pytest_infergate.errors import OptionError
+from pytest_infergate.init_project import init_project
+
+
+def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, capsys):
+    assert main(["init", str(tmp_path)]) == 0
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == {"tests/test_inference_gate.py", "tests/conftest.py", "golden/default.jsonl",
+                       ".github/workflows/infergate.yml"}
+    out = capsys.readouterr().out
+    assert "note: the CI job runs `pip install pytest-infergate`; until it is on PyPI" in out
+    job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())
+    gate = next(step for step in job["jobs"]["gate"]["steps"] if step.get("name") == "gate")
+    assert "--infergate-save-baseline=perf/baseline.json" in gate["run"] and "pytest tests " in gate["run"]
+    summary = next(step for step in job["jobs"]["gate"]["steps"] if step.get("name") == "summary")
+    assert "hashFiles('infergate-results.json')" in summary["if"]  # no second failure after a usage error
+    (tmp_path / "tests/conftest.py").write_text("# the project's own\n")
+    again = init_project(tmp_path)
+    assert [w.kept for w in again] == [True] * 4
+    assert (tmp_path / "tests/conftest.py").read_text() == "# the project's own\n"
+
+    gitlab = tmp_path / "gl"
+    init_project(gitlab, ci="gitlab", tests="gates", install="./wheels/pytest_infergate-0.1.0-py3-none-any.whl")
+    job = yaml.safe_load((gitlab / ".gitlab-ci.yml").read_text())["infergate"]
+    assert any("pip install ./wheels/pytest_infergate-0.1.0-py3-none-any.whl" in line for line in job["script"])
+    assert any("pytest gates " in line for line in job["script"]) and (gitlab / "gates/conftest.py").exists()
+    with pytest.raises(OptionError, match="--ci 'jenkins' is not known"):
+        init_project(tmp_path / "x", ci="jenkins")
+
+
+@pytest.mark.slow
+def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_path, tiny_source, cache_dir):
+    """The GitHub job's gate step, run as written (its shell, in the project's folder) twice: the first run saves
+    perf/baseline.json, the second compares with it; the summary step then reads the results. The workload
+    fixture reads workloads/*.jsonl."""
+    init_project(tmp_path, ci="github")
+    (tmp_path / "workloads").mkdir()
+    (tmp_path / "workloads/traffic.jsonl").write_text(
+        "\n".join(f'{{"prompt": "Request {i}: say something about the sea.", "max_tokens": 8}}' for i in range(4)))
+    job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())
+    steps = {step.get("name"): step for step in job["jobs"]["gate"]["steps"]}
+    bin_dir = tmp_path / "bin"  # `pytest` and `infergate` of this venv, on the project's tiny model
+    bin_dir.mkdir()
+    (bin_dir / "pytest").write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest -p no:cacheprovider -q "
+                                    f"--infergate-model={tiny_source.path} --infergate-cache-dir={cache_dir} "
+                                    "--infergate-precisions=fp32,int8 \"$@\"\n")
+    (bin_dir / "infergate").write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest_infergate.cli \"$@\"\n")
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary")}
+
+    def step(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-ec", steps[name]["run"]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+
+    first = step("gate")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert (tmp_path / "perf/baseline.json").exists()
+    assert "baseline: 2 entries saved to perf/baseline.json (later runs compare with --infergate-baseline" \
+        in first.stdout
+    second = step("gate")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert "baseline" in second.stdout and "infergate verdict:" in second.stdout
+    summary = step("summary")
+    assert summary.returncode == 0 and "test_serving" in Path(env["GITHUB_STEP_SUMMARY"]).read_text()
