@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "and conftest under tests/, golden/ with the built-in samples, a CI job; existing files "
                           "are left as they are")
     init.add_argument("folder", nargs="?", default=".")
-    init.add_argument("--ci", choices=("github", "gitlab", "none"), default="github",
-                      help="the CI job to write (default github: .github/workflows/infergate.yml)")
+    init.add_argument("--ci", choices=("github", "github-gpu", "gitlab", "none"), default="github",
+                      help="the CI job to write (default github: .github/workflows/infergate.yml on a hosted CPU "
+                      "runner; github-gpu: a self-hosted GPU runner; gitlab: .gitlab-ci.yml)")
     init.add_argument("--tests", default="tests", help="the folder of the gate tests (default tests)")
     init.add_argument("--install", default="pytest-infergate", metavar="SPEC",
                       help="what the CI job pip-installs (default pytest-infergate; a committed wheel's path or "

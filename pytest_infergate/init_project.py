@@ -55,10 +55,14 @@ def workload(infergate_bench):
     return [item for path in files for item in from_file(path, max_new_tokens=64)]
 '''
 
-# The first run on main saves the baseline (an artifact to commit as perf/baseline.json); every later run compares
-# against the committed file. Results, the report and the history are kept whatever the outcome, and the summary
-# step runs only where the results file was written (a usage error leaves none: one failure, not two).
-GITHUB = '''name: infergate
+# Each job's first run saves the baseline (an artifact to commit); every later run compares with the committed file.
+# Results, the report and the history are kept whatever the outcome (the history cache is saved on failing runs
+# too), and the summary runs only where the results file was written (a usage error leaves none: one failure, not
+# two). docs/ci/ holds the same files (tests/test_init_project.py checks they are identical).
+GITHUB_CPU = '''# GitHub Actions on a hosted CPU runner (written by `infergate init --ci github`): the gate tests on the
+# embedded model (or --infergate-model). Strict is off: hosted runners change CPU model between runs, which makes
+# timing verdicts inconclusive, and strict would fail them.
+name: infergate
 on: [pull_request, push]
 jobs:
   gate:
@@ -71,8 +75,8 @@ jobs:
       - uses: actions/cache@v4
         with:
           path: ~/.cache/infergate
-          key: infergate-models-${{ hashFiles('**/test_inference_gate.py') }}
-      - uses: actions/cache@v4
+          key: infergate-models-v1
+      - uses: actions/cache/restore@v4
         with:
           path: infergate-history
           key: infergate-history-${{ github.run_id }}
@@ -87,6 +91,11 @@ jobs:
       - name: summary
         if: always() && hashFiles('infergate-results.json') != ''
         run: infergate summary infergate-results.json --markdown >> "$GITHUB_STEP_SUMMARY"
+      - uses: actions/cache/save@v4
+        if: always() && hashFiles('infergate-history/**') != ''
+        with:
+          path: infergate-history
+          key: infergate-history-${{ github.run_id }}
       - uses: actions/upload-artifact@v4
         if: always()
         with:
@@ -98,30 +107,71 @@ jobs:
           if-no-files-found: ignore
 '''
 
-GITLAB = '''infergate:
+GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16,
+# int8 and nf4 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay
+# on the runner's disk. Strict is on: one runner class, so an inconclusive verdict is worth a look before merging.
+name: infergate-gpu
+on: [pull_request, push]
+jobs:
+  gate:
+    runs-on: [self-hosted, gpu]
+    env:
+      INFERGATE_CACHE_DIR: /data/infergate-cache
+      MODEL: /data/models/production
+    steps:
+      - uses: actions/checkout@v4
+      - run: pip install INSTALL_SPEC
+      - name: gate
+        run: |
+          if [ -f perf/baseline-gpu.json ]; then baseline=--infergate-baseline=perf/baseline-gpu.json
+          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline-gpu.json; fi
+          pytest TESTS_DIR $baseline --infergate-gpu --infergate-model="$MODEL" \\
+            --infergate-precisions=fp16,int8,nf4 --infergate-strict --infergate-json=infergate-results.json \\
+            --infergate-report=infergate-report.html --infergate-history=/data/infergate-history
+      - name: summary
+        if: always() && hashFiles('infergate-results.json') != ''
+        run: infergate summary infergate-results.json --markdown >> "$GITHUB_STEP_SUMMARY"
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: infergate-gpu
+          path: |
+            infergate-report.html
+            infergate-results.json
+            perf/baseline-gpu.json
+          if-no-files-found: ignore
+'''
+
+GITLAB = '''# GitLab CI on a CPU runner (written by `infergate init --ci gitlab`): the gate tests, the report and the
+# results as artifacts, the JUnit properties in the merge request, the history cached even when the job fails.
+infergate:
   image: python:3.11
+  variables:
+    INFERGATE_CACHE_DIR: "$CI_PROJECT_DIR/.cache/infergate"
   cache:
     - key: infergate-models
       paths: [.cache/infergate]
     - key: infergate-history
       paths: [infergate-history]
-  variables:
-    INFERGATE_CACHE_DIR: "$CI_PROJECT_DIR/.cache/infergate"
+      when: always
   script:
     - pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install INSTALL_SPEC
     - |
       if [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
       else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
-      pytest TESTS_DIR $baseline --infergate-json=infergate-results.json \\
+      pytest TESTS_DIR $baseline --infergate-json=infergate-results.json --junitxml=junit.xml \\
         --infergate-report=infergate-report.html --infergate-history=infergate-history
   after_script:
-    - test -f infergate-results.json && infergate summary infergate-results.json || true
+    - if [ -f infergate-results.json ]; then infergate summary infergate-results.json; fi
   artifacts:
     when: always
     paths: [infergate-report.html, infergate-results.json, perf/baseline.json]
+    reports:
+      junit: junit.xml
 '''
 
-CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB), "gitlab": (".gitlab-ci.yml", GITLAB)}
+CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB_CPU),
+            "github-gpu": (".github/workflows/infergate-gpu.yml", GITHUB_GPU), "gitlab": (".gitlab-ci.yml", GITLAB)}
 # what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to
 # the project (./wheels/pytest_infergate-….whl) or "git+URL" of this repository (the CLI says so)
 DEFAULT_INSTALL = "pytest-infergate"
@@ -140,9 +190,10 @@ class Written:
 def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL
                  ) -> list[Written]:
     """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`,
-    `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job (`ci`: github, gitlab or none)."""
+    `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job (`ci`: a key of CI_FILES, or
+    none)."""
     if ci not in (*CI_FILES, "none"):
-        raise OptionError(f"--ci {ci!r} is not known: choose github, gitlab or none")
+        raise OptionError(f"--ci {ci!r} is not known: choose {', '.join(CI_FILES)} or none")
     root = Path(folder)
     if root.exists() and not root.is_dir():
         raise OptionError(f"{root} is a file: give the project's folder")
@@ -150,7 +201,7 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
              Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
     if ci != "none":
         name, text = CI_FILES[ci]
-        files[Path(name)] = text.replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)
+        files[Path(name)] = ci_job(ci, tests, install)
     written = []
     for relative, text in files.items():
         path = root / relative
@@ -161,3 +212,8 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
         path.write_text(text)
         written.append(Written(path, kept=False))
     return written
+
+
+def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:
+    """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`."""
+    return CI_FILES[ci][1].replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)

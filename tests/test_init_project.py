@@ -27,6 +27,8 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert "--infergate-save-baseline=perf/baseline.json" in gate["run"] and "pytest tests " in gate["run"]
     summary = next(step for step in job["jobs"]["gate"]["steps"] if step.get("name") == "summary")
     assert "hashFiles('infergate-results.json')" in summary["if"]  # no second failure after a usage error
+    saved = next(step for step in job["jobs"]["gate"]["steps"] if step.get("uses") == "actions/cache/save@v4")
+    assert saved["if"].startswith("always()")  # the history is kept after a failing run too
     (tmp_path / "tests/conftest.py").write_text("# the project's own\n")
     again = init_project(tmp_path)
     assert [w.kept for w in again] == [True] * 4
@@ -41,17 +43,41 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
         init_project(tmp_path / "x", ci="jenkins")
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("recipe,kind", [("github-cpu.yml", "github"), ("github-gpu.yml", "github-gpu"),
+                                         ("gitlab-ci.yml", "gitlab")])
+def test_the_documented_ci_recipes_are_the_jobs_init_writes(recipe, kind):
+    """docs/ci/ holds what `infergate init --ci KIND` writes, so the recipes run the steps the test below runs."""
+    from pytest_infergate.init_project import ci_job
+
+    assert (ROOT / "docs" / "ci" / recipe).read_text() == ci_job(kind)
+    text = ci_job(kind)
+    assert "--infergate-save-baseline=" in text and "--infergate-json=infergate-results.json" in text
+    assert "--infergate-history=" in text and ("--infergate-strict" in text) == (kind == "github-gpu")
+
+
+def gate_steps(project: Path, kind: str) -> dict[str, str]:
+    """The shell of the job's gate and summary steps, as the CI would run them."""
+    if kind == "gitlab":
+        job = yaml.safe_load((project / ".gitlab-ci.yml").read_text())["infergate"]
+        return {"gate": job["script"][1], "summary": job["after_script"][0]}
+    job = yaml.safe_load((project / ".github/workflows/infergate.yml").read_text())
+    return {step["name"]: step["run"] for step in job["jobs"]["gate"]["steps"] if step.get("name")}
+
+
 @pytest.mark.slow
-def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_path, tiny_source, cache_dir):
-    """The GitHub job's gate step, run as written (its shell, in the project's folder) twice: the first run saves
+@pytest.mark.parametrize("kind", ["github", "gitlab"])
+def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_path, tiny_source, cache_dir, kind):
+    """The job's gate step, run as written (its shell, in the project's folder) twice: the first run saves
     perf/baseline.json, the second compares with it; the summary step then reads the results. The workload
     fixture reads workloads/*.jsonl."""
-    init_project(tmp_path, ci="github")
+    init_project(tmp_path, ci=kind)
     (tmp_path / "workloads").mkdir()
     (tmp_path / "workloads/traffic.jsonl").write_text(
         "\n".join(f'{{"prompt": "Request {i}: say something about the sea.", "max_tokens": 8}}' for i in range(4)))
-    job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())
-    steps = {step.get("name"): step for step in job["jobs"]["gate"]["steps"]}
+    steps = gate_steps(tmp_path, kind)
     bin_dir = tmp_path / "bin"  # `pytest` and `infergate` of this venv, on the project's tiny model
     bin_dir.mkdir()
     (bin_dir / "pytest").write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest -p no:cacheprovider -q "
@@ -63,8 +89,8 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary")}
 
     def step(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "-ec", steps[name]["run"]], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=900)
+        return subprocess.run(["bash", "-ec", steps[name]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=900)
 
     first = step("gate")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
@@ -74,5 +100,7 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     second = step("gate")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert "baseline" in second.stdout and "infergate verdict:" in second.stdout
+    assert (tmp_path / "infergate-history").is_dir() and (tmp_path / "infergate-report.html").is_file()
     summary = step("summary")
-    assert summary.returncode == 0 and "test_serving" in Path(env["GITHUB_STEP_SUMMARY"]).read_text()
+    shown = summary.stdout if kind == "gitlab" else Path(env["GITHUB_STEP_SUMMARY"]).read_text()
+    assert summary.returncode == 0 and "test_serving" in shown
