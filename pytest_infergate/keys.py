@@ -24,8 +24,11 @@ MACHINE_FIELDS = ("cpu", "cpu_count", "cpu_flags", "platform", "threads", "torch
                   "gpu_capability", "kernels", "url")
 # a change of these makes even memory figures incomparable (another device's allocator and kernels)
 DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
+# which model it is (a change of these is a model change, said in the run's verdict; weights alone are an upgrade)
+MODEL_IDENTITY_FIELDS = ("model_name", "architecture", "served_model")
 # the fields a perf fingerprint compares as the change under test, in the order a message names them
-UNDER_TEST_FIELDS = ("model_fingerprint", "served_model", "precision", "requested_precision", "backend", "api",
+UNDER_TEST_FIELDS = ("model_fingerprint", "model_name", "architecture", "served_model", "precision",
+                     "requested_precision", "backend", "api",
                      "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
                      "pytest-infergate")
 

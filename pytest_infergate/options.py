@@ -76,6 +76,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default 300)", 300.0, "SECONDS"),
     OptionSpec("strict", "bool", "fail on an environment-fingerprint mismatch with the baseline and on "
                "inconclusive verdicts (default: warn and report them)", False),
+    OptionSpec("allow_model_change", "bool", "under --infergate-strict, compare with a stored baseline of another "
+               "model (its name or architecture: a model upgrade on purpose); without it such a comparison is not "
+               "made and strict fails", False),
     OptionSpec("compare_model", "str", "a second model for interleaved A/B perf gates (infergate_bench.ab): "
                "measured alternately with --infergate-model in the same run, same precision", None, "MODEL"),
     OptionSpec("golden_dir", "path", "folder of golden sample sets (*.jsonl) and accepted golden outputs "
@@ -158,6 +161,7 @@ class Options:
     baseline_python: str | None = None
     baseline_python_timeout: float = 300.0
     strict: bool = False
+    allow_model_change: bool = False
     compare_model: str | None = None
     golden_dir: Path | None = None
     update_golden: bool = False

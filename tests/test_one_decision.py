@@ -225,3 +225,41 @@ def test_only_the_one_decision_function_makes_verdicts():
                 if called in makers and called not in allowed.get(name, set()):
                     offenders.append(f"{name}:{node.lineno} calls {called}")
     assert offenders == []
+
+
+def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_it_only_when_allowed():
+    """Issue #45: a baseline saved on another model (its name or architecture, not only its weights) is compared
+    and said as a model change in the run's verdict, on a pass too (terminal, report and JSON read the same
+    reasons); under --infergate-strict it is compared only with --infergate-allow-model-change, else the relative
+    check is missing, which strict fails."""
+    from pytest_infergate.results.verdict import run_verdict
+
+    base = {**FINGERPRINT, "model_name": "SmolLM2-135M-Instruct", "architecture": "llama, 30 layers, hidden 576"}
+    now = {**FINGERPRINT, "model_name": "tiny-random-llama", "architecture": "llama, 2 layers, hidden 16"}
+    entry = BaselineEntry(base, machine(BASELINE_SPEEDS, seed=1))
+    outcome = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry)
+    assert outcome.status == Status.PASS and outcome.verdicts
+    assert outcome.model_change == ("model_name SmolLM2-135M-Instruct → tiny-random-llama, architecture llama, 30 "
+                                    "layers, hidden 576 → llama, 2 layers, hidden 16")
+    record = PerfRecord(test=TEST, label="", precision="fp32", measurement=machine(BASELINE_SPEEDS, seed=2),
+                        budget=dict(BUDGET), fingerprint=now)
+    record.decided(outcome)
+    run = RunResults(started=1.0, run_id="run1")
+    run.add(record)
+    verdict = run_verdict(run)
+    assert verdict.status == Status.PASS
+    (said,) = [r for r in verdict.reasons if r.what == "model change"]
+    assert said.status == Status.PASS and said.name == TEST
+    assert "SmolLM2-135M-Instruct → tiny-random-llama" in said.text()
+    assert PerfRecord.from_dict(record.to_dict()).model_change == outcome.model_change  # JSON keeps it
+
+    strict = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, strict=True)
+    assert strict.status == Status.FAIL and not strict.verdicts
+    assert "under --infergate-strict it is compared only with --infergate-allow-model-change" in \
+        strict.relative_check_missing
+    allowed = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, strict=True, allow_model_change=True)
+    assert allowed.status == Status.PASS and allowed.verdicts and allowed.model_change
+    old = BaselineEntry({**base, "model_fingerprint": "old weights"}, machine(BASELINE_SPEEDS, seed=1))
+    upgrade = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {**base, "model_fingerprint": "new weights"},
+                            old, strict=True)
+    assert upgrade.model_change == "" and upgrade.verdicts  # new weights of the same model: an upgrade, compared

@@ -103,7 +103,8 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     budget, unmeasured = measured_budget(ctx, record, budget_for(ctx, record.precision, key))
     entry = ctx.baseline.get(key) if ctx.baseline is not None else None
     outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
-                            remeasure=remeasure, baseline_given=ctx.baseline is not None)
+                            remeasure=remeasure, baseline_given=ctx.baseline is not None,
+                            allow_model_change=ctx.options.allow_model_change)
     outcome.notes[:0] = notes
     if ctx.baseline is not None and budget.max_regression is None:
         # a baseline given and not used would let a slower run PASS with nothing said (issue #45)

@@ -194,6 +194,8 @@ class LoadRecord:
     backend_reason: str = ""
     self_check_s: float | None = None
     plain_text_prompts: bool = False  # a base model: its tokenizer has no chat template (engine.request.plain_text)
+    model_name: str = ""  # ModelSource.name: "SmolLM2-135M-Instruct", a GGUF's stem, a directory's name
+    architecture: str = ""  # architecture_of(config): "llama, 30 layers, hidden 576"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -268,6 +270,17 @@ def silence_library_noise() -> None:
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
+def architecture_of(config) -> str:
+    """A model's family and shape in a few words, from its config: "llama, 30 layers, hidden 576"."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    parts = [str(getattr(text, "model_type", "") or getattr(config, "model_type", "") or "?")]
+    for field_name, unit in (("num_hidden_layers", "layers"), ("hidden_size", "hidden")):
+        value = getattr(text, field_name, None)
+        if isinstance(value, int):
+            parts.append(f"{value} {unit}" if unit == "layers" else f"{unit} {value}")
+    return ", ".join(parts)
+
+
 def load_model(source: ModelSource, precision: str, device: str = "cpu", reference: str = "fp32",
                tokenizer=None) -> LoadedModel:
     """Load `source` in `precision` on `device`; raise ModelLoadError with the underlying reason on failure."""
@@ -307,4 +320,5 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
         load_mem_delta_bytes=peak.result.delta_bytes)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source)
     record.plain_text_prompts = getattr(tokenizer, "chat_template", None) is None
+    record.model_name, record.architecture = source.name, architecture_of(model.config)
     return LoadedModel(model, tokenizer, source, record)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_infergate.keys import DEVICE_FIELDS, MACHINE_FIELDS, UNDER_TEST_FIELDS, AcceptedKey
+from pytest_infergate.keys import DEVICE_FIELDS, MACHINE_FIELDS, MODEL_IDENTITY_FIELDS, UNDER_TEST_FIELDS, AcceptedKey
 
 __all__ = ["DEVICE_FIELDS", "MACHINE_FIELDS", "UNDER_TEST_FIELDS", "FieldChange", "FingerprintDiff",
            "diff_fingerprints", "machine_key", "machine_text", "without_new_defaults"]
@@ -37,6 +37,11 @@ class FieldChange:
 class FingerprintDiff:
     machine: list[FieldChange] = field(default_factory=list)
     under_test: list[FieldChange] = field(default_factory=list)
+
+    @property
+    def model_changes(self) -> list[FieldChange]:
+        """Which model it is changed (its name, architecture or the served model), not only its weights."""
+        return [change for change in self.under_test if change.name in MODEL_IDENTITY_FIELDS]
 
     @property
     def device_changed(self) -> bool:

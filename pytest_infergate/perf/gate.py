@@ -39,6 +39,7 @@ class PerfGate:
     strict: bool = False
     fingerprint: dict | None = None
     max_more: int = STORED_MORE
+    allow_model_change: bool = False  # --infergate-allow-model-change (perf.decide.decide)
 
     def check(self, candidate: Measurement) -> PerfOutcome:
         """`decide`, measuring more through the reference while it says that could decide (at most `max_more`
@@ -46,30 +47,32 @@ class PerfGate:
         the runner's load once per decision."""
         diff = self.reference.changes(self.fingerprint)
         evidence = Evidence.of(candidate, diff)
-        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence)
+        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence,
+                             self.allow_model_change)
         if self.budget.max_regression is None:
             return outcome
         more = 0
         while more < self.max_more and self.reference.measure_more(candidate, outcome, evidence):
             more += 1
             evidence = Evidence.of(candidate, diff)
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence)
+            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence,
+                             self.allow_model_change)
         confirmed = self.reference.confirm(candidate, outcome)
         if confirmed:
             outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict,
-                             Evidence.of(candidate, diff))
+                             Evidence.of(candidate, diff), self.allow_model_change)
         outcome.remeasured, outcome.confirmed = more, confirmed
         return outcome
 
 
 def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,
                   strict: bool = False, remeasure: Callable[[], None] | None = None,
-                  baseline_given: bool = True) -> PerfOutcome:
+                  baseline_given: bool = True, allow_model_change: bool = False) -> PerfOutcome:
     """The budget-only or stored gate of `measurement`: the stored baseline's entry for it, if any.
     `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run."""
     reference = (StoredReference(baseline_entry, remeasure) if baseline_entry is not None
                  else NoReference(baseline_given))
-    return PerfGate(budget, reference, strict, fingerprint).check(measurement)
+    return PerfGate(budget, reference, strict, fingerprint, allow_model_change=allow_model_change).check(measurement)
 
 
 def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None]) -> RoundRunner:

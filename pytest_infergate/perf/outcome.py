@@ -43,6 +43,8 @@ class PerfOutcome:
     # test changed since the baseline (compared, and named in every message)
     machine_mismatch: list[str] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
+    # the baseline is of another model (its name, architecture or served model): said in the run's verdict
+    model_change: str = ""
     # a relative check was asked for (max_regression) but could not run; a warning, a failure under strict
     relative_check_missing: str = ""
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run); not written
@@ -106,6 +108,7 @@ class PerfOutcome:
                 "violations": [v.to_dict() for v in self.violations],
                 "verdicts": [v.to_dict() for v in self.verdicts], "notes": list(self.notes),
                 "machine_mismatch": list(self.machine_mismatch), "changes": list(self.changes),
+                "model_change": self.model_change,
                 "remeasured": self.remeasured, "confirmed": self.confirmed,
                 "relative_check_missing": self.relative_check_missing,
                 "baseline_provenance": self.baseline_provenance}
@@ -117,7 +120,7 @@ class PerfOutcome:
                       notes=list(data.get("notes", [])), remeasured=int(data.get("remeasured", 0)),
                       strict=bool(data.get("strict", False)), route=str(data.get("route") or _route_of(data)),
                       machine_mismatch=list(data.get("machine_mismatch", data.get("fingerprint_mismatch", []))),
-                      changes=list(data.get("changes", [])),
+                      changes=list(data.get("changes", [])), model_change=str(data.get("model_change") or ""),
                       relative_check_missing=str(data.get("relative_check_missing") or ""),
                       baseline_provenance=str(data.get("baseline_provenance") or ""),
                       confirmed=int(data.get("confirmed", 0)))

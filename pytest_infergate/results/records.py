@@ -77,6 +77,10 @@ class PerfRecord:
         return self.outcome.changes
 
     @property
+    def model_change(self) -> str:  # the baseline is of another model ("model_name a → b, architecture ...")
+        return self.outcome.model_change
+
+    @property
     def remeasured(self) -> int:
         return self.outcome.remeasured
 

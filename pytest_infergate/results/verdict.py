@@ -68,6 +68,8 @@ def record_message(record) -> str:
                + [verdict_line(v) for v in record.verdicts if v.status != Status.PASS])
         if record.relative_check_missing:
             bad.append(f"no baseline comparison: {record.relative_check_missing}")
+        elif record.model_change:
+            bad.append(f"against a baseline of another model: {record.model_change}")
         return "; ".join((bad or verdict_reasons(record))[:3]) or record.status.value
     problems = list(getattr(record, "problems", []) or []) + list(getattr(record, "undecided", []) or [])
     return "; ".join(problems[:3]) or record.status.value
@@ -88,11 +90,14 @@ def run_verdict(results: RunResults) -> RunVerdict:
         if record.status != Status.PASS:
             reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
                                   record_message(record)))
+        elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
+            reasons.append(Reason(Status.PASS, "model change", record.test,
+                                  f"compared with a baseline of another model: {record.model_change}"))
     reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
     status = Status.worst(reason.status for reason in reasons)
     if results.strict and status == Status.INCONCLUSIVE:
         status = Status.FAIL
-    order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}
+    order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
 
 
