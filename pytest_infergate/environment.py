@@ -50,8 +50,8 @@ def machine_fingerprint(device: str) -> dict:
 
 def perf_fingerprint(record, engine_config: dict, device: str) -> dict:
     """What a perf measurement depends on: machine, library versions, model, precision, engine config."""
-    identity = {key: value for key, value in (("model_name", getattr(record, "model_name", "")),
-                                              ("architecture", getattr(record, "architecture", ""))) if value}
+    identity = {key: value for key, value in (("model_name", record.model_name),
+                                              ("architecture", record.architecture)) if value}
     return {**machine_fingerprint(device), **record.versions,
             "model_fingerprint": record.fingerprint, **identity, "precision": record.precision,
             "requested_precision": record.requested_precision, "engine_config": engine_config}

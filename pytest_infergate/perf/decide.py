@@ -145,7 +145,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     metric_of = {limit.key: limit.metric for limit in budget.limits}
     bound = interference.explainable_slowdown(share)
     residual = interference.load_free_residual(measurement)
-    corrected_by = interference.load_corrected(measurement.load_free_by)
+    corrected_by = interference.load_corrected(interference.load_free_by(measurement))
     out = []
     for v in violations:
         metric = metric_of.get(v.key, "")

@@ -45,9 +45,15 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 RUN_QUEUE, DEVICE_TIME = runqueue.RUN_QUEUE, runqueue.DEVICE_TIME
 
 
+def load_free_by(measurement) -> str:
+    """What measured a Measurement's load-free shares (Measurement.load_free_by); "" where none were measured.
+    Measurements saved before it was recorded measured them by run-queue delay (on the CPU)."""
+    return measurement.load_free_by or (RUN_QUEUE if measurement.load_free_share else "")
+
+
 def load_corrected(by: str) -> str:
     """The evidence phrase of a figure with the co-tenants' load taken out: 'load-corrected by run-queue delay'.
-    Measurements saved before `by` was recorded measured it by run-queue delay."""
+    Verdicts recorded before `by` was were load-corrected by run-queue delay."""
     return f"load-corrected by {by or RUN_QUEUE}"
 
 

@@ -111,10 +111,9 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
-    load_free_by = measurement.load_free_by or (interference.RUN_QUEUE if load_free else "")  # older files: the CPU's
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, load_free_by, per_request)
+                measurement.cpu_threads, interference.load_free_by(measurement), per_request)
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:

@@ -200,8 +200,8 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     cand, base = (per_round(measured.metric, m, pct, load_free=True) for m in (candidate, baseline))
     if cand is None or base is None or len(cand) != len(base):
         return measured
-    by = candidate.load_free_by or interference.RUN_QUEUE
-    if (baseline.load_free_by or interference.RUN_QUEUE) != by:
+    by = interference.load_free_by(candidate)
+    if interference.load_free_by(baseline) != by:
         return measured  # the two sides' loads taken out by different evidence: not comparable
     corrected = replace(compare_paired(measured.metric, cand, base, max_regression, pct=pct), load_free_by=by)
     busy = interference.describe(share)
