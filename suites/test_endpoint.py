@@ -17,6 +17,14 @@ def workload(infergate_endpoint):
     return make
 
 
+@pytest.fixture
+def synchronous_rps(infergate_endpoint, workload):
+    """The server's rate one request at a time, measured once a session: the request rates below are multiples of
+    it, so the suite passes on a small server (a fixed 4 req/s answered 12.5% of requests on one whose capacity
+    was 0.77 req/s) and stresses a big one."""
+    return infergate_endpoint.synchronous_rps(workload(8, seed=20))
+
+
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_fixed_concurrency(infergate_endpoint, workload, concurrency):
@@ -26,16 +34,20 @@ def test_fixed_concurrency(infergate_endpoint, workload, concurrency):
 
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
 @pytest.mark.parametrize("burstiness", [1.0, 0.25], ids=["poisson", "bursty"])
-def test_request_rate(infergate_endpoint, workload, burstiness):
-    m = infergate_endpoint.load(workload(24, seed=22), {"rate_per_s": 4, "burstiness": burstiness},
-                                label=f"rate4-b{burstiness:g}")
+def test_request_rate(infergate_endpoint, workload, synchronous_rps, burstiness):
+    """Arrivals at the synchronous rate: a server that batches at all keeps up, one that cannot queues."""
+    m = infergate_endpoint.load(workload(24, seed=22), {"rate_per_s": synchronous_rps, "burstiness": burstiness},
+                                label=f"synchronous-rate-b{burstiness:g}")
     assert m.num_requests == 24
 
 
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
-def test_rate_sweep(infergate_endpoint, workload):
-    points = infergate_endpoint.sweep(workload(16, seed=23), rates=[1, 4, 16])
-    assert [p.rate_per_s for p, _ in points] == [1, 4, 16]
+def test_rate_sweep(infergate_endpoint, workload, synchronous_rps):
+    """Half, once and twice the synchronous rate (a baseline keys each point by its place, not its rate)."""
+    shares = (0.5, 1, 2)
+    rates = [round(synchronous_rps * share, 4) for share in shares]
+    points = infergate_endpoint.sweep(workload(16, seed=23), rates=rates, names=[f"x{s:g}-sync" for s in shares])
+    assert [p.rate_per_s for p, _ in points] == rates
 
 
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
@@ -47,11 +59,12 @@ def test_sweep_profile(infergate_endpoint, workload):
 
 
 @pytest.mark.infergate_slo(ttft_ms=2000, tpot_ms=200)
-def test_capacity(infergate_endpoint, workload):
+def test_capacity(infergate_endpoint, workload, synchronous_rps):
     """Capacity under the SLO, as `vllm bench sweep serve_sla` finds it: the highest Poisson request rate at which
     95% of requests still meet it. Gate it with an ini budget line such as `test_capacity: min_capacity_rps=12`."""
     result = infergate_endpoint.capacity(workload(32, seed=24), search="rate", target_goodput=0.95,
-                                         bounds=(0.25, 32), budget_s=240, point_s=15)
+                                         bounds=(synchronous_rps / 4, synchronous_rps * 16), budget_s=240,
+                                         point_s=15)
     assert result.points, result.describe()
 
 

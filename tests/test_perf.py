@@ -446,18 +446,40 @@ def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
     assert sampler.probe_now(timeout_s=1) is None  # a closed sampler answers no more: the repetition is uncalibrated
 
 
-def test_saving_or_comparing_a_baseline_takes_at_least_the_baseline_repetitions():
+def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough():
+    # issue #45 point 4: a stored baseline's side is measured until its own spread resolves a third of
+    # max_regression (at least 5, at most 12 repetitions), not a fixed 8 whatever the noise
     from types import SimpleNamespace
 
-    from pytest_infergate.gates.bench import BASELINE_MIN_REPEATS, repetitions_for
+    from pytest_infergate.gates.bench import repetition_plan
+    from pytest_infergate.perf.stored import LEAST_REPETITIONS, MOST_REPETITIONS
 
     def ctx(save=None, baseline=None):
-        return SimpleNamespace(options=SimpleNamespace(save_baseline=save), baseline=baseline)
+        return SimpleNamespace(options=SimpleNamespace(save_baseline=save), baseline=baseline,
+                               scoped_lines=lambda name: [], markers=lambda name: [],
+                               note_scopes=lambda name, scopes: None)
 
-    assert repetitions_for(ctx(), 1) == 1  # budgets alone: as the test asked
-    assert repetitions_for(ctx(save="b.json"), 1) == BASELINE_MIN_REPEATS
-    assert repetitions_for(ctx(baseline={}), 2) == BASELINE_MIN_REPEATS  # compared: as many as the baseline took
-    assert repetitions_for(ctx(baseline={}), 20) == 20
+    assert repetition_plan(ctx(), "fp32", "t", 1) is None  # budgets alone: as the test asked
+    plan = repetition_plan(ctx(save="b.json"), "fp32", "t", 1)
+    assert (plan.least, plan.most) == (LEAST_REPETITIONS, MOST_REPETITIONS)
+    assert {metric for metric, _ in plan.metrics} == {"tokens_per_s", "ttft_ms"}
+    assert repetition_plan(ctx(baseline={}), "fp32", "t", 20).least == 20  # the test asked for more: as many
+
+    def measured(spread: float, repetitions: int) -> Measurement:
+        m = Measurement()
+        rng = random.Random(7)
+        for _ in range(repetitions):
+            m.samples.setdefault("tokens_per_s", []).append(100.0 / (1 + spread * rng.random()))
+            m.samples.setdefault("ttft_ms", []).extend(50.0 * (1 + spread * rng.random()) for _ in range(4))
+            m.end_repetition()
+        return m
+
+    # a quiet machine settles at the least; a noisy one does not, and is measured up to the most
+    assert not plan.settled(measured(0.0, LEAST_REPETITIONS - 1))
+    assert plan.settled(measured(0.01, LEAST_REPETITIONS))
+    assert not plan.settled(measured(0.6, MOST_REPETITIONS))
+    assert plan.widest(measured(0.6, MOST_REPETITIONS)) > plan.target > 1.0
+    assert "5–12 repetitions of about 2.0 s" in plan.describe(2.0) and "10–24 s" in plan.describe(2.0)
 
 
 def test_report_reasons_say_how_a_stored_baseline_was_compared():

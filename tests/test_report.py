@@ -15,6 +15,7 @@ from browser import needs_chromium, open_page
 from pytest_infergate import units
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.report import render as render_results
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.summary import summary_markdown as summary_of_results
@@ -111,6 +112,24 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
     assert ("tokens_per_s baseline 100 tok/s → now 40 tok/s, 150% slower: ×2.5 (CI 2.1–2.9) &gt; ×1.5, as measured, "
             "paired by round") in html
     assert "tokens_per_s baseline 100 tok/s → now 99 tok/s, 1% slower: ×1.01 (CI 0.9–1.1) ≤ ×1.5, as measured<" in html
+
+
+def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differs(results):
+    # issue #45 point 5: the table showed the median tokens/s and the verdict the least-disturbed repetitions'
+    # figure for the same measurement, unnamed; now the cell names the statistic the verdict compared
+    data = copy.deepcopy(results)
+    perf = [r for r in data["records"] if r["kind"] == "perf"][:2]
+    perf[0]["verdicts"] = [{"metric": "tokens_per_s", "status": "fail", "ratio": 2.5, "low": 2.1, "high": 2.9,
+                            "threshold": 1.1, "percentile": None, "candidate": 41.5, "baseline": 100,
+                            "samples": [5, 5], "repetitions": True}]
+    perf[1]["verdicts"] = [{"metric": "tokens_per_s", "status": "pass", "ratio": 1.01, "low": 0.9, "high": 1.1,
+                            "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
+                            "samples": [5, 5]}]  # pooled samples: the figure is the table's own
+    html = render(data)
+    assert html.count("the figure the verdict compared with the baseline's") == 1  # the pooled one: no second figure
+    assert "verdict: 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values)" in html
+    headline = Verdict.from_dict(perf[0]["verdicts"][0]).headline()
+    assert "now 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values), 150% slower" in headline
 
 
 def test_render_is_fast(results):

@@ -3,6 +3,7 @@ reference engine's bench produces, so budgets, baselines and the report treat bo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate.endpoint.client import EndpointConfig
@@ -16,6 +17,16 @@ class EndpointBench:
 
     def __init__(self, config: EndpointConfig):
         self.config = config
+        self._synchronous: dict[str, Measurement] = {}  # synchronous_run's, by workload
+
+    def synchronous_run(self, requests: list, slo: Slo, warmup: int = 1) -> Measurement:
+        """The workload one request at a time (concurrency 1, guidellm's synchronous run), measured once a session
+        for each workload: what the server does with no queue, the yardstick a suite sizes its loads from."""
+        key = repr(requests)
+        if key not in self._synchronous:
+            self._synchronous[key] = self.measure(requests, LoadPattern(concurrency=1), slo, warmup=warmup,
+                                                  label="synchronous")
+        return self._synchronous[key]
 
     @property
     def model(self) -> str:
@@ -36,9 +47,14 @@ class EndpointBench:
         return run
 
     def measure(self, requests: list, pattern: LoadPattern | None = None, slo: Slo | None = None, *,
-                warmup: int = 1, repeats: int = 1, label: str = "") -> Measurement:
+                warmup: int = 1, repeats: int = 1, label: str = "", max_repeats: int | None = None,
+                until: Callable[[Measurement], bool] | None = None) -> Measurement:
+        """At least `repeats` load runs, more until `until` (asked after each) says enough, at most `max_repeats`."""
         pattern, slo = pattern or LoadPattern(), slo or Slo()
         measurement = Measurement(label=label)
-        for _ in range(repeats):
+        while measurement.repetitions < max(repeats, max_repeats or 0):
             self.run_once(requests, pattern, slo, warmup, measurement)
+            enough = until is None or until(measurement)
+            if measurement.repetitions >= repeats and enough:
+                break
         return measurement

@@ -3,9 +3,11 @@ through (budgets, baseline, record). No pytest here: the test is reached through
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from pytest_infergate import progress
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import METRICS, Measurement
@@ -22,16 +24,12 @@ from pytest_infergate.perf.gate import (
     evaluate_ab,
     evaluate_perf,
 )
+from pytest_infergate.perf.stored import RepetitionPlan
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
 
 DEFAULT_AB_REGRESSION = 0.10
-# With --infergate-save-baseline every measurement takes at least this many repetitions: a stored baseline is the
-# yardstick of every later run, so its own sampling error would shift all of their ratios alike. A run compared
-# with a stored baseline takes as many: the ratio's confidence interval resamples both sides' repetitions, and a
-# side of one repetition (a cold first call, a pause of the machine) would make a verdict the interval cannot see.
-BASELINE_MIN_REPEATS = 8
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
 # comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
 ENV_MIN_ROUNDS = AB_ROUNDS
@@ -52,10 +50,32 @@ def probe_wanted(ctx: TestContext) -> bool:
     return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
 
 
-def repetitions_for(ctx: TestContext, repeats: int) -> int:
-    """`repeats`, raised to BASELINE_MIN_REPEATS when this run saves or compares a stored baseline (engine and
-    endpoint measurements alike)."""
-    return max(repeats, BASELINE_MIN_REPEATS) if uses_stored_baseline(ctx) else repeats
+def repetition_plan(ctx: TestContext, precision: str, key: str, repeats: int) -> RepetitionPlan | None:
+    """How many repetitions measurement `key` takes when this run saves or compares a stored baseline: a stored
+    baseline is the yardstick of every later run and the run compared with it is resampled against it, so each
+    side repeats until its own spread is tight enough for the budget's max_regression (perf.stored.RepetitionPlan).
+    None: as the test asked (budgets alone)."""
+    if not uses_stored_baseline(ctx):
+        return None
+    budget = budget_for(ctx, precision, key)
+    names = sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
+    return RepetitionPlan.of(repeats, budget.max_regression, [
+        (metric, next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile))
+        for metric in names])
+
+
+def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
+    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost."""
+    if plan is None:
+        return None
+    started = time.monotonic()
+
+    def settled(measurement: Measurement) -> bool:
+        if measurement.repetitions == 1:
+            progress.report(f"{what}: {plan.describe(time.monotonic() - started)}")
+        return plan.settled(measurement)
+
+    return settled
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -225,9 +245,11 @@ class PerfBench:
                 return self._against_baseline_env(key, budget, requests, config, warmup, max(repeats, ENV_MIN_ROUNDS),
                                                   label, tags)
         try:
-            measurement = self.bench.measure(requests, config, warmup=warmup,
-                                             repeats=repetitions_for(self.ctx, repeats), min_time_s=min_time_s,
-                                             label=label)
+            plan = repetition_plan(self.ctx, self.precision, key, repeats)
+            measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
+                                             min_time_s=min_time_s, label=label,
+                                             max_repeats=plan.most if plan else 30,
+                                             until=until_settled(plan, f"measuring {key}"))
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
             self.ctx.fail(f"infergate_bench for {key}: {exc}")
         outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),

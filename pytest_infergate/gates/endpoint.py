@@ -14,7 +14,8 @@ from pytest_infergate.gates.bench import (
     budget_for,
     finish_ab,
     gate_measurement,
-    repetitions_for,
+    repetition_plan,
+    until_settled,
 )
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.lazy import require_local_model_stack
@@ -22,6 +23,7 @@ from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetition, evaluate_ab
 from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.stats import percentile
 
 
 class EndpointPerfBench:
@@ -115,8 +117,11 @@ class EndpointPerfBench:
 
     def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str
                  ) -> Measurement:
-        return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=repetitions_for(self.ctx, repeats),
-                                  label=label)
+        key = self.ctx.measurement_key(label)
+        plan = repetition_plan(self.ctx, ENDPOINT_PRECISION, key, repeats)
+        return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=plan.least if plan else repeats,
+                                  label=label, max_repeats=plan.most if plan else repeats,
+                                  until=until_settled(plan, f"measuring {key}"))
 
     def _with_test_extras(self, requests: list) -> list:
         """Each request (engine Request, EndpointRequest or Session) with the test's `infergate_extra_body`
@@ -134,14 +139,36 @@ class EndpointPerfBench:
         return gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
             requests, pattern, slo, warmup, measurement), notes=notes)
 
+    def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
+        """Answered requests per second with one request at a time (measured once a session per workload and
+        server): a suite's request rates sized from it pass on a small server and stress a big one (a fixed
+        4 req/s answered 12.5% of requests on a server whose capacity was 0.77 req/s). Fails the test when the
+        server answered none."""
+        requests = self._with_test_extras(requests if requests is not None else self.default_workload())
+        try:
+            run = self.bench.synchronous_run(requests, self._slo(None), warmup)
+        except InfergateError as exc:
+            self.ctx.fail(f"{self.ctx.test_id}: the synchronous run (one request at a time) failed: {exc}")
+        rate = percentile(run.samples.get("requests_per_s") or [0.0], 50)
+        if run.num_failed or not rate > 0:
+            self.ctx.fail(f"{self.ctx.test_id}: the synchronous run (one request at a time) answered "
+                          f"{run.num_requests - run.num_failed} of {run.num_requests} requests, so no load can be "
+                          f"sized from it (check the server's log){_failure_sample(run)}")
+        self.ctx.notify(f"{self.ctx.test_id}: loads sized from the server's synchronous rate, {rate:.3g} req/s "
+                        f"({run.num_requests} requests one at a time)")
+        return rate
+
     def sweep(self, requests=None, *, rates=None, concurrencies=None, points: int = 6, burstiness: float = 1.0,
-              slo=None, warmup: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0, label: str = "sweep"):
+              slo=None, warmup: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0, label: str = "sweep",
+              names: list[str] | None = None):
         """One load run per request rate (Poisson, or gamma with `burstiness`) or per concurrency, each recorded
         and gated with the test's budgets; the test fails after the whole sweep if any point failed. Returns
         [(LoadPattern, Measurement)]. With neither `rates` nor `concurrencies`, the sweep profile (guidellm's
         `--profile sweep`, endpoint/sweep.py): synchronous, throughput, then `points` - 2 Poisson rates evenly
         between, with the knee and the best goodput marked in the records. `warmup_s` / `cooldown_s`: seconds of
-        each run whose requests are sent but not counted (LoadPattern)."""
+        each run whose requests are sent but not counted (LoadPattern). `names`: each point's name in its
+        measurement key (default: its rate or concurrency; name points whose rates follow the server's speed, so
+        that a baseline finds them)."""
         requests = requests if requests is not None else self.default_workload()
         window = dict(warmup_s=warmup_s, cooldown_s=cooldown_s)
         if rates is None and concurrencies is None:
@@ -151,8 +178,12 @@ class EndpointPerfBench:
             patterns = [replace(p, **window) for p in sweep_patterns(rates, concurrencies, burstiness)]
         except InfergateError as exc:
             self.ctx.fail(str(exc))
+        if names is not None and len(names) != len(patterns):
+            self.ctx.fail(f"{self.ctx.test_id}: sweep(names=...) names {len(names)} points, the sweep has "
+                          f"{len(patterns)}: give one name per rate or concurrency")
         for index, pattern in enumerate(patterns):
-            point = f"{label}-rate{pattern.rate_per_s:g}" if rates else f"{label}-c{pattern.concurrency}"
+            point = (f"{label}-{names[index]}" if names is not None else f"{label}-rate{pattern.rate_per_s:g}"
+                     if rates else f"{label}-c{pattern.concurrency}")
             measurement, outcome = self._measure_and_gate(requests, pattern, slo, warmup if index == 0 else 0, 1,
                                                           point, {"experiment": label})
             out.append((pattern, measurement))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate import progress, runqueue
@@ -222,17 +223,21 @@ class Bench:
         into.end_repetition()
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
-                repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "") -> Measurement:
-        """Repeat the workload at least `repeats` times and until `min_time_s` has passed."""
+                repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "",
+                until: Callable[[Measurement], bool] | None = None) -> Measurement:
+        """Repeat the workload at least `repeats` times, until `min_time_s` has passed and `until` (asked after
+        every repetition) says it is measured enough; at most `max_repeats` times."""
         config = config or EngineConfig()
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
         steps = progress.Steps(f"measuring {label or 'a workload'}, repetition", repeats)
-        while measurement.repetitions < max_repeats and (
-                measurement.repetitions < repeats or time.perf_counter() - start < min_time_s):
+        while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)
             steps.step(min(measurement.repetitions, repeats))
+            enough = until is None or until(measurement)
+            if measurement.repetitions >= repeats and time.perf_counter() - start >= min_time_s and enough:
+                break
         return measurement
 
     def extend(self, measurement: Measurement, requests: list[Request], config: EngineConfig | None = None, *,

@@ -28,15 +28,22 @@ Two kinds of noise, handled apart:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from pytest_infergate.measurement import METRICS, Measurement
+from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
 from pytest_infergate.perf import interference
-from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, percentile
+from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
 
 FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
+# How many repetitions a side of a stored comparison takes (a save, and the run compared with it): at least
+# LEAST_REPETITIONS, then more until the side's own least-disturbed summary resolves a change of SETTLED_SHARE of
+# max_regression (its 95% interval as a factor), at most MOST_REPETITIONS. Two such sides give the comparison an
+# interval about half the threshold wide (√2/3 of it), so an unchanged run passes and a ×1.25 one fails at 10%.
+LEAST_REPETITIONS, MOST_REPETITIONS = 5, 12
+SETTLED_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,51 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
                 measurement.cpu_threads, interference.load_free_by(measurement), per_request)
+
+
+def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
+    """The smallest change this side alone resolves, as a factor: √(high/low) of the bootstrap interval of its
+    least-disturbed summary of `metric` (inf: too few repetitions to summarize)."""
+    one = side(measurement, metric, pct, probed=False)
+    if one is None:
+        return math.inf
+    _, low, high = paired_bootstrap_ci(one.costs, least_disturbed, resamples=500)
+    return math.sqrt(high / low) if low > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class RepetitionPlan:
+    """The repetitions of a measurement that saves a baseline or is compared with one: at least `least`, then
+    more while a gated metric's side is wider than `target` (side_resolution), at most `most`."""
+
+    least: int
+    most: int
+    max_regression: float
+    metrics: tuple[tuple[str, float | None], ...]  # (metric, the percentile its budget gates)
+
+    @classmethod
+    def of(cls, repeats: int, max_regression: float | None, metrics: list[tuple[str, float | None]]
+           ) -> RepetitionPlan:
+        least = max(repeats, LEAST_REPETITIONS)
+        return cls(least, max(least, MOST_REPETITIONS), max_regression or 0.10,
+                   tuple((metric, pct) for metric, pct in metrics if scales_with_speed(metric)))
+
+    @property
+    def target(self) -> float:
+        return 1.0 + self.max_regression * SETTLED_SHARE
+
+    def widest(self, measurement: Measurement) -> float:
+        """The widest gated metric's side_resolution (1.0 where nothing time-like is measured)."""
+        return max((side_resolution(measurement, metric, pct) for metric, pct in self.metrics
+                    if measurement.samples.get(metric)), default=1.0)
+
+    def settled(self, measurement: Measurement) -> bool:
+        return measurement.repetitions >= self.least and self.widest(measurement) <= self.target
+
+    def describe(self, first_s: float) -> str:
+        """What the plan will cost, from the first repetition's time."""
+        return (f"{self.least}–{self.most} repetitions of about {first_s:.1f} s (until each gated figure's spread "
+                f"resolves ×{self.target:.3f}): {self.least * first_s:.0f}–{self.most * first_s:.0f} s")
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:

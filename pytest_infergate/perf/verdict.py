@@ -81,13 +81,25 @@ class Verdict:
             return "as measured, least-disturbed repetitions"
         return "as measured"
 
+    def statistic(self) -> str:
+        """What the two figures are where they are not the run's own summary (the report's table: the median over
+        repetitions of a throughput, the percentile over all requests of a latency); "" where they are."""
+        if self.repetitions:  # perf.stored: each side by its least-disturbed repetitions
+            of = f"per-repetition p{self.percentile}s" if self.percentile else "per-repetition values"
+            return f"least-disturbed repetitions: p{stored.FAST_QUANTILE * 100:g} of {of}"
+        if self.paired and self.load_corrected:
+            return "median of per-round values, load-corrected"
+        return ""
+
     def headline(self) -> str:
         """One line a reviewer reads: metric, ratio with its interval and the threshold, the baseline's figure
-        beside the candidate's with the change said in words, the verdict."""
+        beside the candidate's with the change said in words (and which statistic they are, where not the run's
+        own summary), the verdict."""
         where = f" p{self.percentile}" if self.percentile else ""
+        statistic = f" ({self.statistic()})" if self.statistic() else ""
         return (f"{self.metric}{where} slowdown ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
                 f"(threshold ×{self.threshold:.3f}): baseline {units.metric_value(self.metric, self.baseline)} → "
-                f"now {units.metric_value(self.metric, self.candidate)}, {self.change_in_words()} "
+                f"now {units.metric_value(self.metric, self.candidate)}{statistic}, {self.change_in_words()} "
                 f"→ {self.status.upper()}")
 
     def change_in_words(self) -> str:

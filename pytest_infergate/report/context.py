@@ -80,6 +80,13 @@ def _cell_status(record: PerfRecord) -> dict[str, str]:
     return {key: Status.worst(statuses).value for key, statuses in found.items()}
 
 
+def _verdict_figures(record: PerfRecord) -> dict[str, str]:
+    """Each figure column whose verdict compared another statistic than the column shows (a stored baseline's
+    least-disturbed repetitions): that figure, the statistic named, so one metric reads as one figure."""
+    return {column(v.metric, v.percentile): f"{units.metric_value(v.metric, v.candidate)} ({v.statistic()})"
+            for v in record.verdicts if v.statistic()}
+
+
 def _perf_row(r: PerfRecord) -> dict:
     engine = r.measurement.engine
     file, label = split_test_id(r.test)
@@ -92,7 +99,8 @@ def _perf_row(r: PerfRecord) -> dict:
             "reasons": verdict_reasons(r), "errors": engine.get("errors") or {},
             "slo": engine.get("slo") or {}, "requests": r.measurement.num_requests, "fallback": r.fallback,
             "s": r.summary, "memory": r.measurement.memory, "notes": r.notes, "budget": _budget_text(r),
-            "cell_status": _cell_status(r), "violated": {column(v.key) for v in r.violations},
+            "cell_status": _cell_status(r), "verdict_figures": _verdict_figures(r),
+            "violated": {column(v.key) for v in r.violations},
             "met": [f"{key} {text}" for key, text in _budget_text(r).items()
                     if key not in {column(v.key) for v in r.violations}],
             "details": [(key, summary_figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
