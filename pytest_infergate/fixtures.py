@@ -78,7 +78,8 @@ def infergate_endpoint(request: pytest.FixtureRequest):
     pattern, slo)` measures a load run - fixed concurrency ({"concurrency": 8}) or a request rate with Poisson or
     gamma-bursty arrivals ({"rate_per_s": 4, "burstiness": 0.5}) - client-side TTFT, ITL, TPOT, e2e, tokens/s,
     success rate and goodput against the SLO (`infergate_slo` marker), gated by the test's budgets;
-    `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point; `.capacity(search="rate",
+    `.synchronous_rps(requests)` is the server's rate one request at a time (measured once a session), to size
+    rates from; `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point; `.capacity(search="rate",
     bounds=(lo, hi), budget_s=...)` finds the highest load that still meets the SLO (budget key
     `min_capacity_rps`); `.ab(requests, pattern)` runs an interleaved A/B against --infergate-reference-endpoint.
     Requests may be multi-turn Sessions (`pytest_infergate.workloads.from_file`). The server's Prometheus

@@ -24,6 +24,7 @@ from pytest_infergate.perf import (
     save_baseline,
     stored,
 )
+from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
 from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
 
@@ -535,6 +536,26 @@ def test_a_failure_against_a_stored_baseline_is_decided_again_after_a_fresh_bloc
                               remeasure=lambda: add_repetitions(slow, IDLE[:2], regression=1.27, seed=5))
     assert regressed.status == "fail" and regressed.confirmed == 8 and slow.repetitions == 16
     assert "decided again after a fresh block of 8 repetitions" in regressed.message()
+
+
+def test_a_failure_far_beyond_any_spell_is_confirmed_after_three_fresh_repetitions():
+    # issue #45's walk: every failing precision took a fresh block as long as its first (5-6 repetitions of 15-24 s)
+    # though a x2 slowdown is beyond the largest spell measured (x1.27-1.3); three fresh repetitions each beyond
+    # threshold x SPELL confirm it, while a x1.27 one (within a spell's reach) still takes the whole block
+    entry = BaselineEntry({}, machine(IDLE, seed=1, quiet_jitter=0.02, noise=0.01))
+    slow = machine(IDLE, regression=2.0, seed=4, quiet_jitter=0.02, noise=0.01)
+    outcome = evaluate_perf(slow, GATE, {}, entry,
+                            remeasure=lambda: add_repetitions(slow, IDLE[:1], regression=2.0, seed=5))
+    assert outcome.status == "fail" and outcome.confirmed == EARLY_CONFIRM == 3
+    assert slow.repetitions == len(IDLE) + 3
+    near = machine(IDLE, regression=1.27, seed=4, quiet_jitter=0.02, noise=0.01)
+    outcome = evaluate_perf(near, GATE, {}, entry,
+                            remeasure=lambda: add_repetitions(near, IDLE[:1], regression=1.27, seed=5))
+    assert outcome.status == "fail" and outcome.confirmed == len(IDLE)
+    # the rule alone: fewer than three fresh repetitions never confirm
+    assert not fresh_repetitions_confirm(slow, entry.measurement, 2, "tokens_per_s", None, 1.1)
+    assert fresh_repetitions_confirm(slow, entry.measurement, 3, "tokens_per_s", None, 1.1)
+    assert not fresh_repetitions_confirm(near, entry.measurement, 3, "tokens_per_s", None, 1.1)
 
 
 def test_the_kv_budget_is_sized_from_the_workload_unless_the_config_sets_one(tiny_fp32):

@@ -73,8 +73,10 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     (entry,) = saved["entries"].values()
     assert entry["key"]["under_test"]["precision"] == "fp32" and entry["key"]["machine"]["device"] == "cpu"
     assert entry["measurement"]["samples"]["ttft_ms"]
-    # a baseline takes at least 8 repetitions (the test asked for 2), each with its calibration probe
-    assert len(entry["measurement"]["probe_s"]) == entry["measurement"]["repetitions"] == 8
+    # a baseline takes 5-12 repetitions whatever the test asked (2), until its spread is tight enough, each with
+    # its calibration probe
+    assert len(entry["measurement"]["probe_s"]) == entry["measurement"]["repetitions"]
+    assert 5 <= entry["measurement"]["repetitions"] <= 12
 
     # same environment, much faster baseline: the candidate is a clear regression
     for values in entry["measurement"]["samples"].values():

@@ -27,6 +27,7 @@ from pytest_infergate.perf.decide import (
 )
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import PerfOutcome, Route
+from pytest_infergate.perf.stored import fresh_repetitions_confirm
 from pytest_infergate.status import Status
 
 __all__ = ["CONFIRM_REPETITIONS", "Interleaved", "NoReference", "RoundRunner", "Route", "StoredReference"]
@@ -90,14 +91,19 @@ class StoredReference:
         many). The least-disturbed repetitions' interval is narrow and takes the repetitions as independent, but
         interference on a shared machine comes in spells that can cover a whole run (docs/measurements.md: one
         unchanged run of 8 repetitions had even its fastest 27% slower than the baseline's). A real regression
-        slows the fresh block as well and the failure stands; after a spell the fresh block decides."""
-        if self.remeasure is None or not any(v.status == Status.FAIL and v.repetitions for v in outcome.verdicts):
+        slows the fresh block as well and the failure stands; after a spell the fresh block decides. A failure far
+        beyond what a spell can do ends the block early (stored.fresh_repetitions_confirm)."""
+        failing = [v for v in outcome.verdicts if v.status == Status.FAIL and v.repetitions]
+        if self.remeasure is None or not failing:
             return 0
         first = candidate.repetitions
         while candidate.repetitions - first < min(first, CONFIRM_REPETITIONS):
             before = candidate.repetitions
             self.remeasure()
             if candidate.repetitions == before:  # the callback added nothing: nothing fresh to decide with
+                break
+            if any(fresh_repetitions_confirm(candidate, self.baseline, candidate.repetitions - first, v.metric,
+                                             v.percentile, v.threshold) for v in failing):
                 break
         return candidate.repetitions - first
 

@@ -133,6 +133,25 @@ def side_resolution(measurement: Measurement, metric: str, pct: float | None) ->
     return math.sqrt(high / low) if low > 0 else math.inf
 
 
+# A failure's fresh block (perf.reference.StoredReference.confirm) stops early once EARLY_CONFIRM fresh repetitions are
+# each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: the largest whole-run
+# slowdown this VM kind showed with nothing else of ours running was ×1.27-1.3 (docs/measurements.md), so no spell
+# reaches that, while a ×2 regression passes it on every repetition and need not take the whole block.
+EARLY_CONFIRM = 3
+SPELL = 1.3
+
+
+def fresh_repetitions_confirm(candidate: Measurement, baseline: Measurement, fresh: int, metric: str,
+                              pct: float | None, threshold: float) -> bool:
+    """The candidate's last `fresh` repetitions (at least EARLY_CONFIRM) each cost more than the baseline's
+    least-disturbed figure × threshold × SPELL, with the co-tenants' load taken out where it was measured."""
+    now, then = side(candidate, metric, pct, probed=False), side(baseline, metric, pct, probed=False)
+    if now is None or then is None or fresh < EARLY_CONFIRM or fresh > len(now.costs):
+        return False
+    costs = now.load_free_costs() or now.costs
+    return min(costs[-fresh:]) > least_disturbed(then.costs) * threshold * SPELL
+
+
 @dataclass(frozen=True)
 class RepetitionPlan:
     """The repetitions of a measurement that saves a baseline or is compared with one: at least `least`, then
