@@ -98,15 +98,23 @@ def test_model_output_is_shown_as_text(results):
     assert "&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in html
 
 
-def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
+def with_two_verdicts(results, failing: dict, passing: dict):
+    """A copy of the results whose first perf record has a failing tokens/s verdict (×2.5) and the second a passing
+    one (×1.01), each with `failing` / `passing` merged in; returns (data, perf records)."""
     data = copy.deepcopy(results)
     perf = [r for r in data["records"] if r["kind"] == "perf"][:2]
     perf[0]["verdicts"] = [{"metric": "tokens_per_s", "status": "fail", "ratio": 2.5, "low": 2.1, "high": 2.9,
                             "threshold": 1.5, "percentile": None, "candidate": 40, "baseline": 100,
-                            "samples": [5, 5], "paired": True}]
+                            "samples": [5, 5], **failing}]
     perf[1]["verdicts"] = [{"metric": "tokens_per_s", "status": "pass", "ratio": 1.01, "low": 0.9, "high": 1.1,
                             "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
-                            "samples": [5, 5]}]  # written before verdicts said whether they were paired
+                            "samples": [5, 5], **passing}]
+    return data, perf
+
+
+def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
+    # the second verdict was written before verdicts said whether they were paired
+    data, _ = with_two_verdicts(results, {"paired": True}, {})
     html = render(data)
     # the baseline's figure beside the candidate's, the change in words, then the interval against the threshold
     assert ("tokens_per_s baseline 100 tok/s → now 40 tok/s, 150% slower: ×2.5 (CI 2.1–2.9) &gt; ×1.5, as measured, "
@@ -117,14 +125,8 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
 def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differs(results):
     # issue #45 point 5: the table showed the median tokens/s and the verdict the least-disturbed repetitions'
     # figure for the same measurement, unnamed; now the cell names the statistic the verdict compared
-    data = copy.deepcopy(results)
-    perf = [r for r in data["records"] if r["kind"] == "perf"][:2]
-    perf[0]["verdicts"] = [{"metric": "tokens_per_s", "status": "fail", "ratio": 2.5, "low": 2.1, "high": 2.9,
-                            "threshold": 1.1, "percentile": None, "candidate": 41.5, "baseline": 100,
-                            "samples": [5, 5], "repetitions": True}]
-    perf[1]["verdicts"] = [{"metric": "tokens_per_s", "status": "pass", "ratio": 1.01, "low": 0.9, "high": 1.1,
-                            "threshold": 1.5, "percentile": None, "candidate": 99, "baseline": 100,
-                            "samples": [5, 5]}]  # pooled samples: the figure is the table's own
+    # the second verdict compared pooled samples: its figure is the table's own
+    data, perf = with_two_verdicts(results, {"threshold": 1.1, "candidate": 41.5, "repetitions": True}, {})
     html = render(data)
     assert html.count("the figure the verdict compared with the baseline's") == 1  # the pooled one: no second figure
     assert "verdict: 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values)" in html
