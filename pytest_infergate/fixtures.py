@@ -79,12 +79,13 @@ def infergate_endpoint(request: pytest.FixtureRequest):
     gamma-bursty arrivals ({"rate_per_s": 4, "burstiness": 0.5}) - client-side TTFT, ITL, TPOT, e2e, tokens/s,
     success rate and goodput against the SLO (`infergate_slo` marker), gated by the test's budgets;
     `.synchronous_rps(requests)` is the server's rate one request at a time (measured once a session), to size
-    rates from; `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point; `.capacity(search="rate",
-    bounds=(lo, hi), budget_s=...)` finds the highest load that still meets the SLO (budget key
-    `min_capacity_rps`); `.ab(requests, pattern)` runs an interleaved A/B against --infergate-reference-endpoint.
-    Requests may be multi-turn Sessions (`pytest_infergate.workloads.from_file`). The server's Prometheus
-    /metrics are scraped around every run (budget keys `max_kv_usage`, `min_prefix_cache_hit_rate`, ...).
-    Errors (HTTP status, timeout, malformed stream) are counted per kind, never raised."""
+    rates from; `.sweep(rates=[...])` or `.sweep(concurrencies=[...])` runs one load per point;
+    `.capacity(search="rate", bounds=(lo, hi), budget_s=...)` finds the highest load that still meets the SLO
+    (budget key `min_capacity_rps`); `.ab(requests, pattern)` runs an interleaved A/B against
+    --infergate-reference-endpoint. Requests may be multi-turn Sessions (`pytest_infergate.workloads.from_file`).
+    The server's Prometheus /metrics are scraped around every run (budget keys `max_kv_usage`,
+    `min_prefix_cache_hit_rate`, ...). Errors (HTTP status, timeout, malformed stream) are counted per kind, never
+    raised."""
     return _endpoint_bench(request)
 
 
@@ -96,7 +97,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     before every repetition and are not counted. `requests` may hold multi-turn `Session`s (`workloads.from_file`,
     `workload_files.Session`): each turn is sent once the one before it is answered, with the conversation so far,
     so that `EngineConfig(prefix_caching=True)` is measured on real conversation reuse (`prefix_cache_hit_rate`,
-    and `perf.sessions.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
+    and `perf.conversations.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
     `infergate_budgets`) is checked against the returned Measurement; with --infergate-baseline the run is
     compared with the accepted one (bootstrap CI of the ratio, re-measured when inconclusive). Every violated
     metric is listed in the failure. `infergate_bench.ab(...)` runs an interleaved A/B against the reference

@@ -11,7 +11,7 @@ from pytest_infergate.endpoint.capacity import CapacityPoint, CapacityResult, Ca
 from pytest_infergate.endpoint.load import Slo
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.sessions import PREFIX_CACHE_KEY, PrefixCacheUse
+from pytest_infergate.perf.conversations import PREFIX_CACHE_KEY, PrefixCacheUse
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult
 from pytest_infergate.quality.metrics import SampleQuality

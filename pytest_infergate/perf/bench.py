@@ -17,7 +17,7 @@ from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
-from pytest_infergate.perf.sessions import (
+from pytest_infergate.perf.conversations import (
     PREFIX_CACHE_KEY,
     PrefixCacheUse,
     count_sessions,
@@ -92,7 +92,8 @@ class Bench:
                  into: Measurement, probe: bool | None = None) -> list[Result]:
         """One repetition: warm-up requests (not counted), then the workload, appended to `into`; with `probe`
         (default: `self.calibrate`) the calibration probe runs right before, during and right after the workload.
-        Multi-turn `Session`s in the workload run turn by turn (perf/sessions.py). Returns the workload's results."""
+        Multi-turn `Session`s in the workload run turn by turn (perf/conversations.py). Returns the workload's
+        results."""
         probe = self.calibrate if probe is None else probe
         sampler = self.sampler() if probe else None
         engine, workload = self.begin_repetition(requests, config, warmup)

@@ -12,7 +12,7 @@ from markupsafe import Markup
 from pytest_infergate import units
 from pytest_infergate.endpoint.capacity import CapacityResult
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
-from pytest_infergate.perf.sessions import prefix_cache_use
+from pytest_infergate.perf.conversations import prefix_cache_use
 from pytest_infergate.report import charts
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.summary import figure as summary_figure

@@ -9,7 +9,7 @@ from pytest_infergate.gates.bench import PerfBench
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import Options
 from pytest_infergate.perf.bench import Bench
-from pytest_infergate.perf.sessions import PrefixCacheUse, prefix_cache_use
+from pytest_infergate.perf.conversations import PrefixCacheUse, prefix_cache_use
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.workload_files import Session, Turn
 
