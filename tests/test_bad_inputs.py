@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from pytest_infergate.perf.stored import LEAST_REPETITIONS
+
 BENCH = """
 import pytest
 from pytest_infergate.engine import EngineConfig, Request
@@ -191,7 +193,7 @@ def test_a_results_file_is_a_baseline_the_accepted_run(pytester, run):
     (record,) = [r for r in json.loads((pytester.path / "again.json").read_text())["records"] if r["kind"] == "perf"]
     assert record["route"] == "stored" and record["verdicts"] and "recorded" in record["baseline_provenance"]
     # measured as the accepted run was: without the calibration probe it did not take
-    assert record["measurement"]["probe_s"] == [] and record["measurement"]["repetitions"] >= 8
+    assert record["measurement"]["probe_s"] == [] and record["measurement"]["repetitions"] >= LEAST_REPETITIONS
     # a results file without a perf measurement is no baseline, said
     (pytester.path / "empty.json").write_text(json.dumps({"kind": "results", "schema_version": 4, "records": []}))
     result = run("--infergate-baseline=empty.json")

@@ -94,7 +94,8 @@ def test_the_shipped_endpoint_suite_sizes_its_rates_from_the_servers_synchronous
     # rates are now multiples of the server's rate one request at a time, measured once a session
     suites = Path(__file__).resolve().parents[1] / "suites"
     pytester.makeconftest((suites / "conftest.py").read_text())
-    pytester.makepyfile(test_endpoint=(suites / "test_endpoint.py").read_text())
+    # under another name: tests/test_endpoint.py is already imported as test_endpoint in this process
+    pytester.makepyfile(test_shipped_endpoint_suite=(suites / "test_endpoint.py").read_text())
     result = pytester.runpytest(f"--infergate-endpoint={llama_server.url}", "-p", "no:cacheprovider",
                                 "-k", "request_rate or rate_sweep", "--infergate-json=results.json")
     result.assert_outcomes(passed=3)
