@@ -58,10 +58,8 @@ def repetition_plan(ctx: TestContext, precision: str, key: str, repeats: int) ->
     if not uses_stored_baseline(ctx):
         return None
     budget = budget_for(ctx, precision, key)
-    names = sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
-    return RepetitionPlan.of(repeats, budget.max_regression, [
-        (metric, next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile))
-        for metric in names])
+    return RepetitionPlan.of(repeats, budget.max_regression,
+                             [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()])
 
 
 def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
@@ -246,10 +244,10 @@ class PerfBench:
                                                   label, tags)
         try:
             plan = repetition_plan(self.ctx, self.precision, key, repeats)
+            # with a plan its bounds and stop rule; without one Bench.measure's own
+            planned = {} if plan is None else dict(max_repeats=plan.most, until=until_settled(plan, f"measuring {key}"))
             measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
-                                             min_time_s=min_time_s, label=label,
-                                             max_repeats=plan.most if plan else 30,
-                                             until=until_settled(plan, f"measuring {key}"))
+                                             min_time_s=min_time_s, label=label, **planned)
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
             self.ctx.fail(f"infergate_bench for {key}: {exc}")
         outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),

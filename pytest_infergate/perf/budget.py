@@ -52,6 +52,14 @@ class Budget:
     def is_empty(self) -> bool:
         return not self.limits and self.max_regression is None
 
+    def relative_metrics(self) -> list[str]:
+        """The metrics a relative check (max_regression) compares: those the limits name, else tokens/s and TTFT."""
+        return sorted({limit.metric for limit in self.limits} or {"tokens_per_s", "ttft_ms"})
+
+    def percentile_of(self, metric: str) -> float:
+        """The percentile `metric`'s limit gates (the budget's default where no limit names it)."""
+        return next((limit.percentile for limit in self.limits if limit.metric == metric), self.percentile)
+
 
 def allowed_keys() -> list[str]:
     keys = list(METRICS)

@@ -292,7 +292,7 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
     repetition, normalized for machine speed where needed (compare_stored); memory compares its samples."""
     if budget.max_regression is None:
         return []
-    names = metrics or sorted({limit.metric for limit in budget.limits} or {"tokens_per_s", "ttft_ms"})
+    names = metrics or budget.relative_metrics()
     verdicts = []
     for metric in names:
         a, b = candidate.samples.get(metric), baseline.samples.get(metric)
@@ -302,7 +302,7 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
             verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
                                               baseline, budget.max_regression))
             continue
-        pct = next((limit.percentile for limit in budget.limits if limit.metric == metric), budget.percentile)
+        pct = budget.percentile_of(metric)
         by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
             if paired and METRICS[metric][2] else None
         if by_round is not None:
