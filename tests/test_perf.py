@@ -364,15 +364,30 @@ def test_inconclusive_message_states_the_interval_width_and_what_narrows_it():
 
 
 def test_a_machine_change_the_probe_cannot_confirm_makes_opposite_verdicts_inconclusive():
-    # 15% slower throughout, but the quiet probes spread so widely that their interval reaches below 1.1: as
-    # measured it would fail, normalized it would pass; neither can be trusted, and the verdict says why
+    # 25% slower throughout (beyond the runs' drift), the probe ~15-25% slower, but the quiet probes spread so
+    # widely that their interval reaches below 1.1: as measured it would fail, normalized it would pass; neither
+    # can be trusted, and the verdict says why
     base = stored.Side(costs=[20.0] * 8, during=[0.04] * 8, quiet=[0.022 * (1 + 0.2 * (i % 2)) for i in range(8)])
-    slow = stored.Side(costs=[23.0] * 8, during=[0.046] * 8,
+    slow = stored.Side(costs=[25.0] * 8, during=[0.05] * 8,
                        quiet=[0.0253 * (1 + 0.2 * (i % 2)) * (0.8 if i == 0 else 1) for i in range(8)])
     decided = stored.decide(slow, base, max_regression=0.10)
     assert decided.machine is not None and not decided.machine.beyond(1.1)
     assert decided.measured.status(1.1) == "fail"
     assert decided.status == "inconclusive" and "as measured it would fail" in decided.disagreement
+
+
+def test_a_slowdown_within_the_runs_own_drift_is_inconclusive_and_beyond_it_fails():
+    # Two processes minutes apart: an unchanged run read up to x1.2 slower with tight intervals on both sides
+    # (stored.RUN_DRIFT). At max_regression 0.10, x1.15 throughout is within threshold x drift: inconclusive, said
+    # at once (more repetitions cannot help); x1.30 is beyond it: a failure. Neither side measured a probe.
+    base = stored.Side(costs=[20.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
+    drifted = stored.Side(costs=[23.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
+    decided = stored.decide(drifted, base, max_regression=0.10)
+    assert decided.measured.status(1.1) == "fail" and decided.status == "inconclusive"
+    assert decided.within_drift and "drift" in decided.disagreement and "infergate_bench.ab" in decided.disagreement
+    slower = stored.Side(costs=[26.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
+    decided = stored.decide(slower, base, max_regression=0.10)
+    assert decided.status == "fail" and not decided.within_drift and decided.disagreement == ""
 
 
 def test_repetition_costs_take_the_percentile_within_each_repetition_and_invert_throughput():

@@ -262,7 +262,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
                    machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
                    baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
-                   load_free_by=cand.load_free_by if decided.load_corrected else "")
+                   load_free_by=cand.load_free_by if decided.load_corrected else "",
+                   unresolvable=decided.within_drift)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
             f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
