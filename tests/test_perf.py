@@ -390,6 +390,23 @@ def test_a_slowdown_within_the_runs_own_drift_is_inconclusive_and_beyond_it_fail
     assert decided.status == "fail" and not decided.within_drift and decided.disagreement == ""
 
 
+def test_a_failure_beyond_what_the_machines_move_explains_stands_on_a_slower_machine():
+    # the probe reads the machine x1.3 slower now (its own level moved that much between processes on these VMs
+    # while an unchanged workload read x1.0): a x1.4 slowdown stays inconclusive, a x2.4 one fails, said why
+    jitter = [1 + 0.01 * (i % 3) for i in range(8)]
+    base = stored.Side(costs=[20.0 * j for j in jitter], during=[0.04 * j for j in jitter],
+                       quiet=[0.022 * j for j in jitter])
+
+    def now(slowdown: float) -> stored.Side:
+        return stored.Side(costs=[20.0 * slowdown * j for j in jitter], during=[0.052 * j for j in jitter],
+                           quiet=[0.0286 * j for j in jitter])
+
+    some = stored.decide(now(1.4), base, max_regression=0.10)
+    assert some.machine.low > 1.1 and some.status == "inconclusive" and "the runner was busy" in some.disagreement
+    gross = stored.decide(now(2.4), base, max_regression=0.10)
+    assert gross.status == "fail" and "slower than the machine's move can explain" in gross.disagreement
+
+
 def test_repetition_costs_take_the_percentile_within_each_repetition_and_invert_throughput():
     m = calibrated([10.0, 30.0, 20.0], [100.0, 50.0, 80.0], [0.01, 0.03, 0.02], per_rep=3, noise=0.0)
     itl = stored.side(m, "itl_ms", 95, probed=True)
