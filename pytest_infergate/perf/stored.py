@@ -259,12 +259,13 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     status = measured.status(threshold)
     change = machine_change(candidate, baseline)
     drift = within_drift(measured, status, threshold)
-    if drift:
-        return StoredVerdict(Status.INCONCLUSIVE, measured, change, drift,
-                             within_drift=measured.ratio <= threshold * RUN_DRIFT)
+    if drift:  # no failure as measured, whatever the evidence below (the load-corrected figures decide apart)
+        status = Status.INCONCLUSIVE
     busy = busy_sides(candidate, baseline, measured, status, threshold)
     if busy is not None:
         return StoredVerdict(busy.status, measured, change, busy.why, busy.baseline_at_fault, busy.load_corrected)
+    if drift:
+        return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT)
     adjusted = normalized(candidate, baseline) if change is not None else None
     if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
@@ -349,7 +350,8 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
                       share: float) -> str | None:
     """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
     taken out (Side.load_free_costs) compared, failing only when the whole interval lies above the threshold
-    times the estimate's measured residual (interference.load_free_residual). Returns the reason, naming the load
+    times the estimate's measured residual (interference.load_free_residual: measured between runs, so the runs'
+    own drift, RUN_DRIFT, is in it). Returns the reason, naming the load
     and the evidence, or None (not measured on both sides, or not beyond the bound)."""
     if baseline.per_request and interference.busy(baseline.others) is not None:
         # a repetition's share scales its wall time, not each request's latency: a time-sliced co-tenant stretches
@@ -363,13 +365,12 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
     residual = interference.load_free_residual(candidate, baseline,
                                                baseline_quiet=interference.busy(baseline.others) is None)
-    bound = threshold * residual * RUN_DRIFT
+    bound = threshold * residual
     if low <= bound:
         return None
     return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
             f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
-            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold) with the runs' "
-            f"own drift (×{RUN_DRIFT})")
+            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
