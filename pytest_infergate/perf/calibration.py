@@ -1,31 +1,10 @@
 """A calibration probe: how fast is this machine right now, measured without the libraries a perf gate is gating.
 
-A stored baseline is compared with a measurement taken later, on a machine that may be busier (a shared CI box) or
-warmer. Every repetition of a workload gets the probe's time *during* it: a child process (`Sampler`) runs the
-probe right before the workload, every so often while it runs and right after it; the repetition's figure is the
-geometric mean of those. The comparison then expresses each repetition in units of its own probe time (`scale`),
-so a machine that is x% slower now than when the baseline was saved slows the probe and the workload alike and
-the ratio of the two cancels it.
-
-Why during and not only around: on a shared 2-core runner at load 8-12, a repetition of benchmarks/gate_power.py's
-workload took 50-300 s and the load changed within it; over 12 repetitions, the probe right before and right after
-tracked the repetition's tokens/s with r=0.26, the probe sampled through it with r=0.85. Why around as well: on an
-idle machine the probes during a repetition compete with it for the cores and spread 23-51 ms while the workload
-held within 4%, so the quiet probes (before and after, `Measurement.probe_quiet_s`) read the machine's level far
-better. perf.stored decides when a verdict is normalized at all, and by which.
-
-The probe is fp32 GEMMs shaped like a small transformer's prefill and decode (the decode ones stream a 64 MiB
-matrix, as decoding streams the weights) and a copy, on numpy's own BLAS, not torch's: an upgrade of torch,
-transformers or bitsandbytes (what a stored baseline gates) does not change it. It runs on as many threads as the
-engine. One run takes about 25 ms on an idle core and ~100 MiB in the sampler process; the sampler keeps its
-share of the machine near 5%. Compute-bound GEMMs alone tracked the workload worse than with the memory-bound
-part (tokens/s over 24 repetitions at load 7-10: slope 0.28 against 0.71, residual spread 0.17 against 0.084
-log units, 0.106 unnormalized). It probes the CPU; on a GPU device it is not run and the comparison is not
-normalized.
-
-What the probe sampled during a repetition includes the workload's own pressure on the cores; it is the same for
-an unchanged workload and for one doing more of the same work. A candidate that leaves the cores idle for part of
-its time (sleeps, waits) lets the probe run faster, so its slowdown reads somewhat larger once normalized.
+A child process (`Sampler`) runs the probe — fp32 GEMMs shaped like a small transformer's prefill and decode (the
+decode ones stream a 64 MiB matrix) and a copy, on numpy's BLAS, not torch's, so an upgrade under test does not
+change it — right before each repetition of a workload, every so often during it, and right after it. perf.stored
+reads the probe's level now against the baseline's to tell which way the machine moved; it never scales a verdict.
+On a GPU it is not run. Why this probe, and how well it tracks the workload: docs/measurements.md.
 """
 
 from __future__ import annotations

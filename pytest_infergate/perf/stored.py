@@ -1,29 +1,9 @@
-"""Verdicts against a stored baseline: the run being gated and the baseline were measured at different times, maybe
-hours apart, so nothing cancels the machine's noise the way an interleaved A/B run does.
-
-Two kinds of noise, handled apart:
-- *Interference*: other work on a shared machine slows some repetitions, never speeds one up. Measured on a
-  shared 2-vCPU VM (benchmarks/gate_power.py, 326 repetitions): single repetitions ran 10-50% slower at random, in
-  spells of a few seconds, while the fastest third stayed within ~3% from run to run. So each side is summarized
-  by its least-disturbed repetitions: the Harrell-Davis estimate of the 10th percentile of its per-repetition
-  values (the budget's percentile within each repetition for per-request metrics; the value for per-repetition
-  ones), the statistic of "best of N" (Python's timeit: higher values "are typically not caused by variability in
-  Python's speed, but by other processes interfering"), kept smooth so its bootstrap interval is honest. A real
-  regression slows the fastest repetitions as much as the rest; interference does not.
-- *A machine of another speed or load* (a busy shared runner, another day's host): the calibration probe
-  (perf.calibration), stored with the baseline, measures it. It does not make the two sides comparable: under a
-  CPU hog the engine's threads lose more than the probe does (they wait on each other), so a baseline saved on a
-  busy runner, normalized by the probe, gave a quiet unchanged run a false failure at x1.84. So the probe only
-  says *which way* the machine moved, and the verdict keeps what holds whatever the size of the move:
-  interference only ever slows. When the machine is slower now than at the baseline (the probe's interval wholly
-  above 1 + max_regression), a pass as measured still holds (the candidate passed despite the machine) and
-  anything else is inconclusive, saying the runner was busy; when it is faster now (the baseline was saved on a
-  busy runner), a failure as measured still holds and anything else is inconclusive, saying the baseline should
-  be re-saved on a quiet runner. Neither a failure nor a pass is ever made by the probe. Within the band the
-  sides are compared as measured; where normalizing by the probe would decide the other way, inconclusive.
-- *Direct evidence of a busy runner* (perf.interference: the share of the machine's CPU time other processes took
-  during each repetition, from the kernel's counters) comes first where a side has it: the same one-sided rule,
-  naming how busy the runner was, and a failure stands on a busy runner only when worse than the load can explain.
+"""Verdicts against a stored baseline: the run and the baseline were measured apart (another process, maybe hours
+later), so nothing cancels the machine's noise as an interleaved A/B does. Each side is summarized by its
+least-disturbed repetitions (interference only slows); a failure stands only beyond the runs' own drift
+(RUN_DRIFT); the calibration probe (perf.calibration) and the kernel's load evidence (perf.interference) only say
+which way the machine moved, and keep the verdicts that hold whatever the size of the move. Why, with the
+measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 """
 
 from __future__ import annotations
