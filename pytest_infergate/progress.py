@@ -32,14 +32,17 @@ EVERY_S = 5.0  # work shorter than this prints nothing; longer work a line this 
 class Steps:
     """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
 
-    def __init__(self, what: str, total: int):
-        self.what, self.total = what, total
+    def __init__(self, what: str, total: int, most: int | None = None):
+        # `most`: work that goes on past `total` steps while it needs to (a repetition plan), up to `most`
+        self.what, self.total, self.most = what, total, most if most and most > total else None
         self.started = self.last = time.monotonic()
 
-    def step(self, done: int) -> None:
+    def step(self, done: int, finished: bool = False) -> None:
         now = time.monotonic()
-        if now - self.last >= EVERY_S or (done >= self.total and self.last > self.started):
+        ended = finished or done >= (self.most or self.total)
+        if now - self.last >= EVERY_S or (ended and self.last > self.started):
             self.last = now
+            of = f"{self.total}–{self.most}" if self.most else str(self.total)
             left = (now - self.started) / max(done, 1) * (self.total - done)
-            report(f"{self.what}: {done} of {self.total}" + (f", about {left:.0f} s left" if done < self.total
-                                                             else f", {now - self.started:.0f} s"))
+            report(f"{self.what}: {done} of {of}" + (f", {now - self.started:.0f} s" if ended else
+                                                     f", about {left:.0f} s left" if done < self.total else ""))

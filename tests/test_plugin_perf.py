@@ -276,6 +276,12 @@ def test_long_work_shows_progress_on_the_terminal_and_is_quiet_under_q(pytester,
     quiet = run("-q")
     quiet.assert_outcomes(passed=1)
     assert "infergate: measuring" not in quiet.stdout.str()
+    # a save repeats until the spread is tight enough: the line gives the plan's range, and ends with the time
+    pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.10"))
+    saved = run("--infergate-save-baseline=b.json")
+    saved.assert_outcomes(passed=1)
+    saved.stdout.fnmatch_lines(["infergate: measuring a workload, repetition: 1 of 5–12, about * s left",
+                                "infergate: measuring a workload, repetition: * of 5–12, * s"])
 
 
 @pytest.mark.parametrize("args, threads", [((), 1), (("--infergate-cpu-threads=2",), 2)])

@@ -232,12 +232,15 @@ class Bench:
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
-        steps = progress.Steps(f"measuring {label or 'a workload'}, repetition", repeats)
+        steps = progress.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
+                               most=max_repeats if until is not None else None)
         while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)
-            steps.step(min(measurement.repetitions, repeats))
             enough = until is None or until(measurement)
-            if measurement.repetitions >= repeats and time.perf_counter() - start >= min_time_s and enough:
+            done = measurement.repetitions >= repeats and time.perf_counter() - start >= min_time_s and enough
+            steps.step(measurement.repetitions if until is not None else min(measurement.repetitions, repeats),
+                       finished=done or measurement.repetitions >= max_repeats)
+            if done:
                 break
         return measurement
 
