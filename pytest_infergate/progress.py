@@ -38,7 +38,9 @@ class Steps:
         self.started = self.last = time.monotonic()
 
     def step(self, done: int, finished: bool = False) -> None:
+        """`done` steps so far (shown as at most `total` where there is no `most`); `finished`: the work ended."""
         now = time.monotonic()
+        done = done if self.most else min(done, self.total)
         ended = finished or done >= (self.most or self.total)
         if now - self.last >= EVERY_S or (ended and self.last > self.started):
             self.last = now

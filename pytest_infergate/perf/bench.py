@@ -238,8 +238,7 @@ class Bench:
             self.run_once(requests, config, warmup, measurement)
             enough = until is None or until(measurement)
             done = measurement.repetitions >= repeats and time.perf_counter() - start >= min_time_s and enough
-            steps.step(measurement.repetitions if until is not None else min(measurement.repetitions, repeats),
-                       finished=done or measurement.repetitions >= max_repeats)
+            steps.step(measurement.repetitions, finished=done)
             if done:
                 break
         return measurement
