@@ -53,15 +53,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.gates.bench import PerfBench  # noqa: E402
+from pytest_infergate.gates.perf import PerfBench  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
-from pytest_infergate.perf.bench import Bench  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.gate import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
+from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 

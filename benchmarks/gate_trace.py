@@ -36,7 +36,7 @@ import sys
 import pytest
 
 import pytest_infergate
-from pytest_infergate.perf.bench import Bench
+from pytest_infergate.perf.local_bench import Bench
 
 PACKAGE = os.path.dirname(pytest_infergate.__file__)
 seen: dict[str, int] = {}

@@ -95,7 +95,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     with --infergate-backend hf, skipping configs only the engine runs) and gate it: `m = infergate_bench(
     requests=None, config=None, warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run
     before every repetition and are not counted. `requests` may hold multi-turn `Session`s (`workloads.from_file`,
-    `workload_files.Session`): each turn is sent once the one before it is answered, with the conversation so far,
+    `workloads.Session`): each turn is sent once the one before it is answered, with the conversation so far,
     so that `EngineConfig(prefix_caching=True)` is measured on real conversation reuse (`prefix_cache_hit_rate`,
     and `perf.conversations.prefix_cache_use(m.engine)` for the counts). The test's `infergate_budget` marker (and ini
     `infergate_budgets`) is checked against the returned Measurement; with --infergate-baseline the run is
@@ -106,7 +106,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     if infergate_precision == ENDPOINT_PRECISION:
         yield _endpoint_bench(request)
         return
-    from pytest_infergate.gates.bench import PerfBench
+    from pytest_infergate.gates.perf import PerfBench
 
     session = session_of(request.config)
     loaded = request.getfixturevalue("infergate_model")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.workload_files import from_file
+from pytest_infergate.workloads import from_file
 
 WORKLOADS = Path(__file__).parent / "workloads"
 

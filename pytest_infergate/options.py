@@ -64,8 +64,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("save_baseline", "output", "write every perf measurement of this run, with an environment "
                "fingerprint, to PATH as the new accepted baseline", None, "PATH"),
     OptionSpec("baseline", "path", "compare perf measurements with the baseline file PATH, or with the accepted "
-               "run's results (a file written by --infergate-json) (noise-aware: confidence interval of the ratio "
-               "against max_regression)", None, "PATH"),
+               "run's results (a file written by --infergate-json), or with a run of --infergate-history (its run id, "
+               "or `latest`) (noise-aware: confidence interval of the ratio against max_regression)", None, "PATH"),
     OptionSpec("baseline_python", "str", "measure the baseline now, in another Python environment (e.g. the venv "
                "with the torch / transformers / bitsandbytes being upgraded from, pytest-infergate installed there): "
                "every infergate_bench measurement with a max_regression runs there and here alternately, repetition "

@@ -154,7 +154,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from pytest_infergate.quality.policy import QualityPolicyError, parse_policy
 
     def parse_slo(values: dict, where: str) -> None:
-        from pytest_infergate.endpoint.load import Slo  # the endpoint package imports the engine (torch)
+        from pytest_infergate.endpoint.loadgen import Slo  # the endpoint package loads httpx: only when asked
 
         try:
             Slo.parse(values)
@@ -162,7 +162,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise InfergateError(f"{where}: {exc}") from None
 
     def parse_extra_body(values: dict, where: str) -> None:
-        from pytest_infergate.endpoint.request import check_extra_body
+        from pytest_infergate.endpoint.exchange import check_extra_body
 
         check_extra_body(values, where)
 
@@ -202,7 +202,7 @@ def chat_only_problems(config: pytest.Config, items: list[pytest.Item]) -> list[
             return []
         why = "--infergate-endpoint-api completions sends chat messages as a plain-text transcript"
     else:
-        from pytest_infergate.engine.request import has_chat_template
+        from pytest_infergate.workloads.request import has_chat_template
 
         try:
             tokenizer = session_of(config).pool.tokenizer

@@ -2,7 +2,7 @@
 
 Linux keeps both per thread (/proc/self/task/TID/schedstat: nanoseconds on a CPU, nanoseconds runnable in a run
 queue, time slices). The wait is what co-tenant load does to us: another CI job, a CPU hog, a noisy neighbour.
-team_progress_s turns it into the time a workload would have taken had no one else wanted the CPUs (perf.bench
+team_progress_s turns it into the time a workload would have taken had no one else wanted the CPUs (perf.local_bench
 records it per repetition, perf.stored decides with it on a busy runner). Elsewhere than Linux nothing is read and
 every caller falls back to wall time.
 """

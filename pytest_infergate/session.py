@@ -23,7 +23,7 @@ from pytest_infergate.options import Options
 from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.verdict import record_message
+from pytest_infergate.results.run_verdict import record_message
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.signals import TerminateAsInterrupt
 
@@ -94,11 +94,15 @@ class InfergateSession:
         self.history = None  # history.History, once this run is appended to --infergate-history
         self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
+            from pytest_infergate.history.store import names_a_run, run_file
             from pytest_infergate.perf.baseline import load_baseline, schema_note
             from pytest_infergate.results.run import baseline_entries
 
-            self.baseline = load_baseline(options.baseline, baseline_entries)
-            note = schema_note(options.baseline)
+            path = options.baseline
+            if not path.exists() and names_a_run(str(path)):  # a history run: the accepted run is the baseline
+                path = run_file(options.history, str(path))
+            self.baseline = load_baseline(path, baseline_entries)
+            note = schema_note(path)
             if note:  # read as the current schema: said, not a warning that counts
                 warnings.warn(InfergateWarning(note), stacklevel=1)
 
@@ -218,8 +222,8 @@ class InfergateSession:
         self.terminate_as_interrupt.install()
         if self.options.endpoint is None:
             return
-        from pytest_infergate.endpoint.bench import EndpointBench
-        from pytest_infergate.endpoint.request import EndpointConfig
+        from pytest_infergate.endpoint.exchange import EndpointConfig
+        from pytest_infergate.endpoint.loadgen import EndpointBench
 
         try:
             bench = EndpointBench(EndpointConfig.from_options(self.options))
@@ -326,7 +330,7 @@ class InfergateSession:
         if self.options.report is not None and not self.output_errors:
             terminalreporter.write_line(f"report: {self.options.report}")
         if self.history is not None:
-            from pytest_infergate.history.outputs import HISTORY_PAGE
+            from pytest_infergate.history.run_end import HISTORY_PAGE
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
                                         f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")

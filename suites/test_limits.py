@@ -7,8 +7,8 @@ submit-time rejection and preemption are the engine's scheduler's and are skippe
 import pytest
 
 from pytest_infergate.engine import EngineConfig, FinishReason, Request
-from pytest_infergate.engine.request import RequestError
 from pytest_infergate.workloads import chat_workload
+from pytest_infergate.workloads.request import RequestError
 
 
 @pytest.fixture

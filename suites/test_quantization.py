@@ -23,7 +23,7 @@ def test_load(infergate_model, infergate_reference_model, record_property):
 @pytest.mark.parametrize("batch", [1, SMALL_BATCH], ids=["batch1", f"batch{SMALL_BATCH}"])
 def test_speed(infergate_bench, infergate_tokenizer, engine_config, batch):
     requests = chat_workload(infergate_tokenizer, batch, prompt_tokens=(40, 120), max_new_tokens=(16, 16), seed=3)
-    # one repetition: the budgets here are gross; a stored baseline takes 5-12 (gates.bench.repetition_plan)
+    # one repetition: the budgets here are gross; a stored baseline takes 5-12 (gates.perf.repetition_plan)
     m = infergate_bench(requests, engine_config(max_batch_size=batch), warmup=1, repeats=1, label=f"batch{batch}")
     assert m.num_failed == 0
 

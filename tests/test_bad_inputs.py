@@ -201,6 +201,28 @@ def test_a_results_file_is_a_baseline_the_accepted_run(pytester, run):
     result.stderr.fnmatch_lines(["*--infergate-baseline empty.json: this results file holds no perf measurement*"])
 
 
+def test_a_history_run_is_a_baseline_by_its_run_id_or_latest(pytester, run):
+    # issue #42: a baseline is a saved run, and a history keeps the saved runs
+    from pytest_infergate.history.store import RUN_FILE
+
+    pytester.makepyfile(BENCH.format(budget="max_regression=0.5"))
+    run("--infergate-history=h").assert_outcomes(passed=1)
+    (first,) = [p for p in (pytester.path / "h").iterdir() if RUN_FILE.match(p.name)]
+    for name in ("latest", first.stem):
+        run(f"--infergate-baseline={name}", "--infergate-history=h", "--infergate-json=again.json")
+        (record,) = [r for r in json.loads((pytester.path / "again.json").read_text())["records"]
+                     if r["kind"] == "perf"]
+        assert record["route"] == "stored" and record["verdicts"], name
+    # a run id without its history, and one the history does not hold, are usage errors that say what to give
+    alone = run(f"--infergate-baseline={first.stem}")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    alone.stderr.fnmatch_lines([f"*--infergate-baseline {first.stem} names a run of a history: give its folder with "
+                                "--infergate-history DIR*"])
+    missing = run("--infergate-baseline=20200101T000000Z-abcdef", "--infergate-history=h")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines([f"*no such run in the history h (its newest: *{first.stem}*)*`latest`*"])
+
+
 def test_cli_refuses_baselines_and_incomplete_results(pytester, run, capsys):
     from pytest_infergate.cli import main
 
@@ -376,7 +398,7 @@ def test_more(infergate_bench, i):
 
 # ---- issue #32 rows 13, 14, 16: the input named, never a raw library error or a silent pass ----------------------
 def check_a_binary_workload_file_names_the_file_and_line(tmp_path):
-    from pytest_infergate.workload_files import WorkloadError, from_file
+    from pytest_infergate.workloads.traffic import WorkloadError, from_file
 
     path = tmp_path / "w.jsonl"
     path.write_bytes(b'{"prompt": "hello"}\n\xff\xfe\x00binary')
@@ -386,7 +408,7 @@ def check_a_binary_workload_file_names_the_file_and_line(tmp_path):
 
 def check_a_chat_message_without_content_is_refused_at_the_request():
     from pytest_infergate.engine import Request
-    from pytest_infergate.engine.request import RequestError
+    from pytest_infergate.workloads.request import RequestError
 
     with pytest.raises(RequestError, match=r"messages\[1\]\['content'\] is None"):
         Request(messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": None}])
@@ -429,7 +451,7 @@ def test_speed(infergate_bench):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*infergate_bench for test_*: request 0: prompt has 300 tokens, over the context "
                                  "window of 256*"])
-    assert "perf/bench.py" not in result.stdout.str() and "engine/limits.py" not in result.stdout.str()
+    assert "perf/local_bench.py" not in result.stdout.str() and "engine/limits.py" not in result.stdout.str()
 
 
 def check_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_source):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.engine.request import Request, plain_text, render_prompt
+from pytest_infergate.workloads.request import Request, plain_text, render_prompt
 
 BASE_RUN = """
 from pytest_infergate.engine import EngineConfig

@@ -5,13 +5,13 @@ import pytest
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.engine import EngineConfig
-from pytest_infergate.gates.bench import PerfBench
+from pytest_infergate.gates.perf import PerfBench
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import Options
-from pytest_infergate.perf.bench import Bench
 from pytest_infergate.perf.conversations import PrefixCacheUse, prefix_cache_use
+from pytest_infergate.perf.local_bench import Bench
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.workload_files import Session, Turn
+from pytest_infergate.workloads.traffic import Session, Turn
 
 QUESTIONS = ("Tell me about the tides and the moon.", "And the waves?", "And the rivers that reach the sea?")
 

@@ -175,7 +175,7 @@ def test_a_graph_pool_counts_in_the_models_memory(tiny_fp32):
     the perf record adds it to what the model holds."""
     from pytest_infergate.engine.decode_graphs import GraphStatus
     from pytest_infergate.measurement import Measurement
-    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.local_bench import Bench
 
     bench = Bench(tiny_fp32, calibrate=False)
     config = EngineConfig(max_model_len=128, kv_budget_blocks=16)

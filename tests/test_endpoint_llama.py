@@ -14,8 +14,8 @@ import pytest
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity
-from pytest_infergate.endpoint.load import add_to_measurement
-from pytest_infergate.endpoint.request import EndpointError
+from pytest_infergate.endpoint.exchange import EndpointError
+from pytest_infergate.endpoint.loadgen import add_to_measurement
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.workloads import from_file
 
@@ -150,7 +150,7 @@ def test_a_server_killed_mid_run_ends_every_request_in_one_outcome(own_llama_ser
 
         started = time.perf_counter()
         from pytest_infergate.endpoint.client import EndpointClient
-        from pytest_infergate.endpoint.load import _run, run_load_async
+        from pytest_infergate.endpoint.loadgen import _run, run_load_async
 
         async def main():
             async with EndpointClient(config) as client:

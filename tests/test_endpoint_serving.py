@@ -12,14 +12,14 @@ from openai_servers import FaultyServer
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
 from pytest_infergate.endpoint.capacity import CapacitySpec, capacity_measurement, search_capacity, wilson
-from pytest_infergate.endpoint.request import EndpointResult
+from pytest_infergate.endpoint.exchange import EndpointResult
 from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metrics, to_vocabulary
 from pytest_infergate.errors import OptionError
 from pytest_infergate.gates.pair import compare_servers, topk_pair_kl
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import BudgetError, check_budget, parse_budget
-from pytest_infergate.workload_files import Session, Turn, WorkloadError
 from pytest_infergate.workloads import from_file
+from pytest_infergate.workloads.traffic import Session, Turn, WorkloadError
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -5,8 +5,8 @@ from engine_helpers import PROMPTS, hf_greedy, messages
 from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request
 from pytest_infergate.engine.config import BATCHING_MODES, CACHE_MODES
 from pytest_infergate.engine.engine import UnsupportedModelError
-from pytest_infergate.engine.request import RequestError
 from pytest_infergate.errors import OptionError
+from pytest_infergate.workloads.request import RequestError
 
 MAX_NEW = 20
 

@@ -18,8 +18,8 @@ from pytest_infergate.engine import (
     make_backend,
 )
 from pytest_infergate.engine.backends import ASKED_FOR_HF, choice_for, choose_backend
-from pytest_infergate.engine.request import RequestError
 from pytest_infergate.errors import OptionError
+from pytest_infergate.workloads.request import RequestError
 
 MAX_NEW = 12
 STATIC = dict(batching="static", cache_mode="contiguous", max_model_len=256)

@@ -7,8 +7,8 @@ import pytest
 from engine_helpers import PROMPTS, messages
 
 from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request, sampling
-from pytest_infergate.engine.request import RequestError
 from pytest_infergate.errors import OptionError
+from pytest_infergate.workloads.request import RequestError
 
 
 @pytest.mark.parametrize("kwargs,message", [

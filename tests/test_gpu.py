@@ -82,7 +82,7 @@ def test_each_forward_records_its_device_time_and_a_measurement_its_load_free_sh
 
     from pytest_infergate.engine import Engine, EngineConfig, Request
     from pytest_infergate.perf import interference
-    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.local_bench import Bench
 
     with Engine(tiny_fp16.model, tiny_fp16.tokenizer, EngineConfig(max_model_len=512)) as engine:
         before = engine.device_s

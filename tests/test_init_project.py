@@ -104,3 +104,15 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     summary = step("summary")
     shown = summary.stdout if kind == "gitlab" else Path(env["GITHUB_STEP_SUMMARY"]).read_text()
     assert summary.returncode == 0 and "test_serving" in shown
+
+
+def test_a_conftest_an_older_init_wrote_still_imports_its_workload_reader():
+    # before 0.4 the starter conftest imported from_file from pytest_infergate.workload_files (now workloads)
+    import importlib
+    import sys
+
+    sys.modules.pop("pytest_infergate.workload_files", None)
+    with pytest.warns(DeprecationWarning, match="moved to pytest_infergate.workloads"):
+        module = importlib.import_module("pytest_infergate.workload_files")
+    from pytest_infergate.workloads import from_file
+    assert module.from_file is from_file

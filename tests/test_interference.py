@@ -55,7 +55,7 @@ def test_a_cpu_hog_reads_as_others_and_our_own_threads_do_not():
 @linux_only
 def test_each_repetition_records_what_others_took(tiny_fp32):
     from pytest_infergate.engine import EngineConfig, Request
-    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.local_bench import Bench
 
     requests = [Request(prompt_token_ids=[5 + i] * 16, max_new_tokens=64, ignore_eos=True) for i in range(8)]
     config = EngineConfig(max_model_len=128, kv_budget_bytes=4 << 20)
@@ -279,7 +279,7 @@ def test_measurements_on_the_cpu_record_torch_threads(tiny_fp32):
     import torch
 
     from pytest_infergate.engine import EngineConfig
-    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.local_bench import Bench
     from pytest_infergate.workloads import chat_workload
 
     threads = torch.get_num_threads()

@@ -10,12 +10,12 @@ from pytest_infergate.engine import Engine, EngineConfig, Request
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
-from pytest_infergate.perf.bench import Bench
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, evaluate_ab
+from pytest_infergate.perf.local_bench import Bench
 from pytest_infergate.perf.verdict import compare_measurements, compare_samples
 from pytest_infergate.status import Status
-from pytest_infergate.workload_files import Session, Turn
+from pytest_infergate.workloads.traffic import Session, Turn
 
 CFG = EngineConfig(max_model_len=128, kv_budget_bytes=4 << 20)
 
@@ -151,7 +151,7 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
         b, outcome = evaluate_ab(run_round, budget, rounds=3)
         assert outcome.baseline.repetitions == b.repetitions == AB_ROUNDS == 6
         # per round, each side's load-free share over its own steps, and how busy the machine was (Linux; a round
-        # shorter than a few clock ticks cannot tell, and then no round says: as perf.bench does)
+        # shorter than a few clock ticks cannot tell, and then no round says: as perf.local_bench does)
         for side in (outcome.baseline, b):
             assert len(side.load_free_share) == 6 and all(0 < share <= 1 for share in side.load_free_share)
             assert len(side.others_share) in (0, 6)

@@ -3,7 +3,7 @@ documentation), so the mapping table in docs/reference/metrics.md is a fact, not
 
 import pytest
 
-from pytest_infergate.endpoint.request import EndpointResult
+from pytest_infergate.endpoint.exchange import EndpointResult
 from pytest_infergate.stats import percentile
 
 # a request sent at t=10.0 s whose 4 text chunks arrived at 10.200, 10.250, 10.310, 10.360, stream ended 10.370

@@ -13,7 +13,7 @@ from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, add_repetitions, machi
 
 import pytest_infergate
 from pytest_infergate.cli import compare_runs
-from pytest_infergate.gates.bench import record_outcome
+from pytest_infergate.gates.perf import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
@@ -232,7 +232,7 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     and said as a model change in the run's verdict, on a pass too (terminal, report and JSON read the same
     reasons); under --infergate-strict it is compared only with --infergate-allow-model-change, else the relative
     check is missing, which strict fails."""
-    from pytest_infergate.results.verdict import run_verdict
+    from pytest_infergate.results.run_verdict import run_verdict
 
     base = {**FINGERPRINT, "model_name": "SmolLM2-135M-Instruct", "architecture": "llama, 30 layers, hidden 576"}
     now = {**FINGERPRINT, "model_name": "tiny-random-llama", "architecture": "llama, 2 layers, hidden 16"}

@@ -484,7 +484,7 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     # max_regression (at least 5, at most 12 repetitions), not a fixed 8 whatever the noise
     from types import SimpleNamespace
 
-    from pytest_infergate.gates.bench import repetition_plan
+    from pytest_infergate.gates.perf import repetition_plan
     from pytest_infergate.perf.stored import LEAST_REPETITIONS, MOST_REPETITIONS
 
     def ctx(save=None, baseline=None):
@@ -594,7 +594,7 @@ def test_the_kv_budget_is_sized_from_the_workload_unless_the_config_sets_one(tin
     # issue #34 point 6: a fixed 1 GiB default made the peak memory a small model reported measure our default
     from pytest_infergate.engine import EngineConfig, Request
     from pytest_infergate.engine.engine import Engine
-    from pytest_infergate.perf.bench import Bench
+    from pytest_infergate.perf.local_bench import Bench
 
     bench = Bench(tiny_fp32, calibrate=False)
     requests = [Request(prompt_token_ids=[5 + i] * (20 + i), max_new_tokens=8, ignore_eos=True) for i in range(6)]
@@ -665,10 +665,10 @@ def test_each_verdict_names_the_evidence_that_decided_it():
 
 
 def verdict_reasons_of(outcome) -> list[str]:
-    """The lines the terminal and the report show for an outcome's verdicts (results.verdict.verdict_reasons)."""
+    """The lines the terminal and the report show for an outcome's verdicts (results.run_verdict.verdict_reasons)."""
     from types import SimpleNamespace
 
-    from pytest_infergate.results.verdict import verdict_reasons
+    from pytest_infergate.results.run_verdict import verdict_reasons
 
     record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
@@ -679,7 +679,7 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     from types import SimpleNamespace
 
     from pytest_infergate.perf.verdict import Verdict
-    from pytest_infergate.results.verdict import UNDECIDED_ACTION, verdict_reasons
+    from pytest_infergate.results.run_verdict import UNDECIDED_ACTION, verdict_reasons
 
     straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
     decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))

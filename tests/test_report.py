@@ -388,7 +388,7 @@ def test_each_column_is_named_as_its_metric_defined_and_the_gated_figure_marked(
 
 
 def test_a_parameter_with_an_empty_id_reads_as_such():
-    from pytest_infergate.report.context import split_test_id
+    from pytest_infergate.report.template_context import split_test_id
 
     assert split_test_id("suites/t.py::test_chat_latency[]") == ("suites/t.py", "test_chat_latency[(empty id)]")
     assert split_test_id("suites/t.py::test_gain[-1]::long") == ("suites/t.py", "test_gain[-1]::long")
@@ -409,7 +409,7 @@ def test_a_measurement_no_gate_checked_says_so_instead_of_pass(results):
 
 def test_a_test_failed_by_its_gate_is_one_reason_located_in_the_test(results):
     # issue #45: each failing test read twice (as the test and as its gate), its place a line of the plugin
-    from pytest_infergate.results.verdict import run_verdict
+    from pytest_infergate.results.run_verdict import run_verdict
 
     verdict = run_verdict(RunResults.from_dict(results))
     slow = [reason for reason in verdict.reasons if "test_too_slow" in reason.name]

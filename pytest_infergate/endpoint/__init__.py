@@ -9,7 +9,7 @@ from pytest_infergate.endpoint.client import (
     EndpointRequest,
     EndpointResult,
 )
-from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, run_load, sweep_patterns
+from pytest_infergate.endpoint.loadgen import LoadPattern, LoadRun, Slo, run_load, sweep_patterns
 from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metrics
 
 __all__ = ["CapacityResult", "CapacitySpec", "EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest",

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pytest_infergate import progress
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
 from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
-from pytest_infergate.endpoint.load import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
+from pytest_infergate.endpoint.loadgen import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import PERCENTILES, Measurement, add_request_latencies, percentile_suffix
 from pytest_infergate.stats import percentile
-from pytest_infergate.workload_files import Session
+from pytest_infergate.workloads.traffic import Session
 
 SEARCHES = ("rate", "concurrency")
 REQUESTS_PER_SLOT = 4  # a concurrency point sends this many requests per slot

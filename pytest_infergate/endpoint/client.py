@@ -14,7 +14,7 @@ import time
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
-from pytest_infergate.endpoint.request import (
+from pytest_infergate.endpoint.exchange import (
     EndpointConfig,
     EndpointError,
     EndpointRequest,

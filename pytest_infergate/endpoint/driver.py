@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pytest_infergate.endpoint.client import EndpointClient
-from pytest_infergate.endpoint.request import EndpointRequest, EndpointResult
-from pytest_infergate.workload_files import Session
+from pytest_infergate.endpoint.exchange import EndpointRequest, EndpointResult
+from pytest_infergate.workloads.traffic import Session
 
 CANCELLED = "cancelled"
 SESSION_ABORTED = "session_aborted"

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from pytest_infergate.endpoint.request import EndpointConfig, EndpointError, EndpointRequest
+from pytest_infergate.endpoint.exchange import EndpointConfig, EndpointError, EndpointRequest
 
 FILLER = ("The river carved a valley over many years while the city grew along its banks. Travellers wrote "
           "letters about the bridges, the markets and the weather, and the letters were kept in a small museum. ")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from pytest_infergate.engine.validate import check_bool, check_int, check_number
 from pytest_infergate.errors import OptionError
+from pytest_infergate.validate import check_bool, check_int, check_number
 
 CACHE_MODES = ("paged", "contiguous", "none")
 BATCHING_MODES = ("sequential", "static", "dynamic", "continuous")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.request import Request, RequestError
+from pytest_infergate.workloads.request import Request, RequestError
 
 MAX_CONTEXT = 8192  # the default max_model_len is the model's max_position_embeddings, at most this
 

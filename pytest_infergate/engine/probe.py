@@ -24,8 +24,9 @@ import torch
 
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.kv_cache import KVCache
-from pytest_infergate.engine.request import Request, Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
+from pytest_infergate.engine.sequence import Sequence
+from pytest_infergate.workloads.request import Request
 
 PROBE_BLOCK_SIZE = 4  # small blocks: a short probe crosses several boundaries
 PROBE_MAX_REACH = 4096  # Mistral's and Gemma 2's windows; a longer one is refused unless max_model_len keeps under it

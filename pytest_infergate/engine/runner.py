@@ -12,8 +12,8 @@ import torch
 
 from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows, cache_slots
 from pytest_infergate.engine.patterns import declared_patterns
-from pytest_infergate.engine.request import Sequence
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
+from pytest_infergate.engine.sequence import Sequence
 
 CPU_DECODE_GROUP_SIZE = 8  # decoding sequences attended together on the CPU (see EngineConfig.decode_group_size)
 
@@ -43,7 +43,7 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs once the engine captured and checked them
         self.chunk_sizes = declared_patterns(model.config).chunks  # chunked layers: their mask is the config's
         # the device's time in this runner's forwards so far, by CUDA events (None off CUDA): what the gate compares
-        # on a busy runner, since CPU co-tenants slow the host's launches, not the kernels (perf.bench)
+        # on a busy runner, since CPU co-tenants slow the host's launches, not the kernels (perf.local_bench)
         self.device_s: float | None = 0.0 if self.is_cuda else None
         self.last_device_s: float | None = None  # the last forward's
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pytest_infergate.engine.request import Request, Sequence
+from pytest_infergate.engine.sequence import Sequence
+from pytest_infergate.workloads.request import Request
 
 
 @dataclass

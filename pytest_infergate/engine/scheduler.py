@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.request import Sequence, SequenceStatus
+from pytest_infergate.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -3,7 +3,8 @@ HF generate backend, so both end requests for the same reasons."""
 
 from __future__ import annotations
 
-from pytest_infergate.engine.request import FinishReason, Request
+from pytest_infergate.engine.sequence import FinishReason
+from pytest_infergate.workloads.request import Request
 
 STOP_STRING_TAIL_TOKENS = 16  # a stop string is looked for in the text of the last tokens
 

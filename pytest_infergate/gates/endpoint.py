@@ -7,9 +7,10 @@ from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
-from pytest_infergate.endpoint.load import LoadPattern, Slo, sweep_patterns
+from pytest_infergate.endpoint.loadgen import LoadPattern, Slo, sweep_patterns
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.gates.bench import (
+from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
+from pytest_infergate.gates.perf import (
     DEFAULT_AB_REGRESSION,
     budget_for,
     finish_ab,
@@ -17,7 +18,6 @@ from pytest_infergate.gates.bench import (
     repetition_plan,
     until_settled,
 )
-from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.lazy import require_local_model_stack
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
-from pytest_infergate.endpoint.load import LoadPattern, run_load
-from pytest_infergate.engine.request import Request, plain_text, render_prompt
+from pytest_infergate.endpoint.loadgen import LoadPattern, run_load
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.quality.compare import QualityResult, compare_with_reference
+from pytest_infergate.quality.golden_comparison import QualityResult, compare_with_reference
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
 from pytest_infergate.quality.metrics import TokenStats
 from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
+from pytest_infergate.workloads.request import Request, plain_text, render_prompt
 
 TOP_LOGPROBS = 5
 GOLDEN_CONCURRENCY = 4
@@ -137,7 +137,7 @@ def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: 
 def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: list,
                      endpoint_outputs: list[EndpointGenerated], notes: list[str]) -> QualityResult:
     """The endpoint's greedy outputs against the local reference precision's (the one comparison of
-    quality.compare), with KL and top-1 along the endpoint's own continuation where it returned logprobs."""
+    quality.golden_comparison), with KL and top-1 along the endpoint's own continuation where it returned logprobs."""
     started = time.perf_counter()
     stats = endpoint_stats(reference.model, endpoint_outputs, PieceIndex(reference.tokenizer)) \
         if any(g.logprobs for g in endpoint_outputs) else [None] * len(endpoint_outputs)

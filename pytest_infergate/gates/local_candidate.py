@@ -41,7 +41,7 @@ class LocalCandidate:
         return fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
 
     def compare(self, reference, samples, reference_outputs) -> QualityResult:
-        from pytest_infergate.quality.compare import compare_precision
+        from pytest_infergate.quality.golden_comparison import compare_precision
 
         return compare_precision(reference, self.loaded, samples, reference_outputs, self.outputs(samples),
                                  self.reference_scores)

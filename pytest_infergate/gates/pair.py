@@ -16,7 +16,7 @@ import math
 import re
 import time
 
-from pytest_infergate.endpoint.request import EndpointConfig, EndpointResult
+from pytest_infergate.endpoint.exchange import EndpointConfig, EndpointResult
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.gates.endpoint_golden import ask_greedy
 from pytest_infergate.gates.golden import GoldenGate
@@ -91,7 +91,7 @@ def pair_stats(reference: EndpointResult, candidate: EndpointResult) -> TokenSta
 def compare_servers(samples: list[GoldenSample], reference: list[EndpointResult], candidate: list[EndpointResult],
                     notes: list[str], started: float | None = None) -> QualityResult:
     """The candidate server's greedy answers against the reference server's (the metrics of
-    quality.compare, with the servers' own tokens)."""
+    quality.golden_comparison, with the servers' own tokens)."""
     started = time.perf_counter() if started is None else started
     pieces = Pieces()
     per_sample, token_kl, by_words = [], [], 0

@@ -13,7 +13,7 @@ from pytest_infergate.history import changepoint
 from pytest_infergate.history.chart import trend_chart
 from pytest_infergate.history.series import Finding, History, findings
 from pytest_infergate.measurement import METRICS
-from pytest_infergate.report.context import split_test_id
+from pytest_infergate.report.template_context import split_test_id
 
 
 def describe(f: Finding) -> str:

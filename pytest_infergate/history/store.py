@@ -14,6 +14,8 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.run import RunResults
 
 RUN_FILE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}\.json$")  # what append_run writes, and the only files it prunes
+RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+LATEST = "latest"  # the newest run of a history, as --infergate-baseline
 DEFAULT_KEEP = 100
 
 
@@ -38,6 +40,32 @@ def prune(folder: Path, keep: int) -> list[Path]:
         path.unlink(missing_ok=True)  # a concurrent run may have pruned it already
         report_beside(path).unlink(missing_ok=True)
     return removed
+
+
+def names_a_run(text: str) -> bool:
+    """`text` is a history run's id or `latest`, not a file path."""
+    return text == LATEST or bool(RUN_ID.match(text))
+
+
+def run_file(folder: Path | None, run: str) -> Path:
+    """The results file of the history run `run` (its id, or `latest`: the newest), for --infergate-baseline: the
+    accepted run is the baseline."""
+    flag = f"--infergate-baseline {run}"
+    if folder is None:
+        raise InfergateError(f"{flag} names a run of a history: give its folder with --infergate-history DIR (the "
+                             "folder earlier runs were appended to), or pass a baseline or results file")
+    runs = sorted(p for p in Path(folder).iterdir() if RUN_FILE.match(p.name)) if Path(folder).is_dir() else []
+    if not runs:
+        raise InfergateError(f"{flag}: the history {folder} holds no run yet; run once with "
+                             f"--infergate-history={folder} to record the run to compare with")
+    if run == LATEST:
+        return runs[-1]
+    path = Path(folder) / f"{run}.json"
+    if not path.is_file():
+        newest = ", ".join(p.stem for p in runs[-3:])
+        raise InfergateError(f"{flag}: no such run in the history {folder} (its newest: {newest}); give one of its "
+                             f"run ids (`infergate history {folder}` lists them) or `{LATEST}`")
+    return path
 
 
 def report_beside(results_file: Path) -> Path:

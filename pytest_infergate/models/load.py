@@ -193,7 +193,7 @@ class LoadRecord:
     backend: str = ""
     backend_reason: str = ""
     self_check_s: float | None = None
-    plain_text_prompts: bool = False  # a base model: its tokenizer has no chat template (engine.request.plain_text)
+    plain_text_prompts: bool = False  # a base model: its tokenizer has no chat template (workloads.request.plain_text)
     model_name: str = ""  # ModelSource.name: "SmolLM2-135M-Instruct", a GGUF's stem, a directory's name
     architecture: str = ""  # architecture_of(config): "llama, 30 layers, hidden 576"
 

@@ -1,8 +1,8 @@
 """Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references
 a candidate is compared with (perf.reference: a strategy per route), the one decision over them (perf.decide, one
 PerfOutcome whatever the route) and the gate that measures more while it cannot decide (perf.gate.PerfGate). No
-pytest and no torch here; the engine bench (`perf.bench`) imports the engine when it is used; the fixture object is
-`gates.bench`."""
+pytest and no torch here; the engine bench (`perf.local_bench`) imports the engine when it is used; the fixture
+object is `gates.perf`."""
 
 from pytest_infergate.measurement import METRICS, PERCENTILES, Measurement, add_request_latencies
 from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline, save_baseline

@@ -1,6 +1,6 @@
 """Workloads of multi-turn sessions on the reference engine, and what the prefix cache saved on them.
 
-A `Session` (workload_files.py) sends turn k only once turn k-1 has been answered, with the conversation so far
+A `Session` (workloads/traffic.py) sends turn k only once turn k-1 has been answered, with the conversation so far
 (the chat template over the earlier user turns and the answers the engine actually gave) as its prompt; with
 `EngineConfig(prefix_caching=True)` turn k reuses the K/V blocks of that conversation. `PrefixCacheUse` counts
 what was reused, from each request's `Result.num_cached_tokens`, for plain requests and sessions alike.
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from pytest_infergate.engine.request import Request, Result
+from pytest_infergate.engine.sequence import Result
 from pytest_infergate.errors import OptionError
-from pytest_infergate.workload_files import Session
+from pytest_infergate.workloads.request import Request
+from pytest_infergate.workloads.traffic import Session
 
 PREFIX_CACHE_KEY = "prefix_cache"  # where a Measurement's engine dict keeps the PrefixCacheUse of its last repetition
 

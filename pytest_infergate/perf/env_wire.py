@@ -12,9 +12,9 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.request import Request
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.workload_files import Session, Turn
+from pytest_infergate.workloads.request import Request
+from pytest_infergate.workloads.traffic import Session, Turn
 
 # Bumped whenever a message changes shape: both sides must speak the same one.
 PROTOCOL = 2  # 2: prepare, and begin / step / finish for a step-locked A/B

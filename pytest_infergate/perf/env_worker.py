@@ -30,7 +30,7 @@ from pytest_infergate.perf.env_wire import PROTOCOL, config_from_wire, decode, e
 
 class Worker:
     def __init__(self):
-        self.benches: dict[tuple, Any] = {}  # (model, precision, device, reference, backend) -> perf.bench.Bench
+        self.benches: dict[tuple, Any] = {}  # (model, precision, device, reference, backend) -> perf.local_bench.Bench
         self.measurements: dict[str, Any] = {}
         self.stepping: dict[str, Any] = {}  # id -> perf.lockstep.LocalSide of the repetition begun under that id
 
@@ -44,7 +44,7 @@ class Worker:
     def bench(self, message: dict[str, Any]):
         from pytest_infergate.engine.backends import choose_backend
         from pytest_infergate.models import load_model, resolve_model
-        from pytest_infergate.perf.bench import Bench
+        from pytest_infergate.perf.local_bench import Bench
 
         key = tuple(message[name] for name in ("model", "precision", "device", "reference", "backend"))
         if key not in self.benches:

@@ -28,7 +28,7 @@ from pytest_infergate.measurement import Measurement, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
 from pytest_infergate.runqueue import LoadFreeTimer
-from pytest_infergate.workload_files import Session
+from pytest_infergate.workloads.traffic import Session
 
 
 class SideClock:

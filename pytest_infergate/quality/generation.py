@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_infergate import progress
-from pytest_infergate.engine import EngineConfig, Request
-from pytest_infergate.engine.request import RequestError, render_prompt
+from pytest_infergate.engine import EngineConfig
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 from pytest_infergate.quality.metrics import Generated
+from pytest_infergate.workloads.request import Request, RequestError, render_prompt
 
 DEFAULT_MAX_MODEL_LEN = 2048
 # log-probabilities recorded per generated token: the margin of a changed golden token is read from the run that

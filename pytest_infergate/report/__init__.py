@@ -35,7 +35,7 @@ def template_environment():
 def render(results: RunResults, commit: str | None = None, history=None, history_href: str | None = None) -> str:
     """The report of `results`; with a History (history/series.py) its diagnosis notes a slow creep, and with
     `history_href` its header links to the history page."""
-    from pytest_infergate.report.context import build_context
+    from pytest_infergate.report.template_context import build_context
 
     return template_environment().get_template("report.html").render(
         **build_context(results, commit, history, history_href))

@@ -1,4 +1,4 @@
-"""The slow tail of an endpoint load run, from its per-request records (endpoint.load.request_record): the
+"""The slow tail of an endpoint load run, from its per-request records (endpoint.loadgen.request_record): the
 requests a p99 summarizes away, each with when it left, its first token, its end, tokens and status."""
 
 from __future__ import annotations

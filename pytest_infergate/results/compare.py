@@ -42,7 +42,7 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
     regression = DEFAULT_MAX_REGRESSION if regression is None else regression
     if not budget.limits:  # a limit no measurement can break names a metric without gating its value
         budget = parse_budget({metric: 1e-300 if METRICS[metric][1] else 1e300 for metric in DEFAULT_COMPARED})
-    # as the in-run gate (gates.bench.measured_budget): a key the measurement has no figure for is not checked
+    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked
     measured = tuple(limit for limit in budget.limits if record.measurement.samples.get(limit.metric))
     return Budget(measured, budget.percentile, regression)
 

@@ -106,8 +106,8 @@ class RunResults:
         return self.of_type(BatchInvarianceRecord)
 
     def verdict(self):
-        """The run's one verdict from every gate and every pytest outcome (results.verdict)."""
-        from pytest_infergate.results.verdict import run_verdict
+        """The run's one verdict from every gate and every pytest outcome (results.run_verdict)."""
+        from pytest_infergate.results.run_verdict import run_verdict
 
         return run_verdict(self)
 

@@ -14,7 +14,7 @@ from pytest_infergate.results.records import (
     undefined_reason,
 )
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.verdict import verdict_reasons
+from pytest_infergate.results.run_verdict import verdict_reasons
 from pytest_infergate.status import Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)

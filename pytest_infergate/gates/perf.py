@@ -182,7 +182,7 @@ class PerfBench:
 
     def __init__(self, ctx: TestContext, loaded, compare_side: Callable[[], object],
                  baseline_env: Callable[[], object] | None = None):
-        from pytest_infergate.perf.bench import Bench
+        from pytest_infergate.perf.local_bench import Bench
 
         self.ctx = ctx
         self.loaded = loaded
@@ -228,7 +228,7 @@ class PerfBench:
     def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
                  label: str = "", tags: dict | None = None) -> Measurement:
         from pytest_infergate.engine import EngineConfig
-        from pytest_infergate.engine.request import RequestError
+        from pytest_infergate.workloads.request import RequestError
 
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             self.ctx.fail(f"infergate_bench(repeats={repeats!r}): take at least one repetition (repeats >= 1); "
@@ -323,7 +323,7 @@ class PerfBench:
         in this precision, else the reference precision; `baseline_config` defaults to `config`. The verdict of
         B against A uses the budget's max_regression (default 0.10). Returns (A, B) Measurements."""
         from pytest_infergate.engine import EngineConfig
-        from pytest_infergate.perf.bench import Bench
+        from pytest_infergate.perf.local_bench import Bench
 
         requests = requests if requests is not None else self.default_workload()
         config = config or EngineConfig()

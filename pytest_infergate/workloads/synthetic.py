@@ -6,10 +6,8 @@ Deterministic for a given seed, so two runs (or a baseline and a candidate) see 
 from __future__ import annotations
 
 import random
-import time
-from dataclasses import replace
 
-from pytest_infergate.engine.request import Request, render_prompt
+from pytest_infergate.workloads.request import Request, render_prompt
 
 QUESTIONS = [
     "Summarize the text above in two sentences.",
@@ -103,64 +101,3 @@ def with_burst_arrivals(requests: list[Request], burst_size: int, gap_s: float) 
     for index, request in enumerate(requests):
         request.arrival_s = (index // burst_size) * gap_s
     return requests
-
-
-def from_file(path, **options) -> list:
-    """Requests and multi-turn Sessions from a JSONL / JSON traffic file (prompts, chat messages, ShareGPT
-    conversations, optional timestamps); see workload_files.from_file for the formats and options."""
-    from pytest_infergate.workload_files import from_file as read
-
-    return read(path, **options)
-
-
-def run_sessions(engine, items: list) -> list[list]:
-    """Run multi-turn Sessions (and plain Requests, as one-turn items) on the reference engine, every session's
-    turns one after another with the engine's actual answers appended, the sessions side by side (each starts at
-    its `arrival_s`). Returns each item's Results in turn order; a session stops at a turn that did not end
-    normally (rejected, timed out). With `EngineConfig(prefix_caching=True)` a later turn reuses the blocks of
-    the conversation so far: `Result.num_cached_tokens` shows how much."""
-    from pytest_infergate.workload_files import Session
-
-    results: list[list] = [[] for _ in items]
-    answers: list[list[str]] = [[] for _ in items]
-    pending: dict[str, int] = {}  # request id -> item index
-    start = engine.now()
-
-    def turns(index: int) -> int:
-        return len(items[index].turns) if isinstance(items[index], Session) else 1
-
-    def submit(index: int) -> None:
-        item, turn = items[index], len(results[index])
-        if isinstance(item, Session):
-            request = item.request(turn, answers[index])
-            request_id = item.turn_id(turn) if item.session_id else f"s{index}-t{turn}"
-        else:
-            request, request_id = item, item.request_id or f"r{index}"
-        request = replace(request, request_id=request_id, metadata=dict(request.metadata))
-        arrival = start + item.arrival_s if turn == 0 else None  # a later turn arrives when its answer came
-        request_id = engine.submit(request, arrival=arrival)
-        pending[request_id] = index
-        if engine.result(request_id) is not None:  # rejected on submission (queue full, prompt too long)
-            finish(request_id)
-
-    def finish(request_id: str) -> None:
-        index = pending.pop(request_id)
-        result = engine.result(request_id)
-        results[index].append(result)
-        answers[index].append(result.text)
-        if result.ok and len(results[index]) < turns(index):
-            submit(index)
-
-    waiting = sorted(range(len(items)), key=lambda i: items[i].arrival_s)
-    while waiting or pending:
-        while waiting and start + items[waiting[0]].arrival_s <= engine.now():
-            submit(waiting.pop(0))
-        if not pending:
-            time.sleep(max(0.0, start + items[waiting[0]].arrival_s - engine.now()))
-            continue
-        ended = engine.step(more_arrivals=bool(waiting))
-        for request_id in ended:
-            finish(request_id)
-        if not ended and not engine.scheduler.running:
-            time.sleep(0.001)  # a static / dynamic batch is still forming
-    return results

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pytest_infergate.engine.request import plain_text
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import Options, check_endpoint_settings
+from pytest_infergate.workloads.request import plain_text
 
 SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
 

@@ -1,12 +1,15 @@
 """Load patterns against an endpoint, as `vllm bench serve` and guidellm drive them: a fixed number of requests
 in flight (closed loop), a request rate with Poisson or gamma-bursty arrivals (open loop, optionally capped
 in flight), a recorded trace replayed on its own timestamps, and sweeps over either. Goodput counts the requests
-that met every SLO. The server's Prometheus metrics are scraped around every run (endpoint/server_metrics.py)."""
+that met every SLO. The server's Prometheus metrics are scraped around every run (endpoint/server_metrics.py).
+`EndpointBench` turns a workload's load runs into a Measurement, the same shape the reference engine's bench
+produces, so budgets, baselines and the report treat both alike."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
@@ -14,8 +17,8 @@ from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import MAX_REQUEST_RECORDS, Measurement, add_request_latencies
-from pytest_infergate.workload_files import Session
-from pytest_infergate.workloads import gamma_arrival_offsets
+from pytest_infergate.workloads.synthetic import gamma_arrival_offsets
+from pytest_infergate.workloads.traffic import Session
 
 
 @dataclass(frozen=True)
@@ -308,3 +311,51 @@ def _run(coroutine):
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
 
+
+class EndpointBench:
+    """Measurements of one endpoint. The served model name is looked up once (GET /v1/models) and kept in
+    `config`, so every later request names it without asking the server again."""
+
+    def __init__(self, config: EndpointConfig):
+        self.config = config
+        self._synchronous: dict[str, Measurement] = {}  # synchronous_run's, by workload
+
+    def synchronous_run(self, requests: list, slo: Slo, warmup: int = 1) -> Measurement:
+        """The workload one request at a time (concurrency 1, guidellm's synchronous run), measured once a session
+        for each workload: what the server does with no queue, the yardstick a suite sizes its loads from."""
+        key = repr(requests)
+        if key not in self._synchronous:
+            self._synchronous[key] = self.measure(requests, LoadPattern(concurrency=1), slo, warmup=warmup,
+                                                  label="synchronous")
+        return self._synchronous[key]
+
+    @property
+    def model(self) -> str:
+        if self.config.model is None:
+            self.config = replace(self.config, model=discover_model(self.config))
+        return self.config.model
+
+    def fingerprint(self) -> dict:
+        """What an endpoint measurement depends on, as far as the client can see."""
+        return {"backend": "endpoint", "url": self.config.base_url, "served_model": self.model,
+                "api": self.config.api}
+
+    def run_once(self, requests: list, pattern: LoadPattern, slo: Slo, warmup: int, into: Measurement) -> LoadRun:
+        served = self.model
+        run = run_load(self.config, requests, pattern, slo, warmup=warmup)
+        add_to_measurement(run, into)
+        into.engine.update(backend="endpoint", url=self.config.base_url, served_model=served, api=self.config.api)
+        return run
+
+    def measure(self, requests: list, pattern: LoadPattern | None = None, slo: Slo | None = None, *,
+                warmup: int = 1, repeats: int = 1, label: str = "", max_repeats: int | None = None,
+                until: Callable[[Measurement], bool] | None = None) -> Measurement:
+        """At least `repeats` load runs, more until `until` (asked after each) says enough, at most `max_repeats`."""
+        pattern, slo = pattern or LoadPattern(), slo or Slo()
+        measurement = Measurement(label=label)
+        while measurement.repetitions < max(repeats, max_repeats or 0):
+            self.run_once(requests, pattern, slo, warmup, measurement)
+            enough = until is None or until(measurement)
+            if measurement.repetitions >= repeats and enough:
+                break
+        return measurement

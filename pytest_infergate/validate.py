@@ -1,5 +1,6 @@
-"""Type and range checks for the fields of Request and EngineConfig: a bad value fails where it is given, with a
-message naming the field, the value and what is allowed, not as a TypeError from deep inside the engine.
+"""Type and range checks for the fields of Request (workloads.request) and EngineConfig (engine.config): a bad
+value fails where it is given, with a message naming the field, the value and what is allowed, not as a TypeError
+from deep inside the engine.
 
 Booleans are not numbers here (`max_new_tokens=True` is a mistake, not 1), and floats must be finite.
 """

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_infergate import progress, runqueue
-from pytest_infergate.engine import EngineConfig, Request
+from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
-from pytest_infergate.engine.request import Result
+from pytest_infergate.engine.sequence import Result
 from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
@@ -26,7 +26,8 @@ from pytest_infergate.perf.conversations import (
     planned_requests,
     run_items,
 )
-from pytest_infergate.workload_files import Session
+from pytest_infergate.workloads.request import Request
+from pytest_infergate.workloads.traffic import Session
 
 MIB = 1024 * 1024
 
@@ -120,7 +121,7 @@ class Bench:
         workload_kv_shape), and how the budget was chosen, for the report beside the peak memory."""
         from pytest_infergate.engine.kv_cache import workload_kv_shape
         from pytest_infergate.engine.limits import Limits
-        from pytest_infergate.engine.request import RequestError, render_prompt
+        from pytest_infergate.workloads.request import RequestError, render_prompt
 
         if config.kv_budget_bytes is not None or config.kv_budget_blocks is not None:
             return config, "set by the EngineConfig"

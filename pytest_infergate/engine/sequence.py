@@ -1,0 +1,197 @@
+"""What the reference engine keeps and hands back for each request: its state inside the engine (Sequence), the
+Result it ends with and its timings; and what the engine records while it runs: one StepRecord per forward,
+degradation events, streamed chunks."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_infergate.workloads.request import Request
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def is_success(self) -> bool:
+        return self in (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request: for the engine, the
+    HF generate backend, or a client of a served model (`arrival` when it was sent, `token_times` when each
+    streamed chunk came, `num_output_tokens` the tokens they carried if a chunk can carry several)."""
+
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+    num_output_tokens: int | None = None  # None: one token per entry of token_times
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def itl_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (vLLM's TPOT)."""
+        count = len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
+        if count < 2 or self.first_token is None or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.first_token) / (count - 1)
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queue_wait_s": self.queue_wait_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "e2e_s": self.e2e_s, "itl_s": self.itl_s}
+
+
+@dataclass
+class Result:
+    request_id: str
+    finish_reason: FinishReason
+    reason: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    timings: RequestTimings
+    num_preemptions: int = 0
+    is_warmup: bool = False
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)
+    # with Request.top_logprobs: per generated token, (token ids, log-probabilities), most likely first, as the
+    # forward that generated it computed them (in its batch)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason.is_success
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+_sequence_ids = itertools.count()
+
+
+class SequenceStatus(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """The engine's state for one admitted request: tokens, progress, blocks, timings."""
+
+    def __init__(self, request: Request, prompt_token_ids: list[int], arrival: float, request_id: str):
+        self.seq_id = next(_sequence_ids)
+        self.request = request
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_top_logprobs: list[tuple[list[int], list[float]]] = []
+        self.max_new_tokens = request.max_new_tokens  # may be clamped by the engine's limits
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.block_keys: list[tuple] = []  # prefix-cache keys of its full, computed blocks, in order
+        self.num_cached_tokens = 0  # prompt tokens taken from the prefix cache instead of computed
+        self.timings = RequestTimings(arrival=arrival)
+        self.finish_reason: FinishReason | None = None
+        self.reason = ""
+        self.num_preemptions = 0
+        self.cancel_requested = False
+        self.generator = None  # torch.Generator for seeded sampling, created by the runner
+        self.stop_text_tail = ""
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token lacks cached K/V: the prompt (or, after a preemption, everything) is still being
+        prefilled. A decode step feeds exactly the one token sampled last."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.max_new_tokens
+
+    def finish(self, reason: FinishReason, detail: str, now: float) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.reason = detail
+        self.timings.finished = now
+
+    def result(self, text: str) -> Result:
+        """The Result of a finished sequence; `text` is its output decoded."""
+        return Result(self.request_id, self.finish_reason, self.reason, self.prompt_token_ids,
+                      list(self.output_token_ids), text, self.timings, self.num_preemptions,
+                      bool(self.request.metadata.get("warmup")), self.num_cached_tokens,
+                      list(self.output_top_logprobs))
+
+
+@dataclass
+class StepRecord:
+    index: int
+    start_s: float  # since the engine's clock origin
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_padding_tokens: int
+    kv_blocks_used: int
+    forward_s: float
+    step_s: float
+    num_preempted: int = 0
+    device_s: float | None = None  # the forward's device time by CUDA events (None off CUDA)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DegradationEvent:
+    at_s: float
+    kind: str
+    detail: str
+
+
+@dataclass
+class StreamChunk:
+    token_id: int
+    text: str  # the text this token added (may be empty while a multi-byte character is incomplete)
