@@ -30,7 +30,7 @@ from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.decide import decide  # noqa: E402
-from pytest_infergate.perf.reference import StoredReference  # noqa: E402
+from pytest_infergate.perf.gate import StoredReference  # noqa: E402
 
 PER_REPETITION = ("probe_s", "probe_quiet_s", "others_share")
 

@@ -1,16 +1,11 @@
-"""How every accepted result is keyed: perf baselines, accepted golden outputs and the history's series.
-
-An accepted result belongs to what was measured (a measurement key, or a model's precision on a device) and
-carries an `AcceptedKey`: the **machine** it was accepted on and the **change under test** it was accepted with.
-One split for every store, so each asks the same two questions of a result accepted earlier:
-- a different machine (CPU model, cores, threads, ISA and kernel path, GPU, CUDA, device, the endpoint's address)
-  makes timings, and outputs of kernels that do not reproduce across machines, no yardstick: a perf verdict on
-  them is inconclusive; a golden check picks the accepted file recorded on this machine; a history starts a new
-  series;
-- a change under test (model weights, precision, library versions, engine config, backend, generation method,
-  sample-set composition, this plugin's version) is what an accepted result exists to gate: it is compared and
-  named, never a reason to skip; in a history it is a marked point of the series.
-Every field that is not the machine's is under test: a field added later is gated, not ignored.
+"""How every accepted result is keyed: perf baselines, accepted golden outputs and the history's series. An accepted
+result carries an `AcceptedKey`: the **machine** it was accepted on (CPU model, cores, threads, ISA and kernel path,
+GPU, CUDA, device, the endpoint's address) and the **change under test** it was accepted with (weights, precision,
+library versions, engine config, backend, generation method, sample-set composition, this plugin's version). A
+different machine makes timings, and outputs of kernels that do not reproduce, no yardstick; a change under test is
+what an accepted result exists to gate: compared and named, never a reason to skip. Every field that is not the
+machine's is under test, so a field added later is gated, not ignored. What each store does with either part:
+docs/explanation/perf-gates.md, 'Baselines'; docs/explanation/quality-gates.md; docs/guides/read-the-report.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The requirements of an install without torch, for gating a served model (`--infergate-endpoint`) from a small
 runner: the plugin's own dependencies less the local model's stack (torch, transformers, accelerate, bitsandbytes,
-gguf, safetensors, about 1 GB). Read from the installed package's metadata, so the list cannot drift from
-pyproject.toml:
+gguf, safetensors), read from the installed package's metadata so that the list cannot drift from pyproject.toml:
 
-    pip install --no-deps pytest-infergate
     python -m pytest_infergate.requirements --endpoint | pip install -r /dev/stdin
 
-(`bash setup.sh endpoint` does the same from a checkout.) The full install stays the default. Standard library
-only: this runs before the other dependencies are installed."""
+Standard library only: this runs before the other dependencies are installed. The steps: docs/install.md.
+"""
 
 from __future__ import annotations
 

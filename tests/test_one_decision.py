@@ -18,8 +18,15 @@ from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.decide import decide
-from pytest_infergate.perf.gate import AB_MORE_ROUNDS, PerfGate, evaluate_perf
-from pytest_infergate.perf.reference import Interleaved, NoReference, Route, StoredReference
+from pytest_infergate.perf.gate import (
+    AB_MORE_ROUNDS,
+    Interleaved,
+    NoReference,
+    PerfGate,
+    Route,
+    StoredReference,
+    evaluate_perf,
+)
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.records import PerfRecord

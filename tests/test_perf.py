@@ -484,7 +484,7 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     # max_regression (at least 5, at most 12 repetitions), not a fixed 8 whatever the noise
     from types import SimpleNamespace
 
-    from pytest_infergate.gates.perf import repetition_plan
+    from pytest_infergate.gates.perf import budget_for, repetition_plan
     from pytest_infergate.perf.stored import LEAST_REPETITIONS, MOST_REPETITIONS
 
     def ctx(save=None, baseline=None):
@@ -492,11 +492,14 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
                                scoped_lines=lambda name: [], markers=lambda name: [],
                                note_scopes=lambda name, scopes: None)
 
-    assert repetition_plan(ctx(), "fp32", "t", 1) is None  # budgets alone: as the test asked
-    plan = repetition_plan(ctx(save="b.json"), "fp32", "t", 1)
+    def plan_of(context, repeats):
+        return repetition_plan(budget_for(context, "fp32", "t"), context, repeats)
+
+    assert plan_of(ctx(), 1) is None  # budgets alone: as the test asked
+    plan = plan_of(ctx(save="b.json"), 1)
     assert (plan.least, plan.most) == (LEAST_REPETITIONS, MOST_REPETITIONS)
     assert {metric for metric, _ in plan.metrics} == {"tokens_per_s", "ttft_ms"}
-    assert repetition_plan(ctx(baseline={}), "fp32", "t", 20).least == 20  # the test asked for more: as many
+    assert plan_of(ctx(baseline={}), 20).least == 20  # the test asked for more: as many
 
     def measured(spread: float, repetitions: int) -> Measurement:
         m = Measurement()

@@ -1,13 +1,12 @@
 """Capacity under an SLO, as `vllm bench sweep serve_sla` and guidellm's SLO search find it: the highest request
-rate (or concurrency) at which a deployment still serves `target_goodput` of its requests within the SLO.
-
-A bounded search: a coarse ascending sweep over the bounds (doubling) up to the first point that fails, then
-bisection between the last passing and the first failing point until they are `resolution` apart. Each point
-sends a fixed number of requests (enough for `point_s` seconds at that rate, at least `min_requests`); a point
-stops as soon as it is decided: it has missed the SLO more often than the target allows (it can no longer pass),
-or, after `min_requests`, the 95% interval of what it sent lies wholly above the target (it passes); the whole
-search stops within `budget_s` (a point cut by the budget decides nothing). Every request of every point ends in
-one counted outcome."""
+rate (or concurrency) at which a deployment still serves `target_goodput` of its requests within the SLO. A bounded
+search: a coarse ascending sweep (doubling) up to the first failing point, then bisection until the last passing and
+first failing points are `resolution` apart. Each point sends enough requests for `point_s` seconds (at least
+`min_requests`) and stops once decided: it missed the SLO more often than the target allows, or, after
+`min_requests`, the 95% interval of what it sent lies wholly above the target. The search stops within `budget_s`
+(a point it cuts decides nothing); every request of every point ends in one counted outcome. Guide:
+docs/guides/endpoint.md, 'Capacity under an SLO'.
+"""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
-"""What one forward's attention needs: which cached keys each query token attends to.
-
-Layout of one forward's query tokens (batch dimension 1, tokens flattened):
+"""What one forward's attention needs: which cached keys each query token attends to. The runner describes the
+sequences (block tables, context lengths); one forward's query tokens are flattened (batch dimension 1) as
     [ decode tokens (one per sequence, by context length) | prefill chunks ... | padding tokens (static batching) ]
-
-The runner describes the sequences (block tables, context lengths). Each attention layer asks for the key layout
-of its own window or chunk, `batch.layout(window, chunk)`: a full-attention layer reads every cached position of a
-sequence, a sliding-window layer only the last `window` positions before each query (transformers' convention: a
-query at position p sees keys at positions p - window < k <= p), a chunked layer (Llama 4) only those of the
-query's own chunk (p // chunk == k // chunk, k <= p). A layout is built once per forward and (window, chunk), on
-first use, and shared by every layer with them.
-
-Decode attention reads every cached K/V it attends to, so on a CPU it is bound by memory bandwidth. Decoding
-sequences are therefore attended in groups of similar length: padding a group to its longest member costs far
-less than padding the whole batch to the longest sequence. A sliding-window layer reads at most `window` keys.
+and each attention layer asks for the key layout of its own window or chunk, `batch.layout(window, chunk)`, built
+once per forward and (window, chunk) and shared by every layer with them. Decoding sequences are attended in groups
+of similar length: on a CPU decode attention is bound by reading the cached K/V, and padding a group to its longest
+member costs far less than padding the whole batch. Which keys a window or chunk sees, and the measured gain:
+docs/explanation/engine.md, 'Which keys each query reads' and 'Decode attention'.
 """
 
 from __future__ import annotations

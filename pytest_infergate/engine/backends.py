@@ -1,16 +1,11 @@
 """Which backend runs a model's workloads: the engine, or transformers' own generate where the engine refuses.
 
     choice = choose_backend(model, tokenizer, backend="auto")   # once per loaded model: runs the self-check
-    choice.name, choice.reason, choice.self_check_s            # "engine" / "hf-generate", why not the engine, cost
     skip = choice.refusal_for(config)                           # why `config` cannot run here (None: it can)
     with choice.build(model, tokenizer, config) as backend:     # Engine and HFGenerateBackend: the same surface
-        results = backend.generate(requests)
 
-`auto` tries the engine and falls back to HF generate on UnsupportedModelError, keeping the error's message as
-the reason. `engine` raises that error instead; `hf` uses HF generate (the reason says it was asked for).
-The HF backend runs static batches only: `engine_only(config)` lists what a config asks for that only the engine
-does (experiments that need it are skipped with that reason); `hf_config(config)` is the config it runs.
-`make_backend(model, tokenizer, config, backend)` does the choice and the build at once, for one-off use.
+`auto` falls back to HF generate on UnsupportedModelError (its message the reason); `engine` raises it; `hf` uses HF
+generate (`engine_only`, `hf_config`, `make_backend` below). When each is used: docs/explanation/engine.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""KV cache blocks: a free list, and a block table per sequence. No torch here.
-
-A block holds `block_size` consecutive token positions of one sequence. The contiguous cache mode is the same
-manager with one block per sequence, sized to the longest sequence the engine accepts.
-
-Prefix caching (vLLM's automatic prefix caching, nano-vllm's block hashes): a block whose positions are all
-computed is registered under a hash of its tokens chained to the hash of the block before it, so the key names
-the whole prefix up to the block's end. A new sequence whose prompt starts with registered blocks takes them
-instead of computing them again; blocks are reference-counted, and a block nobody holds goes back to the free
-list still registered, so it can be reused until the space is needed (it is evicted when it is allocated anew).
-Only full, computed blocks are shared, and a sequence writes only past its shared blocks.
+"""KV cache blocks: a free list, and a block table per sequence. No torch here. A block holds `block_size` consecutive
+token positions of one sequence; the contiguous cache mode is the same manager with one block per sequence, sized
+to the longest sequence the engine accepts. Prefix caching (vLLM's automatic prefix caching, nano-vllm's block
+hashes): a full, computed block is registered under a hash of its tokens chained to the hash of the block before
+it, so the key names the whole prefix; a new sequence takes the registered blocks its prompt starts with. Blocks are
+reference-counted; one nobody holds goes back to the free list still registered, reusable until it is allocated
+anew, and a sequence writes only past its shared blocks. Design: docs/explanation/engine.md, 'Prefix caching'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""CUDA graphs for decode steps: a small model on a GPU spends a decode step launching kernels, not running them,
-so every decode-only step is replayed from a graph captured once (nano-vllm's capture_cudagraph, vLLM's
-cudagraph batch sizes).
-
-A graph replays fixed kernels on fixed buffers, so a decode step is padded to a *bucket*: the batch to the next
-of `batch_buckets` (1, 2, 4, 8, then multiples of 16), the keys each query reads to the next of
-`context_buckets` (256, 512, ... up to max_model_len). Inputs are copied into the buffers the graph was captured
-on: token ids, positions, the cache slot each new K/V goes to, and for each sliding window the layers use, the
-slots of the keys each query reads with its mask (attention_batch.decode_keys). Padding rows write their K/V to a
-scratch slot no sequence owns and attend to it alone; nothing reads their logits.
-
-Every graph is captured when the engine is built (graph_build.py; largest first, into one shared memory pool),
-then checked against the eager forward on inputs with the most padding it serves, within the engine's own logit
-tolerance. A capture that fails (bitsandbytes' LLM.int8 decomposition picks outlier columns at run time, which a
-graph cannot hold) or a graph that disagrees turns graphs off for that engine, says why (`Engine.cuda_graphs`),
-and every step runs eagerly.
-Prefill and mixed steps always run eagerly: their shapes vary too much to bucket.
+"""CUDA graphs for decode steps: a small model on a GPU spends a decode step launching kernels, not running them, so
+every decode-only step is replayed from a graph captured once. A step is padded to a bucket (`batch_buckets`,
+`context_buckets`) and its inputs copied into the buffers its graph was captured on; padding rows write their K/V
+to a scratch slot no sequence owns. Every graph is captured when the engine is built (graph_build.py) and checked
+against the eager forward within the engine's logit tolerance; a capture that fails (LLM.int8 picks outlier columns
+at run time) or a graph that disagrees turns graphs off for that engine, saying why (`Engine.cuda_graphs`). Prefill
+and mixed steps always run eagerly. The buckets, buffers and checks: docs/explanation/engine.md, 'CUDA graphs'.
 """
 
 from __future__ import annotations

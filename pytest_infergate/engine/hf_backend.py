@@ -1,20 +1,10 @@
-"""The HF generate backend: the gates' workloads through transformers' own `model.generate`, for models the
-engine refuses (or to compare the two on one model).
-
-It has the surface the bench uses on `Engine`: `generate(requests) -> list[Result]` with per-request timings,
-`config`, `steps`, `events`, `kv_allocated_bytes`, `kv_bytes_per_token`, `peak_kv_blocks`, `reset_prefix_cache()`,
-`check_drained()`, `close()` and the context manager. How it differs from the engine:
-
-- static batching only: requests in arrival order, in left-padded batches of `max_batch_size` (1 for
-  `sequential`), each batch started once its last request has arrived and run until its longest row ends;
-  requests with different sampling settings go to different batches (generate takes one setting per call);
-- transformers' own KV cache (DynamicCache, grown per batch): no cache modes, no prefix caching, no preemption;
-  KV memory is counted as `kv_bytes_per_token` (measured on the model) x the batch's rows x their padded length;
-- timings come from a stopping criterion that generate calls after every generated token (it also ends each
-  row for the engine's reasons: EOS, stop tokens and strings, max_new_tokens, deadline): TTFT, ITL, TPOT and
-  e2e mean what they mean for the engine; `forward_s` of a step is the whole step;
-- sampling uses generate's own sampler (seeded per batch from the first request's seed), so sampled outputs
-  differ from the engine's; greedy outputs equal `model.generate`, which is what the engine reproduces too.
+"""The HF generate backend: the gates' workloads through transformers' own `model.generate`, for models the engine
+refuses (or to compare the two on one model), with the surface the bench uses on `Engine`: `generate(requests)`
+with per-request timings, `config`, `steps`, `events`, the KV figures, `reset_prefix_cache()`, `check_drained()`,
+`close()`. Static batching only (left-padded batches of `max_batch_size` in arrival order), transformers' own KV
+cache, timings from a stopping criterion called after every token (which also ends rows for the engine's reasons)
+and generate's own sampler: greedy outputs equal `model.generate`'s, as the engine's do. How it differs from the
+engine, point by point: docs/explanation/engine.md, 'How the HF backend differs'.
 """
 
 from __future__ import annotations

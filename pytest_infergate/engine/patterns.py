@@ -1,13 +1,10 @@
 """Which keys each attention layer lets a query see, as the model's config declares it, and the config fields the
-engine does not know.
-
-A layer hands the engine's attention its sliding window at run time (`sliding_window`), but not an attention
-chunk: Llama 4's chunked layers (`layer_types[i] == "chunked_attention"`, `attention_chunk_size`) express theirs
-only in the mask transformers builds from the config, which the engine does not use. So chunks are read from the
-config here, and the self-check's probe is sized from every window and chunk the config declares (probe.py).
-
-A config field that changes attention and that the engine does not know would run unverified if the probe never
-reached it; such a field is refused, named, rather than run (`unknown_attention_fields`).
+engine does not know. A layer hands the engine's attention its sliding window at run time, but not an attention
+chunk: Llama 4's chunked layers express theirs only in the mask transformers builds from the config, which the
+engine does not use. So chunks are read from the config here, and the self-check's probe is sized from every window
+and chunk the config declares (probe.py). A config field that changes attention and that the engine does not know
+would run unverified: it is refused, named (`unknown_attention_fields`). Why: docs/explanation/engine.md, 'Chunked
+attention' and 'What the engine does not know, it refuses'.
 """
 
 from __future__ import annotations

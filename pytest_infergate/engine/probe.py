@@ -1,18 +1,11 @@
-"""The self-check's probe: three short sequences through the engine's attention, watched layer by layer.
-
-Two forwards, as the engine would schedule them: (1) the first chunk of A, all of B, all of C; (2) A's next chunk
-after its cached context, and one decode each of B and C (different context lengths, in one decode group). A
-crosses KV block boundaries in a chunk after cached context; B is a prefill longer than every sliding window and
-attention chunk the config declares and then a decode past it, and A's second chunk crosses them after cached
-context. The probe's reach is the longest of those a request can outgrow (patterns.py; shorter than the engine's
-max_model_len), at most PROBE_MAX_REACH tokens: beyond, the engine refuses the model rather than run a pattern it
-did not check. The whole probe is 15 tokens without a window or chunk, 2 x reach + 10 with one. The self-check
-runs a short probe (no reach) through every layer, and a long one through one layer of each distinct attention
-pattern (one_layer_per_pattern, only_layers), its logits at the rows LogitRows keeps.
-
-A LayerWatch sees every attention call: on the first forward it learns the layers (which call the interface,
-with what tensors and features; the probe's cache gets each layer as it appears), and on every forward it keeps
-what each layer was handed and what the engine's attention returned, for the self-check to recompute.
+"""The self-check's probe: three short sequences through the engine's attention, watched layer by layer. Two forwards,
+as the engine would schedule them: the first chunk of A with all of B and C, then A's next chunk after its cached
+context with one decode each of B and C, crossing KV block boundaries and every sliding window and attention chunk
+the config declares (patterns.py), up to PROBE_MAX_REACH tokens (beyond, the engine refuses the model). A short
+probe goes through every layer, a long one through one layer of each distinct attention pattern
+(one_layer_per_pattern, only_layers), its logits at the rows LogitRows keeps; a LayerWatch keeps what each layer was
+handed and returned, for the self-check to recompute. How the probe is sized, and why: docs/explanation/engine.md,
+'The self-check'.
 """
 
 from __future__ import annotations
@@ -87,7 +80,10 @@ class LayerCall:
 
 
 class LayerWatch:
-    """The observer the probe hands the engine's attention (see AttentionBatch.observer)."""
+    """The observer the probe hands the engine's attention (see AttentionBatch.observer); it sees every attention
+    call. On the first forward it learns the layers (which call the interface, with what tensors and features; the
+    probe's cache gets each layer as it appears); on every forward it keeps what each layer was handed and what the
+    engine's attention returned, for the self-check to recompute."""
 
     def __init__(self, cache: KVCache | None):
         self.cache = cache  # gets each layer as it appears

@@ -1,21 +1,11 @@
-"""The engine checks itself on every model it is given, against the model's own attention implementation (sdpa
-or eager), on a short probe (see probe.py) that crosses KV block boundaries and every sliding window and attention
-chunk the config declares (a config field that may change attention and that the engine does not know is refused,
-named: patterns.py).
-
-Two comparisons, each with a tolerance set per dtype:
-- per attention layer: the engine's attention output against the model's own attention function recomputed on
-  exactly the query, key and value the layer handed the engine (whole sequences, with transformers' own causal
-  sliding-window and chunked mask functions). This checks everything the engine replaces (cache writes and reads, block
-  tables, windows, softcapping, sinks, scaling, chunked prefill, grouped decode) and names the first layer that
-  differs. It is tight even for quantized models: the quantized matmuls are not in it.
-- the logits: every logit the engine computed against the model's own forward over the whole sequences (one
-  batched forward). This checks what surrounds attention (position ids, how tokens are packed into one forward,
-  layers that keep state). bitsandbytes-quantized matmuls give slightly different results for different batch
-  shapes, so quantized models get a loose tolerance here (the per-layer check stays tight).
-
-Beyond a tolerance the engine refuses the model (UnsupportedModelError): the message names the family, the layer,
-the features it uses (from what it passed and from the config) and the largest difference seen.
+"""The engine checks itself on every model it is given, against the model's own attention implementation (sdpa or
+eager), on a short probe (probe.py) that crosses KV block boundaries and every sliding window and attention chunk
+the config declares (a config field that may change attention and that the engine does not know is refused:
+patterns.py). Two comparisons, each with a tolerance per dtype: each attention layer's output against the model's
+attention function recomputed on exactly the q, k, v the layer handed the engine (naming the first layer that
+differs), and every logit against the model's own forward. Beyond a tolerance the model is refused
+(UnsupportedModelError: the family, the layer, the features it uses, the largest difference). What each comparison
+covers, and the tolerances: docs/explanation/engine.md, 'The self-check'.
 """
 
 from __future__ import annotations

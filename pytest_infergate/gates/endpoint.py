@@ -118,7 +118,7 @@ class EndpointPerfBench:
     def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str
                  ) -> Measurement:
         key = self.ctx.measurement_key(label)
-        plan = repetition_plan(self.ctx, ENDPOINT_PRECISION, key, repeats)
+        plan = repetition_plan(budget_for(self.ctx, ENDPOINT_PRECISION, key), self.ctx, repeats)
         return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=plan.least if plan else repeats,
                                   label=label, max_repeats=plan.most if plan else repeats,
                                   until=until_settled(plan, f"measuring {key}"))

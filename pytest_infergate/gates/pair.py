@@ -1,14 +1,12 @@
 """Two deployments side by side: the candidate server (--infergate-endpoint) against the reference server
-(--infergate-reference-endpoint), e.g. an FP8/AWQ/GPTQ build against fp16, or a new image against the old one.
-Quality compares their greedy answers on the golden samples - no local model and no tokenizer involved, so a
-deployment too big for the CI machine is gated from a CPU-only runner:
-
-- tokens are the servers' own: the pieces they report with logprobs (both serve the same tokenizer); a sample
-  where either returned none is compared in words instead (noted);
-- KL and top-1 are computed where both servers saw the same context: every position up to and including the
-  first one where their answers differ. KL(candidate top-k || reference top-k) puts the mass beyond each top-k
-  into one bucket; a candidate token missing from the reference's top-k gets the smaller of the reference's
-  lowest listed probability and its unlisted mass (an upper bound), so the KL is a lower bound."""
+(--infergate-reference-endpoint), e.g. an FP8/AWQ/GPTQ build against fp16. Quality compares their greedy answers on
+the golden samples with no local model and no tokenizer, so a deployment too big for the CI machine is gated from a
+CPU-only runner. Tokens are the servers' own pieces (in words where either returned none); KL and top-1 are
+computed up to and including the first position where the answers differ. KL(candidate top-k || reference top-k)
+puts the mass beyond each top-k into one bucket, and a candidate token missing from the reference's top-k gets the
+smaller of the reference's lowest listed probability and its unlisted mass, so the KL is a lower bound. Guide:
+docs/guides/endpoint.md, 'Two deployments side by side'.
+"""
 
 from __future__ import annotations
 

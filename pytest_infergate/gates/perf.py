@@ -18,11 +18,12 @@ from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speed
 from pytest_infergate.perf.gate import (
     AB_ROUNDS,
     NoReference,
+    PerfGate,
     PerfOutcome,
     Route,
+    StoredReference,
     by_repetition,
     evaluate_ab,
-    evaluate_perf,
 )
 from pytest_infergate.perf.stored import RepetitionPlan
 from pytest_infergate.results.records import PerfRecord
@@ -50,14 +51,13 @@ def probe_wanted(ctx: TestContext) -> bool:
     return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
 
 
-def repetition_plan(ctx: TestContext, precision: str, key: str, repeats: int) -> RepetitionPlan | None:
-    """How many repetitions measurement `key` takes when this run saves or compares a stored baseline: a stored
-    baseline is the yardstick of every later run and the run compared with it is resampled against it, so each
-    side repeats until its own spread is tight enough for the budget's max_regression (perf.stored.RepetitionPlan).
-    None: as the test asked (budgets alone)."""
+def repetition_plan(budget: Budget, ctx: TestContext, repeats: int) -> RepetitionPlan | None:
+    """How many repetitions a measurement gated by `budget` takes when this run saves or compares a stored
+    baseline: a stored baseline is the yardstick of every later run and the run compared with it is resampled
+    against it, so each side repeats until its own spread is tight enough for the budget's max_regression
+    (perf.stored.RepetitionPlan). None: as the test asked (budgets alone)."""
     if not uses_stored_baseline(ctx):
         return None
-    budget = budget_for(ctx, precision, key)
     return RepetitionPlan.of(repeats, budget.max_regression,
                              [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()])
 
@@ -112,17 +112,27 @@ def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budg
     record_outcome(ctx, record, outcome)
 
 
-def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None,
-                     notes: Sequence[str] = ()) -> PerfOutcome:
-    """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement`; gives the record the
-    outcome (`notes` first among its notes), attaches it to the test and its key figures as JUnit properties. The
-    caller fails the test."""
-    key = record.test
-    budget, unmeasured = measured_budget(ctx, record, budget_for(ctx, record.precision, key))
+def prepare_gate(ctx: TestContext, key: str, precision: str, fingerprint: dict,
+                 remeasure: Callable[[], None] | None = None) -> PerfGate:
+    """The gate of measurement `key`, made before it is measured: its budget (ini + markers), the stored baseline's
+    entry for it (if any) and what changed since (the fingerprints); after the measurement only the decision runs.
+    `remeasure` adds to the candidate once measured (the stored route's re-measurement and fresh block)."""
     entry = ctx.baseline.get(key) if ctx.baseline is not None else None
-    outcome = evaluate_perf(record.measurement, budget, record.fingerprint, entry, ctx.options.strict,
-                            remeasure=remeasure, baseline_given=ctx.baseline is not None,
-                            allow_model_change=ctx.options.allow_model_change)
+    reference = StoredReference(entry, remeasure) if entry is not None else NoReference(ctx.baseline is not None)
+    return PerfGate(budget_for(ctx, precision, key), reference, ctx.options.strict, fingerprint,
+                    allow_model_change=ctx.options.allow_model_change)
+
+
+def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None,
+                     notes: Sequence[str] = (), gate: PerfGate | None = None) -> PerfOutcome:
+    """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement` through `gate` (made
+    here where not given: prepare_gate); gives the record the outcome (`notes` first among its notes), attaches it
+    to the test and its key figures as JUnit properties. The caller fails the test."""
+    key = record.test
+    gate = gate or prepare_gate(ctx, key, record.precision, record.fingerprint, remeasure)
+    budget, unmeasured = measured_budget(ctx, record, gate.budget)
+    gate.budget = budget
+    outcome = gate.check(record.measurement)
     outcome.notes[:0] = notes
     if ctx.baseline is not None and budget.max_regression is None:
         # a baseline given and not used would let a slower run PASS with nothing said (issue #45)
@@ -203,6 +213,12 @@ class PerfBench:
         return chat_workload(self.loaded.tokenizer, num_requests, prompt_tokens=(20, 200), max_new_tokens=(16, 48))
 
     def _record(self, key: str, label: str, measurement: Measurement, config, tags: dict | None) -> PerfRecord:
+        """The record of `measurement` (its fields but the measurement are known before measuring: _unmeasured)."""
+        return replace(self._unmeasured(key, label, config, tags), measurement=measurement)
+
+    def _unmeasured(self, key: str, label: str, config, tags: dict | None) -> PerfRecord:
+        """The record of measurement `key` before it is measured: what ran it, on what, and the fingerprint a stored
+        baseline is compared with."""
         from pytest_infergate.engine.backends import choice_for
         from pytest_infergate.environment import perf_fingerprint
 
@@ -211,7 +227,7 @@ class PerfBench:
         fingerprint = perf_fingerprint(self.loaded.record, ran, self.ctx.options.device)
         if not choice.is_engine:  # a baseline of the engine is no yardstick for HF generate, nor the reverse
             fingerprint["backend"] = choice.name
-        return PerfRecord(test=key, label=label, precision=self.precision, measurement=measurement,
+        return PerfRecord(test=key, label=label, precision=self.precision, measurement=Measurement(label=label),
                           backend=choice.name, backend_reason=choice.reason,
                           fallback=self.loaded.record.fallback, engine_config=ran, tags=dict(tags or {}),
                           fingerprint=fingerprint)
@@ -242,16 +258,20 @@ class PerfBench:
             if budget.max_regression is not None:
                 return self._against_baseline_env(key, budget, requests, config, warmup, max(repeats, ENV_MIN_ROUNDS),
                                                   label, tags)
+        unmeasured = self._unmeasured(key, label, config, tags)
+        # made before measuring: after the measurement only the decision runs (the closure reads `measurement` when
+        # the gate re-measures, by then measured)
+        gate = prepare_gate(self.ctx, key, self.precision, unmeasured.fingerprint,
+                            remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         try:
-            plan = repetition_plan(self.ctx, self.precision, key, repeats)
+            plan = repetition_plan(gate.budget, self.ctx, repeats)
             # with a plan its bounds and stop rule; without one Bench.measure's own
             planned = {} if plan is None else dict(max_repeats=plan.most, until=until_settled(plan, f"measuring {key}"))
             measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
                                              min_time_s=min_time_s, label=label, **planned)
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
             self.ctx.fail(f"infergate_bench for {key}: {exc}")
-        outcome = gate_measurement(self.ctx, self._record(key, label, measurement, config, tags),
-                                   remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
+        outcome = gate_measurement(self.ctx, replace(unmeasured, measurement=measurement), gate=gate)
         self.measurements.append(measurement)
         if outcome.failed:
             self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")

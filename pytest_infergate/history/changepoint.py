@@ -1,22 +1,11 @@
 """Where a metric's level changed across runs, and whether it is creeping. Pure Python, like stats.py.
 
-The unit of evidence is the run: each run contributes one value (the statistic its gate decides on: the median of
-its samples, or the percentile its budget names, e.g. p95 for `ttft_ms_p95`) on a log scale, so a change is a ratio
-and run-to-run noise (another job on the CI machine, a thermal state) counts as noise. Pooling every request of
-every run would treat thousands of correlated latencies as independent and call that noise a change.
-
-Step changes: binary segmentation. In a stretch of runs, the split with the largest two-sample t statistic is the
-candidate; a permutation test (the run order shuffled; sequential, Besag & Clifford 1991, so a stretch with no
-change stops after a few dozen shuffles) gives its p-value, exact under "no change" whatever the noise's
-distribution. A split is kept when p < alpha, the change is at least `min_change` and twice the run-to-run noise
-(estimated from successive differences, which a step hardly moves), and a straight line does not
-fit the stretch better than one or two steps do (then it is a creep, not a step). Each kept split's change gets a 95%
-hierarchical bootstrap interval: runs resampled within each side, and each chosen run's own samples resampled
-(per-request latencies, per-repetition throughput), so both levels of noise are in the interval.
-
-Creep: over the last `window` runs after the last change, the Mann-Kendall statistic (permutation p-value) says
-whether the values trend, and the Theil-Sen slope (the median of pairwise slopes, robust to one odd run) says
-by how much per run.
+Each run counts once (the statistic its gate decides on, on a log scale), so run-to-run noise stays noise. Steps:
+binary segmentation, a split kept when a sequential permutation test gives p < alpha, the change is at least
+`min_change` and twice the run-to-run noise, and a straight line does not fit better; each kept change gets a
+hierarchical bootstrap interval over runs and their samples. Creep: over the last `window` runs after the last
+change, a Mann-Kendall trend (permutation p-value) with the Theil-Sen slope per run. Why the run is the unit, and
+the tests' details: docs/guides/read-the-report.md, 'The history'.
 """
 
 from __future__ import annotations

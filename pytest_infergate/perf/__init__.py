@@ -1,6 +1,6 @@
 """Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references
-a candidate is compared with (perf.reference: a strategy per route), the one decision over them (perf.decide, one
-PerfOutcome whatever the route) and the gate that measures more while it cannot decide (perf.gate.PerfGate). No
+a candidate is compared with (a strategy per route) and the gate that measures more while it cannot decide
+(perf.gate.PerfGate), the one decision over them (perf.decide, one PerfOutcome whatever the route). No
 pytest and no torch here; the engine bench (`perf.local_bench`) imports the engine when it is used; the fixture
 object is `gates.perf`."""
 
@@ -17,9 +17,8 @@ from pytest_infergate.perf.budget import (
                                           parse_ini_budgets,
                                           resolve_budget,
 )
-from pytest_infergate.perf.gate import PerfGate, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.gate import Interleaved, NoReference, PerfGate, StoredReference, evaluate_ab, evaluate_perf
 from pytest_infergate.perf.outcome import PerfOutcome, Route
-from pytest_infergate.perf.reference import Interleaved, NoReference, StoredReference
 from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare_paired, compare_samples
 
 __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Interleaved",

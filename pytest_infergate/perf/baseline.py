@@ -1,13 +1,9 @@
-"""Baseline files: accepted measurements with the environment they were taken in.
-
-Written atomically (temp file + rename) with a `kind` and a schema version; a file that is not a baseline (a
-results file, a golden file, another version) is an error that says what it is and what to pass instead.
-
-Version 3 measurements carry the calibration probe's time next to each repetition (perf.calibration) and where
-each repetition's samples end, so a later comparison is normalized for how fast the machine is then. Version 4
-keys each entry as every accepted result is keyed (keys.AcceptedKey: the machine, and the change under test),
-the same split the golden files' headers and the history use. Versions 1 to 3 are still read (a note says that
-`infergate migrate` or the next save rewrites them as 4); versions 1 and 2 compare without normalizing, and say so.
+"""Baseline files: accepted measurements with the environment they were taken in, written atomically (temp file +
+rename) with a `kind` and a schema version; a file that is not a baseline (a results file, a golden file, another
+version) is an error that says what it is and what to pass instead. Version 4 keys each entry as every accepted
+result is keyed (keys.AcceptedKey) and keeps the calibration probe's time beside each repetition; versions 1 to 3
+are still read, with a note. The versions and what each added: docs/reference/outputs.md, 'Baseline and golden
+files'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """`--infergate-baseline-python PYTHON`: the baseline is another Python environment (the venv with the torch,
 transformers or bitsandbytes being upgraded from), measured now, repetition for repetition alternately with this
-run, instead of numbers stored hours earlier.
-
-Why: a library upgrade cannot be A/B-tested in one process (one process imports one torch), and a stored baseline
-on a shared machine is at the mercy of the machine's speed between the two runs (README, gate power against a
-stored baseline: a 2-vCPU VM whose speed moved 10-70% for whole runs left most unchanged trials inconclusive, and
-no calibration probe followed it closely enough). Two processes taking turns are exposed to the same machine, as
-the two sides of `infergate_bench.ab()` are, so the interleaved A/B's verdicts apply.
-
-The worker (perf.env_worker) runs in the other environment and needs pytest-infergate installed there; it is
-started once per pytest process, keeps each model it loaded, and runs one repetition per request while this
-process waits (the two never run at once).
+run, instead of numbers stored hours earlier: a library upgrade cannot be A/B-tested in one process, and a stored
+baseline on a shared machine is at the mercy of the machine's speed between the two runs. The worker
+(perf.env_worker) runs in the other environment, with pytest-infergate installed there; started once per pytest
+process, it keeps each model it loaded and runs one repetition per request while this process waits (the two never
+run at once). Why, with the measurements: docs/explanation/perf-gates.md, 'A library upgrade on a shared machine';
+docs/measurements.md, 'Gate power against a stored baseline'.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The one decision of a perf gate: a candidate measurement against its budget and its reference (a strategy of
-perf.reference: none, stored, or an interleaved A/B) → a PerfOutcome. Pure: it measures nothing (perf.gate.PerfGate
+perf.gate: none, stored, or an interleaved A/B) → a PerfOutcome. Pure: it measures nothing (perf.gate.PerfGate
 measures more while it cannot decide). The in-run gate, `infergate compare` (results.compare), the report (which
 shows the records the gate wrote) and the history (each run against the one before it) all go through it, so they
 cannot disagree on the same data (tests/test_one_decision.py). The strategies call back into the comparisons here,
@@ -48,7 +48,7 @@ class Comparison:
 
 
 class Reference(Protocol):
-    """What a candidate is compared with (perf.reference holds the strategies). `compare` makes the verdicts (by
+    """What a candidate is compared with (perf.gate holds the strategies). `compare` makes the verdicts (by
     the functions below); `measure_more` measures once more where that could decide (False: it could not, or
     nothing more can be measured); `confirm` re-measures a failure where the route needs it (returns how many
     repetitions)."""

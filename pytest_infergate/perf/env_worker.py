@@ -1,20 +1,9 @@
 """The baseline environment's side of `--infergate-baseline-python`: a process started with that interpreter
-(`python -m pytest_infergate.perf.env_worker`) that loads the same model and runs one repetition of a workload
-each time the pytest run asks, so the two environments' repetitions can alternate (perf.baseline_env).
-
-Messages are JSON lines (perf.env_wire) on stdin / stdout; everything libraries print goes to stderr, which the
-pytest side keeps for its error messages. The first line out says who this is (protocol, library versions); then
-one reply per request line:
-- `{"op": "run", "id", "model", "precision", "device", "reference", "backend", "cache_dir", "threads",
-  "config", "requests", "warmup"}`: one more repetition into the measurement named `id` (begun at the first
-  request with that id), as `Bench.run_once` measures it in the pytest run; the reply holds the whole
-  measurement so far and the loaded model's record.
-- `{"op": "prepare", ...the same fields}`: load the model and build its backend; the reply names the backend
-  (`"engine"`, or HF generate where the engine refused the model) and holds the model's record.
-- `{"op": "begin", ...the same fields}`, then `{"op": "step", "id"}` while the reply says `"running": true`,
-  then `{"op": "finish", "id"}`: one repetition driven step by step, so that the pytest run can take its own
-  steps in between (a step-locked A/B, perf.lockstep); `finish` replies as `run` does.
-- `{"op": "forget", "id"}`: that measurement is no longer needed.
+(`python -m pytest_infergate.perf.env_worker`) that loads the same model and runs one repetition of a workload, or
+one engine step of it, each time the pytest run asks, so the two environments' repetitions can alternate
+(perf.baseline_env, perf.lockstep). Messages are JSON lines (perf.env_wire) on stdin / stdout; whatever libraries
+print goes to stderr, which the pytest side keeps for its error messages. The messages (`run`, `prepare`, `begin` /
+`step` / `finish`, `forget`) and their replies: docs/guides/library-upgrade.md, 'What runs in the old environment'.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""What a stored baseline's fingerprint says about a comparison, split in two:
-
-- the **machine** (CPU model, core and thread count, GPU, CUDA, device, the endpoint's address): where it differs,
-  timings are not comparable, and a relative verdict on them is inconclusive with the reason;
-- the **change under test** (model weights, precision, library versions, engine config, backend, this plugin's
-  version, the served model): what a stored baseline exists to gate. It is compared, never a reason to skip, and
-  every verdict names it ("torch 2.12.0 → 2.13.0, engine_config.max_batch_size 8 → 4").
-
-Which field is which is defined once for every store of accepted results (keys.AcceptedKey). Fields a fingerprint
-does not carry (an older baseline, an endpoint measurement) are not compared.
+"""What a stored baseline's fingerprint says about a comparison, split in two: the **machine** (CPU model, core and
+thread count, GPU, CUDA, device, the endpoint's address), where a difference makes timings incomparable and a
+relative verdict inconclusive with the reason; and the **change under test** (model weights, precision, library
+versions, engine config, backend, this plugin's version, the served model), which a stored baseline exists to gate:
+compared, never a reason to skip, and named in every verdict ("torch 2.12.0 → 2.13.0, engine_config.max_batch_size
+8 → 4"). Which field is which is defined once for every store (keys.AcceptedKey); fields a fingerprint does not
+carry (an older baseline, an endpoint measurement) are not compared.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""How much of the machine other processes took while a repetition ran: the direct evidence of a busy runner.
-
-A timing cannot tell a slow change from a busy machine; the kernel can. Linux counts, per CPU, the time spent busy
-(and, on a VM, the time the hypervisor gave to other guests: steal), and per process the CPU time of all its
-threads. Over one repetition, the machine's busy time minus ours (this process and the calibration probe's
-sampler) is what other jobs took: another CI job on the runner, a CPU hog, a noisy neighbour on the host. Measured
-on the 2-vCPU CI VM (2026-12-03): see BUSY_SHARE. It is kept as a share of the machine's CPU time, so it reads the
-same on any number of cores.
-
-The gate uses it one way only (perf.gate, perf.stored): evidence of a busy runner turns a failure made by time
-into *inconclusive*, naming how busy it was; a pass is never made by it. Elsewhere than Linux (no /proc) it is not
-measured and nothing changes.
-"""
+"""How much of the machine other processes took while a repetition ran: the direct evidence of a busy runner. A
+timing cannot tell a slow change from a busy machine; the kernel can: over one repetition, the machine's busy time
+(a VM's steal included) less our own processes' CPU time (this one and the calibration probe's sampler) is what
+other jobs took, kept as a share of the machine's CPU time so that it reads the same on any number of cores. The
+gate (perf.stored, perf.decide) keeps a failure on a busy runner only where the figures with the load taken out
+(run-queue delay, device time) fail beyond what that correction can be off; a pass is never made by it. Not
+measured elsewhere than Linux (no /proc). Why, with the measurements: docs/explanation/perf-gates.md, 'The kernel's
+evidence comes first'; docs/measurements.md, 'The README's main command under a CPU hog, with the kernel's
+evidence'."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """Step-locked A/B: the two sides' engine steps take turns, A B B A A B ..., and each side is timed on a clock that
-runs only during its own steps.
-
-Why: on a shared machine the speed moves in spells of seconds (README, gate power). Two repetitions run one after
-the other (~2 s each) fall in different spells, so the per-round ratios of unchanged code spread by ±10-20%; two
-steps (tens of ms) taken in turn fall in the same one. Measured on the 2-vCPU VM (2026-12-02, 12 rounds of the
-gate-power workload, code unchanged): the standard deviation of the log per-round ratio was 0.069 with a
-repetition per side and turn, 0.033 step-locked. The order flips after every step (A B, then B A) so that
-whatever a step leaves behind for the next one (caches, the CPU's clock) falls on both sides alike.
-
-What each side measures is what it would measure alone, minus the other side's steps: its requests' arrival,
-first token and token times are read on its own clock, so TTFT, ITL and tokens/s keep their meaning.
-
-Only for what both sides run on the reference engine as one closed batch (every request at once, no multi-turn
-sessions, no deadlines): arrivals, turns and deadlines are wall-clock by definition. For anything else the A/B
-interleaves whole repetitions (`refusal` says why).
+runs only during its own steps, so its TTFT, ITL and tokens/s mean what they would alone. On a shared machine the
+speed moves in spells of seconds: two repetitions run one after the other fall in different spells, two steps taken
+in turn in the same one; the order flips after every step, so what a step leaves behind falls on both sides alike.
+Only for what both sides run on the reference engine as one closed batch (arrivals, sessions and deadlines are
+wall-clock by definition); anything else interleaves whole repetitions (`refusal` says why). Why, with the
+measurements: docs/explanation/perf-gates.md, 'Step-locked A/B'; docs/measurements.md, 'Gate power, step-locked'.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pytest_infergate.status import Status
 
 
 class Route(str, enum.Enum):
-    """What a candidate is compared with (perf.reference: a strategy each)."""
+    """What a candidate is compared with (perf.gate: a strategy each)."""
 
     BUDGET = "budget"  # nothing: the absolute budgets decide alone
     STORED = "stored"  # a baseline an earlier run saved, or run A's record (`infergate compare`, the history)

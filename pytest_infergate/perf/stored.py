@@ -113,7 +113,7 @@ def side_resolution(measurement: Measurement, metric: str, pct: float | None) ->
     return math.sqrt(high / low) if low > 0 else math.inf
 
 
-# A failure's fresh block (perf.reference.StoredReference.confirm) stops early once EARLY_CONFIRM fresh repetitions are
+# A failure's fresh block (perf.gate.StoredReference.confirm) stops early once EARLY_CONFIRM fresh repetitions are
 # each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: the largest whole-run
 # slowdown this VM kind showed with nothing else of ours running was ×1.27-1.3 (docs/measurements.md), so no spell
 # reaches that, while a ×2 regression passes it on every repetition and need not take the whole block.

@@ -1,23 +1,11 @@
-"""Batch invariance: does a sample's greedy answer depend on what else is in its batch? A batched server gives
-each request the numerics of the batch it lands in; with LLM.int8 (outlier columns picked over every row of a
-matmul) or kernels that block by the row count, the answer can change with the neighbours. (The result types are
-light to import; running the check imports torch.)
-
-Variants of each sample, per precision, all greedy on the reference engine:
-- `alone`: a batch of one (max_batch_size=1), the baseline;
-- `batch`: the fixed-composition run of the golden gates (the whole sample file at once, reused from the cache);
-- `rotated`: the requested samples rotated by half and run at most half of them at a time: other neighbours and
-  another position (within one set, order alone changes nothing when every prompt is prefilled in the first step).
-
-With `max_new_tokens` every variant is compared on each sample's first that many tokens: `alone` and `rotated`
-generate only those, and the fixed-composition run's outputs are cut there (the tokens a batch of one generates
-first are those of its uncapped run, so `alone` is exact; `rotated` is a composition of its own either way). The
-alone runs, one sample at a time, are most of the check's cost, and a batch that tips a token usually does so early.
-
-Per variant: which samples' tokens differ from `alone`, the log-prob margin at each first divergence (teacher-
-forced alone: how close to a tie the batch tipped it), and the teacher-forced KL(alone || in a batch) of the
-alone continuation scored in that variant's neighbours (`batch`: rows in file order, 8 per forward; `rotated`:
-the rotated order, 4 per forward) — the size of the batch's numerical effect, whether or not it flipped a token.
+"""Batch invariance: does a sample's greedy answer depend on what else is in its batch? A batched server gives each
+request the numerics of the batch it lands in, and LLM.int8 or kernels that block by the row count can change the
+answer with the neighbours. Each sample runs in three variants per precision, greedy on the reference engine:
+`alone` (a batch of one, the baseline), `batch` (the golden gates' fixed-composition run, from the cache) and
+`rotated` (the samples rotated by half, at most half at a time); with `max_new_tokens`, on its first that many
+tokens. Per variant: the samples whose tokens differ from `alone`, the margin at each first divergence and the
+teacher-forced KL(alone || in a batch). Light to import; running the check imports torch. Why these variants, and
+what was measured: docs/explanation/quality-gates.md, 'check_batch_invariance'.
 """
 
 from __future__ import annotations

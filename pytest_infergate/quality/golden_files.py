@@ -1,15 +1,11 @@
-"""Golden sample sets and accepted golden outputs: reading, validating and writing them.
-
-Sample sets are JSONL, one sample a line. Accepted outputs live beside them, under
+"""Golden sample sets and accepted golden outputs: reading, validating and writing them. Sample sets are JSONL, one
+sample a line; accepted outputs live beside them, under
 `<golden dir>/<model name>/<fingerprint>/<device>-<precision>.jsonl`: a header line (schema version, model,
-precision, device, library versions, and since schema 2 the `key` every accepted result carries: the machine it
-was accepted on and the change under test it was accepted with, split as keys.AcceptedKey splits a perf baseline's)
-and one line per sample with token ids, text, the top-k log-probabilities of each token of its own continuation
-and, since schema 3, for a precision compared with a reference, its `figures` against that reference on the
-machine that accepted it (top-1, KL, task scores: quality.travel, what decides on another machine; the header's
-`figures_against` names the reference precision). Files are written atomically and never overwritten except by
---infergate-update-golden; schema 1 and 2 files are read (a schema 1 key derived from the header; no figures) and
-rewritten as 3 by `infergate migrate` (the figures come with the next --infergate-update-golden).
+precision, device, library versions, the `key` every accepted result carries) and one line per sample (token ids,
+text, the top-k log-probabilities of its own continuation, and its `figures` against a reference precision:
+quality.travel). Written atomically and only by --infergate-update-golden; schema 1 and 2 files are read and
+rewritten as 3 by `infergate migrate`. The format and its versions: docs/reference/outputs.md, 'Baseline and golden
+files'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""Accepted golden outputs per numerics environment.
-
-int8 and nf4 outputs depend on which kernels run: bitsandbytes multiplies int8 with `torch._int_mm` on AVX-512
-and in fp32 on AVX2, and runs nf4 as a bf16 gemv with AVX512-BF16 and dequantize-then-matmul without. Outputs
-accepted on one kernel path are not a regression baseline for the other: 12 of 48 int8 samples read as drift on
-an AVX2 machine against files recorded with AVX-512, with no code changed. Even on one kernel path another CPU
-model's MKL blocks differently: fp32 and nf4 keep their tokens, int8 does not (LLM.int8's outlier threshold turns
-last-bit differences into other columns; measured 9-16 of 48 drift, policy key `gate_other_machine`). So a precision
-may have several accepted files side by side, one per machine (CPU model, kernels, GPU):
-
-    cpu-int8.jsonl                 the default (the first one accepted)
-    cpu-int8.avx2-3f9c01ab.jsonl   accepted on another machine
-
-The check compares with the file whose header records this machine (`machine_key`); else with one recorded on the
-same kernel path (`numerics_key`: the kernels and the GPU, not the library versions, which are what a golden check
-gates); else with the default file. Either way it warns that the environments differ. An update rewrites this
-machine's file, writing a tagged file when the default belongs to another machine.
+"""Accepted golden outputs per numerics environment. int8 and nf4 outputs depend on which kernels run and, for int8,
+on the CPU model too, so outputs accepted on one machine are no regression baseline on another: a precision may
+have several accepted files side by side, one per machine (CPU model, kernels, GPU), e.g. `cpu-int8.jsonl` (the
+default, the first accepted) and `cpu-int8.avx2-3f9c01ab.jsonl`. The check compares with the file whose header
+records this machine (`machine_key`); else one recorded on the same kernel path (`numerics_key`: the kernels and
+the GPU, not the library versions a golden check gates); else the default, warning that the environments differ.
+An update rewrites this machine's file, or writes a tagged one. Why, with the measurements:
+docs/explanation/quality-gates.md, 'Accepted files per machine' and 'What remains hardware-dependent'.
 """
 
 from __future__ import annotations

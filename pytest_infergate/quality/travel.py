@@ -1,21 +1,11 @@
-"""Golden verdicts that travel between machines.
-
-A quantized precision's tokens are not reproduced on another CPU model or kernel path (LLM.int8's outlier columns
-turn last-bit differences into other tokens: 11 of 48 int8 samples drift between an Intel Xeon and an AMD EPYC
-with nothing changed), so against outputs accepted on another machine a token-level comparison cannot decide. What
-does travel is how far the precision sits from its own reference on the same machine: top-1 agreement and KL on
-the reference's continuation, and the task score beside the reference's. The accepted file stores those figures
-per sample (schema 3); on another machine this run's figures against its own reference are compared with them,
-sample by sample (paired: the reference's outputs are reproduced across machines), and a bootstrap over the samples
-decides:
-
-- PASS when every figure's worsening is, with 95% confidence, within its margin (equivalent quality);
-- FAIL when a figure's worsening is, with 95% confidence, beyond its margin (quality fell);
-- inconclusive otherwise, naming the action that decides (accept this machine's outputs).
-
-Margins (policy keys, defaults from the measured spread between machines): `max_top1_drop` 0.05 (int8 top-1 on
-two machines: 0.949 and 0.938), `max_kl_rise` 0.5, relative to the accepted mean KL (int8 0.0200 and 0.0211,
-nf4 0.276 and 0.277), `max_task_drop` 0.1 (the task score's deficit against the reference; both machines 1.00).
+"""Golden verdicts that travel between machines. A quantized precision's tokens do not reproduce on another CPU model
+or kernel path, but its distance from its own reference on the same machine does: the accepted file (schema 3)
+stores per sample its top-1 agreement and KL on the reference's continuation and its task score beside the
+reference's. On another machine this run's figures against its own reference are compared with them, paired by
+sample, and a bootstrap over the samples decides: PASS when every figure's worsening is, with 95% confidence, within
+its margin (`max_top1_drop`, `max_kl_rise`, `max_task_drop`), FAIL when one is beyond it, else inconclusive, naming
+the action that decides. Why, and the spread between machines the margins come from:
+docs/explanation/quality-gates.md, 'What travels decides on another machine'.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pytest_infergate.measurement import METRICS
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import Budget, BudgetError, parse_budget
 from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.gate import StoredReference
 from pytest_infergate.perf.outcome import PerfOutcome
-from pytest_infergate.perf.reference import StoredReference
 from pytest_infergate.results.records import PerfRecord
 
 # metrics compared when the candidate's record names none in its budget (a run with max_regression alone)

@@ -1,16 +1,11 @@
-"""Real traffic from files: a JSONL (or JSON array) of prompts, chat messages or ShareGPT conversations, with
-optional timestamps to replay, read into requests for the reference engine and endpoints alike, and multi-turn
-`Session`s, where each turn is sent with the conversation so far: the earlier user turns and the answers the
-server (or engine) actually gave. A bad file is an error naming the file, the line and the fix. `run_sessions`
-runs such traffic on the reference engine, each session's turns carrying the engine's own answers.
-
-One record per line (or per element of a JSON array):
-  {"prompt": "Once upon a time"}
-  {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}]}
-  {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}, ...]}   (ShareGPT)
-each optionally with "id", "timestamp" (seconds; its arrival in a replay), "max_tokens" (or "max_new_tokens",
-"output_len", "output_tokens"), "ignore_eos" (true: exactly max_tokens tokens, on servers and the engine) and
-"extra_body" (fields a served model's JSON body gets as well: {"min_tokens": 16, "top_k": 20, ...}).
+"""Real traffic from files: a JSONL (or JSON array) of records read into requests for the reference engine and
+endpoints alike; a bad file is an error naming the file, the line and the fix. A record is {"prompt": ...},
+{"messages": [{"role": ..., "content": ...}, ...]} or ShareGPT's {"conversations": [{"from": "human", "value": ...},
+...]}, each optionally with "id", "timestamp" (seconds: its arrival in a replay), "max_tokens" (or "max_new_tokens",
+"output_len", "output_tokens"), "ignore_eos" (exactly max_tokens tokens) and "extra_body" (more fields for a served
+model's JSON body). A conversation with several user turns is a multi-turn `Session`: each turn is sent with the
+conversation so far, the answers the server (or engine) actually gave; `run_sessions` runs such traffic on the
+engine. Guide: docs/guides/endpoint.md, 'Real traffic'.
 """
 
 from __future__ import annotations
