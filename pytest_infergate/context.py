@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from pytest_infergate.status import OTHER_CHECK, Finding
+
 if TYPE_CHECKING:
     from pytest_infergate.options import Options
     from pytest_infergate.perf.baseline import BaselineEntry
@@ -25,8 +27,8 @@ class TestContext:
     options: Options
     record: Callable[[Record], None]  # attach a result record to the test (it reaches the xdist controller)
     fail: Callable[[str], NoReturn]
-    skip: Callable[[str], NoReturn]
-    warn: Callable[[str], None]  # a check that did not run as asked: terminal summary, report, JUnit
+    skip: Callable[[str | Finding], NoReturn]  # a Finding: skipped with what would make it run (the not-run table)
+    warn: Callable[[Finding], None]  # a check that did not run as asked: terminal summary, report, JSON, JUnit
     add_property: Callable[[str, Any], None]  # a key figure as a JUnit property
     markers: Callable[[str], list[dict[str, Any]]]  # kwargs of the test's markers of a name, outermost first
     scoped_lines: Callable[[str], list[str]]  # ini lines of infergate_budgets / infergate_quality_policy
@@ -40,8 +42,12 @@ class TestContext:
     __test__ = False  # not a test class, whatever its name
 
     def notify(self, message: str) -> None:
-        """Say `message` in the terminal without making it a run-level warning (see `notice`)."""
-        (self.notice or self.warn)(message)
+        """Say `message` in the terminal without making it a run-level warning (see `notice`; without one, a
+        finding of the test)."""
+        if self.notice is not None:
+            self.notice(message)
+        else:
+            self.warn(Finding(OTHER_CHECK, "", message))
 
     def measurement_key(self, label: str) -> str:
         """The test id, plus `::label` when a test measures several workloads; baselines and budgets key on it."""

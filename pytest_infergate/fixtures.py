@@ -8,7 +8,11 @@ import pytest
 
 from pytest_infergate.context import ENDPOINT_PRECISION
 from pytest_infergate.options import Options
-from pytest_infergate.session import session_of
+from pytest_infergate.session import session_of, skip
+from pytest_infergate.status import ENDPOINT_CHECK, Finding
+
+# an endpoint test in a run without --infergate-endpoint: listed among the checks that did not run, with the fix
+NEEDS_A_SERVER = Finding(ENDPOINT_CHECK, "", "needs a live server", "pass --infergate-endpoint URL")
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +71,7 @@ def _endpoint_bench(request: pytest.FixtureRequest):
 
     session = session_of(request.config)
     if session.endpoint is None:
-        pytest.skip("needs a live server: pass --infergate-endpoint URL")
+        skip(NEEDS_A_SERVER)
     return EndpointPerfBench(session.context(request.node), session.endpoint, lambda: session.pool.tokenizer,
                              session.reference_endpoint)
 
@@ -134,7 +138,7 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
         from pytest_infergate.gates.endpoint_golden import EndpointCandidate
 
         if session.endpoint is None:
-            pytest.skip("needs a live server: pass --infergate-endpoint URL")
+            skip(NEEDS_A_SERVER)
         candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
     else:
         candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,

@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -26,12 +26,28 @@ from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.run_verdict import record_message
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.signals import TerminateAsInterrupt
+from pytest_infergate.status import INI_SCOPE_CHECK, Finding
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
 PACKAGE_DIR = Path(__file__).resolve().parent
 _DEFAULTS = pytest.StashKey[dict]()
 PLUGIN_NAME = "infergate-session"
 WORKER_OUTPUT = "infergate"
+
+
+# a report's property carrying the Finding of a test skipped with what would make it run (skip)
+SKIP_FINDING_PROPERTY = "infergate.skipped_finding"
+NOT_RUN_PROPERTY = "infergate.not_run"  # JUnit XML: a check of the test that did not run or decide as asked
+
+
+def skip(reason: str | Finding) -> NoReturn:
+    """TestContext.skip: a Finding skips saying what would make the test run (the not-run table lists it; the
+    skip carries it to the report: pytest_runtest_makereport), a plain reason skips by design."""
+    if not isinstance(reason, Finding):
+        pytest.skip(reason)
+    skipped = pytest.skip.Exception(reason.reason())
+    skipped.infergate_finding = reason  # a plain skip to pytest (its summary line), the finding to us
+    raise skipped
 
 
 class InfergateWarning(pytest.PytestWarning):
@@ -117,7 +133,7 @@ class InfergateSession:
         defaults = self.config.stash.get(_DEFAULTS, {}).get(option, [])
         return user + [line for line in defaults if line.split(":", 1)[0].strip() not in user_scopes]
 
-    def unused_scope_warnings(self) -> list[str]:
+    def unused_scope_warnings(self) -> list[Finding]:
         """The user's scopes that applied to no measurement of a run that measured something (typos like
         `fp23`, or a test id that no longer exists); scopes naming a precision merely not run are fine."""
         # every gate a quality policy decides: comparisons with the reference, golden regression, batch invariance
@@ -131,8 +147,9 @@ class InfergateSession:
             for scope, line in scoped.items():
                 known = scope == WILDCARD or scope in PRECISIONS or scope == ENDPOINT_PRECISION
                 if not known and scope not in self.used_scopes[option]:
-                    out.append(f"{option}: scope {scope!r} ({line.where}) matched no test in this run, so its "
-                               f"limits were never checked; fix the scope (a precision, *, or part of a test id)")
+                    out.append(Finding(INI_SCOPE_CHECK, "", f"{option}: scope {scope!r} ({line.where}) matched no "
+                                       "test in this run, so its limits were never checked",
+                                       "fix the scope (a precision, *, or part of a test id)"))
         return out
 
     # ---- what fixtures get --------------------------------------------------------------------------------
@@ -148,9 +165,10 @@ class InfergateSession:
             # `from None`: a failure raised while handling an error shows its message once, not the chain
             raise pytest.fail.Exception(message, pytrace=False) from None
 
-        def warn(message: str) -> None:
-            warnings.warn(InfergateWarning(message), stacklevel=2)
-            self.results.warnings.append(message)
+        def warn(finding: Finding) -> None:
+            warnings.warn(InfergateWarning(finding.text()), stacklevel=2)
+            self.results.findings.append(finding)
+            item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
 
         def notice(message: str) -> None:
             warnings.warn(InfergateWarning(message), stacklevel=2)
@@ -161,7 +179,7 @@ class InfergateSession:
         def note_scopes(option: str, scopes: list[str]) -> None:
             self.used_scopes[option].update(scopes)
 
-        return TestContext(test_id=item.nodeid, options=self.options, record=record, fail=fail, skip=pytest.skip,
+        return TestContext(test_id=item.nodeid, options=self.options, record=record, fail=fail, skip=skip,
                            warn=warn, add_property=lambda name, value: item.user_properties.append((name, value)),
                            markers=markers, scoped_lines=self.scoped_lines, note_scopes=note_scopes,
                            baseline=self.baseline, notice=notice)
@@ -236,6 +254,14 @@ class InfergateSession:
             raise pytest.UsageError(f"infergate: {exc}") from None
         self.endpoint = bench
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        """A test skipped with a Finding carries it in its report (to the controller under xdist, and to JUnit)."""
+        outcome = yield
+        finding = getattr(call.excinfo.value, "infergate_finding", None) if call.excinfo is not None else None
+        if finding is not None:
+            outcome.get_result().user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """On the controller: take the records out of the report (JUnit XML keeps only the key figures)."""
@@ -243,7 +269,12 @@ class InfergateSession:
             return
         kept = []
         for name, value in report.user_properties:
-            if name != RESULT_PROPERTY:
+            if name == SKIP_FINDING_PROPERTY:
+                finding = Finding.from_dict(json.loads(value))
+                finding = finding if finding.test else replace(finding, test=report.nodeid)
+                self.results.skipped_findings[report.nodeid] = finding
+                kept.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML: the line, not the JSON
+            elif name != RESULT_PROPERTY:
                 kept.append((name, value))
             elif report.when == "call":  # the teardown report carries the same properties again
                 self.results.add(record_from_dict(json.loads(value)))
@@ -267,7 +298,8 @@ class InfergateSession:
         self.results.models.update(data["models"])
         for key, value in data["environment"].items():
             self.results.environment.setdefault(key, value)
-        self.results.warnings += [w for w in data["warnings"] if w not in self.results.warnings]
+        findings = [Finding.from_dict(f) for f in data["findings"]]
+        self.results.findings += [f for f in findings if f not in self.results.findings]
         for option, scopes in data["used_scopes"].items():
             self.used_scopes[option].update(scopes)
 
@@ -294,7 +326,7 @@ class InfergateSession:
         if self.is_worker:
             self.config.workeroutput[WORKER_OUTPUT] = json.dumps({
                 "models": self.results.models, "environment": self.results.environment,
-                "warnings": self.results.warnings,
+                "findings": [f.to_dict() for f in self.results.findings],
                 "used_scopes": {option: sorted(scopes) for option, scopes in self.used_scopes.items()}}, default=str)
             self.terminate_as_interrupt.restore()
             return
@@ -302,8 +334,8 @@ class InfergateSession:
 
         self.results.commit = git_commit(self.config.rootpath)
         self.results.finished = time.time()
-        self.results.warnings += self.unused_scope_warnings()
-        if self.options.strict and self.results.warnings and session.exitstatus == pytest.ExitCode.OK:
+        self.results.findings += self.unused_scope_warnings()
+        if self.options.strict and self.results.findings and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # under strict a check that did not run fails the run
         self._write_outputs(session)
         self.terminate_as_interrupt.restore()
@@ -321,7 +353,7 @@ class InfergateSession:
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         from pytest_infergate.results.summary import summary_lines
 
-        if not self.results.models and not self.results.records and not self.results.warnings \
+        if not self.results.models and not self.results.records and not self.results.findings \
                 and not self.output_errors and not self.output_notes:
             return
         terminalreporter.section("infergate")

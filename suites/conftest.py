@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_infergate.engine import EngineConfig
-from pytest_infergate.session import add_defaults
+from pytest_infergate.session import add_defaults, skip
+from pytest_infergate.status import ENGINE_CHECK, Finding
 
 # Budgets per scope ("test id substring" or precision), as ini lines. CPU numbers are for a 2-core machine and a
 # 135M model: generous, because they gate gross regressions on noisy shared runners; the relative gate
@@ -60,8 +61,8 @@ def pytest_configure(config):
 def reference_only(infergate_precision, infergate_options):
     """Engine experiments (KV cache, batching modes) run once, on the reference precision, on the local engine."""
     if infergate_options.endpoint is not None:
-        pytest.skip("engine experiment: a server's batching and KV cache are its own; run it without "
-                    "--infergate-endpoint")
+        skip(Finding(ENGINE_CHECK, "", "engine experiment: a server's batching and KV cache are its own",
+                     "run it without --infergate-endpoint"))
     if infergate_precision != infergate_options.reference_precision:
         pytest.skip(f"engine experiment: runs on the reference precision ({infergate_options.reference_precision})")
 
@@ -73,8 +74,8 @@ def needs_engine(infergate_backend):
 
     def check(what: str) -> None:
         reason = infergate_backend.refusal(what)
-        if reason is not None:
-            pytest.skip(reason)
+        if reason is not None:  # listed among the checks that did not run, with the engine's reason
+            skip(Finding(ENGINE_CHECK, "", reason))
 
     return check
 

@@ -5,7 +5,7 @@ the config says (2 x layers x kv_heads x head_dim x bytes per token)?"""
 import torch
 
 from pytest_infergate.engine import Engine, Request
-from pytest_infergate.perf.experiment import Finding, Speedup, faster, grows
+from pytest_infergate.perf.experiment import Claim, Speedup, faster, grows
 from pytest_infergate.workloads import chat_prompt_with_length
 
 
@@ -41,7 +41,7 @@ def _record(record_property, prefix: str, s: Speedup) -> None:
     record_property(f"{prefix}_ci", [round(s.low, 2), round(s.high, 2)])
 
 
-def _growth(record_property, suite_device: str, ordered: list[Speedup]) -> list[Finding]:
+def _growth(record_property, suite_device: str, ordered: list[Speedup]) -> list[Claim]:
     """The claim that the gap grows, where it is one. On the CPU recomputing the prefix is compute-bound, so its
     cost (and the cache's gain) grows with the context. On a GPU, at these lengths, it is bound by the per-step
     launch overhead instead: on an H200 (random-llama-0.5b, fp16) recomputing took 24-33 ms a token from 32 to 256

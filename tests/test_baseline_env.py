@@ -13,7 +13,7 @@ from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import Options
 from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
-from pytest_infergate.perf.env_wire import WireError, config_from_wire, item_from_wire, item_to_wire
+from pytest_infergate.perf.env_worker import WireError, config_from_wire, item_from_wire, item_to_wire
 from pytest_infergate.workloads.traffic import Session, Turn
 
 ENV_TEST = """

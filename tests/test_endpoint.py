@@ -205,7 +205,7 @@ def test_endpoint_fixture_skips_without_the_option(pytester, run_plugin):
     pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
     result = run_plugin("-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*needs a live server: pass --infergate-endpoint URL*"])
+    result.stdout.fnmatch_lines(["*needs a live server; pass --infergate-endpoint URL*"])
 
 
 def test_failed_requests_fail_the_success_budget_with_their_kinds(pytester, run_plugin):

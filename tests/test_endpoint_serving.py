@@ -420,7 +420,7 @@ def test_ab(infergate_endpoint):
         result = pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
                                     f"--infergate-endpoint={server.url}", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*needs the other deployment: pass --infergate-reference-endpoint URL*"])
+    result.stdout.fnmatch_lines(["*needs the other deployment; pass --infergate-reference-endpoint URL*"])
 
 
 # --- request extras per workload line and per test (issue #35 point 4) -------------------------------------------

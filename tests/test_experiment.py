@@ -83,12 +83,13 @@ def test_the_bench_measures_a_speedup_step_locked_and_records_both_sides(tiny_fp
 def test_conclude_warns_when_undecided_and_fails_when_wrong(tiny_fp32, tmp_path):
     undecided = [faster(speedup("c", [0.8, 1.6, 1.2, 0.9], [1.0] * 4))]
     wrong = [faster(speedup("b", [0.7, 0.8], [1.0, 1.0]))]
-    warnings: list[str] = []
+    warnings: list = []  # status.Finding
     bench = PerfBench(_context(tmp_path, [], warnings), tiny_fp32, compare_side=lambda: tiny_fp32)
     strict = PerfBench(_context(tmp_path, [], [], strict=True), tiny_fp32, compare_side=lambda: tiny_fp32)
     try:
         assert bench.conclude("exp", undecided) is Status.INCONCLUSIVE
-        assert len(warnings) == 1 and "test_kv.py::test_cache: exp: INCONCLUSIVE" in warnings[0]
+        assert len(warnings) == 1 and warnings[0].check == "speed experiment"
+        assert "test_kv.py::test_cache: exp: INCONCLUSIVE" in warnings[0].text()
         with pytest.raises(AssertionError, match="exp: FAIL"):
             bench.conclude("exp", wrong)
         with pytest.raises(AssertionError, match="exp: INCONCLUSIVE"):  # --infergate-strict

@@ -178,7 +178,7 @@ def test_gguf_is_read_once_during_a_conversion(tmp_path):
     import gguf
     import numpy as np
 
-    from pytest_infergate.models.gguf_read import read_gguf_once
+    from pytest_infergate.models.builtin import read_gguf_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")

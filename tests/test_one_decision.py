@@ -31,7 +31,7 @@ from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.summary import summary_lines, verdict_reasons
-from pytest_infergate.status import Status
+from pytest_infergate.status import GOLDEN_CHECK, Finding, Status
 
 TEST = "suites/test_speed.py::test_chat[fp32]"
 FINGERPRINT = {"cpu": "synthetic", "cpu_count": 2, "torch": "2.13.0", "engine_config": {"max_batch_size": 8}}
@@ -107,7 +107,8 @@ def _five_reason_run() -> RunResults:
                          problems=["drift in 3 of 48 outputs (6.2%), policy max_drift_share 0"]))
     run.outcomes = {"suites/test_a.py::test_plain": "failed", "suites/test_speed.py::test_chat[fp32]": "failed"}
     run.failures = {"suites/test_a.py::test_plain": "AssertionError: assert 3 == 4 (suites/test_a.py:7)"}
-    run.warnings = ["suites/test_golden.py::test_regression[nf4]: skipped: no accepted golden outputs at x"]
+    run.findings = [Finding(GOLDEN_CHECK, "suites/test_golden.py::test_regression[nf4]",
+                            "skipped: no accepted golden outputs at x")]
     return run
 
 

@@ -357,22 +357,35 @@ def test_checks_that_did_not_run_are_a_table_with_why_and_how(results):
     # issue #31 point 6: check, test, why, how to make it run; skipped golden checks included
     from pytest_infergate.results.not_run import not_run
 
+    # issue #42 point 2: the rows are the findings as made (typed), never a message parsed back
+    from pytest_infergate.status import Finding
+
     data = copy.deepcopy(results)
-    data["warnings"] = [
-        "suites/test_golden.py::test_against_accepted_golden[fp32]: golden regression check not run: no accepted "
-        "golden outputs at golden/m/f/cpu-fp32.jsonl: review a run with --infergate-update-golden and commit the file",
-        "suites/test_speed.py::test_chat[fp32]: relative check not run: the baseline file has no entry for this "
-        "measurement (record one with --infergate-save-baseline)",
-    ]
+    golden_test = "suites/test_golden.py::test_against_accepted_golden[fp32]"
+    missing = Finding("golden regression", golden_test, "golden regression check not run: no accepted golden "
+                      "outputs at golden/m/f/cpu-fp32.jsonl", "review a run with --infergate-update-golden and "
+                      "commit the file")
+    data["findings"] = [missing.to_dict(), Finding("relative perf check", "suites/test_speed.py::test_chat[fp32]",
+                                                   "relative check not run: the baseline file has no entry for "
+                                                   "this measurement").to_dict()]
+    server = Finding("endpoint check", "suites/test_endpoint.py::test_capacity", "needs a live server",
+                     "pass --infergate-endpoint URL")
+    data["skipped_findings"] = {golden_test: missing.to_dict(), server.test: server.to_dict()}
     data["skips"] = {"suites/test_limits.py::test_x[int8]": "the limits suite runs on the reference precision",
-                     "suites/test_limits.py::test_x[nf4]": "the limits suite runs on the reference precision"}
+                     "suites/test_limits.py::test_x[nf4]": "the limits suite runs on the reference precision",
+                     golden_test: missing.reason(), server.test: server.reason()}
     run = RunResults.from_dict(data)
     rows, by_design = not_run(run)
-    golden, relative = rows
-    assert golden.check == "golden regression" and golden.test.endswith("test_against_accepted_golden[fp32]")
-    assert golden.fix == "review a run with --infergate-update-golden and commit the file"
-    assert relative.check == "relative perf check" and "no entry for this measurement" in relative.why
+    golden, relative, endpoint = rows  # the golden check warned and skipped: one row
+    assert golden == missing and relative.check == "relative perf check" and endpoint == server
     assert by_design == {"the limits suite runs on the reference precision": 2}
+    # the file keeps them typed, and an older file's plain warning line is a row as it was written, not parsed
+    assert RunResults.from_dict(run.to_dict()).findings == run.findings
+    older = copy.deepcopy(results)
+    older["warnings"] = [missing.text()]
+    older.pop("findings", None)
+    (row,), _ = not_run(RunResults.from_dict(older))
+    assert (row.check, row.test, row.why, row.fix) == ("check", "", missing.text(), "")
     html = render(data)
     assert '<table class="not-run">' in html and "how to make it run" in html
     assert "Skipped by design: 2 × the limits suite runs on the reference precision" in html

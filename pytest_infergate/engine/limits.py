@@ -1,14 +1,17 @@
-"""What a model and an EngineConfig allow a request: the context window, the prompt length, the output length.
-Shared by the engine and the HF generate backend, so both accept, truncate, clamp and reject alike."""
+"""What a request may ask and when it ends, alike in the engine and the HF generate backend: `Limits` (the context
+window, the prompt length, the output length: accept, truncate, clamp or reject at admission) and `StopChecker`
+(EOS, a stop token, a stop string or max_new_tokens, after each token)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pytest_infergate.engine.config import EngineConfig
+from pytest_infergate.engine.sequence import FinishReason
 from pytest_infergate.workloads.request import Request, RequestError
 
 MAX_CONTEXT = 8192  # the default max_model_len is the model's max_position_embeddings, at most this
+STOP_STRING_TAIL_TOKENS = 16  # a stop string is looked for in the text of the last tokens
 
 
 @dataclass
@@ -49,3 +52,37 @@ class Limits:
             ids = ids[-self.max_input_tokens:]
         limit = self.max_new_tokens_limit or request.max_new_tokens
         return ids, min(request.max_new_tokens, limit, self.max_model_len - len(ids)), None
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every id the model or tokenizer calls end-of-sequence."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class StopChecker:
+    def __init__(self, tokenizer, eos_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+
+    def check(self, request: Request, output_ids: list[int], max_new_tokens: int) -> tuple[FinishReason, str] | None:
+        """Why the sequence stops after its last token `output_ids[-1]`, or None to go on."""
+        token = output_ids[-1]
+        if token in self.eos_ids and not request.ignore_eos:
+            return FinishReason.EOS, "end-of-sequence token"
+        if token in request.stop_token_ids:
+            return FinishReason.STOP, f"stop token {token}"
+        if request.stop_strings:
+            tail = self.tokenizer.decode(output_ids[-STOP_STRING_TAIL_TOKENS:], skip_special_tokens=False)
+            for stop in request.stop_strings:
+                if stop in tail:
+                    return FinishReason.STOP, f"stop string {stop!r}"
+        if len(output_ids) >= max_new_tokens:
+            return FinishReason.LENGTH, f"max_new_tokens ({max_new_tokens}) reached"
+        return None

@@ -24,6 +24,7 @@ from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetition, evaluate_ab
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
+from pytest_infergate.status import ENDPOINT_CHECK, ENGINE_CHECK, Finding
 
 
 class EndpointPerfBench:
@@ -75,8 +76,9 @@ class EndpointPerfBench:
         becomes the concurrency; engine experiments (cache modes, static/dynamic batching) cannot be run on a
         server and are skipped."""
         if config is not None and (config.batching != "continuous" or config.cache_mode != "paged"):
-            self.ctx.skip(f"engine experiment (batching={config.batching}, cache_mode={config.cache_mode}): a "
-                          "server's batching and KV cache are its own; run it without --infergate-endpoint")
+            self.ctx.skip(Finding(ENGINE_CHECK, self.ctx.test_id, f"engine experiment (batching={config.batching}, "
+                                  f"cache_mode={config.cache_mode}): a server's batching and KV cache are its own",
+                                  "run it without --infergate-endpoint"))
         return self.load(requests, self._pattern(pattern, config), slo, warmup=warmup, repeats=repeats, label=label,
                          tags=tags)
 
@@ -264,8 +266,9 @@ class EndpointPerfBench:
         of B against A uses the budget's max_regression (default 0.10) on a paired bootstrap CI. Returns the
         (A, B) Measurements. Without a reference endpoint the test is skipped."""
         if self.reference is None:
-            self.ctx.skip("an A/B against an endpoint needs the other deployment: pass --infergate-reference-endpoint "
-                          "URL (or compare runs with --infergate-baseline)")
+            self.ctx.skip(Finding(ENDPOINT_CHECK, self.ctx.test_id, "an A/B against an endpoint needs the other "
+                                  "deployment", "pass --infergate-reference-endpoint URL (or compare runs with "
+                                  "--infergate-baseline)"))
         unknown = sorted(set(local_only) - {"baseline_model", "baseline_config"})
         if unknown:
             self.ctx.fail(f"{self.ctx.test_id}: ab() got unknown argument(s) {', '.join(unknown)}")

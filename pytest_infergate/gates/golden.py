@@ -41,7 +41,7 @@ from pytest_infergate.quality.policy import (
 )
 from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
-from pytest_infergate.status import Status
+from pytest_infergate.status import GOLDEN_CHECK, Finding, Status
 
 QUALITY_PROPERTIES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 
@@ -201,8 +201,9 @@ class GoldenGate:
             figures = self._figures(samples)
             if figures is not None:
                 header["figures_against"] = figures[0]
+            created = not path.exists()
             changes = self._update(path, header, samples, current, figures[1] if figures else None)
-            if path != default_path and changes[0].startswith("new golden file"):
+            if path != default_path and created:
                 changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on "
                                   "another machine, kept)")
             self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
@@ -216,12 +217,12 @@ class GoldenGate:
             model_change = (f"model fingerprint {previous.parent.name} → {default_path.parent.name}: compared with "
                             "the accepted outputs of the weights before these")
         if old is None:
-            message = (f"no accepted golden outputs at {path}: review a run with --infergate-update-golden and "
-                       "commit the file")
+            missing = Finding(GOLDEN_CHECK, self.ctx.test_id, f"golden regression check not run: no accepted golden "
+                              f"outputs at {path}", "review a run with --infergate-update-golden and commit the file")
             if self.ctx.options.strict:  # under strict a check that cannot run fails
-                self.ctx.fail(message)
-            self.ctx.warn(f"{self.ctx.test_id}: golden regression check not run: {message}")
-            self.ctx.skip(message)
+                self.ctx.fail(missing.reason())
+            self.ctx.warn(missing)
+            self.ctx.skip(missing)
         mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
         rules = RegressionPolicy.of(self.policy(policy), self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""

@@ -14,7 +14,7 @@ from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.decide import decide
-from pytest_infergate.perf.experiment import Finding, Speedup, conclusion, speedup
+from pytest_infergate.perf.experiment import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import (
     AB_ROUNDS,
     NoReference,
@@ -28,7 +28,15 @@ from pytest_infergate.perf.gate import (
 from pytest_infergate.perf.stored import RepetitionPlan
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
-from pytest_infergate.status import Status
+from pytest_infergate.status import (
+    BASELINE_CHECK,
+    BUDGET_KEY_CHECK,
+    ENGINE_CHECK,
+    RELATIVE_CHECK,
+    SPEED_EXPERIMENT_CHECK,
+    Finding,
+    Status,
+)
 
 DEFAULT_AB_REGRESSION = 0.10
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
@@ -96,8 +104,8 @@ def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tup
     if unmeasured:
         budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
         what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
-        ctx.warn(f"{record.test}: budget key(s) {', '.join(unmeasured)} not checked: this {what} measurement has no "
-                 "such figure")
+        ctx.warn(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
+                         f"{what} measurement has no such figure"))
     return budget, unmeasured
 
 
@@ -136,17 +144,18 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     outcome.notes[:0] = notes
     if ctx.baseline is not None and budget.max_regression is None:
         # a baseline given and not used would let a slower run PASS with nothing said (issue #45)
-        unused = (f"{key}: --infergate-baseline {ctx.options.baseline} was given but not compared with: this "
-                  "measurement's budget has no max_regression; add max_regression=0.1 to its infergate_budget "
-                  "marker (or the ini infergate_budgets) to gate it against the baseline")
-        outcome.notes.append(unused)
+        unused = Finding(RELATIVE_CHECK, key, f"--infergate-baseline {ctx.options.baseline} was given but not "
+                         "compared with: this measurement's budget has no max_regression",
+                         "add max_regression=0.1 to its infergate_budget marker (or the ini infergate_budgets) to "
+                         "gate it against the baseline")
+        outcome.notes.append(unused.text())
         ctx.warn(unused)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = interference.busy(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
-        ctx.warn(f"{key}: this baseline entry was measured on a busy runner ({interference.describe(busy)}); a "
-                 "later run on a quiet runner will read faster and its verdict will be inconclusive — re-save the "
-                 "baseline on a quiet runner")
+        ctx.warn(Finding(BASELINE_CHECK, key, f"this baseline entry was measured on a busy runner "
+                         f"({interference.describe(busy)}); a later run on a quiet runner will read faster and its "
+                         "verdict will be inconclusive", "re-save the baseline on a quiet runner"))
     return outcome
 
 
@@ -154,7 +163,7 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
     """Warn (not fail) about the checks of `outcome` that did not run as asked: a relative check that could not
     run, a verdict still inconclusive after re-measuring (a baseline from another machine, a busy runner)."""
     if outcome.relative_check_missing and not ctx.options.strict:
-        ctx.warn(f"{key}: relative check not run: {outcome.relative_check_missing}")
+        ctx.warn(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
     if outcome.status == "inconclusive":
         again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
         ctx.notify(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
@@ -239,7 +248,7 @@ class PerfBench:
 
         refusal = choice_for(loaded).refusal_for(config)
         if refusal is not None:
-            self.ctx.skip(refusal)
+            self.ctx.skip(Finding(ENGINE_CHECK, self.ctx.test_id, refusal))
 
     def __call__(self, requests=None, config=None, *, warmup: int = 2, repeats: int = 3, min_time_s: float = 0.0,
                  label: str = "", tags: dict | None = None) -> Measurement:
@@ -401,16 +410,16 @@ class PerfBench:
                 self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")
         return result
 
-    def conclude(self, experiment: str, findings: list[Finding]) -> Status:
-        """Decide a speed experiment on its findings (perf.experiment.faster / grows): a finding whose intervals
+    def conclude(self, experiment: str, claims: list[Claim]) -> Status:
+        """Decide a speed experiment on its claims (perf.experiment.faster / grows): a finding whose intervals
         lie on the wrong side fails the test; an undecided one is a warning that names the intervals (a failure
         under --infergate-strict), and the test passes."""
-        status, message = conclusion(experiment, findings)
+        status, message = conclusion(experiment, claims)
         self.ctx.add_property("infergate.experiment", str(status))
         if status == Status.FAIL or (status == Status.INCONCLUSIVE and self.ctx.options.strict):
             self.ctx.fail(message)
         if status == Status.INCONCLUSIVE:
-            self.ctx.warn(f"{self.ctx.test_id}: {message}")
+            self.ctx.warn(Finding(SPEED_EXPERIMENT_CHECK, self.ctx.test_id, message))
         return status
 
     def close(self) -> None:

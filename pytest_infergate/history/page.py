@@ -11,12 +11,12 @@ from markupsafe import Markup
 from pytest_infergate import units
 from pytest_infergate.history import changepoint
 from pytest_infergate.history.chart import trend_chart
-from pytest_infergate.history.series import Finding, History, findings
+from pytest_infergate.history.series import History, SeriesChange, findings
 from pytest_infergate.measurement import METRICS
 from pytest_infergate.report.template_context import split_test_id
 
 
-def describe(f: Finding) -> str:
+def describe(f: SeriesChange) -> str:
     """`regressed at run #7 (commit 1a2b3c4): +15.1% (95% CI +12.0% to +18.3%)`, or a creep's drift per run."""
     where = f"run #{f.run.index}" + (f" (commit {f.run.commit})" if f.run.commit else f" ({f.run.when})")
     if f.kind == "step":

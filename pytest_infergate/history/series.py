@@ -209,7 +209,7 @@ def build_history(runs: list[RunResults], metrics: tuple[str, ...] = DEFAULT_MET
 
 
 @dataclass
-class Finding:
+class SeriesChange:
     """One row of the history's table of changes."""
 
     series: Series
@@ -228,17 +228,17 @@ class Finding:
         return self.series.is_worse(self.change)
 
 
-def findings(history: History) -> list[Finding]:
+def findings(history: History) -> list[SeriesChange]:
     out = []
     for s in history.series:
         for segment in s.segments:
             for cp in segment.change_points:
                 at = segment.points[cp.index]
-                out.append(Finding(s, history.run(at.run), "step", cp.change, cp.low, cp.high, p_value=cp.p_value,
+                out.append(SeriesChange(s, history.run(at.run), "step", cp.change, cp.low, cp.high, p_value=cp.p_value,
                                    changes=at.changes))
             c = segment.creep
             if c:
                 window = segment.points[c.start:]
-                out.append(Finding(s, history.run(window[0].run), "creep", c.drift, per_run=c.slope,
+                out.append(SeriesChange(s, history.run(window[0].run), "creep", c.drift, per_run=c.slope,
                                    p_value=c.p_value, passed=all(p.status in (None, "pass") for p in window)))
     return sorted(out, key=lambda f: (f.run.index, f.series.test, f.series.metric))

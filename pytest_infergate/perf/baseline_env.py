@@ -23,7 +23,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import BASELINE_PYTHON_FLAG as FLAG
 from pytest_infergate.options import resolve_python
-from pytest_infergate.perf.env_wire import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
+from pytest_infergate.perf.env_worker import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
 
 STDERR_TAIL = 2000  # characters of the worker's stderr quoted in an error
 

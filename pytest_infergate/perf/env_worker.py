@@ -1,20 +1,82 @@
-"""The baseline environment's side of `--infergate-baseline-python`: a process started with that interpreter
-(`python -m pytest_infergate.perf.env_worker`) that loads the same model and runs one repetition of a workload, or
-one engine step of it, each time the pytest run asks, so the two environments' repetitions can alternate
-(perf.baseline_env, perf.lockstep). Messages are JSON lines (perf.env_wire) on stdin / stdout; whatever libraries
-print goes to stderr, which the pytest side keeps for its error messages. The messages (`run`, `prepare`, `begin` /
-`step` / `finish`, `forget`) and their replies: docs/guides/library-upgrade.md, 'What runs in the old environment'.
+"""The baseline environment's side of `--infergate-baseline-python` (`python -m pytest_infergate.perf.env_worker`,
+started with that interpreter): it loads the same model and runs one repetition of a workload, or one engine step of
+it, each time the pytest run asks (perf.baseline_env, perf.lockstep); and the protocol both sides speak: requests,
+sessions and engine configs as JSON, one message a line on stdin / stdout. JSON and not pickle: the two sides run
+other library versions on purpose, so a field one side does not know is named in an error (`WireError`). Libraries'
+prints go to stderr, which the pytest side quotes in its errors. The messages (`run`, `prepare`, `begin` / `step` /
+`finish`, `forget`) and their replies: docs/guides/library-upgrade.md, 'What runs in the old environment'.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from pytest_infergate.engine.config import EngineConfig
+from pytest_infergate.errors import InfergateError
 from pytest_infergate.lazy import import_torch
-from pytest_infergate.perf.env_wire import PROTOCOL, config_from_wire, decode, encode, item_from_wire
+from pytest_infergate.workloads.request import Request
+from pytest_infergate.workloads.traffic import Session, Turn
+
+# Bumped whenever a message changes shape: both sides must speak the same one.
+PROTOCOL = 2  # 2: prepare, and begin / step / finish for a step-locked A/B
+
+
+class WireError(InfergateError):
+    """A message one side cannot read (another pytest-infergate on the other side, a field it does not know)."""
+
+
+def _known(cls, data: dict, what: str) -> dict:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise WireError(f"{what} fields {', '.join(unknown)} are unknown to this pytest-infergate: install the "
+                        "same pytest-infergate in both environments")
+    return data
+
+
+def item_to_wire(item: Request | Session) -> dict[str, Any]:
+    if isinstance(item, Session):
+        return {"session": asdict(item)}
+    if isinstance(item, Request):
+        return {"request": asdict(item)}
+    raise WireError(f"a workload item must be a Request or a Session, got {type(item).__name__}")
+
+
+def item_from_wire(data: dict[str, Any]) -> Request | Session:
+    if "session" in data:
+        session = dict(_known(Session, data["session"], "Session"))
+        session["turns"] = [Turn(**_known(Turn, turn, "Turn")) for turn in session["turns"]]
+        return Session(**session)
+    if "request" in data:
+        return Request(**_known(Request, data["request"], "Request"))
+    raise WireError(f"a workload item on the wire is a request or a session, got keys {sorted(data)}")
+
+
+def config_to_wire(config: EngineConfig) -> dict[str, Any]:
+    return config.to_dict()
+
+
+def config_from_wire(data: dict[str, Any]) -> EngineConfig:
+    return EngineConfig(**_known(EngineConfig, data, "EngineConfig"))
+
+
+def encode(message: dict[str, Any]) -> str:
+    return json.dumps(message, default=str) + "\n"
+
+
+def decode(line: str, source: str) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WireError(f"{source} wrote a line that is not a protocol message ({exc}): {line[:200]!r}") from None
+    if not isinstance(message, dict):
+        raise WireError(f"{source} wrote {type(message).__name__} where a protocol message (an object) belongs")
+    return message
 
 
 class Worker:

@@ -53,7 +53,7 @@ def speedup(name: str, fast: Sequence[float], slow: Sequence[float], higher_is_b
 
 
 @dataclass(frozen=True)
-class Finding:
+class Claim:
     """One claim of an experiment, its decision and the intervals it was decided on."""
 
     claim: str
@@ -64,13 +64,13 @@ class Finding:
         return f"{self.status.upper()}: {self.claim}: {self.evidence}"
 
 
-def faster(s: Speedup) -> Finding:
+def faster(s: Speedup) -> Claim:
     """Passes when the whole interval lies above 1, fails when it lies at or below 1, else inconclusive."""
     status = Status.PASS if s.low > 1.0 else Status.FAIL if s.high <= 1.0 else Status.INCONCLUSIVE
-    return Finding(f"{s.name} is faster", status, s.describe())
+    return Claim(f"{s.name} is faster", status, s.describe())
 
 
-def grows(before: Speedup, after: Speedup) -> Finding:
+def grows(before: Speedup, after: Speedup) -> Claim:
     """Passes when `after`'s interval lies wholly above `before`'s, fails when wholly at or below it, else
     inconclusive (overlapping intervals cannot tell which is larger)."""
     if after.low > before.high:
@@ -79,15 +79,15 @@ def grows(before: Speedup, after: Speedup) -> Finding:
         status = Status.FAIL
     else:
         status = Status.INCONCLUSIVE
-    return Finding(f"the speedup grows from {before.name} to {after.name}", status,
+    return Claim(f"the speedup grows from {before.name} to {after.name}", status,
                    f"{before.describe()} -> {after.describe()}")
 
 
-def conclusion(experiment: str, findings: Sequence[Finding]) -> tuple[Status, str]:
-    """The experiment's status (the worst of its findings) and a message listing every finding; an inconclusive
+def conclusion(experiment: str, claims: Sequence[Claim]) -> tuple[Status, str]:
+    """The experiment's status (the worst of its claims) and a message listing every claim; an inconclusive
     one says how to decide it."""
-    status = Status.worst(f.status for f in findings)
-    lines = [f"{experiment}: {status.upper()}"] + ["  " + f.describe() for f in findings]
+    status = Status.worst(f.status for f in claims)
+    lines = [f"{experiment}: {status.upper()}"] + ["  " + f.describe() for f in claims]
     if status == Status.INCONCLUSIVE:
         lines.append(f"  the intervals overlap their threshold: too noisy to decide here; {QUIET_RUNNER}")
     return status, "\n".join(lines)

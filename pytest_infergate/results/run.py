@@ -29,7 +29,7 @@ from pytest_infergate.results.records import (
     Record,
     record_from_dict,
 )
-from pytest_infergate.status import Status
+from pytest_infergate.status import Finding, Status
 
 KIND = "results"
 SCHEMA_VERSION = 4
@@ -73,11 +73,19 @@ class RunResults:
     failures: dict[str, str] = field(default_factory=dict)  # nodeid -> short message and location of a failure
     skips: dict[str, str] = field(default_factory=dict)  # nodeid -> why it was skipped
     strict: bool = False  # --infergate-strict: an inconclusive check fails the run
-    warnings: list[str] = field(default_factory=list)  # checks that did not run as asked (also in the summary)
+    # checks that did not run or decide as asked (a warning each: the summary, the verdict's reasons, strict)
+    findings: list[Finding] = field(default_factory=list)
+    # tests skipped with what would make them run (not warnings: a skip is the test's own outcome), by test id
+    skipped_findings: dict[str, Finding] = field(default_factory=dict)
     run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
     commit: str | None = None  # git commit of the rootdir, when it is a git checkout
     # not in the file: this run's report kept beside its results file in a history folder, when read from one
     report_copy: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The findings as the lines every output prints."""
+        return [finding.text() for finding in self.findings]
 
     @property
     def fingerprint(self) -> str:
@@ -128,6 +136,8 @@ class RunResults:
             "finished": self.finished if self.finished is not None else time.time(),
             "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
             "outcomes": self.outcomes, "failures": self.failures, "skips": self.skips, "warnings": self.warnings,
+            "findings": [f.to_dict() for f in self.findings],
+            "skipped_findings": {test: f.to_dict() for test, f in self.skipped_findings.items()},
             "gate_counts": self.gate_counts()})
 
     @classmethod
@@ -149,7 +159,11 @@ class RunResults:
                                  "edited by hand or cut short? Re-run pytest with --infergate-json") from None
         return cls(started=data.get("started", 0.0), finished=data.get("finished"),
                    environment=dict(data.get("environment", {})), models=dict(data.get("models", {})),
-                   records=records, outcomes=dict(data.get("outcomes", {})), warnings=list(data.get("warnings", [])),
+                   records=records, outcomes=dict(data.get("outcomes", {})),
+                   # an older file has only the warnings' lines: each read whole, never parsed back
+                   findings=[Finding.from_dict(f) for f in data.get("findings", data.get("warnings", []))],
+                   skipped_findings={test: Finding.from_dict(f)
+                                     for test, f in (data.get("skipped_findings") or {}).items()},
                    failures=dict(data.get("failures", {})), skips=dict(data.get("skips", {})),
                    strict=bool(data.get("strict", False)),
                    run_id=str(data.get("run_id") or ""), commit=data.get("commit"))
