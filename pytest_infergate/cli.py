@@ -52,7 +52,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     results = _load_results(args.results)
     history, href = None, None
     if args.history:
-        from pytest_infergate.history.run_end import HISTORY_PAGE, history_with, page_href
+        from pytest_infergate.history.page import HISTORY_PAGE, history_with, page_href
 
         history = history_with(Path(args.history), results)
         href = page_href(Path(args.history), Path(args.output)) if (Path(args.history) / HISTORY_PAGE).exists() \

@@ -1,14 +1,22 @@
 """The files a run writes at its end: the stored baseline, the JSON results, the history folder and the HTML report.
 Each is written on its own, so one that cannot be written is reported and does not stop the others; the report
-is written last, because it links to the history page the run has just been appended to."""
+is written last, because it links to the history page the run has just been appended to. And `--junitxml`, which
+pytest writes straight over the previous file (an interrupt, as a cancelled CI job's SIGTERM, would leave a truncated
+XML the CI's test-report step rejects): the plugin points pytest at a temporary file beside it, renamed once whole."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+from _pytest.junitxml import xml_key
+
+from pytest_infergate.atomic import plain_file_mode
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.options import Options
 from pytest_infergate.results.run import RunResults
@@ -50,7 +58,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
                          f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})")
 
     def record_history(folder: Path) -> None:
-        from pytest_infergate.history.run_end import record_run
+        from pytest_infergate.history.page import record_run
 
         nonlocal history
         history = record_run(folder, results, options.history_keep, options.report)
@@ -60,7 +68,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
 
         href = None
         if history is not None:
-            from pytest_infergate.history.run_end import keep_report, page_href
+            from pytest_infergate.history.page import keep_report, page_href
 
             href = page_href(options.history, path)
         write_report(results, path, results.commit, history, href)
@@ -81,3 +89,29 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         except (OSError, InfergateError) as exc:
             errors.append(f"{option} {path} was not written: {exc}")
     return Written(errors, notes, history, saved)
+
+
+class AtomicJUnitXml:
+    """Writes `--junitxml` to a temporary file beside the target, renamed over it once complete."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        xml = session.config.stash.get(xml_key, None)
+        if xml is None:  # no --junitxml, or an xdist worker (the controller writes it)
+            return (yield)
+        target = xml.logfile
+        folder = os.path.dirname(os.path.abspath(target))
+        os.makedirs(folder, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=folder)
+        os.close(handle)
+        xml.logfile = tmp
+        try:
+            result = yield
+            if os.path.getsize(tmp):  # junitxml wrote it whole
+                os.chmod(tmp, plain_file_mode())
+                os.replace(tmp, target)
+            return result
+        finally:
+            xml.logfile = target  # the terminal's "generated xml file" line names the real file
+            Path(tmp).unlink(missing_ok=True)
+

@@ -362,7 +362,7 @@ class InfergateSession:
         if self.options.report is not None and not self.output_errors:
             terminalreporter.write_line(f"report: {self.options.report}")
         if self.history is not None:
-            from pytest_infergate.history.run_end import HISTORY_PAGE
+            from pytest_infergate.history.page import HISTORY_PAGE
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
                                         f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")

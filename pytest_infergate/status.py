@@ -31,7 +31,7 @@ class Status(str, enum.Enum):
         return cls.PASS
 
 
-# What kind of check a Finding is about: the not-run table's first column (results.not_run)
+# What kind of check a Finding is about: the not-run table's first column (results.summary.not_run)
 GOLDEN_CHECK = "golden regression"
 RELATIVE_CHECK = "relative perf check"
 BASELINE_CHECK = "baseline"

@@ -12,8 +12,7 @@ from browser import needs_chromium, open_page
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.history import build_history, findings, load_runs
 from pytest_infergate.history.changepoint import change_points, creep
-from pytest_infergate.history.page import render_history, text_table
-from pytest_infergate.history.run_end import record_run
+from pytest_infergate.history.page import record_run, render_history, text_table
 from pytest_infergate.history.store import append_run
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import Violation

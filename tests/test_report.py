@@ -355,7 +355,7 @@ def test_cli_output_cut_short_by_a_pipe_and_history_help_have_no_papercuts(resul
 
 def test_checks_that_did_not_run_are_a_table_with_why_and_how(results):
     # issue #31 point 6: check, test, why, how to make it run; skipped golden checks included
-    from pytest_infergate.results.not_run import not_run
+    from pytest_infergate.results.summary import not_run
 
     # issue #42 point 2: the rows are the findings as made (typed), never a message parsed back
     from pytest_infergate.status import Finding

@@ -182,7 +182,7 @@ class GoldenGate:
         is a near-tie (numerics at a tie: reported, passes) or drift (fails beyond `max_drift_share`); `exact=1`
         fails on any change. With --infergate-update-golden the accepted outputs are rewritten instead (and the
         changes printed). Returns the GoldenRegression (None after an update)."""
-        from pytest_infergate.quality.golden_report import regression_failure
+        from pytest_infergate.quality.regression import regression_failure
 
         samples = self.samples(limit, categories)
         try:
@@ -291,7 +291,7 @@ class GoldenGate:
         records the share of samples whose tokens change and the KL between the variants, and fails above the
         policy's `max_batch_variant_share` (no gate unless set). `max_new_tokens`: compare each sample's first
         that many tokens only (the alone runs, one sample at a time, cost the most). Returns the BatchInvariance."""
-        from pytest_infergate.quality.golden_report import batch_invariance_failure
+        from pytest_infergate.quality.regression import batch_invariance_failure
 
         if not hasattr(self.candidate, "batch_invariance"):
             self.ctx.skip(f"batch invariance needs a local model; the {self.precision} candidate batches requests "

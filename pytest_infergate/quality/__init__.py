@@ -4,8 +4,8 @@ Modules that run models import torch when used: `generation` (golden samples thr
 greedy, always the whole sample file in one run, a subset selected from it), `scoring` (teacher-forced
 log-probabilities of a fixed continuation, one row per forward; KL / top-1 / NLL), `golden_comparison` (THE
 comparison of a candidate's outputs with the reference's), `regression` (against a precision's own accepted
-outputs: near-tie or drift), `provenance` (what golden outputs depend on), `batch_invariance`, `golden_report` (the
-failure messages). The object behind the `infergate_golden` fixture is `gates.golden.GoldenGate`.
+outputs: near-tie or drift; and the gates' failure messages), `provenance` (what golden outputs depend on),
+`batch_invariance`. The object behind the `infergate_golden` fixture is `gates.golden.GoldenGate`.
 """
 
 from pytest_infergate.quality.golden_files import GoldenError, GoldenOutput, GoldenOutputs, GoldenSample

@@ -1,7 +1,9 @@
 """The report's serving sections, read from the endpoint records through the endpoint package's own types: the
 server's /metrics beside the client figures of each load run, the capacity search drawn (goodput and latency p99
 against the load, the SLO and the knee marked), and A/B runs with both sides named. A server that exposed no
-metrics gets a note, never an error."""
+metrics gets a note, never an error. And each load run's slow tail, from its per-request records
+(endpoint.loadgen.request_record): the requests a p99 summarizes away, each with when it left, its first token,
+its end, tokens and status."""
 
 from __future__ import annotations
 
@@ -230,3 +232,47 @@ def prefix_cache_detail(record: PerfRecord) -> str | None:
     if reuse is None or not (reuse.cached_tokens or reuse.sessions or record.engine_config.get("prefix_caching")):
         return None
     return reuse.describe()
+
+
+SLOW_SHOWN = 10  # slowest requests per measurement
+
+
+@dataclass(frozen=True)
+class SlowRequest:
+    request_id: str
+    repetition: int
+    sent: str
+    ttft: str
+    e2e: str
+    tokens: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class SlowTail:
+    test: str
+    recorded: int
+    rows: list[SlowRequest]
+
+
+def _ms(seconds: float | None) -> str:
+    return units.duration_ms(seconds * 1000) if seconds is not None else units.DASH
+
+
+def slow_tails(records: list[PerfRecord]) -> list[SlowTail]:
+    out = []
+    for record in records:
+        requests = record.measurement.requests
+        if not requests:
+            continue
+
+        def e2e(r: dict) -> float:
+            return (r.get("finished_s") or 0.0) - (r.get("sent_s") or 0.0)
+
+        rows = [SlowRequest(str(r.get("request_id") or "–"), int(r.get("repetition") or 0), _ms(r.get("sent_s")),
+                            _ms(r["first_token_s"] - r["sent_s"]) if r.get("first_token_s") is not None else
+                            units.DASH, _ms(e2e(r)), units.number(r.get("output_tokens")),
+                            r.get("error") or f"HTTP {r.get('status')}")
+                for r in sorted(requests, key=e2e, reverse=True)[:SLOW_SHOWN]]
+        out.append(SlowTail(record.test, len(requests), rows))
+    return out

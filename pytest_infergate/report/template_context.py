@@ -20,12 +20,11 @@ from pytest_infergate.report.serving import (
     capacity_sections,
     prefix_cache_detail,
     server_metric_rows,
+    slow_tails,
 )
-from pytest_infergate.report.slow_tail import slow_tails
-from pytest_infergate.results.not_run import not_run
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
+from pytest_infergate.results.summary import HF_GENERATE, budget_metric, not_run, quality_groups, verdict_reasons
 from pytest_infergate.results.summary import figure as summary_figure
 from pytest_infergate.status import Status
 

@@ -1,5 +1,6 @@
 """The one summary of a run's results, as lines for the terminal (pytest's `infergate` section and
-`infergate summary`) and as Markdown tables for CI step summaries."""
+`infergate summary`) and as Markdown tables for CI step summaries; and the checks that did not run as asked, as
+one table a reviewer reads (`not_run`: check, test, why, and how to make it run)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pytest_infergate.results.records import (
 )
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.run_verdict import verdict_reasons
-from pytest_infergate.status import Status
+from pytest_infergate.status import Finding, Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
 PERF_KEYS = ("ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb", "success_rate",
@@ -272,3 +273,20 @@ def summary_markdown(results: RunResults) -> str:
 def _why_markdown(record: PerfRecord) -> str:
     reasons = [r for r in verdict_reasons(record) if record.status != Status.PASS or "vs baseline" in r]
     return record.status.value + ("<br>" + "<br>".join(r.replace("|", "\\|") for r in reasons) if reasons else "")
+
+
+def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
+    """The not-run table's rows, and the tests skipped by design: reason -> count. Rows are the run's findings
+    (every check that could not run or decide says so where it is known, with its test and its fix) and the tests
+    skipped with a finding (no accepted golden outputs yet, a model the engine refused, no server given); a test
+    that warned and was skipped for the same check is one row. Other skips are by design (an experiment that runs
+    on the reference precision only): counted, not listed."""
+    rows = list(results.findings)
+    for test, finding in results.skipped_findings.items():
+        if not any(row.test == test and row.check == finding.check for row in rows):
+            rows.append(finding)
+    by_design: dict[str, int] = {}
+    for test, reason in results.skips.items():
+        if test not in results.skipped_findings:
+            by_design[reason] = by_design.get(reason, 0) + 1
+    return rows, by_design
