@@ -13,8 +13,9 @@ from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.run import RunResults
 
-RUN_FILE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}\.json$")  # what append_run writes, and the only files it prunes
-RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+_RUN_ID = r"\d{8}T\d{6}Z-[0-9a-f]{6}"  # results.run.new_run_id: the run's UTC time and a random suffix
+RUN_ID = re.compile(rf"^{_RUN_ID}$")
+RUN_FILE = re.compile(rf"^{_RUN_ID}\.json$")  # what append_run writes, and the only files it prunes
 LATEST = "latest"  # the newest run of a history, as --infergate-baseline
 DEFAULT_KEEP = 100
 
