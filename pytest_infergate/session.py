@@ -273,7 +273,8 @@ class InfergateSession:
                 finding = Finding.from_dict(json.loads(value))
                 finding = finding if finding.test else replace(finding, test=report.nodeid)
                 self.results.skipped_findings[report.nodeid] = finding
-                kept.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML: the line, not the JSON
+                if (NOT_RUN_PROPERTY, finding.text()) not in report.user_properties:  # warned too (a golden file)
+                    kept.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML: the line, not the JSON
             elif name != RESULT_PROPERTY:
                 kept.append((name, value))
             elif report.when == "call":  # the teardown report carries the same properties again
