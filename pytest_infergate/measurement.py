@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
+from pytest_infergate.runqueue import RUN_QUEUE
 from pytest_infergate.stats import percentile
 
 # metric -> (unit, higher_is_better, is a per-request distribution)
@@ -36,6 +38,20 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
 # all (the load time is the model's, not the workload's). What a busy runner or another machine can distort.
 LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
 THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
+
+
+# Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
+# beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
+BUSY_SHARE = 0.25
+
+
+def busy_share(per_repetition: list[float]) -> float | None:
+    """The share others took on the median repetition when a busy runner's (BUSY_SHARE or more), else None
+    (quiet, or not measured): Measurement.others_share, read by the gate (perf.interference says how it is measured)."""
+    if not per_repetition:
+        return None
+    typical = median(per_repetition)
+    return typical if typical >= BUSY_SHARE else None
 
 
 def scales_with_speed(metric: str) -> bool:
@@ -112,6 +128,11 @@ class Measurement:
             else:
                 out[metric] = percentile(values, 50)
         return out
+
+    def load_free_source(self) -> str:
+        """What measured the load-free shares (`load_free_by`); "" where none were measured. Measurements saved
+        before it was recorded measured them by run-queue delay (on the CPU)."""
+        return self.load_free_by or (RUN_QUEUE if self.load_free_share else "")
 
     def by_repetition(self, metric: str) -> list[list[float]] | None:
         """The samples of `metric` split by repetition, or None when this measurement did not record the split."""

@@ -8,6 +8,14 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
+from pytest_infergate.status import Status
+
+
+def interval_status(low: float, high: float, threshold: float) -> Status:
+    """A ratio's interval against its threshold: fail when it lies wholly above, pass when wholly at or below,
+    inconclusive when it straddles it (more samples would decide)."""
+    return Status.FAIL if low > threshold else Status.PASS if high <= threshold else Status.INCONCLUSIVE
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""

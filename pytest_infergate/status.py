@@ -16,12 +16,6 @@ class Status(str, enum.Enum):
         return self.value
 
     @classmethod
-    def of_interval(cls, low: float, high: float, threshold: float) -> Status:
-        """A slowdown ratio's interval against its threshold: fail when it lies wholly above, pass when wholly at
-        or below, inconclusive when it straddles it (more samples would decide)."""
-        return cls.FAIL if low > threshold else cls.PASS if high <= threshold else cls.INCONCLUSIVE
-
-    @classmethod
     def worst(cls, statuses) -> Status:
         """fail over inconclusive over pass (an empty list passes)."""
         statuses = set(statuses)

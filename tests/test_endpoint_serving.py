@@ -17,7 +17,8 @@ from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metric
 from pytest_infergate.errors import OptionError
 from pytest_infergate.gates.pair import compare_servers, topk_pair_kl
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.budget import BudgetError, check_budget, parse_budget
+from pytest_infergate.perf.budget import BudgetError, parse_budget
+from pytest_infergate.perf.outcome import check_budget
 from pytest_infergate.workloads import from_file
 from pytest_infergate.workloads.traffic import Session, Turn, WorkloadError
 

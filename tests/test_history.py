@@ -15,8 +15,7 @@ from pytest_infergate.history.changepoint import change_points, creep
 from pytest_infergate.history.page import record_run, render_history, text_table
 from pytest_infergate.history.store import append_run
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.budget import Violation
-from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults

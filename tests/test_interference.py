@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pytest_infergate.measurement import Measurement
+from pytest_infergate.measurement import BUSY_SHARE, Measurement, busy_share
 from pytest_infergate.perf import interference, stored
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
@@ -25,8 +25,8 @@ def test_others_share_is_the_machines_busy_time_less_ours():
     assert interference.others_share(before, after) == pytest.approx(0.5)
     assert interference.others_share(before, before) is None  # too short to tell
     assert interference.others_share(None, after) is None
-    assert interference.busy([0.0, 0.02, 0.01]) is None
-    assert interference.busy([0.5, 0.6, 0.0]) == pytest.approx(0.5)
+    assert busy_share([0.0, 0.02, 0.01]) is None
+    assert busy_share([0.5, 0.6, 0.0]) == pytest.approx(0.5)
     assert "50% of the machine's CPU time" in interference.describe(0.5)
 
 
@@ -37,12 +37,12 @@ def test_a_cpu_hog_reads_as_others_and_our_own_threads_do_not():
         time.sleep(0.5)  # the hogs started
         before = interference.snapshot([os.getpid()])
         time.sleep(1.5)
-        busy_share = interference.others_share(before, interference.snapshot([os.getpid()]))
+        share = interference.others_share(before, interference.snapshot([os.getpid()]))
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    assert busy_share is not None and busy_share > 0.5, busy_share
+    assert share is not None and share > 0.5, share
     # our own busy loop is counted as ours, whatever else runs on the machine
     before = interference.snapshot([os.getpid()])
     end = time.process_time() + 0.6  # CPU time, not wall time: on a busy runner a second of wall time is less
@@ -75,7 +75,7 @@ def test_each_repetition_records_what_others_took(tiny_fp32):
     finally:
         bench.close()
     assert len(measurement.others_share) == measurement.repetitions == 3
-    assert min(measurement.others_share[1:]) > interference.BUSY_SHARE, measurement.others_share
+    assert min(measurement.others_share[1:]) > BUSY_SHARE, measurement.others_share
     # the kernel's run-queue wait says how much of each busy repetition the load took (runqueue.team_progress_s)
     assert len(measurement.load_free_share) == 3 and all(0 < f <= 1 for f in measurement.load_free_share)
     assert max(measurement.load_free_share[1:]) < 0.9, measurement.load_free_share
@@ -213,13 +213,13 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
     outcome = evaluate_perf(candidate, gate, {}, BaselineEntry({}, baseline))
     throughput = next(v for v in outcome.verdicts if v.metric == "tokens_per_s")
     assert throughput.status == expected, throughput.describe()
-    if expected == "fail" and (interference.busy(candidate.others_share) or interference.busy(baseline.others_share)):
+    if expected == "fail" and (busy_share(candidate.others_share) or busy_share(baseline.others_share)):
         assert "load-corrected by run-queue delay" in throughput.note and "other processes took 74%" in throughput.note
         assert "load-corrected by run-queue delay" in outcome.message()
     itl_gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     itl = next(v for v in evaluate_perf(candidate, itl_gate, {}, BaselineEntry({}, baseline)).verdicts
                if v.metric == "itl_ms")
-    if interference.busy(baseline.others_share):
+    if busy_share(baseline.others_share):
         assert "load-corrected by run-queue delay" not in itl.note
 
 

@@ -193,7 +193,7 @@ def test_engine_config_changes_are_named_key_by_key():
 
     diff = diff_fingerprints({"engine_config": {"max_batch_size": 4, "batching": "continuous"}, "cpu": "x"},
                              {"engine_config": {"max_batch_size": 8, "batching": "continuous"}, "cpu": "x"})
-    assert diff.machine == [] and diff.under_test_text() == "engine_config.max_batch_size 8 → 4"
+    assert diff.machine == [] and diff.under_test_text == "engine_config.max_batch_size 8 → 4"
     # a field the baseline does not record (saved by an older version) is not a change
     assert diff_fingerprints({"pytest-infergate": "0.2.0", "cpu": "x"}, {"cpu": "x"}).under_test == []
     assert diff_fingerprints({"gpu": "H200"}, {"gpu": "A100"}).device_changed

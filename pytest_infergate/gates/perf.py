@@ -10,9 +10,9 @@ from dataclasses import replace
 from pytest_infergate import progress
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.lazy import import_torch
-from pytest_infergate.measurement import METRICS, Measurement
+from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
-from pytest_infergate.perf.budget import Budget, merge_budgets, parse_budget, resolve_budget
+from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.experiment import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import (
@@ -25,6 +25,7 @@ from pytest_infergate.perf.gate import (
     by_repetition,
     evaluate_ab,
 )
+from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.stored import RepetitionPlan
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
@@ -151,7 +152,7 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
         outcome.notes.append(unused.text())
         ctx.warn(unused)
     finish_gate(ctx, record, outcome, budget, unmeasured)
-    busy = interference.busy(record.measurement.others_share)
+    busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
         ctx.warn(Finding(BASELINE_CHECK, key, f"this baseline entry was measured on a busy runner "
                          f"({interference.describe(busy)}); a later run on a quiet runner will read faster and its "

@@ -145,7 +145,7 @@ def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, pre
     point = Point(run_index, percentile(samples, q), percentile(samples, 25), percentile(samples, 75), samples,
                   status.value if status else None, why, _environment(record, run))
     if previous is not None:
-        point.changes = diff_fingerprints(record.fingerprint, previous.fingerprint).under_test_text()
+        point.changes = diff_fingerprints(record.fingerprint, previous.fingerprint).under_test_text
         point.against_previous = _against_previous(previous, record, metric)
     return point
 

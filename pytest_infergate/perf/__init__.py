@@ -6,20 +6,11 @@ object is `gates.perf`."""
 
 from pytest_infergate.measurement import METRICS, PERCENTILES, Measurement, add_request_latencies
 from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline, save_baseline
-from pytest_infergate.perf.budget import (
-                                          Budget,
-                                          BudgetError,
-                                          Limit,
-                                          Violation,
-                                          check_budget,
-                                          merge_budgets,
-                                          parse_budget,
-                                          parse_ini_budgets,
-                                          resolve_budget,
-)
+from pytest_infergate.perf.budget import BudgetError, merge_budgets, parse_budget, parse_ini_budgets, resolve_budget
+from pytest_infergate.perf.decide import compare_measurements
 from pytest_infergate.perf.gate import Interleaved, NoReference, PerfGate, StoredReference, evaluate_ab, evaluate_perf
-from pytest_infergate.perf.outcome import PerfOutcome, Route
-from pytest_infergate.perf.verdict import Verdict, compare_measurements, compare_paired, compare_samples
+from pytest_infergate.perf.outcome import Budget, Limit, PerfOutcome, Route, Violation, check_budget
+from pytest_infergate.perf.verdict import Verdict, compare_paired, compare_samples
 
 __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Interleaved",
            "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "StoredReference", "Verdict",

@@ -1,5 +1,5 @@
-"""Perf budgets: what a test promises (`ttft_ms_p95=200, tokens_per_s=10, max_regression=0.1`), where the promise
-comes from (ini lines by scope, then the test's markers), and which limits a Measurement broke.
+"""Perf budgets as written: what a test promises (`ttft_ms_p95=200, tokens_per_s=10, max_regression=0.1`) and
+where the promise comes from (ini lines by scope, then the test's markers), parsed into a perf.outcome.Budget.
 
 A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_ms_p95`, `ttft_ms_p999` (p99.9),
 `tokens_per_s`... Distribution metrics (latencies) use the key's percentile, else the budget's `percentile`
@@ -12,53 +12,15 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_infergate import units
-from pytest_infergate.errors import OptionError
-from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
+from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, percentile_suffix
+from pytest_infergate.perf.outcome import Budget, BudgetError, Limit
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
-from pytest_infergate.status import Status
 
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_p(?P<pct>\d+))?$")
 _DIRECTION = re.compile(r"^(?P<bound>min|max)_(?P<metric>[a-z0-9_]+)$")
 _OPTION_KEYS = {"percentile": int, "max_regression": float}
-
-
-class BudgetError(OptionError):
-    """An infergate_budget marker or ini budget that names an unknown key or has a wrong value."""
-
-
-@dataclass(frozen=True)
-class Limit:
-    key: str  # as written, e.g. "ttft_ms_p95"
-    metric: str
-    percentile: float | None  # None for non-distribution metrics
-    value: float
-
-    @property
-    def higher_is_better(self) -> bool:
-        return METRICS[self.metric][1]
-
-
-@dataclass(frozen=True)
-class Budget:
-    limits: tuple[Limit, ...] = ()
-    percentile: float = 50
-    max_regression: float | None = None
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.limits and self.max_regression is None
-
-    def relative_metrics(self) -> list[str]:
-        """The metrics a relative check (max_regression) compares: those the limits name, else tokens/s and TTFT."""
-        return sorted({limit.metric for limit in self.limits} or {"tokens_per_s", "ttft_ms"})
-
-    def percentile_of(self, metric: str) -> float:
-        """The percentile `metric`'s limit gates (the budget's default where no limit names it)."""
-        return next((limit.percentile for limit in self.limits if limit.metric == metric), self.percentile)
 
 
 def allowed_keys() -> list[str]:
@@ -161,74 +123,3 @@ def merge_budgets(*budgets: Budget) -> Budget:
         percentile_ = budget.percentile if budget.percentile != 50 else percentile_
         max_regression = budget.max_regression if budget.max_regression is not None else max_regression
     return Budget(tuple(limits.values()), percentile_, max_regression)
-
-
-@dataclass
-class Violation:
-    key: str
-    measured: float
-    limit: float
-    unit: str
-    percentile: float | None
-    samples: int
-    higher_is_better: bool
-    # why this breach is no verdict on the code: a budget exceeded by time while other processes kept the runner
-    # busy (perf.interference); the breach is then inconclusive, a failure only under --infergate-strict
-    undecided: str = ""
-
-    @property
-    def status(self) -> Status:
-        return Status.INCONCLUSIVE if self.undecided else Status.FAIL
-
-    @property
-    def margin(self) -> float:
-        """How far past the limit, as a fraction of the limit (positive = violated)."""
-        if self.higher_is_better:
-            return (self.limit - self.measured) / self.limit
-        return (self.measured - self.limit) / self.limit
-
-    def shortfall(self) -> str:
-        """How far past the budget, as a person says it: "12% over budget", "38% below budget", "x14,100 the
-        budget" (a time many times over), "x0.0002 of the budget" (a throughput far below)."""
-        if self.limit <= 0 or self.measured <= 0:
-            return f"{'below' if self.higher_is_better else 'over'} budget"
-        times = self.measured / self.limit
-        if self.higher_is_better:
-            if times >= 0.01:
-                return f"{units.percent(1.0 - times)} below budget"
-            return f"{units.ratio(times)} of the budget"
-        return f"{units.percent(times - 1.0)} over budget" if times < 2 else f"{units.ratio(times)} the budget"
-
-    def _value(self, value: float) -> str:
-        """In the key's unit as every table prints it (a direction prefix such as `min_` keeps the unit)."""
-        if units.metric_unit(self.key):
-            return units.metric_value(self.key, value)
-        return f"{units.number(value)} {self.unit}".strip()
-
-    def describe(self) -> str:
-        bound = ">=" if self.higher_is_better else "<="
-        where = f"p{self.percentile:g} " if self.percentile else ""
-        return (f"{self.key}: measured {where}{self._value(self.measured)}, budget {bound} "
-                f"{self._value(self.limit)} ({self.shortfall()}, n={self.samples})"
-                + (f"; inconclusive because {self.undecided}" if self.undecided else ""))
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "margin": self.margin}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Violation:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-def check_budget(measurement: Measurement, budget: Budget) -> list[Violation]:
-    violations = []
-    for limit in budget.limits:
-        if limit.metric not in measurement.samples or not measurement.samples[limit.metric]:
-            raise BudgetError(f"budget key {limit.key!r} cannot be checked: this measurement has no "
-                              f"{limit.metric} samples")
-        measured = measurement.value(limit.metric, limit.percentile)
-        bad = measured < limit.value if limit.higher_is_better else measured > limit.value
-        if bad:
-            violations.append(Violation(limit.key, measured, limit.value, METRICS[limit.metric][0], limit.percentile,
-                                        len(measurement.samples[limit.metric]), limit.higher_is_better))
-    return violations

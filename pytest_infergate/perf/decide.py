@@ -11,12 +11,18 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
+from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.budget import Budget, Violation, check_budget
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
-from pytest_infergate.perf.outcome import PerfOutcome, Route
-from pytest_infergate.perf.verdict import Verdict, compare_measurements
+from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, Violation, check_budget
+from pytest_infergate.perf.verdict import (
+    Verdict,
+    compare_paired,
+    compare_paired_percentiles,
+    compare_samples,
+    compare_stored,
+    load_aware_paired,
+)
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
 
@@ -32,7 +38,7 @@ class Evidence:
 
     @classmethod
     def of(cls, candidate: Measurement, diff: FingerprintDiff | None = None) -> Evidence:
-        return cls(interference.busy(candidate.others_share), diff)
+        return cls(busy_share(candidate.others_share), diff)
 
 
 @dataclass
@@ -145,7 +151,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     metric_of = {limit.key: limit.metric for limit in budget.limits}
     bound = interference.explainable_slowdown(share)
     residual = interference.load_free_residual(measurement)
-    corrected_by = interference.load_corrected(interference.load_free_by(measurement))
+    corrected_by = interference.load_corrected(measurement.load_free_source())
     out = []
     for v in violations:
         metric = metric_of.get(v.key, "")
@@ -204,7 +210,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
         timing = scales_with_speed(v.metric)
         if machine_bound(v, diff):
             v = replace(v, status=Status.INCONCLUSIVE,
-                        note=f"the baseline was measured on another machine ({diff.machine_text()}), so its "
+                        note=f"the baseline was measured on another machine ({diff.machine_text}), so its "
                              f"figures are no yardstick here; re-save the baseline on this runner")
         elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / v.threshold:
             v = replace(v, status=Status.INCONCLUSIVE, baseline_at_fault=True,
@@ -242,3 +248,33 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
                 "a run's results, has none, so this run measured without it too; on the CPU, a baseline saved with "
                 "--infergate-save-baseline has it)")
     return "machine speed not checked: no calibration probe ran with this measurement"
+
+
+def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
+                         metrics: list[str] | None = None, paired: bool = False,
+                         stored_baseline: bool = False) -> list[Verdict]:
+    """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
+    the two were measured in interleaved rounds, so per-repetition metrics compare round by round.
+    `stored_baseline`: the baseline was measured at another time; time-like metrics compare repetition by
+    repetition, normalized for machine speed where needed (compare_stored); memory compares its samples."""
+    if budget.max_regression is None:
+        return []
+    names = metrics or budget.relative_metrics()
+    verdicts = []
+    for metric in names:
+        a, b = candidate.samples.get(metric), baseline.samples.get(metric)
+        if not a or not b or metric in ("load_s",):
+            continue
+        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
+            verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
+                                              baseline, budget.max_regression))
+            continue
+        pct = budget.percentile_of(metric)
+        by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
+            if paired and METRICS[metric][2] else None
+        if by_round is not None:
+            verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
+            continue
+        verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
+        verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
+    return verdicts

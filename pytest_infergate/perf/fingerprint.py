@@ -32,23 +32,24 @@ class FieldChange:
 
 @dataclass(frozen=True)
 class FingerprintDiff:
+    """What changed since the baseline. Its words are made with it, once, before the candidate is measured: the
+    decision after the measurement only reads them."""
+
     machine: list[FieldChange] = field(default_factory=list)
     under_test: list[FieldChange] = field(default_factory=list)
+    # which model it is changed (its name, architecture or the served model), not only its weights
+    model_changes: list[FieldChange] = field(init=False, compare=False)
+    device_changed: bool = field(init=False, compare=False)
+    machine_text: str = field(init=False, compare=False)  # "cpu_count 2 → 4, torch_threads 2 → 4"
+    under_test_text: str = field(init=False, compare=False)
 
-    @property
-    def model_changes(self) -> list[FieldChange]:
-        """Which model it is changed (its name, architecture or the served model), not only its weights."""
-        return [change for change in self.under_test if change.name in MODEL_IDENTITY_FIELDS]
-
-    @property
-    def device_changed(self) -> bool:
-        return any(change.name in DEVICE_FIELDS for change in self.machine)
-
-    def machine_text(self) -> str:
-        return ", ".join(change.describe() for change in self.machine)
-
-    def under_test_text(self) -> str:
-        return ", ".join(change.describe() for change in self.under_test)
+    def __post_init__(self) -> None:
+        derived = {"model_changes": [c for c in self.under_test if c.name in MODEL_IDENTITY_FIELDS],
+                   "device_changed": any(c.name in DEVICE_FIELDS for c in self.machine),
+                   "machine_text": ", ".join(c.describe() for c in self.machine),
+                   "under_test_text": ", ".join(c.describe() for c in self.under_test)}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
 
 def _show(value: Any) -> str:

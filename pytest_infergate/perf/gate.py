@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.budget import Budget
 from pytest_infergate.perf.decide import (
     Comparison,
     Evidence,
@@ -26,7 +25,7 @@ from pytest_infergate.perf.decide import (
     undecided_by_noise,
 )
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
-from pytest_infergate.perf.outcome import PerfOutcome, Route
+from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
 from pytest_infergate.perf.stored import fresh_repetitions_confirm
 from pytest_infergate.stats import min_rounds
 from pytest_infergate.status import Status
@@ -81,12 +80,13 @@ class StoredReference:
     def __init__(self, entry: BaselineEntry, remeasure: Callable[[], None] | None = None):
         self.entry, self.remeasure = entry, remeasure
         self.baseline = entry.measurement
+        self.provenance = entry.provenance()  # said in every verdict: made once, before the candidate is measured
 
     def changes(self, fingerprint: dict | None) -> FingerprintDiff:
         return diff_fingerprints(fingerprint or {}, self.entry.fingerprint or {})
 
     def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
-        return stored_comparison(candidate, self.baseline, budget, evidence, self.entry.provenance())
+        return stored_comparison(candidate, self.baseline, budget, evidence, self.provenance)
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
         """Once more while a verdict is undecided by noise alone; never on a runner the kernel saw busy, where

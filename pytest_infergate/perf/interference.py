@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from statistics import median
 
 from pytest_infergate import runqueue
 
-# Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
-# beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
-BUSY_SHARE = 0.25
 # How much slower other processes can make a measurement, at most, given the share of the machine they took: our
 # threads get the rest (1 / (1 - share)), and the engine's threads, which wait on each other at every step, lose
 # more than their share. Measured on the 2-vCPU VM with one busy-loop process per core (about half the machine):
@@ -39,12 +35,6 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 # what measured a load-free share (runqueue.LoadFreeTimer)
 RUN_QUEUE, DEVICE_TIME = runqueue.RUN_QUEUE, runqueue.DEVICE_TIME
-
-
-def load_free_by(measurement) -> str:
-    """What measured a Measurement's load-free shares (Measurement.load_free_by); "" where none were measured.
-    Measurements saved before it was recorded measured them by run-queue delay (on the CPU)."""
-    return measurement.load_free_by or (RUN_QUEUE if measurement.load_free_share else "")
 
 
 def load_corrected(by: str) -> str:
@@ -131,15 +121,6 @@ def others_share(before: Snapshot | None, after: Snapshot | None) -> float | Non
         return None
     others = (after.machine_busy - before.machine_busy) - (after.ours - before.ours)
     return min(1.0, max(0.0, others / total))
-
-
-def busy(per_repetition: list[float]) -> float | None:
-    """The share others took on the median repetition when a busy runner's (BUSY_SHARE or more), else None
-    (quiet, or not measured)."""
-    if not per_repetition:
-        return None
-    typical = median(per_repetition)
-    return typical if typical >= BUSY_SHARE else None
 
 
 def explainable_slowdown(share: float) -> float:

@@ -11,9 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
+from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import interference
-from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, paired_bootstrap_ci, percentile
+from pytest_infergate.stats import (
+    bootstrap_ratio_ci,
+    harrell_davis,
+    interval_status,
+    paired_bootstrap_ci,
+    percentile,
+)
 from pytest_infergate.status import Status
 
 FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
@@ -62,7 +68,7 @@ class Comparison:
     normalization: str  # "as measured", "by level" or "per repetition"
 
     def status(self, threshold: float) -> Status:
-        return Status.of_interval(self.low, self.high, threshold)
+        return interval_status(self.low, self.high, threshold)
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,7 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, interference.load_free_by(measurement), per_request)
+                measurement.cpu_threads, measurement.load_free_source(), per_request)
 
 
 def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
@@ -302,7 +308,7 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
     only a failure; busy on both sides: nothing does. None: neither side measured busy."""
-    now, then = interference.busy(candidate.others), interference.busy(baseline.others)
+    now, then = busy_share(candidate.others), busy_share(baseline.others)
     if now is None and then is None:
         return None
     failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
@@ -333,7 +339,7 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     times the estimate's measured residual (interference.load_free_residual: measured between runs, so the runs'
     own drift, RUN_DRIFT, is in it). Returns the reason, naming the load
     and the evidence, or None (not measured on both sides, or not beyond the bound)."""
-    if baseline.per_request and interference.busy(baseline.others) is not None:
+    if baseline.per_request and busy_share(baseline.others) is not None:
         # a repetition's share scales its wall time, not each request's latency: a time-sliced co-tenant stretches
         # a few tokens a lot and most not at all, so a busy baseline's ITL p50 times its share reads below its
         # quiet figure (unchanged code read ×1.31 [1.11, 1.43] slower: false failures, docs/measurements.md).
@@ -344,7 +350,7 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
         return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
     residual = interference.load_free_residual(candidate, baseline,
-                                               baseline_quiet=interference.busy(baseline.others) is None)
+                                               baseline_quiet=busy_share(baseline.others) is None)
     bound = threshold * residual
     if low <= bound:
         return None

@@ -10,10 +10,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement, scales_with_speed
+from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import interference, stored
-from pytest_infergate.perf.budget import Budget
-from pytest_infergate.stats import bootstrap_ratio_ci, median_interval, min_rounds, percentile
+from pytest_infergate.stats import bootstrap_ratio_ci, interval_status, median_interval, min_rounds, percentile
 from pytest_infergate.status import Status
 
 
@@ -136,7 +135,7 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
     else:
         point, low, high = bootstrap_ratio_ci(candidate, baseline, stat, confidence, resamples)
     threshold = 1.0 + max_regression
-    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold,
+    return Verdict(metric, interval_status(low, high, threshold), point, low, high, threshold,
                    pct if METRICS[metric][2] else None, stat(candidate), stat(baseline),
                    (len(candidate), len(baseline)))
 
@@ -160,7 +159,7 @@ def compare_paired(metric: str, candidate: list[float], baseline: list[float], m
     shown = shown or (percentile(candidate, 50), percentile(baseline, 50))
     note = "" if math.isfinite(high) else (f"{len(ratios)} rounds cannot bound the median ratio at "
                                            f"{confidence:.0%}: an A/B needs at least {min_rounds(confidence)}")
-    return Verdict(metric, Status.of_interval(low, high, threshold), point, low, high, threshold, pct,
+    return Verdict(metric, interval_status(low, high, threshold), point, low, high, threshold, pct,
                    shown[0], shown[1], (len(candidate), len(baseline)), paired=True, note=note)
 
 
@@ -205,15 +204,15 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     a load-corrected failure decides beyond the estimate's error (interference.load_free_residual on the
     threshold: none where both sides ran on one CPU thread, ×1.6 for a team); otherwise a failure as measured
     stands and anything else is inconclusive. Quiet, or without the shares: `measured` as it is."""
-    share = interference.busy(candidate.others_share)
+    share = busy_share(candidate.others_share)
     if share is None:
         return measured
     pct = measured.percentile
     cand, base = (per_round(measured.metric, m, pct, load_free=True) for m in (candidate, baseline))
     if cand is None or base is None or len(cand) != len(base):
         return measured
-    by = interference.load_free_by(candidate)
-    if interference.load_free_by(baseline) != by:
+    by = candidate.load_free_source()
+    if baseline.load_free_source() != by:
         return measured  # the two sides' loads taken out by different evidence: not comparable
     corrected = replace(compare_paired(measured.metric, cand, base, max_regression, pct=pct), load_free_by=by)
     busy = interference.describe(share)
@@ -282,33 +281,3 @@ def beyond_remeasure(verdict: Verdict) -> bool:
     """Whether even the re-measured comparison would still straddle the threshold: its resolution, narrowed by
     REMEASURE_NARROWING in log space, stays above the threshold."""
     return math.log(verdict.resolution) / REMEASURE_NARROWING > math.log(verdict.threshold)
-
-
-def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
-                         metrics: list[str] | None = None, paired: bool = False,
-                         stored_baseline: bool = False) -> list[Verdict]:
-    """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
-    the two were measured in interleaved rounds, so per-repetition metrics compare round by round.
-    `stored_baseline`: the baseline was measured at another time; time-like metrics compare repetition by
-    repetition, normalized for machine speed where needed (compare_stored); memory compares its samples."""
-    if budget.max_regression is None:
-        return []
-    names = metrics or budget.relative_metrics()
-    verdicts = []
-    for metric in names:
-        a, b = candidate.samples.get(metric), baseline.samples.get(metric)
-        if not a or not b or metric in ("load_s",):
-            continue
-        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
-            verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
-                                              baseline, budget.max_regression))
-            continue
-        pct = budget.percentile_of(metric)
-        by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
-            if paired and METRICS[metric][2] else None
-        if by_round is not None:
-            verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
-            continue
-        verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
-        verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
-    return verdicts

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from pytest_infergate.measurement import METRICS
 from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.budget import Budget, BudgetError, parse_budget
+from pytest_infergate.perf.budget import BudgetError, parse_budget
 from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.gate import StoredReference
-from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.outcome import Budget, PerfOutcome
 from pytest_infergate.results.records import PerfRecord
 
 # metrics compared when the candidate's record names none in its budget (a run with max_regression alone)

@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.budget import Violation
-from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.quality.batch_invariance import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality

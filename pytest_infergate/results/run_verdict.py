@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from pytest_infergate import units
+from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
 
 if TYPE_CHECKING:
-    from pytest_infergate.perf.budget import Violation
+    from pytest_infergate.perf.outcome import Violation
     from pytest_infergate.perf.verdict import Verdict
     from pytest_infergate.results.records import PerfRecord
     from pytest_infergate.results.run import RunResults
@@ -112,7 +113,7 @@ def verdict_line(v: Verdict) -> str:
     """A comparison in one line: the change with its interval against the threshold, the evidence that decided."""
     where = f" p{v.percentile}" if v.percentile else ""
     # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(Status.of_interval(v.low, v.high, v.threshold), "straddles")
+    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(interval_status(v.low, v.high, v.threshold), "straddles")
     return (f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
             f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
             f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
