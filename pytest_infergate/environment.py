@@ -7,7 +7,7 @@ import platform
 import sys
 from importlib import metadata
 
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 LIBRARIES = ("torch", "transformers", "bitsandbytes", "accelerate", "gguf", "pytest-infergate")
 

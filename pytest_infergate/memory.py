@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.lazy import import_torch, require_local_model_stack
 from pytest_infergate.models.builtin import (
     BUILTIN_ALIASES,
     RANDOM_LLAMAS,
@@ -32,6 +31,7 @@ from pytest_infergate.precision import (
     quantization_config,
     torch_dtype,
 )
+from pytest_infergate.requirements import import_torch, require_local_model_stack
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 

@@ -13,7 +13,6 @@ from pytest_infergate import progress, runqueue
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Result
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
@@ -26,6 +25,7 @@ from pytest_infergate.perf.conversations import (
     planned_requests,
     run_items,
 )
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.workloads.request import Request
 from pytest_infergate.workloads.traffic import Session
 
