@@ -1,5 +1,5 @@
 """`infergate migrate PATH...`: rewrite accepted results written by an older pytest-infergate (perf baselines,
-accepted golden outputs) in the current schema, where every entry carries its keys.AcceptedKey. Each file is
+accepted golden outputs) in the current schema, where every entry carries its environment.AcceptedKey. Each file is
 read, converted and rewritten whole under its lock (atomic.exclusive, the lock a concurrent save takes), so a run
 saving the same file meanwhile loses nothing; a file already current is left untouched. Results files and
 history folders need no migration (every version of them is read)."""

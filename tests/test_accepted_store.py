@@ -1,5 +1,5 @@
 """One key for every accepted result (issue #33 point 4): perf baselines, accepted golden outputs and the history
-split what they depend on the same way (keys.AcceptedKey: the machine, the change under test); older files are
+split what they depend on the same way (environment.AcceptedKey: the machine, the change under test); older files are
 read, say so once, and `infergate migrate` rewrites them under their lock."""
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.migrate import migrate
 from pytest_infergate.perf import baseline

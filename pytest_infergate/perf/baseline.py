@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
+from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
 

@@ -13,7 +13,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_infergate.keys import DEVICE_FIELDS, MACHINE_FIELDS, MODEL_IDENTITY_FIELDS, UNDER_TEST_FIELDS, AcceptedKey
+from pytest_infergate.environment import (
+    DEVICE_FIELDS,
+    MACHINE_FIELDS,
+    MODEL_IDENTITY_FIELDS,
+    UNDER_TEST_FIELDS,
+    AcceptedKey,
+)
 
 __all__ = ["DEVICE_FIELDS", "MACHINE_FIELDS", "UNDER_TEST_FIELDS", "FieldChange", "FingerprintDiff",
            "diff_fingerprints", "machine_key", "machine_text", "without_new_defaults"]
