@@ -290,7 +290,7 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
     from transformers import AutoModelForCausalLM
 
     from pytest_infergate.environment import library_versions
-    from pytest_infergate.memory import PeakMemory
+    from pytest_infergate.process_meters import PeakMemory
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(precision, reference)}
     quant = quantization_config(precision, reference)

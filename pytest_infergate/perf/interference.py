@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from statistics import median
 
-from pytest_infergate import runqueue
+from pytest_infergate import process_meters
 
 # Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
 # beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
@@ -38,7 +38,7 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
 # what measured a load-free share (runqueue.LoadFreeTimer)
-RUN_QUEUE, DEVICE_TIME = runqueue.RUN_QUEUE, runqueue.DEVICE_TIME
+RUN_QUEUE, DEVICE_TIME = process_meters.RUN_QUEUE, process_meters.DEVICE_TIME
 
 
 def load_free_by(measurement) -> str:

@@ -16,9 +16,8 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from typing import Protocol
 
 from pytest_infergate.measurement import Measurement, note_per_repetition
-from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
-from pytest_infergate.runqueue import LoadFreeTimer
+from pytest_infergate.process_meters import LoadFreeTimer, PeakMemory, PeakMemoryResult
 from pytest_infergate.workloads.traffic import Session
 
 
