@@ -15,7 +15,7 @@ but waiting for a CPU), every candidate estimate of the repetition's cost:
 - CPU time: the main thread's, and the computing threads' mean.
 
 - device (`--device cuda`): the device's time in the engine's forwards by CUDA events (engine.runner), what the gate
-  compares on a busy GPU runner (runqueue.LoadFreeTimer). There the ×2 slowdown is every forward computed twice
+  compares on a busy GPU runner (process_meters.LoadFreeTimer). There the ×2 slowdown is every forward computed twice
   (the second writes the same KV entries, so the outputs do not change): a sleep on the host would not slow the
   device, and CUDA graph replays run no forward hooks.
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from gate_power import CpuHog  # noqa: E402
 
-from pytest_infergate import runqueue  # noqa: E402
+from pytest_infergate import process_meters  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
@@ -67,15 +67,15 @@ def doubled_forwards(engine):
         runner.forward = forward
 
 
-def estimates(wall: float, threads: dict[int, runqueue.ThreadTimes], main: int) -> dict[str, float]:
+def estimates(wall: float, threads: dict[int, process_meters.ThreadTimes], main: int) -> dict[str, float]:
     computing = [t for t in threads.values() if t.cpu_s > 0.1 * wall] or list(threads.values())
     waits = [t.wait_s for t in computing]
-    main_times = threads.get(main, runqueue.ThreadTimes(0.0, 0.0))
+    main_times = threads.get(main, process_meters.ThreadTimes(0.0, 0.0))
     return {"wall": wall, "wall-rq main": wall - main_times.wait_s,
             "wall-rq mean": wall - statistics.fmean(waits), "wall-rq max": wall - max(waits),
             "wall-rq sum": wall - sum(waits), "cpu main": main_times.cpu_s,
             "cpu mean": statistics.fmean(t.cpu_s for t in computing),
-            "team": runqueue.team_progress_s(wall, threads, main)}
+            "team": process_meters.team_progress_s(wall, threads, main)}
 
 
 def main() -> int:
@@ -102,13 +102,13 @@ def main() -> int:
     quiet = QuietForwardTimes()
     with quiet.recording(loaded.model):
         bench.measure(requests, config, warmup=1, repeats=2)
-    main_tid = runqueue.thread_id()
+    main_tid = process_meters.thread_id()
     rows: dict[tuple[bool, bool], list[dict[str, float]]] = {}
     names = ESTIMATES + (("device",) if on_gpu else ())
 
     def repetition(slow: bool) -> dict[str, float]:
         engine, workload = bench.begin_repetition(requests, config, 1)
-        before = runqueue.threads()
+        before = process_meters.threads()
         device_before = engine.device_s
         start = time.perf_counter()
         # the injected sleep lasts as long as the forward took on the quiet machine: the same ×2 quiet or busy
@@ -116,7 +116,7 @@ def main() -> int:
         with slowdown if slow else nullcontext():
             run_items(engine, workload)
         wall = time.perf_counter() - start
-        figures = estimates(wall, runqueue.delta(before, runqueue.threads()), main_tid)
+        figures = estimates(wall, process_meters.delta(before, process_meters.threads()), main_tid)
         if on_gpu:
             figures["device"] = engine.device_s - device_before
         return figures

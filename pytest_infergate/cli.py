@@ -194,8 +194,8 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.init_project)."""
-    from pytest_infergate.init_project import DEFAULT_INSTALL, init_project
+    """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
+    from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
     for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install):
         print(written.line())
@@ -208,8 +208,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.migrate)."""
-    from pytest_infergate.migrate import migrate
+    """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.project_files)."""
+    from pytest_infergate.project_files import migrate
 
     for path in args.paths:
         for line in migrate(Path(path)):

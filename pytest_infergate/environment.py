@@ -1,13 +1,24 @@
-"""What a measurement depends on besides the code under test: machine, libraries, model."""
+"""What a measurement depends on besides the code under test (machine, libraries, model), and how every accepted
+result is keyed by it (perf baselines, accepted golden outputs, the history's series): an `AcceptedKey` holds the
+**machine** it was accepted on (CPU, cores, threads, ISA and kernel path, GPU, CUDA, device, the endpoint's address)
+and the **change under test** it was accepted with (weights, precision, library versions, engine config, backend,
+generation method, sample-set composition, this plugin's version). Another machine makes timings, and outputs of
+kernels that do not reproduce, no yardstick; a change under test is what an accepted result exists to gate: compared
+and named, never a reason to skip. Every field not the machine's is under test, so a field added later is gated.
+Per store: docs/explanation/perf-gates.md ('Baselines'), quality-gates.md; docs/guides/read-the-report.md."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import sys
+from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Any
 
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 LIBRARIES = ("torch", "transformers", "bitsandbytes", "accelerate", "gguf", "pytest-infergate")
 
@@ -55,3 +66,49 @@ def perf_fingerprint(record, engine_config: dict, device: str) -> dict:
     return {**machine_fingerprint(device), **record.versions,
             "model_fingerprint": record.fingerprint, **identity, "precision": record.precision,
             "requested_precision": record.requested_precision, "engine_config": engine_config}
+
+
+MACHINE_FIELDS = ("cpu", "cpu_count", "cpu_flags", "platform", "threads", "torch_threads", "device", "gpu", "cuda",
+                  "gpu_capability", "kernels", "url")
+# a change of these makes even memory figures incomparable (another device's allocator and kernels)
+DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
+# which model it is (a change of these is a model change, said in the run's verdict; weights alone are an upgrade)
+MODEL_IDENTITY_FIELDS = ("model_name", "architecture", "served_model")
+# the fields a perf fingerprint compares as the change under test, in the order a message names them
+UNDER_TEST_FIELDS = ("model_fingerprint", "model_name", "architecture", "served_model", "precision",
+                     "requested_precision", "backend", "api",
+                     "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
+                     "pytest-infergate")
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class AcceptedKey:
+    machine: dict[str, Any] = field(default_factory=dict)
+    under_test: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> AcceptedKey:
+        """Split a flat fingerprint (a perf measurement's, or a golden header's environment and method)."""
+        return cls({k: v for k, v in fields.items() if k in MACHINE_FIELDS},
+                   {k: v for k, v in fields.items() if k not in MACHINE_FIELDS})
+
+    def flat(self) -> dict[str, Any]:
+        return {**self.under_test, **self.machine}
+
+    def machine_id(self) -> str:
+        """A short, stable name of the machine part: equal machines, equal ids."""
+        return hashlib.sha256(canonical(self.machine).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"machine": dict(self.machine), "under_test": dict(self.under_test)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AcceptedKey:
+        if not isinstance(data, dict) or not isinstance(data.get("machine"), dict) \
+                or not isinstance(data.get("under_test"), dict):
+            raise ValueError("an accepted key is a mapping with `machine` and `under_test` mappings")
+        return cls(dict(data["machine"]), dict(data["under_test"]))

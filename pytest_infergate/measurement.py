@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from pytest_infergate.runqueue import RUN_QUEUE
+from pytest_infergate.process_meters import RUN_QUEUE
 from pytest_infergate.stats import percentile
 
 # metric -> (unit, higher_is_better, is a per-request distribution)
@@ -94,7 +94,7 @@ class Measurement:
     # Per repetition, the share of the machine's CPU time other processes took while it ran (perf.interference):
     # the direct evidence of a busy runner. Empty where not measured (not Linux, older baselines, endpoints).
     others_share: list[float] = field(default_factory=list)
-    # Per repetition, the share of its wall time the workload would have taken with the CPUs to itself (runqueue.
+    # Per repetition, the share of its wall time the workload would have taken with the CPUs to itself (process_meters.
     # team_progress_s / wall: 1.0 quiet, ~0.27 under one busy loop per core): a busy side's figures times it are
     # what the gate compares there. Empty where not measured.
     load_free_share: list[float] = field(default_factory=list)

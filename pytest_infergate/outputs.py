@@ -1,13 +1,17 @@
-"""The files a run writes at its end: the stored baseline, the JSON results, the history folder and the HTML report.
-Each is written on its own, so one that cannot be written is reported and does not stop the others; the report
-is written last, because it links to the history page the run has just been appended to. And `--junitxml`, which
-pytest writes straight over the previous file (an interrupt, as a cancelled CI job's SIGTERM, would leave a truncated
-XML the CI's test-report step rejects): the plugin points pytest at a temporary file beside it, renamed once whole."""
+"""How a run ends: the files it writes at its end (the stored baseline, the JSON results, the history folder and the
+HTML report), each on its own, so one that cannot be written is reported and does not stop the others (the report
+last: it links to the history page the run has just been appended to); `--junitxml`, which pytest writes straight
+over the previous file, pointed at a temporary file beside it and renamed once whole; and a CI job cancelled with
+SIGTERM (GitHub Actions, GitLab and Kubernetes send it first) ended as Ctrl-C ends one, so the outputs are written as
+for an interrupted run (the baseline not saved over the accepted one, every other file complete or untouched) instead
+of the process dying wherever it was. Only a SIGTERM nobody else handles is taken over, in the main thread."""
 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,3 +119,24 @@ class AtomicJUnitXml:
             xml.logfile = target  # the terminal's "generated xml file" line names the real file
             Path(tmp).unlink(missing_ok=True)
 
+
+class TerminateAsInterrupt:
+    """SIGTERM raises KeyboardInterrupt while installed (in the main thread, where Python runs signal handlers)."""
+
+    def __init__(self) -> None:
+        self._previous = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+
+    def restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    @staticmethod
+    def _interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt(f"terminated by signal {signal.Signals(signum).name}")

@@ -28,9 +28,9 @@ from pytest_infergate.fixtures import (  # noqa: F401
     infergate_reference_model,
     infergate_tokenizer,
 )
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.options import OPTION_SPECS, Options, check_folder_path, check_output_path
 from pytest_infergate.outputs import AtomicJUnitXml
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.session import PLUGIN_NAME, InfergateSession, InfergateWarning, session_of  # noqa: F401
 
 MARKERS = (

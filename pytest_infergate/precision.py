@@ -6,7 +6,7 @@ Only the name tables live at module level; torch is imported inside the function
 from __future__ import annotations
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4")
 QUANTIZED = frozenset({"int8", "nf4"})

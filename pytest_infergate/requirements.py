@@ -1,22 +1,45 @@
-"""The requirements of an install without torch, for gating a served model (`--infergate-endpoint`) from a small
-runner: the plugin's own dependencies less the local model's stack (torch, transformers, accelerate, bitsandbytes,
-gguf, safetensors), read from the installed package's metadata so that the list cannot drift from pyproject.toml:
-
-    python -m pytest_infergate.requirements --endpoint | pip install -r /dev/stdin
-
-Standard library only: this runs before the other dependencies are installed. The steps: docs/install.md.
-"""
+"""The local model's stack (torch, transformers, accelerate, bitsandbytes, gguf, safetensors) is optional: an install
+without it gates a served model (`--infergate-endpoint`) from a small runner. Here: that install's requirements, the
+plugin's own less the stack, read from the installed package's metadata so they cannot drift from pyproject.toml
+(`python -m pytest_infergate.requirements --endpoint | pip install -r /dev/stdin`; standard library only, as it runs
+before the other dependencies are installed; docs/install.md); and the one place torch is imported on demand,
+`import_torch()`: every pytest run of a project that installs the plugin imports pytest_infergate, which must not
+load torch (a second, hundreds of MiB) unless an infergate fixture is used. (The engine imports it at its top.)"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import re
 import sys
 from importlib import metadata
+from types import ModuleType
+
+from pytest_infergate.errors import ModelLoadError
 
 DISTRIBUTION = "pytest-infergate"
 # what only the local model uses (the engine, loading, quantization, the local tokenizer)
 LOCAL_MODEL_STACK = frozenset({"torch", "transformers", "accelerate", "bitsandbytes", "gguf", "safetensors"})
+# of those, what no local model runs without (the others come with a quantization or a file format)
+LOCAL_MODEL_CORE = ("torch", "transformers")
+
+
+def require_local_model_stack(what: str) -> None:
+    """Raise a clear error, naming the fix, when an install without torch (endpoint gating only) is asked for
+    something that runs a model here."""
+    missing = [name for name in LOCAL_MODEL_CORE if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModelLoadError(
+            f"{what} needs {' and '.join(missing)}, which this Python lacks: pytest-infergate was installed for "
+            "endpoint gating only (`python -m pytest_infergate.requirements --endpoint`), which gates a served model "
+            "(--infergate-endpoint) and sizes prompts with the server's /tokenize. Install the full plugin "
+            "(`pip install pytest-infergate`, or `bash setup.sh` in a checkout) to run a model on this machine")
+
+
+def import_torch() -> ModuleType:
+    require_local_model_stack("a model loaded on this machine")
+    return importlib.import_module("torch")
 
 
 def _name(requirement: str) -> str:

@@ -1,5 +1,5 @@
 """One key for every accepted result (issue #33 point 4): perf baselines, accepted golden outputs and the history
-split what they depend on the same way (keys.AcceptedKey: the machine, the change under test); older files are
+split what they depend on the same way (environment.AcceptedKey: the machine, the change under test); older files are
 read, say so once, and `infergate migrate` rewrites them under their lock."""
 
 import json
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.migrate import migrate
 from pytest_infergate.perf import baseline
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
+from pytest_infergate.project_files import migrate
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import GoldenOutput, golden_key, read_outputs
 from pytest_infergate.quality.golden_variants import SAME_MACHINE, select_accepted

@@ -64,7 +64,7 @@ def test_cuda_graphs_are_captured_and_agree_with_eager_steps(tiny_fp16):
 
 
 def test_memory_split_matches_the_allocator():
-    from pytest_infergate.memory import PeakMemory
+    from pytest_infergate.process_meters import PeakMemory
 
     with PeakMemory("cuda") as peak:
         block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -77,7 +77,7 @@ def test_memory_split_matches_the_allocator():
 def test_each_forward_records_its_device_time_and_a_measurement_its_load_free_share(tiny_fp16):
     """CUDA events around every forward: each step's device time is positive and within its wall time (the
     forward waits for its kernels), the engine's total is their sum, and a measured repetition's load-free share
-    is that device time over its wall time, named as such for the verdict (runqueue.LoadFreeTimer)."""
+    is that device time over its wall time, named as such for the verdict (process_meters.LoadFreeTimer)."""
     from engine_helpers import PROMPTS, messages
 
     from pytest_infergate.engine import Engine, EngineConfig, Request

@@ -50,7 +50,7 @@ def test_gpu_without_a_worker_is_not_pinned(monkeypatch):
 
 
 def test_peak_memory_on_cuda_resets_and_synchronizes_around_the_region(monkeypatch):
-    from pytest_infergate.memory import PeakMemory
+    from pytest_infergate.process_meters import PeakMemory
 
     cuda = FakeCuda(monkeypatch)
     with PeakMemory("cuda:1") as peak:
@@ -214,12 +214,12 @@ def test_a_forward_on_cuda_adds_the_device_time_between_two_cuda_events(monkeypa
 
 
 def test_the_load_free_time_on_a_gpu_is_the_engines_device_time_and_on_the_cpu_the_run_queues():
-    """runqueue.LoadFreeTimer: on a CUDA device the engine's device-time total over the stretch (capped at the
+    """process_meters.LoadFreeTimer: on a CUDA device the engine's device-time total over the stretch (capped at the
     wall time), named as device time; a backend without device time (HF generate) is not measured there; on the
     CPU the run-queue estimate."""
-    from pytest_infergate import runqueue
+    from pytest_infergate import process_meters
     from pytest_infergate.perf import interference
-    from pytest_infergate.runqueue import LoadFreeTimer
+    from pytest_infergate.process_meters import LoadFreeTimer
 
     engine = SimpleNamespace(device_s=3.0)
     timer = LoadFreeTimer(engine, "cuda:0")
@@ -230,4 +230,4 @@ def test_the_load_free_time_on_a_gpu_is_the_engines_device_time_and_on_the_cpu_t
     cpu = LoadFreeTimer(engine, "cpu")
     assert cpu.by == interference.RUN_QUEUE
     seconds = cpu.seconds(1.0)
-    assert seconds is None if not runqueue.threads() else 0 <= seconds <= 1.0
+    assert seconds is None if not process_meters.threads() else 0 <= seconds <= 1.0

@@ -12,7 +12,7 @@ import yaml
 
 from pytest_infergate.cli import main
 from pytest_infergate.errors import OptionError
-from pytest_infergate.init_project import init_project
+from pytest_infergate.project_files import init_project
 
 
 def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, capsys):
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
                                          ("gitlab-ci.yml", "gitlab")])
 def test_the_documented_ci_recipes_are_the_jobs_init_writes(recipe, kind):
     """docs/ci/ holds what `infergate init --ci KIND` writes, so the recipes run the steps the test below runs."""
-    from pytest_infergate.init_project import ci_job
+    from pytest_infergate.project_files import ci_job
 
     assert (ROOT / "docs" / "ci" / recipe).read_text() == ci_job(kind)
     text = ci_job(kind)

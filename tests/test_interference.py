@@ -76,7 +76,7 @@ def test_each_repetition_records_what_others_took(tiny_fp32):
         bench.close()
     assert len(measurement.others_share) == measurement.repetitions == 3
     assert min(measurement.others_share[1:]) > BUSY_SHARE, measurement.others_share
-    # the kernel's run-queue wait says how much of each busy repetition the load took (runqueue.team_progress_s)
+    # the kernel's run-queue wait says how much of each busy repetition the load took (process_meters.team_progress_s)
     assert len(measurement.load_free_share) == 3 and all(0 < f <= 1 for f in measurement.load_free_share)
     assert max(measurement.load_free_share[1:]) < 0.9, measurement.load_free_share
 

@@ -138,7 +138,7 @@ def test_plugin_import_does_not_import_torch(pytester):
 
 def test_importing_the_plugin_loads_no_torch():
     # issue #33 point 2: every pytest run of a project that installs the plugin imports it; torch loads only when
-    # an infergate fixture is used (pytest_infergate/lazy.py draws the line)
+    # an infergate fixture is used (pytest_infergate/requirements.py draws the line)
     import subprocess
     import sys
 

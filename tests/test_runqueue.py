@@ -1,4 +1,4 @@
-"""The kernel's per-thread counters (pytest_infergate.runqueue): what a busy runner did to our threads."""
+"""The kernel's per-thread counters (pytest_infergate.process_meters): what a busy runner did to our threads."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pytest_infergate import runqueue
-from pytest_infergate.runqueue import ThreadTimes, team_progress_s
+from pytest_infergate import process_meters
+from pytest_infergate.process_meters import ThreadTimes, team_progress_s
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
 
@@ -22,18 +22,18 @@ def spin(cpu_seconds: float) -> None:
 
 @linux_only
 def test_the_main_thread_is_read_and_its_cpu_time_grows_while_it_computes():
-    main = runqueue.thread_id()
-    before = runqueue.threads()
+    main = process_meters.thread_id()
+    before = process_meters.threads()
     spin(0.2)
-    grown = runqueue.delta(before, runqueue.threads())
+    grown = process_meters.delta(before, process_meters.threads())
     assert main in grown
     assert grown[main].cpu_s > 0.15
     assert grown[main].wait_s >= 0.0
 
 
 def test_nothing_is_read_where_the_kernel_does_not_say(monkeypatch, tmp_path):
-    monkeypatch.setattr(runqueue, "TASKS", str(tmp_path / "absent"))
-    assert runqueue.threads() == {}
+    monkeypatch.setattr(process_meters, "TASKS", str(tmp_path / "absent"))
+    assert process_meters.threads() == {}
 
 
 def test_a_single_thread_loses_exactly_its_run_queue_wait():

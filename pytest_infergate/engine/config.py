@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from pytest_infergate.errors import OptionError
-from pytest_infergate.validate import check_bool, check_int, check_number
+from pytest_infergate.errors import OptionError, check_bool, check_int, check_number
 
 CACHE_MODES = ("paged", "contiguous", "none")
 BATCHING_MODES = ("sequential", "static", "dynamic", "continuous")

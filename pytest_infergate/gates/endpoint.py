@@ -18,10 +18,10 @@ from pytest_infergate.gates.perf import (
     repetition_plan,
     until_settled,
 )
-from pytest_infergate.lazy import require_local_model_stack
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import ENDPOINT_CHECK, ENGINE_CHECK, Finding

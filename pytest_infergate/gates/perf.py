@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from pytest_infergate import progress
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
@@ -27,6 +26,7 @@ from pytest_infergate.perf.gate import (
 )
 from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.stored import RepetitionPlan
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import (

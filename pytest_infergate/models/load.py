@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.lazy import import_torch, require_local_model_stack
 from pytest_infergate.models.builtin import (
     BUILTIN_ALIASES,
     RANDOM_LLAMAS,
@@ -32,6 +31,7 @@ from pytest_infergate.precision import (
     quantization_config,
     torch_dtype,
 )
+from pytest_infergate.requirements import import_torch, require_local_model_stack
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -290,7 +290,7 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
     from transformers import AutoModelForCausalLM
 
     from pytest_infergate.environment import library_versions
-    from pytest_infergate.memory import PeakMemory
+    from pytest_infergate.process_meters import PeakMemory
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(precision, reference)}
     quant = quantization_config(precision, reference)

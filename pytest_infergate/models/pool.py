@@ -6,8 +6,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pytest_infergate.errors import ModelLoadError
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.models.load import LoadedModel, ModelSource, load_model, load_tokenizer, resolve_model
+from pytest_infergate.requirements import import_torch
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options

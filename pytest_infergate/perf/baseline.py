@@ -1,7 +1,7 @@
 """Baseline files: accepted measurements with the environment they were taken in, written atomically (temp file +
 rename) with a `kind` and a schema version; a file that is not a baseline (a results file, a golden file, another
 version) is an error that says what it is and what to pass instead. Version 4 keys each entry as every accepted
-result is keyed (keys.AcceptedKey) and keeps the calibration probe's time beside each repetition; versions 1 to 3
+result is keyed (environment.AcceptedKey) and keeps the calibration probe's time beside each repetition; versions 1 to 3
 are still read, with a note. The versions and what each added: docs/reference/outputs.md, 'Baseline and golden
 files'.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_infergate.atomic import write_json_atomic
+from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.keys import AcceptedKey
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
 

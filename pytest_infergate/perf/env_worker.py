@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from pytest_infergate.engine.config import EngineConfig
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.workloads.request import Request
 from pytest_infergate.workloads.traffic import Session, Turn
 

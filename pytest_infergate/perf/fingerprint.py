@@ -3,7 +3,7 @@ thread count, GPU, CUDA, device, the endpoint's address), where a difference mak
 relative verdict inconclusive with the reason; and the **change under test** (model weights, precision, library
 versions, engine config, backend, this plugin's version, the served model), which a stored baseline exists to gate:
 compared, never a reason to skip, and named in every verdict ("torch 2.12.0 → 2.13.0, engine_config.max_batch_size
-8 → 4"). Which field is which is defined once for every store (keys.AcceptedKey); fields a fingerprint does not
+8 → 4"). Which field is which is defined once for every store (environment.AcceptedKey); fields a fingerprint does not
 carry (an older baseline, an endpoint measurement) are not compared.
 """
 
@@ -13,7 +13,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_infergate.keys import DEVICE_FIELDS, MACHINE_FIELDS, MODEL_IDENTITY_FIELDS, UNDER_TEST_FIELDS, AcceptedKey
+from pytest_infergate.environment import (
+    DEVICE_FIELDS,
+    MACHINE_FIELDS,
+    MODEL_IDENTITY_FIELDS,
+    UNDER_TEST_FIELDS,
+    AcceptedKey,
+)
 
 __all__ = ["DEVICE_FIELDS", "MACHINE_FIELDS", "UNDER_TEST_FIELDS", "FieldChange", "FingerprintDiff",
            "diff_fingerprints", "machine_key", "machine_text", "without_new_defaults"]
@@ -97,7 +103,7 @@ def without_new_defaults(config: dict, accepted: dict) -> dict:
 
 
 def machine_key(fingerprint: dict) -> dict:
-    """The machine part of a fingerprint (keys.AcceptedKey): what a history splits its series on."""
+    """The machine part of a fingerprint (environment.AcceptedKey): what a history splits its series on."""
     return AcceptedKey.of(fingerprint).machine
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pytest_infergate import runqueue
+from pytest_infergate import process_meters
 
 # How much slower other processes can make a measurement, at most, given the share of the machine they took: our
 # threads get the rest (1 / (1 - share)), and the engine's threads, which wait on each other at every step, lose
@@ -21,7 +21,7 @@ from pytest_infergate import runqueue
 # x4.1 on the engine's ITL, twice the share's x2; LOAD_PENALTY keeps twice that again as margin. A time worse
 # than this bound is more than the load can explain, and stands as a failure on a busy runner too.
 LOAD_PENALTY = 4.0
-# How far the load-free estimate of a repetition (runqueue.team_progress_s) can stray from its quiet figure under
+# How far the load-free estimate of a repetition (process_meters.team_progress_s) can stray from its quiet figure under
 # co-tenant load: measured ×0.79-1.33 per repetition with one busy loop per core and ×1.19-1.58 with one busy loop
 # on two cores (benchmarks/load_evidence.py, docs/measurements.md, AMD EPYC 2026-12-04). A load-free slowdown
 # beyond threshold × this stands as a failure on a busy runner (perf.stored.load_free_failure).
@@ -33,8 +33,8 @@ LOAD_FREE_RESIDUAL = 1.6
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
-# what measured a load-free share (runqueue.LoadFreeTimer)
-RUN_QUEUE, DEVICE_TIME = runqueue.RUN_QUEUE, runqueue.DEVICE_TIME
+# what measured a load-free share (process_meters.LoadFreeTimer)
+RUN_QUEUE, DEVICE_TIME = process_meters.RUN_QUEUE, process_meters.DEVICE_TIME
 
 
 def load_corrected(by: str) -> str:

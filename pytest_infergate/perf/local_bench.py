@@ -9,13 +9,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pytest_infergate import progress, runqueue
+from pytest_infergate import process_meters, progress
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Result
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
-from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.conversations import (
     PREFIX_CACHE_KEY,
@@ -26,6 +24,8 @@ from pytest_infergate.perf.conversations import (
     planned_requests,
     run_items,
 )
+from pytest_infergate.process_meters import PeakMemory, PeakMemoryResult
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.workloads.request import Request
 from pytest_infergate.workloads.traffic import Session
 
@@ -101,7 +101,7 @@ class Bench:
         first = sampler.probe_now() if sampler is not None else None
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
         before = interference.snapshot(ours)
-        load_free = runqueue.LoadFreeTimer(engine, self.device)
+        load_free = process_meters.LoadFreeTimer(engine, self.device)
         with PeakMemory(self.device) as peak:
             start = time.perf_counter()
             results = run_items(engine, workload)

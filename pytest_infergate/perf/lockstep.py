@@ -16,9 +16,8 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from typing import Protocol
 
 from pytest_infergate.measurement import Measurement, note_per_repetition
-from pytest_infergate.memory import PeakMemory, PeakMemoryResult
 from pytest_infergate.perf import interference
-from pytest_infergate.runqueue import LoadFreeTimer
+from pytest_infergate.process_meters import LoadFreeTimer, PeakMemory, PeakMemoryResult
 from pytest_infergate.workloads.traffic import Session
 
 
@@ -92,7 +91,7 @@ class LocalSide:
         self.rise = self.peak = 0
         self.method = ""
         self.ids = []
-        # the side's own steps: their wall time, and what it would have been with no co-tenant (runqueue.
+        # the side's own steps: their wall time, and what it would have been with no co-tenant (process_meters.
         # LoadFreeTimer), for the gate's load-corrected comparison on a busy runner
         self.stepped_s = self.load_free_s = 0.0
         self.load_free_measured = True

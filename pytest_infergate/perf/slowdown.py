@@ -6,7 +6,7 @@ import time
 from contextlib import contextmanager
 from statistics import median
 
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 
 def _tokens(args, kwargs) -> int:

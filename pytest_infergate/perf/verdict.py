@@ -197,7 +197,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
                       max_regression: float) -> Verdict:
     """An A/B's verdict on a busy runner. The co-tenants' load hits both sides of a round alike, but it stretches
     what computes and not what waits (a forward that sleeps 25% longer reads ×1.08 under one busy loop per core),
-    and it spreads the rounds. So each side's own steps are load-corrected (runqueue.team_progress_s: the side's
+    and it spreads the rounds. So each side's own steps are load-corrected (process_meters.team_progress_s: the side's
     load-free share per round) and compared round by round. A failure as measured stands (the load slows both
     sides of a round alike: it cannot make B slower than A); a pass as measured does not (the load could have
     hidden a slowdown that waits). So a load-corrected pass decides (unless as measured it fails: inconclusive),

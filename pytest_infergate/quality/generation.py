@@ -19,9 +19,9 @@ from pathlib import Path
 
 from pytest_infergate import progress
 from pytest_infergate.engine import EngineConfig
-from pytest_infergate.lazy import import_torch
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 from pytest_infergate.quality.metrics import Generated
+from pytest_infergate.requirements import import_torch
 from pytest_infergate.workloads.request import Request, RequestError, render_prompt
 
 DEFAULT_MAX_MODEL_LEN = 2048

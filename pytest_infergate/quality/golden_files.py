@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_infergate.atomic import write_text_atomic
+from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.keys import AcceptedKey
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # 2 added the header's `key`, 3 each output's `figures` against the reference

@@ -47,7 +47,7 @@ def machine_key(environment: dict | None) -> dict | None:
 
 
 def _recorded_environment(path: Path) -> dict | None:
-    """The machine a file's header records (its key's machine part: keys.AcceptedKey); None when it records none
+    """The machine a file's header records (its key's machine part: environment.AcceptedKey); None when it records none
     or is unreadable (the full read reports why)."""
     try:
         with open(path, encoding="utf-8") as handle:

@@ -7,7 +7,7 @@ the policy key `same_environment=1`."""
 from __future__ import annotations
 
 from pytest_infergate.environment import cpu_model, library_versions
-from pytest_infergate.lazy import import_torch
+from pytest_infergate.requirements import import_torch
 
 # ISA extensions whose presence changes which kernels run (and so the last bits of results)
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_infergate.errors import InfergateError
-from pytest_infergate.validate import check_bool, check_int, check_number, check_str, check_token_ids
+from pytest_infergate.errors import InfergateError, check_bool, check_int, check_number, check_str, check_token_ids
 
 
 class RequestError(InfergateError, ValueError):

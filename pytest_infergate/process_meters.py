@@ -1,17 +1,108 @@
-"""How long this process's threads ran, and how long they were ready to run but waited for a CPU.
-
-Linux keeps both per thread (/proc/self/task/TID/schedstat: nanoseconds on a CPU, nanoseconds runnable in a run
-queue, time slices). The wait is what co-tenant load does to us: another CI job, a CPU hog, a noisy neighbour.
-team_progress_s turns it into the time a workload would have taken had no one else wanted the CPUs (perf.local_bench
-records it per repetition, perf.stored decides with it on a busy runner). Elsewhere than Linux nothing is read and
-every caller falls back to wall time.
-"""
+"""What the kernel and the CUDA allocator count of this process over a stretch of work, for the measurements. Peak
+memory (`PeakMemory`): on CUDA the allocator's peak counters (allocated, reserved), reset at the start; on the CPU
+under Linux the kernel's high-water mark of resident memory (VmHWM, reset by writing 5 to /proc/self/clear_refs);
+elsewhere a thread samples RSS every few milliseconds (it can miss short spikes). Our threads' time on a CPU and
+runnable but waiting in a run queue (/proc/self/task/TID/schedstat), which is what co-tenant load (another CI job, a
+CPU hog) does to us: team_progress_s turns it into the time the work would have taken with the CPUs to ourselves
+(perf.local_bench records it per repetition, perf.stored decides with it on a busy runner). Elsewhere than Linux no
+thread time is read, and every caller falls back to wall time."""
 
 from __future__ import annotations
 
 import os
 import threading
 from dataclasses import dataclass
+
+import psutil
+
+from pytest_infergate.requirements import import_torch
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+@dataclass
+class PeakMemoryResult:
+    method: str
+    peak_bytes: int  # process RSS peak on CPU; max_memory_allocated on CUDA
+    start_bytes: int
+    reserved_peak_bytes: int | None = None
+
+    @property
+    def delta_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.start_bytes)
+
+
+def _read_hwm() -> int | None:
+    try:
+        with open(_STATUS) as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open(_CLEAR_REFS, "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Context manager: `with PeakMemory(device) as peak: ...; peak.result`."""
+
+    def __init__(self, device: str = "cpu", sample_interval_s: float = 0.002):
+        self.device = device
+        self.sample_interval_s = sample_interval_s
+        self.result: PeakMemoryResult | None = None
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._sampled_peak = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.startswith("cuda"):
+            torch = import_torch()
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            self._method = "cuda.max_memory_allocated"
+        else:
+            self._start = psutil.Process().memory_info().rss
+            if _reset_hwm() and _read_hwm() is not None:
+                self._method = "VmHWM"
+            else:
+                self._method = "rss-sampling"
+                self._sampled_peak = self._start
+                self._sampler = threading.Thread(target=self._sample, daemon=True)
+                self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        process = psutil.Process()
+        while not self._stop.wait(self.sample_interval_s):
+            self._sampled_peak = max(self._sampled_peak, process.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        if self._method.startswith("cuda"):
+            torch = import_torch()
+
+            torch.cuda.synchronize(self.device)
+            self.result = PeakMemoryResult(self._method, torch.cuda.max_memory_allocated(self.device), self._start,
+                                           torch.cuda.max_memory_reserved(self.device))
+        elif self._method == "VmHWM":
+            self.result = PeakMemoryResult(self._method, _read_hwm() or 0, self._start)
+        else:
+            self._stop.set()
+            self._sampler.join()
+            rss = psutil.Process().memory_info().rss
+            self.result = PeakMemoryResult(self._method, max(self._sampled_peak, rss), self._start)
+
 
 TASKS = "/proc/self/task"
 
@@ -26,7 +117,7 @@ def thread_id() -> int:
     return threading.get_native_id()
 
 
-def _read(path: str) -> ThreadTimes | None:
+def _read_schedstat(path: str) -> ThreadTimes | None:
     try:
         with open(path, "rb") as stat:
             fields = stat.read().split()
@@ -45,7 +136,7 @@ def threads() -> dict[int, ThreadTimes]:
         return {}
     out = {}
     for tid in tids:
-        times = _read(f"{TASKS}/{tid}/schedstat")
+        times = _read_schedstat(f"{TASKS}/{tid}/schedstat")
         if times is not None:
             out[int(tid)] = times
     return out
