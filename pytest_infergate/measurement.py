@@ -6,7 +6,6 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from pytest_infergate.process_meters import RUN_QUEUE
 from pytest_infergate.stats import percentile
 
 # metric -> (unit, higher_is_better, is a per-request distribution)
@@ -43,6 +42,12 @@ THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s
 # Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well
 # beyond any max_regression a team sets; a quiet runner's background (logging, the CI agent) stays far below it.
 BUSY_SHARE = 0.25
+
+# What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
+# delays of our threads (process_meters.team_progress_s); on a CUDA device, the device's time in the engine's forwards by CUDA
+# events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
+RUN_QUEUE = "run-queue delay"
+DEVICE_TIME = "device time (CUDA events)"
 
 
 def busy_share(per_repetition: list[float]) -> float | None:

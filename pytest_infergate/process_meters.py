@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from pytest_infergate.measurement import DEVICE_TIME, RUN_QUEUE
 from pytest_infergate.requirements import import_torch
 
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -168,12 +169,6 @@ def team_progress_s(wall_s: float, times: dict[int, ThreadTimes], main: int, com
             share *= t.cpu_s / (t.cpu_s + t.wait_s)
     return asleep + own.cpu_s * share
 
-
-# What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
-# delays of our threads (team_progress_s); on a CUDA device, the device's time in the engine's forwards by CUDA
-# events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
-RUN_QUEUE = "run-queue delay"
-DEVICE_TIME = "device time (CUDA events)"
 
 
 class LoadFreeTimer:
