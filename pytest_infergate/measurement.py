@@ -44,8 +44,8 @@ THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s
 BUSY_SHARE = 0.25
 
 # What a repetition's load-free share was measured by (Measurement.load_free_by): on the CPU, the kernel's run-queue
-# delays of our threads (process_meters.team_progress_s); on a CUDA device, the device's time in the engine's forwards by CUDA
-# events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
+# delays of our threads (process_meters.team_progress_s); on a CUDA device, the device's time in the engine's
+# forwards by CUDA events, which CPU co-tenants hardly move (they slow the host's launches, not the kernels).
 RUN_QUEUE = "run-queue delay"
 DEVICE_TIME = "device time (CUDA events)"
 
