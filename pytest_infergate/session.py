@@ -23,8 +23,7 @@ from pytest_infergate.options import Options
 from pytest_infergate.outputs import TerminateAsInterrupt
 from pytest_infergate.quality.score_cache import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
-from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.run_verdict import record_message
+from pytest_infergate.results.run import RunResults, record_message
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.status import INI_SCOPE_CHECK, Finding
 

@@ -240,7 +240,7 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     and said as a model change in the run's verdict, on a pass too (terminal, report and JSON read the same
     reasons); under --infergate-strict it is compared only with --infergate-allow-model-change, else the relative
     check is missing, which strict fails."""
-    from pytest_infergate.results.run_verdict import run_verdict
+    from pytest_infergate.results.run import run_verdict
 
     base = {**FINGERPRINT, "model_name": "SmolLM2-135M-Instruct", "architecture": "llama, 30 layers, hidden 576"}
     now = {**FINGERPRINT, "model_name": "tiny-random-llama", "architecture": "llama, 2 layers, hidden 16"}

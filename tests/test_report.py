@@ -422,7 +422,7 @@ def test_a_measurement_no_gate_checked_says_so_instead_of_pass(results):
 
 def test_a_test_failed_by_its_gate_is_one_reason_located_in_the_test(results):
     # issue #45: each failing test read twice (as the test and as its gate), its place a line of the plugin
-    from pytest_infergate.results.run_verdict import run_verdict
+    from pytest_infergate.results.run import run_verdict
 
     verdict = run_verdict(RunResults.from_dict(results))
     slow = [reason for reason in verdict.reasons if "test_too_slow" in reason.name]

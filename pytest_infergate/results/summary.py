@@ -14,8 +14,7 @@ from pytest_infergate.results.records import (
     QualityRecord,
     undefined_reason,
 )
-from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.run_verdict import verdict_reasons
+from pytest_infergate.results.run import RunResults, verdict_reasons
 from pytest_infergate.status import Finding, Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
