@@ -11,12 +11,12 @@ from pytest_infergate.perf import (
     BaselineError,
     BudgetError,
     Measurement,
+    calibration,
     check_budget,
     compare_measurements,
     compare_paired,
     compare_samples,
     evaluate_perf,
-    interference,
     load_baseline,
     merge_budgets,
     parse_budget,
@@ -220,7 +220,7 @@ def calibrated(itl_ms, tokens_per_s, probe_s, per_rep=20, noise=0.03, seed=0, pe
     """A Measurement as Bench records it: per repetition, `per_rep` ITL samples around itl_ms[i], one tokens/s
     value, one peak memory value, the calibration probe's seconds during it and (`quiet_s`) around it."""
     rng = random.Random(seed)
-    m = Measurement(probe=interference.PROBE, probe_quiet_s=list(quiet_s))
+    m = Measurement(probe=calibration.PROBE, probe_quiet_s=list(quiet_s))
     for itl, tps, probe in zip(itl_ms, tokens_per_s, probe_s):
         m.samples.setdefault("itl_ms", []).extend(itl * (1 + rng.gauss(0, noise)) for _ in range(per_rep))
         m.samples.setdefault("tokens_per_s", []).append(tps * (1 + rng.gauss(0, noise)))
@@ -437,7 +437,7 @@ def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     data = json.loads(path.read_text())
     assert data["schema_version"] == 4 and data["kind"] == "baseline"
     stored = data["entries"]["t::x"]["measurement"]
-    assert stored["probe"] == interference.PROBE and len(stored["probe_s"]) == 5
+    assert stored["probe"] == calibration.PROBE and len(stored["probe_s"]) == 5
     assert stored["repetition_ends"]["itl_ms"] == [20, 40, 60, 80, 100]
     assert load_baseline(path)["t::x"].measurement == m
 
@@ -458,14 +458,14 @@ def test_version_2_baseline_is_read_and_compared_without_normalization(tmp_path)
 
 
 def test_repetition_probe_is_the_geometric_mean_of_its_probes():
-    assert interference.repetition_probe([0.01, 0.04]) == pytest.approx(0.02)
-    assert interference.repetition_probe([0.01, 0.02, 0.04, 0.08]) == pytest.approx((0.01 * 0.02 * 0.04 * 0.08) ** 0.25)
-    assert interference.scale("itl_ms", 0.02, 0.01) == 0.5 and interference.scale("tokens_per_s", 0.02, 0.01) == 2.0
-    assert interference.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not scales_with_speed("load_s")
+    assert calibration.repetition_probe([0.01, 0.04]) == pytest.approx(0.02)
+    assert calibration.repetition_probe([0.01, 0.02, 0.04, 0.08]) == pytest.approx((0.01 * 0.02 * 0.04 * 0.08) ** 0.25)
+    assert calibration.scale("itl_ms", 0.02, 0.01) == 0.5 and calibration.scale("tokens_per_s", 0.02, 0.01) == 2.0
+    assert calibration.scale("peak_mem_mb", 0.02, 0.01) == 1.0 and not scales_with_speed("load_s")
 
 
 def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
-    sampler = interference.Sampler(threads=1)
+    sampler = calibration.Sampler(threads=1)
     try:
         first = sampler.probe_now()
         second = sampler.probe_now()
@@ -668,10 +668,10 @@ def test_each_verdict_names_the_evidence_that_decided_it():
 
 
 def verdict_reasons_of(outcome) -> list[str]:
-    """The lines the terminal and the report show for an outcome's verdicts (results.run.verdict_reasons)."""
+    """The lines the terminal and the report show for an outcome's verdicts (results.run_verdict.verdict_reasons)."""
     from types import SimpleNamespace
 
-    from pytest_infergate.results.run import verdict_reasons
+    from pytest_infergate.results.run_verdict import verdict_reasons
 
     record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
@@ -682,7 +682,7 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     from types import SimpleNamespace
 
     from pytest_infergate.perf.verdict import Verdict
-    from pytest_infergate.results.run import UNDECIDED_ACTION, verdict_reasons
+    from pytest_infergate.results.run_verdict import UNDECIDED_ACTION, verdict_reasons
 
     straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
     decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))

@@ -173,9 +173,9 @@ class SteadySampler:
 @pytest.fixture
 def steady_probe(monkeypatch):
     """The calibration probe reads 10 ms: what a baseline's probe times say is then set by the test alone."""
-    from pytest_infergate.perf import interference
+    from pytest_infergate.perf import calibration
 
-    monkeypatch.setattr(interference, "Sampler", SteadySampler)
+    monkeypatch.setattr(calibration, "Sampler", SteadySampler)
 
 
 CONFIG_TEST = """

@@ -14,7 +14,7 @@ from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Result
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
-from pytest_infergate.perf import interference
+from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.conversations import (
     PREFIX_CACHE_KEY,
     PrefixCacheUse,
@@ -53,9 +53,9 @@ class Bench:
         there), so a comparison with a stored baseline can be normalized for how fast the machine is now."""
         self.loaded = loaded
         self.device = device
-        self.calibrate = interference.available() and device == "cpu" if calibrate is None else calibrate
+        self.calibrate = calibration.available() and device == "cpu" if calibrate is None else calibrate
         self._engines: dict[str, object] = {}  # repr(config) -> Engine or HFGenerateBackend
-        self._sampler: interference.Sampler | None = None
+        self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
         self._kv_budget_notes: dict[int, str] = {}  # id(engine) -> how its KV budget was chosen (Bench.sized)
 
@@ -77,14 +77,14 @@ class Bench:
             self._sampler.close()
             self._sampler = None
 
-    def sampler(self) -> interference.Sampler | None:
+    def sampler(self) -> calibration.Sampler | None:
         """The calibration probe's sampler process, started at the first calibrated repetition on the engine's
         number of threads; None if it cannot start (the repetitions are then not calibrated)."""
         if self._sampler is None:
             torch = import_torch()
 
             try:
-                self._sampler = interference.Sampler(threads=torch.get_num_threads())
+                self._sampler = calibration.Sampler(threads=torch.get_num_threads())
             except OSError:
                 return None
         return self._sampler
@@ -166,11 +166,11 @@ class Bench:
         """The machine's speed over a repetition: the probes from right before to right after it."""
         last = sampler.probe_now() if first is not None else None
         if last is not None:
-            into.probe = interference.PROBE
-            into.probe_s.append(interference.repetition_probe(sampler.between(first, last)))
+            into.probe = calibration.PROBE
+            into.probe_s.append(calibration.repetition_probe(sampler.between(first, last)))
             quiet = sampler.between(first, first) + sampler.between(last, last)
             if len(quiet) == 2:
-                into.probe_quiet_s.append(interference.repetition_probe(quiet))
+                into.probe_quiet_s.append(calibration.repetition_probe(quiet))
         else:  # one repetition without its probe leaves the whole measurement uncalibrated
             into.probe, into.probe_s, into.probe_quiet_s = "", [], []
 
