@@ -20,7 +20,7 @@ from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
-from pytest_infergate.quality.score_cache import ScoreCache
+from pytest_infergate.quality.golden_comparison import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.run_verdict import record_message

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_infergate.quality.golden_comparison import ScoreCache
 from pytest_infergate.quality.golden_files import GoldenSample, outputs_path
 from pytest_infergate.quality.metrics import QualityResult
-from pytest_infergate.quality.score_cache import ScoreCache
 
 
 @dataclass
