@@ -9,9 +9,10 @@ import torch
 from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
 from pytest_infergate.quality.generation import composition_id, fixed_outputs, golden_engine_config, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
-from pytest_infergate.quality.golden_variants import (
+from pytest_infergate.quality.golden_machines import (
     SAME_KERNELS,
     SAME_MACHINE,
+    environment_mismatch,
     numerics_key,
     path_to_update,
     recorded_elsewhere,
@@ -29,7 +30,6 @@ from pytest_infergate.quality.policy import (
     parse_policy,
     policy_violations,
 )
-from pytest_infergate.quality.provenance import environment_mismatch
 from pytest_infergate.quality.regression import (
     DRIFT,
     NEAR_TIE,

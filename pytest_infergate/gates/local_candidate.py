@@ -55,7 +55,7 @@ class LocalCandidate:
     def provenance(self, samples: list[GoldenSample]) -> dict:
         """What this precision's golden outputs depend on now: environment, method, sample-set compositions."""
         from pytest_infergate.quality.generation import composition_id, fixed_runs, golden_method, sample_sets_of
-        from pytest_infergate.quality.provenance import golden_environment
+        from pytest_infergate.quality.golden_machines import golden_environment
 
         runs = fixed_runs(self.loaded, samples, self.generated, self.max_model_len)
         compositions = {Path(source).name or "(in code)": composition_id(whole)

@@ -4,7 +4,8 @@ Modules that run models import torch when used: `generation` (golden samples thr
 greedy, always the whole sample file in one run, a subset selected from it), `scoring` (teacher-forced
 log-probabilities of a fixed continuation, one row per forward; KL / top-1 / NLL), `golden_comparison` (THE
 comparison of a candidate's outputs with the reference's), `regression` (against a precision's own accepted
-outputs: near-tie or drift; and the gates' failure messages), `provenance` (what golden outputs depend on),
+outputs: near-tie or drift; and the gates' failure messages), `golden_machines` (what golden outputs depend on,
+and which accepted file is this machine's),
 `batch_invariance`. The object behind the `infergate_golden` fixture is `gates.golden.GoldenGate`.
 """
 
