@@ -72,8 +72,7 @@ def emit(**fields) -> None:
 def costs(args) -> None:
     import torch
 
-    from pytest_infergate.quality.batch_invariance import check_variants
-    from pytest_infergate.quality.generation import run_samples
+    from pytest_infergate.quality.golden_generation import check_variants, run_samples
     from pytest_infergate.quality.scoring import score_rows
 
     if args.threads:
@@ -100,7 +99,7 @@ def costs(args) -> None:
 
 
 def compare_now(loaded, tag: str, own_kernel_path: bool = False, **extra) -> None:
-    from pytest_infergate.quality.generation import run_samples
+    from pytest_infergate.quality.golden_generation import run_samples
     from pytest_infergate.quality.regression import compare_with_golden
 
     ss = samples()

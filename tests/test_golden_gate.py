@@ -6,9 +6,16 @@ import json
 import pytest
 import torch
 
-from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
-from pytest_infergate.quality.generation import composition_id, fixed_outputs, golden_engine_config, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
+from pytest_infergate.quality.golden_generation import (
+    BatchInvariance,
+    check_variants,
+    composition_id,
+    fixed_outputs,
+    golden_engine_config,
+    rotate,
+    run_samples,
+)
 from pytest_infergate.quality.golden_machines import (
     SAME_KERNELS,
     SAME_MACHINE,
@@ -371,7 +378,7 @@ def test_batch_invariance_on_the_first_tokens(tiny_fp32, sample_file):
 
 
 def test_batch_invariance_reports_a_changed_sample():
-    from pytest_infergate.quality.batch_invariance import Divergence, VariantResult
+    from pytest_infergate.quality.golden_generation import Divergence, VariantResult
 
     variant = VariantResult("batch", "whole file", [Divergence("q3", 5, 0.04, "alone text", "batched text")], 4,
                             0.02, 0.05)

@@ -134,7 +134,7 @@ class GoldenGate:
     def _comparison(self, samples: list[GoldenSample]) -> QualityResult:
         """The candidate against the reference precision on `samples`: once per precision and sample set a
         session (check() and the other-machine decision of check_regression() share it)."""
-        from pytest_infergate.quality.generation import fixed_outputs
+        from pytest_infergate.quality.golden_generation import fixed_outputs
 
         key = (self.precision, tuple(s.id for s in samples))
         if key not in self.comparisons:

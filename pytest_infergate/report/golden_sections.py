@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
-from pytest_infergate.quality.batch_invariance import Divergence
+from pytest_infergate.quality.golden_generation import Divergence
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord
 
 
