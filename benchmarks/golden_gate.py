@@ -50,8 +50,7 @@ def accepted(loaded, own_kernel_path: bool = False):
     """The default accepted file; with own_kernel_path, the one the gate picks for this machine's (or the
     emulated) kernel path."""
     from pytest_infergate.quality.golden_files import outputs_path, read_outputs
-    from pytest_infergate.quality.golden_variants import select_accepted
-    from pytest_infergate.quality.provenance import golden_environment
+    from pytest_infergate.quality.golden_machines import golden_environment, select_accepted
 
     default = outputs_path(ROOT / "golden", "SmolLM2-135M-Instruct", loaded.record.fingerprint, "cpu",
                            loaded.record.requested_precision)
@@ -73,8 +72,7 @@ def emit(**fields) -> None:
 def costs(args) -> None:
     import torch
 
-    from pytest_infergate.quality.batch_invariance import check_variants
-    from pytest_infergate.quality.generation import run_samples
+    from pytest_infergate.quality.golden_generation import check_variants, run_samples
     from pytest_infergate.quality.scoring import score_rows
 
     if args.threads:
@@ -101,7 +99,7 @@ def costs(args) -> None:
 
 
 def compare_now(loaded, tag: str, own_kernel_path: bool = False, **extra) -> None:
-    from pytest_infergate.quality.generation import run_samples
+    from pytest_infergate.quality.golden_generation import run_samples
     from pytest_infergate.quality.regression import compare_with_golden
 
     ss = samples()

@@ -17,7 +17,7 @@ from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.project_files import migrate
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import GoldenOutput, golden_key, read_outputs
-from pytest_infergate.quality.golden_variants import SAME_MACHINE, select_accepted
+from pytest_infergate.quality.golden_machines import SAME_MACHINE, select_accepted
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = {"cpu": "AMD EPYC", "cpu_count": 2, "platform": "linux", "torch_threads": 2, "device": "cpu",

@@ -6,12 +6,20 @@ import json
 import pytest
 import torch
 
-from pytest_infergate.quality.batch_invariance import BatchInvariance, check_variants, rotate
-from pytest_infergate.quality.generation import composition_id, fixed_outputs, golden_engine_config, run_samples
 from pytest_infergate.quality.golden_files import GoldenSample, load_samples
-from pytest_infergate.quality.golden_variants import (
+from pytest_infergate.quality.golden_generation import (
+    BatchInvariance,
+    check_variants,
+    composition_id,
+    fixed_outputs,
+    golden_engine_config,
+    rotate,
+    run_samples,
+)
+from pytest_infergate.quality.golden_machines import (
     SAME_KERNELS,
     SAME_MACHINE,
+    environment_mismatch,
     numerics_key,
     path_to_update,
     recorded_elsewhere,
@@ -29,7 +37,6 @@ from pytest_infergate.quality.policy import (
     parse_policy,
     policy_violations,
 )
-from pytest_infergate.quality.provenance import environment_mismatch
 from pytest_infergate.quality.regression import (
     DRIFT,
     NEAR_TIE,
@@ -371,7 +378,7 @@ def test_batch_invariance_on_the_first_tokens(tiny_fp32, sample_file):
 
 
 def test_batch_invariance_reports_a_changed_sample():
-    from pytest_infergate.quality.batch_invariance import Divergence, VariantResult
+    from pytest_infergate.quality.golden_generation import Divergence, VariantResult
 
     variant = VariantResult("batch", "whole file", [Divergence("q3", 5, 0.04, "alone text", "batched text")], 4,
                             0.02, 0.05)
@@ -398,7 +405,7 @@ def test_golden_record_keeps_near_ties_and_policy():
 
 def test_reference_scores_are_computed_once_and_capped(tiny_fp32, monkeypatch):
     from pytest_infergate.quality import scoring
-    from pytest_infergate.quality.score_cache import ScoreCache
+    from pytest_infergate.quality.golden_comparison import ScoreCache
 
     rows = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])]
     forwards = []

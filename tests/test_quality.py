@@ -134,8 +134,8 @@ def test_golden_outputs_round_trip_and_diff(tmp_path):
 
 def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
     from pytest_infergate.models import load_model
-    from pytest_infergate.quality.generation import generate_golden_outputs as generate
     from pytest_infergate.quality.golden_comparison import compare_precision
+    from pytest_infergate.quality.golden_generation import generate_golden_outputs as generate
 
     samples = [sample(id=f"s{i}", messages=({"role": "user", "content": f"question {i}?"},), max_new_tokens=12)
                for i in range(4)]

@@ -13,7 +13,7 @@ from pytest_infergate.endpoint.server_metrics import ServerMetrics
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.conversations import PREFIX_CACHE_KEY, PrefixCacheUse
 from pytest_infergate.perf.verdict import Verdict
-from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult
+from pytest_infergate.quality.golden_generation import BatchInvariance, Divergence, VariantResult
 from pytest_infergate.quality.metrics import SampleQuality
 from pytest_infergate.report import render
 from pytest_infergate.results.records import (

@@ -23,7 +23,7 @@ from pytest_infergate.quality.golden_files import (
 from pytest_infergate.quality.golden_files import (
     schema_note as golden_schema_note,
 )
-from pytest_infergate.quality.golden_variants import (
+from pytest_infergate.quality.golden_machines import (
     SAME_MACHINE,
     accepted_for_another_model,
     path_to_update,
@@ -134,7 +134,7 @@ class GoldenGate:
     def _comparison(self, samples: list[GoldenSample]) -> QualityResult:
         """The candidate against the reference precision on `samples`: once per precision and sample set a
         session (check() and the other-machine decision of check_regression() share it)."""
-        from pytest_infergate.quality.generation import fixed_outputs
+        from pytest_infergate.quality.golden_generation import fixed_outputs
 
         key = (self.precision, tuple(s.id for s in samples))
         if key not in self.comparisons:
@@ -193,7 +193,7 @@ class GoldenGate:
         default_path, header = self.candidate.accepted(self.golden_dir, self._model_name())
         header = {**header, **provenance}
         update = self.ctx.options.update_golden
-        environment = provenance.get("environment")  # the accepted file of this machine (golden_variants)
+        environment = provenance.get("environment")  # the accepted file of this machine (golden_machines)
         path, match = ((path_to_update(default_path, environment), SAME_MACHINE) if update
                        else select_accepted(default_path, environment))
         backend, why = self.backend()
@@ -274,10 +274,10 @@ class GoldenGate:
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)
             return []
-        from pytest_infergate.quality.provenance import environment_mismatch
+        from pytest_infergate.quality.golden_machines import environment_mismatch
 
         mismatch = environment_mismatch(accepted, provenance)
-        if mismatch:  # the gate still decides (by machine where it must: golden_variants), so said, not counted
+        if mismatch:  # the gate still decides (by machine where it must: golden_machines), so said, not counted
             self.ctx.notify(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
                           "environment; changed outputs may come from it: " + "; ".join(mismatch)
                           + ". If the machine differs, accept this machine's outputs beside them with "

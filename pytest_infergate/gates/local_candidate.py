@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_infergate.quality.golden_comparison import ScoreCache
 from pytest_infergate.quality.golden_files import GoldenSample, outputs_path
 from pytest_infergate.quality.metrics import QualityResult
-from pytest_infergate.quality.score_cache import ScoreCache
 
 
 @dataclass
@@ -36,7 +36,7 @@ class LocalCandidate:
         return choice_for(self.loaded)
 
     def outputs(self, samples: list[GoldenSample]) -> list:
-        from pytest_infergate.quality.generation import fixed_outputs
+        from pytest_infergate.quality.golden_generation import fixed_outputs
 
         return fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
 
@@ -54,8 +54,8 @@ class LocalCandidate:
 
     def provenance(self, samples: list[GoldenSample]) -> dict:
         """What this precision's golden outputs depend on now: environment, method, sample-set compositions."""
-        from pytest_infergate.quality.generation import composition_id, fixed_runs, golden_method, sample_sets_of
-        from pytest_infergate.quality.provenance import golden_environment
+        from pytest_infergate.quality.golden_generation import composition_id, fixed_runs, golden_method, sample_sets_of
+        from pytest_infergate.quality.golden_machines import golden_environment
 
         runs = fixed_runs(self.loaded, samples, self.generated, self.max_model_len)
         compositions = {Path(source).name or "(in code)": composition_id(whole)
@@ -75,8 +75,7 @@ class LocalCandidate:
         return outputs_to_accept(samples, current, self.loaded.model)
 
     def batch_invariance(self, samples, max_new_tokens: int | None = None):
-        from pytest_infergate.quality.batch_invariance import check_variants
-        from pytest_infergate.quality.generation import fixed_outputs
+        from pytest_infergate.quality.golden_generation import check_variants, fixed_outputs
 
         fixed = fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
         return check_variants(self.loaded, samples, fixed, self.max_model_len, max_new_tokens=max_new_tokens)

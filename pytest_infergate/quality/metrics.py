@@ -264,7 +264,7 @@ def describe_sample(sample: SampleQuality, labels: tuple[str, str] = ("reference
 
 @dataclass
 class Generated:
-    """One golden sample's output as a precision generated it (quality.generation), what every comparison reads."""
+    """One golden sample's output as a precision generated it (golden_generation), what every comparison reads."""
 
     id: str
     prompt_ids: list[int]

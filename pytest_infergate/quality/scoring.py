@@ -8,14 +8,9 @@ same computation, whatever the batch neighbours."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from pytest_infergate.quality.metrics import TokenStats
-
-if TYPE_CHECKING:  # the cache imports this module's scorer when it scores: no arrow back at run time
-    from pytest_infergate.quality.score_cache import ScoreCache
 
 TOP_K = 10
 
@@ -50,11 +45,12 @@ def score_rows(model, rows: list[tuple[list[int], list[int]]], batch_size: int =
 
 
 def teacher_forced(reference_model, candidate_model, rows: list[tuple[list[int], list[int]]],
-                   batch_size: int = 1, reference_scores: ScoreCache | None = None
+                   batch_size: int = 1, reference_scores=None
                    ) -> tuple[list[TokenStats], list[list[list[list[float]]]]]:
     """Score the reference continuations under both models, `batch_size` rows per forward (1: alone). Returns
     per-row TokenStats and the reference's top-k log-probabilities per token (what golden files store).
-    `reference_scores`: where the reference's alone log-probabilities are kept between calls."""
+    `reference_scores`: where the reference's alone log-probabilities are kept between calls (a
+    golden_comparison.ScoreCache, not imported here: it imports this module's scorer when it scores)."""
     stats, topks = [], []
     for batch in _batches(rows, batch_size):
         if reference_scores is not None and batch_size == 1:

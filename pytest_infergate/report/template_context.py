@@ -12,7 +12,7 @@ from markupsafe import Markup, escape
 
 from pytest_infergate import units
 from pytest_infergate.measurement import METRICS
-from pytest_infergate.quality.batch_invariance import Divergence
+from pytest_infergate.quality.golden_generation import Divergence
 from pytest_infergate.quality.metrics import SampleQuality
 from pytest_infergate.report.diagnosis import diagnose
 from pytest_infergate.report.serving import (

@@ -16,7 +16,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.perf.verdict import Verdict
-from pytest_infergate.quality.batch_invariance import BatchInvariance
+from pytest_infergate.quality.golden_generation import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Status
 
@@ -241,7 +241,7 @@ class GoldenRecord:
 
 @dataclass
 class BatchInvarianceRecord(PolicyGateRecord):
-    """Whether a precision's greedy answers change with the batch they run in (see quality.batch_invariance)."""
+    """Whether a precision's greedy answers change with the batch they run in (see quality.golden_generation)."""
 
     kind: ClassVar[str] = "batch_invariance"
     result_type: ClassVar[type] = BatchInvariance
