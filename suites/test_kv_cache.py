@@ -5,7 +5,7 @@ the config says (2 x layers x kv_heads x head_dim x bytes per token)?"""
 import torch
 
 from pytest_infergate.engine import Engine, Request
-from pytest_infergate.perf.experiment import Claim, Speedup, faster, grows
+from pytest_infergate.perf import Claim, Speedup, faster, grows
 from pytest_infergate.workloads import chat_prompt_with_length
 
 

@@ -7,7 +7,7 @@ from pytest_infergate.context import TestContext
 from pytest_infergate.engine import EngineConfig, Request
 from pytest_infergate.gates.perf import PerfBench
 from pytest_infergate.options import Options
-from pytest_infergate.perf.experiment import Speedup, conclusion, faster, grows, speedup
+from pytest_infergate.perf.lockstep import Speedup, conclusion, faster, grows, speedup
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.status import Status
 

@@ -13,7 +13,6 @@ from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.decide import decide
-from pytest_infergate.perf.experiment import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.gate import (
     AB_ROUNDS,
     NoReference,
@@ -24,6 +23,7 @@ from pytest_infergate.perf.gate import (
     by_repetition,
     evaluate_ab,
 )
+from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.stored import RepetitionPlan
 from pytest_infergate.requirements import import_torch

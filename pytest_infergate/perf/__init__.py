@@ -9,11 +9,12 @@ from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_ba
 from pytest_infergate.perf.budget import BudgetError, merge_budgets, parse_budget, parse_ini_budgets, resolve_budget
 from pytest_infergate.perf.decide import compare_measurements
 from pytest_infergate.perf.gate import Interleaved, NoReference, PerfGate, StoredReference, evaluate_ab, evaluate_perf
+from pytest_infergate.perf.lockstep import Claim, Speedup, faster, grows
 from pytest_infergate.perf.outcome import Budget, Limit, PerfOutcome, Route, Violation, check_budget
 from pytest_infergate.perf.verdict import Verdict, compare_paired, compare_samples
 
-__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Interleaved",
+__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Claim", "Speedup", "Interleaved",
            "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "StoredReference", "Verdict",
            "Violation", "add_request_latencies", "check_budget", "compare_measurements", "compare_paired",
-           "compare_samples", "evaluate_ab", "evaluate_perf", "load_baseline", "merge_budgets", "parse_budget",
+           "compare_samples", "evaluate_ab", "evaluate_perf", "faster", "grows", "load_baseline", "merge_budgets", "parse_budget",
            "parse_ini_budgets", "resolve_budget", "save_baseline"]
