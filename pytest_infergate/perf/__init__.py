@@ -13,8 +13,9 @@ from pytest_infergate.perf.lockstep import Claim, Speedup, faster, grows
 from pytest_infergate.perf.outcome import Budget, Limit, PerfOutcome, Route, Violation, check_budget
 from pytest_infergate.perf.verdict import Verdict, compare_paired, compare_samples
 
-__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Claim", "Speedup", "Interleaved",
-           "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "StoredReference", "Verdict",
-           "Violation", "add_request_latencies", "check_budget", "compare_measurements", "compare_paired",
-           "compare_samples", "evaluate_ab", "evaluate_perf", "faster", "grows", "load_baseline", "merge_budgets", "parse_budget",
-           "parse_ini_budgets", "resolve_budget", "save_baseline"]
+__all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Claim",
+           "Interleaved", "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "Speedup",
+           "StoredReference", "Verdict", "Violation", "add_request_latencies", "check_budget",
+           "compare_measurements", "compare_paired", "compare_samples", "evaluate_ab", "evaluate_perf", "faster",
+           "grows", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget",
+           "save_baseline"]
