@@ -96,9 +96,9 @@ def _cmd_history(args: argparse.Namespace) -> int:
 def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = None, strict: bool = False
                  ) -> tuple[list[list[str]], Status, list[str]]:
     """Rows of (test, metric, A, B, change, verdict) for every perf metric B's gate compares, decided as the
-    in-run gate decides against a stored baseline (results.compare); the run's verdict (fail over inconclusive
+    in-run gate decides against a stored baseline (history.series); the run's verdict (fail over inconclusive
     over pass; strict: inconclusive fails) and the notes a reader needs (what changed, another machine)."""
-    from pytest_infergate.results.compare import compare_records
+    from pytest_infergate.history.series import compare_records
 
     rows, statuses, notes = [], [], []
     pairs, only_a, only_b = compare_records(a.perf, b.perf, max_regression)

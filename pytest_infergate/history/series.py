@@ -1,8 +1,9 @@
 """A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
-the machine changed (timings of two machines are no one series), with its change points and any creep. A change
-under test (model, libraries, engine config) is a marked point of the series, not a new series: it is what a
-history is read for. Each run is also decided against the run before it by the gate's own decision
-(results.compare.decide_pair), so the history says what `infergate compare` says of the same pair."""
+the machine changed (timings of two machines are no one series), with its change points and any creep; a change
+under test (model, libraries, engine config) is a marked point of a series, not a new one. Each run is decided
+against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.decide.decide,
+run A's record the stored reference, run B's the candidate), so the history and `infergate compare A.json B.json`
+say what `pytest --infergate-baseline` with A saved said of B."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from dataclasses import dataclass, field
 
 from pytest_infergate.history import changepoint
 from pytest_infergate.measurement import METRICS, percentile_suffix
+from pytest_infergate.perf.baseline import BaselineEntry
+from pytest_infergate.perf.budget import BudgetError, parse_budget
+from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
+from pytest_infergate.perf.gate import StoredReference
+from pytest_infergate.perf.outcome import Budget, PerfOutcome
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import metric_status, verdict_reasons
@@ -51,7 +57,7 @@ class Point:
     why: str  # what the gate said
     environment: dict  # the machine the value was measured on (a change splits the series)
     changes: str = ""  # what under test changed since the series' previous point ("torch 2.5.0 → 2.6.0")
-    # this metric's verdict against the series' previous point, by the gate's decision (results.compare); "" when
+    # this metric's verdict against the series' previous point, by the gate's decision (decide_pair); "" when
     # not decided (the first point, or a metric the pair's budget does not compare)
     against_previous: str = ""
 
@@ -151,8 +157,6 @@ def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, pre
 
 
 def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> str:
-    from pytest_infergate.results.compare import decide_pair
-
     verdict = next((v for v in decide_pair(previous, record).verdicts if v.metric == metric), None)
     return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().rsplit(' → ', 1)[0]}"
 
@@ -242,3 +246,55 @@ def findings(history: History) -> list[SeriesChange]:
                 out.append(SeriesChange(s, history.run(window[0].run), "creep", c.drift, per_run=c.slope,
                                    p_value=c.p_value, passed=all(p.status in (None, "pass") for p in window)))
     return sorted(out, key=lambda f: (f.run.index, f.series.test, f.series.metric))
+
+
+# metrics compared when the candidate's record names none in its budget (a run with max_regression alone)
+DEFAULT_COMPARED = ("ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s", "peak_mem_mb")
+DEFAULT_MAX_REGRESSION = 0.10
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """One measurement key present in both runs, and the gate's outcome of B against A."""
+
+    test: str
+    baseline: PerfRecord
+    candidate: PerfRecord
+    outcome: PerfOutcome
+
+
+def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
+    """The budget the candidate's gate checked (from its record), with `max_regression` when given (else the
+    record's, else 10%); a record whose budget names no metric compares DEFAULT_COMPARED."""
+    values = {key: value for key, value in record.budget.items() if key != "max_regression"}
+    try:
+        budget = parse_budget(values, where=f"the budget recorded for {record.test}")
+    except BudgetError:
+        budget = parse_budget({})
+    regression = max_regression if max_regression is not None else record.budget.get("max_regression")
+    regression = DEFAULT_MAX_REGRESSION if regression is None else regression
+    if not budget.limits:  # a limit no measurement can break names a metric without gating its value
+        budget = parse_budget({metric: 1e-300 if METRICS[metric][1] else 1e300 for metric in DEFAULT_COMPARED})
+    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked
+    measured = tuple(limit for limit in budget.limits if record.measurement.samples.get(limit.metric))
+    return Budget(measured, budget.percentile, regression)
+
+
+def decide_pair(baseline: PerfRecord, candidate: PerfRecord, max_regression: float | None = None) -> PerfOutcome:
+    """The candidate record's measurement against the baseline record's, as the in-run gate decides it. Only the
+    relative question: the candidate's absolute budgets were its own run's verdict (`infergate summary`)."""
+    reference = StoredReference(BaselineEntry(baseline.fingerprint, baseline.measurement))
+    budget = budget_of(candidate, max_regression)
+    outcome = decide(candidate.measurement, reference, budget, candidate.fingerprint)
+    outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
+    return outcome
+
+
+def compare_records(baseline: list[PerfRecord], candidate: list[PerfRecord], max_regression: float | None = None
+                    ) -> tuple[list[PairOutcome], list[str], list[str]]:
+    """Outcomes for every measurement key in both lists, and the keys only in the baseline / only in the
+    candidate."""
+    old, new = {r.test: r for r in baseline}, {r.test: r for r in candidate}
+    pairs = [PairOutcome(test, old[test], new[test], decide_pair(old[test], new[test], max_regression))
+             for test in sorted(set(old) & set(new))]
+    return pairs, sorted(set(old) - set(new)), sorted(set(new) - set(old))

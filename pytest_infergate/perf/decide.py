@@ -1,6 +1,6 @@
 """The one decision of a perf gate: a candidate measurement against its budget and its reference (a strategy of
 perf.gate: none, stored, or an interleaved A/B) → a PerfOutcome. Pure: it measures nothing (perf.gate.PerfGate
-measures more while it cannot decide). The in-run gate, `infergate compare` (results.compare), the report (which
+measures more while it cannot decide). The in-run gate, `infergate compare` (history.series), the report (which
 shows the records the gate wrote) and the history (each run against the one before it) all go through it, so they
 cannot disagree on the same data (tests/test_one_decision.py). The strategies call back into the comparisons here,
 so that verdicts are made in this module only."""
