@@ -1,9 +1,8 @@
-"""What a fixture object knows about the test it serves, as plain values and callables.
-
-The objects behind the fixtures (`PerfBench`, `GoldenGate`, `EndpointPerfBench`) never import pytest: the plugin
-hands each one a TestContext whose callables record, fail, skip and warn for them (pytest-benchmark's pattern),
-so they can be driven from a REPL or a unit test with plain functions.
-"""
+"""What the mechanics and the fixture objects tell the world outside pytest. A fixture object (`PerfBench`,
+`GoldenGate`, `EndpointPerfBench`) never imports pytest: the plugin hands each one a TestContext whose callables
+record, fail, skip and warn for it (pytest-benchmark's pattern), so it runs from a REPL or a unit test with plain
+functions. Long work (model conversion, repetitions, golden generation, a capacity search) reports its progress
+with `report(...)` to the sink the session installs (the terminal on the controller; none under -q or on a worker)."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_infergate.options import Options
     from pytest_infergate.perf.baseline import BaselineEntry
     from pytest_infergate.results.records import Record
+import time
 
 ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infergate-endpoint
 
@@ -52,3 +52,44 @@ class TestContext:
     def measurement_key(self, label: str) -> str:
         """The test id, plus `::label` when a test measures several workloads; baselines and budgets key on it."""
         return self.test_id + (f"::{label}" if label else "")
+
+
+_sink: Callable[[str], None] | None = None
+
+
+def current_sink() -> Callable[[str], None] | None:
+    return _sink
+
+
+def set_sink(sink: Callable[[str], None] | None) -> None:
+    global _sink
+    _sink = sink
+
+
+def report(message: str) -> None:
+    if _sink is not None:
+        _sink(f"infergate: {message}")
+
+
+EVERY_S = 5.0  # work shorter than this prints nothing; longer work a line this often, and one when it ends
+
+
+class Steps:
+    """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
+
+    def __init__(self, what: str, total: int, most: int | None = None):
+        # `most`: work that goes on past `total` steps while it needs to (a repetition plan), up to `most`
+        self.what, self.total, self.most = what, total, most if most and most > total else None
+        self.started = self.last = time.monotonic()
+
+    def step(self, done: int, finished: bool = False) -> None:
+        """`done` steps so far (shown as at most `total` where there is no `most`); `finished`: the work ended."""
+        now = time.monotonic()
+        done = done if self.most else min(done, self.total)
+        ended = finished or done >= (self.most or self.total)
+        if now - self.last >= EVERY_S or (ended and self.last > self.started):
+            self.last = now
+            of = f"{self.total}–{self.most}" if self.most else str(self.total)
+            left = (now - self.started) / max(done, 1) * (self.total - done)
+            report(f"{self.what}: {done} of {of}" + (f", {now - self.started:.0f} s" if ended else
+                                                     f", about {left:.0f} s left" if done < self.total else ""))

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.context import ENDPOINT_PRECISION
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.fixtures import (  # noqa: F401
@@ -116,13 +116,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"infergate: {exc}") from None
     config.pluginmanager.register(session, PLUGIN_NAME)
     config.pluginmanager.register(AtomicJUnitXml(), f"{PLUGIN_NAME}-junitxml")
-    config.stash[_PREVIOUS_SINK] = progress.current_sink()
-    progress.set_sink(_terminal_sink(config))
+    config.stash[_PREVIOUS_SINK] = context.current_sink()
+    context.set_sink(_terminal_sink(config))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _PREVIOUS_SINK in config.stash:  # a pytest run inside a pytest run (pytester) gives the outer one back its own
-        progress.set_sink(config.stash[_PREVIOUS_SINK])
+        context.set_sink(config.stash[_PREVIOUS_SINK])
 
 
 _PREVIOUS_SINK = pytest.StashKey[object]()

@@ -264,13 +264,14 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
 
 def test_long_work_shows_progress_on_the_terminal_and_is_quiet_under_q(pytester, run, monkeypatch):
     # issue #34 point 5: repetitions of a measurement (a baseline save takes 8 a test) with what is left; work
-    # shorter than progress.EVERY_S prints nothing (here every step counts as long)
-    from pytest_infergate import progress
+    # shorter than context.EVERY_S prints nothing (here every step counts as long)
 
     pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=0.01"))
     quick = run()
     assert "infergate: measuring" not in quick.stdout.str()
-    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    from pytest_infergate import context
+
+    monkeypatch.setattr(context, "EVERY_S", 0.0)
     shown = run()
     shown.assert_outcomes(passed=1)
     shown.stdout.fnmatch_lines(["infergate: measuring a workload, repetition: 2 of 2, * s"])

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
 from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
 from pytest_infergate.endpoint.loadgen import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
@@ -280,7 +280,7 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         point.remeasured = remeasured
         point.unresolved = not point.stopped and straddles(point.met, point.requests, spec.target_goodput)
         points.append(point)
-        progress.report(f"capacity point {load:g}: {point.verdict}, SLO met by {point.attainment:.0%} of "
+        context.report(f"capacity point {load:g}: {point.verdict}, SLO met by {point.attainment:.0%} of "
                         f"{point.requests}; {max(0.0, deadline - time.perf_counter()):.0f} s of the search's budget "
                         "left")
         runs[load] = run

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
@@ -79,7 +79,7 @@ def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measureme
 
     def settled(measurement: Measurement) -> bool:
         if measurement.repetitions == 1:
-            progress.report(f"{what}: {plan.describe(time.monotonic() - started)}")
+            context.report(f"{what}: {plan.describe(time.monotonic() - started)}")
         return plan.settled(measurement)
 
     return settled

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 
 META_NAME = "infergate-meta.json"
@@ -121,12 +121,12 @@ def _build_entry(root: Path, key: str, build: Callable[[Path], dict]) -> tuple[P
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         started = time.monotonic()
-        progress.report(f"building {key} in the model cache {root} (once per machine; a minute or more)")
+        context.report(f"building {key} in the model cache {root} (once per machine; a minute or more)")
         try:
             extra = build(tmp)
             write_meta(tmp, extra)
             os.replace(tmp, entry)
-            progress.report(f"built {key} in {time.monotonic() - started:.0f} s")
+            context.report(f"built {key} in {time.monotonic() - started:.0f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return entry, read_meta(entry)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import BASELINE_PYTHON_FLAG as FLAG
@@ -77,7 +77,7 @@ class BaselineEnv:
         except OSError as exc:
             raise BaselineEnvError(f"{FLAG} {self.python}: cannot start it: {exc}") from None
         self.model_records: dict[str, dict] = {}  # precision -> the worker's LoadRecord of that model, as a dict
-        progress.report(f"starting the baseline environment's worker ({self.python}; up to "
+        context.report(f"starting the baseline environment's worker ({self.python}; up to "
                         f"{startup_timeout_s:g} s)")
         try:
             hello = self._read("starting", timeout_s=startup_timeout_s)

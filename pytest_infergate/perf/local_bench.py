@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pytest_infergate import process_meters, progress
+from pytest_infergate import context, process_meters
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Result
@@ -233,7 +233,7 @@ class Bench:
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
-        steps = progress.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
+        steps = context.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
                                most=max_repeats if until is not None else None)
         while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)

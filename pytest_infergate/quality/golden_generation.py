@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from pytest_infergate import progress
+from pytest_infergate import context
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 from pytest_infergate.quality.metrics import Generated, first_divergence
@@ -144,8 +144,8 @@ def fixed_runs(loaded, samples: list[GoldenSample], cache: dict, max_model_len: 
             started = time.monotonic()
             cache[key] = run_samples(loaded, whole, max_model_len)
             took = time.monotonic() - started
-            if took >= progress.EVERY_S:  # quick work prints nothing, as elsewhere
-                progress.report(f"generated the golden outputs of {len(whole)} samples ({Path(source).name}, "
+            if took >= context.EVERY_S:  # quick work prints nothing, as elsewhere
+                context.report(f"generated the golden outputs of {len(whole)} samples ({Path(source).name}, "
                                 f"{loaded.record.requested_precision}) in {took:.0f} s, once this session")
         runs.append(cache[key])
     return runs
