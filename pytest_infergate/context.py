@@ -6,6 +6,7 @@ with `report(...)` to the sink the session installs (the terminal on the control
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -14,9 +15,6 @@ from pytest_infergate.status import OTHER_CHECK, Finding
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options
-    from pytest_infergate.perf.baseline import BaselineEntry
-    from pytest_infergate.results.records import Record
-import time
 
 ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infergate-endpoint
 
@@ -25,7 +23,9 @@ ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infer
 class TestContext:
     test_id: str
     options: Options
-    record: Callable[[Record], None]  # attach a result record to the test (it reaches the xdist controller)
+    # attach a result record (results.records: PerfRecord, QualityRecord, ...) to the test; it reaches the xdist
+    # controller. Typed loosely: the records lie above this module (a fixture's context names no layer above it)
+    record: Callable[[Any], None]
     fail: Callable[[str], NoReturn]
     skip: Callable[[str | Finding], NoReturn]  # a Finding: skipped with what would make it run (the not-run table)
     warn: Callable[[Finding], None]  # a check that did not run as asked: terminal summary, report, JSON, JUnit
@@ -33,7 +33,7 @@ class TestContext:
     markers: Callable[[str], list[dict[str, Any]]]  # kwargs of the test's markers of a name, outermost first
     scoped_lines: Callable[[str], list[str]]  # ini lines of infergate_budgets / infergate_quality_policy
     note_scopes: Callable[[str, list[str]], None]  # which of those scopes applied (unused ones are reported)
-    baseline: dict[str, BaselineEntry] | None = None  # --infergate-baseline entries by measurement key
+    baseline: dict[str, Any] | None = None  # --infergate-baseline entries (perf.baseline.BaselineEntry) by key
     # said in the terminal, not a run-level warning: what the run's verdict already carries (a gate's own
     # undecided verdict: its record reaches the verdict, the report and JUnit) or what a reader should know but
     # need not act on (an older file read as the current schema). None: said through `warn`

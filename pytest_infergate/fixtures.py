@@ -130,13 +130,11 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
     (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
     no local model - and `check_regression()` with its own accepted outputs."""
     from pytest_infergate.gates.golden import GoldenGate
-    from pytest_infergate.gates.local_candidate import LocalCandidate
+    from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
 
     session = session_of(request.config)
     options = session.options
     if infergate_precision == ENDPOINT_PRECISION:
-        from pytest_infergate.gates.endpoint_golden import EndpointCandidate
-
         if session.endpoint is None:
             skip(NEEDS_A_SERVER)
         candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)

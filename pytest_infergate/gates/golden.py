@@ -47,9 +47,9 @@ QUALITY_PROPERTIES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 
 
 class Candidate(Protocol):
-    """What the gate compares: a local precision (LocalCandidate) or a server (gates.endpoint_golden.EndpointCandidate).
-    A candidate may also have `provenance(samples) -> dict` (header keys it records and checks: environment,
-    method, compositions) and `batch_invariance(samples)`; a local precision has both."""
+    """What the gate compares: a local precision or a server (gates.golden_candidates: LocalCandidate,
+    EndpointCandidate). A candidate may also have `provenance(samples) -> dict` (header keys it records and checks:
+    environment, method, compositions) and `batch_invariance(samples)`; a local precision has both."""
 
     precision: str
 

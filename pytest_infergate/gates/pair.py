@@ -16,8 +16,8 @@ import time
 
 from pytest_infergate.endpoint.exchange import EndpointConfig, EndpointResult
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.gates.endpoint_golden import ask_greedy
 from pytest_infergate.gates.golden import GoldenGate
+from pytest_infergate.gates.golden_candidates import ask_greedy
 from pytest_infergate.quality.golden_files import GoldenSample
 from pytest_infergate.quality.metrics import QualityResult, TokenStats, aggregate, by_category, compare_sample
 

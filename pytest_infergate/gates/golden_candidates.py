@@ -1,20 +1,22 @@
-"""Golden samples through an endpoint (greedy, temperature 0) and their quality against the local reference
-precision. The server's text is re-tokenized with the local tokenizer, so token-level metrics (exact match, first
-divergence) line up with the reference engine's. Where the server returns top logprobs, KL and top-1 agreement are
-computed too: along the endpoint's own continuation, where the contexts of both models are the same tokens."""
+"""What a golden gate compares with the reference precision (gates.golden.Candidate): a local precision
+(LocalCandidate: its golden outputs generated once per session in the fixed composition, its accepted outputs' path
+and provenance, its batch invariance) or a served model (EndpointCandidate: golden samples asked greedily at
+temperature 0, the server's text re-tokenized with the local tokenizer so token-level metrics line up with the
+reference engine's; where the server returns top logprobs, KL and top-1 agreement along its own continuation)."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.loadgen import LoadPattern, run_load
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.quality.golden_comparison import QualityResult, compare_with_reference
-from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path
-from pytest_infergate.quality.metrics import TokenStats
+from pytest_infergate.quality.golden_comparison import ScoreCache, compare_with_reference
+from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path, outputs_path
+from pytest_infergate.quality.metrics import QualityResult, TokenStats
 from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
 from pytest_infergate.workloads.request import Request, plain_text, render_prompt
 
@@ -190,3 +192,72 @@ class EndpointCandidate:
 
     def to_accept(self, samples, current):
         return outputs_to_accept(samples, current)
+
+
+@dataclass
+class LocalCandidate:
+    """A local precision: outputs generated once per session per sample set in the fixed composition
+    (`generated` is the session's shared cache, so the reference's outputs are computed once for every precision
+    compared with it)."""
+
+    loaded: object
+    device: str
+    generated: dict
+    max_model_len: int = 2048  # of the engine that generates golden outputs
+    reference_scores: ScoreCache | None = None  # the session's: the reference's log-probabilities, scored once
+
+    @property
+    def precision(self) -> str:
+        return self.loaded.record.requested_precision
+
+    @property
+    def backend(self):
+        """The BackendChoice its golden outputs are generated on (the engine, or HF generate and why)."""
+        from pytest_infergate.engine.backends import choice_for
+
+        return choice_for(self.loaded)
+
+    def outputs(self, samples: list[GoldenSample]) -> list:
+        from pytest_infergate.quality.golden_generation import fixed_outputs
+
+        return fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
+
+    def compare(self, reference, samples, reference_outputs) -> QualityResult:
+        from pytest_infergate.quality.golden_comparison import compare_precision
+
+        return compare_precision(reference, self.loaded, samples, reference_outputs, self.outputs(samples),
+                                 self.reference_scores)
+
+    def accepted(self, golden_dir: Path, model_name: str) -> tuple[Path, dict]:
+        record = self.loaded.record
+        path = outputs_path(golden_dir, model_name, record.fingerprint, self.device, self.precision)
+        return path, {"model": model_name, "fingerprint": record.fingerprint, "device": self.device,
+                      "precision": self.precision, "versions": record.versions}
+
+    def provenance(self, samples: list[GoldenSample]) -> dict:
+        """What this precision's golden outputs depend on now: environment, method, sample-set compositions."""
+        from pytest_infergate.quality.golden_generation import composition_id, fixed_runs, golden_method, sample_sets_of
+        from pytest_infergate.quality.golden_machines import golden_environment
+
+        runs = fixed_runs(self.loaded, samples, self.generated, self.max_model_len)
+        compositions = {Path(source).name or "(in code)": composition_id(whole)
+                        for source, whole in sample_sets_of(samples).items()}
+        return {"environment": golden_environment(self.loaded, runs[0].threads if runs else None),
+                "method": golden_method(self.backend.name), "compositions": compositions}
+
+    def regression(self, samples, current, accepted):
+        from pytest_infergate.quality.regression import compare_with_golden
+
+        return compare_with_golden(self.loaded.tokenizer, samples, current, accepted, self.precision,
+                                   self.loaded.model)
+
+    def to_accept(self, samples, current):
+        from pytest_infergate.quality.regression import outputs_to_accept
+
+        return outputs_to_accept(samples, current, self.loaded.model)
+
+    def batch_invariance(self, samples, max_new_tokens: int | None = None):
+        from pytest_infergate.quality.golden_generation import check_variants, fixed_outputs
+
+        fixed = fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
+        return check_variants(self.loaded, samples, fixed, self.max_model_len, max_new_tokens=max_new_tokens)
