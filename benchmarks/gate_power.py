@@ -110,11 +110,8 @@ def context(args, records: list, baseline: dict | None, baseline_python: str | N
 
     options = Options(model=args.model, precisions=("fp32",), save_baseline=args.save_baseline,
                       baseline_python=baseline_python)
-    return TestContext(test_id=TEST_ID, options=options,
-                       record=records.append, fail=fail, skip=fail, warn=lambda message: None,
-                       add_property=lambda name, value: None, markers=lambda name: [budget_values(args)]
-                       if name == "infergate_budget" else [], scoped_lines=lambda option: [],
-                       note_scopes=lambda option, scopes: None, baseline=baseline)
+    return TestContext(test_id=TEST_ID, options=options, record=records.append, say=lambda finding: None,
+                       fail=fail, skip=fail, markers={"infergate_budget": [budget_values(args)]}, baseline=baseline)
 
 
 def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slowdown: float = 0.0, env=None):

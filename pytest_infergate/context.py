@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from pytest_infergate.status import OTHER_CHECK, Finding
+from pytest_infergate.status import Finding
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options
@@ -20,34 +20,44 @@ ENDPOINT_PRECISION = "endpoint"  # the precision id of tests run against --infer
 
 
 @dataclass
+class IniScopes:
+    """The scoped ini lines (infergate_budgets, infergate_quality_policy) by option: the user's, then a suite's
+    defaults for the scopes the user does not set; and the scopes that applied to some measurement (the session
+    reports the user's that never did: a typo, a test id that no longer exists)."""
+
+    lines_by_option: dict[str, list[str]] = field(default_factory=dict)
+    used: dict[str, set[str]] = field(default_factory=dict)
+
+    def lines(self, option: str) -> list[str]:
+        return self.lines_by_option.get(option, [])
+
+    def note(self, option: str, scopes: list[str]) -> None:
+        self.used.setdefault(option, set()).update(scopes)
+
+
+@dataclass
 class TestContext:
+    """Four callables and plain values: `record` a result record, `say` a Finding (the one message channel: the
+    session prints it, and keeps a check that did not run as asked for every output), `fail`, `skip`."""
+
     test_id: str
     options: Options
-    # attach a result record (results.records: PerfRecord, QualityRecord, ...) to the test; it reaches the xdist
-    # controller. Typed loosely: the records lie above this module (a fixture's context names no layer above it)
+    # a result record (results.records: PerfRecord, QualityRecord, ...) of the test; it reaches the xdist controller.
+    # Typed loosely: the records lie above this module (a fixture's context names no layer above it)
     record: Callable[[Any], None]
+    say: Callable[[Finding], None]
     fail: Callable[[str], NoReturn]
     skip: Callable[[str | Finding], NoReturn]  # a Finding: skipped with what would make it run (the not-run table)
-    warn: Callable[[Finding], None]  # a check that did not run as asked: terminal summary, report, JSON, JUnit
-    add_property: Callable[[str, Any], None]  # a key figure as a JUnit property
-    markers: Callable[[str], list[dict[str, Any]]]  # kwargs of the test's markers of a name, outermost first
-    scoped_lines: Callable[[str], list[str]]  # ini lines of infergate_budgets / infergate_quality_policy
-    note_scopes: Callable[[str, list[str]], None]  # which of those scopes applied (unused ones are reported)
+    markers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # infergate markers' kwargs, outermost first
+    scopes: IniScopes = field(default_factory=IniScopes)
     baseline: dict[str, Any] | None = None  # --infergate-baseline entries (perf.baseline.BaselineEntry) by key
-    # said in the terminal, not a run-level warning: what the run's verdict already carries (a gate's own
-    # undecided verdict: its record reaches the verdict, the report and JUnit) or what a reader should know but
-    # need not act on (an older file read as the current schema). None: said through `warn`
-    notice: Callable[[str], None] | None = None
+    properties: list[tuple[str, Any]] = field(default_factory=list)  # key figures, as JUnit properties of the test
 
     __test__ = False  # not a test class, whatever its name
 
-    def notify(self, message: str) -> None:
-        """Say `message` in the terminal without making it a run-level warning (see `notice`; without one, a
-        finding of the test)."""
-        if self.notice is not None:
-            self.notice(message)
-        else:
-            self.warn(Finding(OTHER_CHECK, "", message))
+    def marker_kwargs(self, name: str) -> list[dict[str, Any]]:
+        """The kwargs of the test's markers of `name`, outermost first."""
+        return self.markers.get(name, [])
 
     def measurement_key(self, label: str) -> str:
         """The test id, plus `::label` when a test measures several workloads; baselines and budgets key on it."""

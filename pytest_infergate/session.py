@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
-from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.context import ENDPOINT_PRECISION, IniScopes, TestContext
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
@@ -37,6 +37,24 @@ WORKER_OUTPUT = "infergate"
 # a report's property carrying the Finding of a test skipped with what would make it run (skip)
 SKIP_FINDING_PROPERTY = "infergate.skipped_finding"
 NOT_RUN_PROPERTY = "infergate.not_run"  # JUnit XML: a check of the test that did not run or decide as asked
+
+
+@dataclass
+class Outbox:
+    """What a test's fixture objects recorded and said, until its report is made."""
+
+    records: list = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    contexts: list[TestContext] = field(default_factory=list)  # their key figures (TestContext.properties)
+
+
+_OUTBOX = pytest.StashKey[Outbox]()
+
+
+def fail(message: str) -> NoReturn:
+    """TestContext.fail: the test fails with `message` (`from None`: a failure raised while handling an error shows
+    its message once, not the chain)."""
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 def skip(reason: str | Finding) -> NoReturn:
@@ -101,7 +119,7 @@ class InfergateSession:
         self.refused: dict[int, str] = {}  # id of a LoadedModel the engine refused under --infergate-backend engine
         self.endpoint = None  # EndpointBench, with --infergate-endpoint
         self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
-        self.used_scopes: dict[str, set[str]] = {option: set() for option in SCOPED_OPTIONS}
+        self._scopes: IniScopes | None = None  # read once the suites' conftests have added their defaults
         self.output_errors: list[str] = []
         self.output_notes: list[str] = []
         self.output_saved: list[str] = []  # outputs written, said in the terminal (the baseline's entries and path)
@@ -125,12 +143,18 @@ class InfergateSession:
     def user_lines(self, option: str) -> list[str]:
         return list(self.config.getini(option))
 
-    def scoped_lines(self, option: str) -> list[str]:
-        """The user's lines, then the defaults for scopes the user does not set."""
-        user = self.user_lines(option)
-        user_scopes = set(parse_scoped_lines(user, option))
-        defaults = self.config.stash.get(_DEFAULTS, {}).get(option, [])
-        return user + [line for line in defaults if line.split(":", 1)[0].strip() not in user_scopes]
+    @property
+    def scopes(self) -> IniScopes:
+        """The user's lines of each scoped option, then the defaults for scopes the user does not set."""
+        if self._scopes is None:
+            lines = {}
+            for option in SCOPED_OPTIONS:
+                user = self.user_lines(option)
+                user_scopes = set(parse_scoped_lines(user, option))
+                defaults = self.config.stash.get(_DEFAULTS, {}).get(option, [])
+                lines[option] = user + [line for line in defaults if line.split(":", 1)[0].strip() not in user_scopes]
+            self._scopes = IniScopes(lines, {option: set() for option in SCOPED_OPTIONS})
+        return self._scopes
 
     def unused_scope_warnings(self) -> list[Finding]:
         """The user's scopes that applied to no measurement of a run that measured something (typos like
@@ -145,7 +169,7 @@ class InfergateSession:
                 continue
             for scope, line in scoped.items():
                 known = scope == WILDCARD or scope in PRECISIONS or scope == ENDPOINT_PRECISION
-                if not known and scope not in self.used_scopes[option]:
+                if not known and scope not in self.scopes.used.get(option, set()):
                     out.append(Finding(INI_SCOPE_CHECK, "", f"{option}: scope {scope!r} ({line.where}) matched no "
                                        "test in this run, so its limits were never checked",
                                        "fix the scope (a precision, *, or part of a test id)"))
@@ -153,35 +177,41 @@ class InfergateSession:
 
     # ---- what fixtures get --------------------------------------------------------------------------------
     def context(self, item: pytest.Item) -> TestContext:
-        def record(result) -> None:
+        """The test's TestContext. What it records and says waits in the item's outbox until its report is made
+        (pytest_runtest_makereport): the gate's own code runs no session code (pytest-benchmark's add_stats)."""
+        outbox = item.stash.setdefault(_OUTBOX, Outbox())
+        markers: dict[str, list[dict[str, Any]]] = {}
+        for marker in reversed(list(item.iter_markers())):  # outermost first
+            if marker.name.startswith("infergate"):
+                markers.setdefault(marker.name, []).append(dict(marker.kwargs))
+        ctx = TestContext(test_id=item.nodeid, options=self.options, record=outbox.records.append,
+                          say=outbox.findings.append, fail=fail, skip=skip, markers=markers, scopes=self.scopes,
+                          baseline=self.baseline)
+        outbox.contexts.append(ctx)
+        return ctx
+
+    def _deliver(self, item: pytest.Item) -> None:
+        """The outbox of `item` into its report: each finding said in the terminal (a check that did not run as
+        asked also kept for every output and JUnit), each record and its verdict as properties, key figures."""
+        outbox = item.stash.get(_OUTBOX, None)
+        if outbox is None:
+            return
+        for finding in outbox.findings:
+            warnings.warn(InfergateWarning(finding.text()), stacklevel=1)
+            if finding.not_run:
+                self.results.findings.append(finding)
+                item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
+        for result in outbox.records:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
             # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
             item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
-
-        def fail(message: str):
-            # `from None`: a failure raised while handling an error shows its message once, not the chain
-            raise pytest.fail.Exception(message, pytrace=False) from None
-
-        def warn(finding: Finding) -> None:
-            warnings.warn(InfergateWarning(finding.text()), stacklevel=2)
-            self.results.findings.append(finding)
-            item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
-
-        def notice(message: str) -> None:
-            warnings.warn(InfergateWarning(message), stacklevel=2)
-
-        def markers(name: str) -> list[dict[str, Any]]:
-            return [dict(m.kwargs) for m in reversed(list(item.iter_markers(name)))]
-
-        def note_scopes(option: str, scopes: list[str]) -> None:
-            self.used_scopes[option].update(scopes)
-
-        return TestContext(test_id=item.nodeid, options=self.options, record=record, fail=fail, skip=skip,
-                           warn=warn, add_property=lambda name, value: item.user_properties.append((name, value)),
-                           markers=markers, scoped_lines=self.scoped_lines, note_scopes=note_scopes,
-                           baseline=self.baseline, notice=notice)
+        for ctx in outbox.contexts:
+            item.user_properties.extend(ctx.properties)
+            ctx.properties.clear()
+        outbox.findings.clear()
+        outbox.records.clear()
 
     def model(self, precision: str):
         return self._with_backend(_or_fail(lambda: self.pool.get(precision), "infergate could not load the model"))
@@ -255,7 +285,9 @@ class InfergateSession:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
-        """A test skipped with a Finding carries it in its report (to the controller under xdist, and to JUnit)."""
+        """What the test recorded and said reaches its report; a test skipped with a Finding carries it in its
+        report (to the controller under xdist, and to JUnit)."""
+        self._deliver(item)
         outcome = yield
         finding = getattr(call.excinfo.value, "infergate_finding", None) if call.excinfo is not None else None
         if finding is not None:
@@ -301,7 +333,7 @@ class InfergateSession:
         findings = [Finding.from_dict(f) for f in data["findings"]]
         self.results.findings += [f for f in findings if f not in self.results.findings]
         for option, scopes in data["used_scopes"].items():
-            self.used_scopes[option].update(scopes)
+            self.scopes.note(option, scopes)
 
     def _describe_run(self) -> None:
         if self.pool.loaded:
@@ -327,7 +359,7 @@ class InfergateSession:
             self.config.workeroutput[WORKER_OUTPUT] = json.dumps({
                 "models": self.results.models, "environment": self.results.environment,
                 "findings": [f.to_dict() for f in self.results.findings],
-                "used_scopes": {option: sorted(scopes) for option, scopes in self.used_scopes.items()}}, default=str)
+                "used_scopes": {option: sorted(scopes) for option, scopes in self.scopes.used.items()}}, default=str)
             self.terminate_as_interrupt.restore()
             return
         from pytest_infergate.report import git_commit

@@ -1,5 +1,5 @@
 """The vocabulary of verdicts: the Status every gate (perf, quality, golden, batch invariance) ends in, and the
-Finding that says a check did not run or decide as asked."""
+Finding a check says beyond its record (it did not run or decide as asked; or a note of a check that ran)."""
 
 from __future__ import annotations
 
@@ -35,18 +35,29 @@ ENGINE_CHECK = "engine experiment"
 ENDPOINT_CHECK = "endpoint check"
 SPEED_EXPERIMENT_CHECK = "speed experiment"
 OTHER_CHECK = "check"  # a warning read from a results file written before findings were typed
+PERF_CHECK = "perf gate"
+QUALITY_CHECK = "quality gate"
 
 
 @dataclass(frozen=True)
 class Finding:
-    """A check that did not run, or did not decide, as asked: made where that is known (the gate, the fixture, the
-    session), carried unchanged to the terminal, the report's not-run table, the results JSON, JUnit and the
-    history. `fix` says what makes it run; `text()` is the one line every output prints."""
+    """What a check has to say beyond its record, made where that is known (the gate, the fixture, the session) and
+    carried unchanged to every output; `text()` is the one line each prints, `fix` says what makes the check run.
+
+    `status` None: the check did not run, or did not decide, as asked — a run-level warning (the terminal summary,
+    the report's not-run table, the results JSON, JUnit, the history) that makes a passing run INCONCLUSIVE. A
+    Status: said of a check that ran and decided so (a gate's own undecided verdict, a note beside a pass); its
+    record already carries the decision to the verdict, so the finding is said in the terminal only."""
 
     check: str
     test: str  # the test id, "" for the whole run
     why: str
     fix: str = ""
+    status: Status | None = None
+
+    @property
+    def not_run(self) -> bool:
+        return self.status is None
 
     def text(self) -> str:
         return f"{self.test + ': ' if self.test else ''}{self.reason()}"
@@ -56,12 +67,14 @@ class Finding:
         return f"{self.why}{'; ' + self.fix if self.fix else ''}"
 
     def to_dict(self) -> dict[str, str]:
-        return {"check": self.check, "test": self.test, "why": self.why, "fix": self.fix}
+        out = {"check": self.check, "test": self.test, "why": self.why, "fix": self.fix}
+        return out | ({"status": self.status.value} if self.status is not None else {})
 
     @classmethod
     def from_dict(cls, data: dict | str) -> Finding:
         """A finding as written, or an older file's plain warning line (kept whole: its parts were never typed)."""
         if isinstance(data, str):
             return cls(OTHER_CHECK, "", data)
+        status = data.get("status")
         return cls(str(data.get("check", OTHER_CHECK)), str(data.get("test", "")), str(data.get("why", "")),
-                   str(data.get("fix", "")))
+                   str(data.get("fix", "")), Status(status) if status else None)

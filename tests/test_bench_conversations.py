@@ -77,9 +77,8 @@ def test_the_fixture_records_sessions_and_their_prefix_cache_use(tiny_fp32, tmp_
     def fail(message):
         raise AssertionError(message)
 
-    ctx = TestContext("test_chat.py::test_sessions", Options(cache_dir=tmp_path), records.append, fail, fail,
-                      warn=lambda message: None, add_property=lambda name, value: None, markers=lambda name: [],
-                      scoped_lines=lambda name: [], note_scopes=lambda option, scopes: None)
+    ctx = TestContext("test_chat.py::test_sessions", Options(cache_dir=tmp_path), records.append,
+                      say=lambda finding: None, fail=fail, skip=fail)
     bench = PerfBench(ctx, tiny_fp32, compare_side=lambda: tiny_fp32)
     try:
         bench(two_conversations(), engine_config(True), warmup=0, repeats=1, label="chat")

@@ -57,9 +57,8 @@ def _context(tmp_path, records, warnings, strict=False):
     def fail(message):
         raise AssertionError(message)
 
-    return TestContext("test_kv.py::test_cache", Options(cache_dir=tmp_path, strict=strict), records.append, fail,
-                       fail, warn=warnings.append, add_property=lambda name, value: None, markers=lambda name: [],
-                       scoped_lines=lambda name: [], note_scopes=lambda option, scopes: None)
+    return TestContext("test_kv.py::test_cache", Options(cache_dir=tmp_path, strict=strict), records.append,
+                       warnings.append, fail, fail)
 
 
 def test_the_bench_measures_a_speedup_step_locked_and_records_both_sides(tiny_fp32, tmp_path):

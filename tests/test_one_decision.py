@@ -47,7 +47,7 @@ def recorded_run(measurement, fingerprint, started, gate_against=None) -> RunRes
         accepted = gate_against.perf[0]
         outcome = evaluate_perf(measurement, GATE, fingerprint, BaselineEntry(accepted.fingerprint,
                                                                              accepted.measurement))
-        record_outcome(SimpleNamespace(record=lambda r: None, add_property=lambda name, value: None), record, outcome)
+        record_outcome(SimpleNamespace(record=lambda r: None, properties=[]), record, outcome)
     run = RunResults(started=started, run_id=f"run{started}")
     run.add(record)
     return run

@@ -482,15 +482,14 @@ def test_sampler_probes_when_asked_and_ends_with_its_parent_bench():
 def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough():
     # issue #45 point 4: a stored baseline's side is measured until its own spread resolves a third of
     # max_regression (at least 5, at most 12 repetitions), not a fixed 8 whatever the noise
-    from types import SimpleNamespace
-
+    from pytest_infergate.context import TestContext
     from pytest_infergate.gates.perf import budget_for, repetition_plan
+    from pytest_infergate.options import Options
     from pytest_infergate.perf.stored import LEAST_REPETITIONS, MOST_REPETITIONS
 
     def ctx(save=None, baseline=None):
-        return SimpleNamespace(options=SimpleNamespace(save_baseline=save), baseline=baseline,
-                               scoped_lines=lambda name: [], markers=lambda name: [],
-                               note_scopes=lambda name, scopes: None)
+        return TestContext("t", Options(save_baseline=save), record=print, say=print, fail=print, skip=print,
+                           baseline=baseline)
 
     def plan_of(context, repeats):
         return repetition_plan(budget_for(context, "fp32", "t"), context, repeats)
@@ -668,10 +667,10 @@ def test_each_verdict_names_the_evidence_that_decided_it():
 
 
 def verdict_reasons_of(outcome) -> list[str]:
-    """The lines the terminal and the report show for an outcome's verdicts (results.run_verdict.verdict_reasons)."""
+    """The lines the terminal and the report show for an outcome's verdicts (results.run.verdict_reasons)."""
     from types import SimpleNamespace
 
-    from pytest_infergate.results.run_verdict import verdict_reasons
+    from pytest_infergate.results.run import verdict_reasons
 
     record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
@@ -682,7 +681,7 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     from types import SimpleNamespace
 
     from pytest_infergate.perf.verdict import Verdict
-    from pytest_infergate.results.run_verdict import UNDECIDED_ACTION, verdict_reasons
+    from pytest_infergate.results.run import UNDECIDED_ACTION, verdict_reasons
 
     straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
     decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))

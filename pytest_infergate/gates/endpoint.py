@@ -24,7 +24,7 @@ from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetit
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
-from pytest_infergate.status import ENDPOINT_CHECK, ENGINE_CHECK, Finding
+from pytest_infergate.status import ENDPOINT_CHECK, ENGINE_CHECK, Finding, Status
 
 
 class EndpointPerfBench:
@@ -129,7 +129,7 @@ class EndpointPerfBench:
         """Each request (engine Request, EndpointRequest or Session) with the test's `infergate_extra_body`
         fields added under its own (a request's own field wins)."""
         extras: dict = {}
-        for kwargs in self.ctx.markers("infergate_extra_body"):
+        for kwargs in self.ctx.marker_kwargs("infergate_extra_body"):
             extras.update(kwargs)
         if not extras:
             return requests
@@ -156,8 +156,8 @@ class EndpointPerfBench:
             self.ctx.fail(f"{self.ctx.test_id}: the synchronous run (one request at a time) answered "
                           f"{run.num_requests - run.num_failed} of {run.num_requests} requests, so no load can be "
                           f"sized from it (check the server's log){_failure_sample(run)}")
-        self.ctx.notify(f"{self.ctx.test_id}: loads sized from the server's synchronous rate, {rate:.3g} req/s "
-                        f"({run.num_requests} requests one at a time)")
+        self.ctx.say(Finding(ENDPOINT_CHECK, self.ctx.test_id, f"loads sized from the server's synchronous rate, "
+                             f"{rate:.3g} req/s ({run.num_requests} requests one at a time)", status=Status.PASS))
         return rate
 
     def sweep(self, requests=None, *, rates=None, concurrencies=None, points: int = 6, burstiness: float = 1.0,
@@ -305,7 +305,7 @@ class EndpointPerfBench:
         if isinstance(slo, Slo):
             return slo
         values = {}
-        for kwargs in self.ctx.markers("infergate_slo"):
+        for kwargs in self.ctx.marker_kwargs("infergate_slo"):
             values.update(kwargs)
         values.update(slo or {})
         try:

@@ -41,7 +41,7 @@ from pytest_infergate.quality.policy import (
 )
 from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
-from pytest_infergate.status import GOLDEN_CHECK, Finding, Status
+from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Finding, Status
 
 QUALITY_PROPERTIES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 
@@ -94,7 +94,7 @@ class GoldenGate:
         except GoldenError as exc:
             self.ctx.fail(str(exc))
         if sets == [BUILTIN_SAMPLE_SET]:
-            self.ctx.notify(BUILTIN_NOTICE.format(folder=self.golden_dir))
+            self.ctx.say(Finding(GOLDEN_CHECK, "", BUILTIN_NOTICE.format(folder=self.golden_dir), status=Status.PASS))
         if categories:
             samples = [s for s in samples if s.category in set(categories)]
         return samples[:limit] if limit else samples
@@ -103,9 +103,9 @@ class GoldenGate:
         """`policy` if given, else the marker `infergate_quality` over the ini `infergate_quality_policy`."""
         if policy is not None:
             return parse_policy(policy)
-        rules, scopes = resolve_policy(self.ctx.scoped_lines("infergate_quality_policy"),
-                                       self.ctx.markers("infergate_quality"), self.precision, self.ctx.test_id)
-        self.ctx.note_scopes("infergate_quality_policy", scopes)
+        rules, scopes = resolve_policy(self.ctx.scopes.lines("infergate_quality_policy"),
+                                       self.ctx.marker_kwargs("infergate_quality"), self.precision, self.ctx.test_id)
+        self.ctx.scopes.note("infergate_quality_policy", scopes)
         return rules
 
     def check(self, limit: int | None = None, categories=None, policy: dict | None = None) -> QualityResult:
@@ -118,13 +118,14 @@ class GoldenGate:
         problems = policy_violations(result.summary, rules) + by_category + result.flags
         status = Status.FAIL if problems else Status.PASS
         for finding in flagged:  # the mean passed and the policy does not gate categories: a note beside the gate
-            self.ctx.notify(f"{self.ctx.test_id}: {result.precision} vs {result.reference_precision}: {finding}")
+            self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,
+                                 f"{result.precision} vs {result.reference_precision}: {finding}", status=Status.PASS))
         if flagged:
             result.notes = [*result.notes, *flagged]
         self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
         for name in QUALITY_PROPERTIES:
             if name in result.summary:
-                self.ctx.add_property(f"infergate.quality.{name}", round(result.summary[name], 4))
+                self.ctx.properties.append((f"infergate.quality.{name}", round(result.summary[name], 4)))
         if problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
             self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
@@ -221,7 +222,7 @@ class GoldenGate:
                               f"outputs at {path}", "review a run with --infergate-update-golden and commit the file")
             if self.ctx.options.strict:  # under strict a check that cannot run fails
                 self.ctx.fail(missing.reason())
-            self.ctx.warn(missing)
+            self.ctx.say(missing)
             self.ctx.skip(missing)
         mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
         rules = RegressionPolicy.of(self.policy(policy), self.precision)
@@ -240,13 +241,14 @@ class GoldenGate:
                                      decided_by=regression.decided_by(),
                                      travel=regression.travel.summary() if regression.travel else "",
                                      model_change=model_change))
-        self.ctx.add_property("infergate.golden.changed", len(regression.changed))
-        self.ctx.add_property("infergate.golden.near_ties", len(regression.near_ties))
+        self.ctx.properties.append(("infergate.golden.changed", len(regression.changed)))
+        self.ctx.properties.append(("infergate.golden.near_ties", len(regression.near_ties)))
         if problems or (undecided and self.ctx.options.strict):
             self.ctx.fail((f"{model_change}\n" if model_change else "")
                           + regression_failure(regression, problems or undecided, path, old.header))
         if undecided:
-            self.ctx.notify(f"{self.ctx.test_id}: inconclusive: {undecided[0]}")
+            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"inconclusive: {undecided[0]}",
+                                 status=Status.INCONCLUSIVE))
         return regression
 
     def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list,
@@ -268,7 +270,7 @@ class GoldenGate:
             self.ctx.fail(str(exc))
         note = golden_schema_note(path, accepted.header.get("schema_version"))
         if note:
-            self.ctx.notify(note)
+            self.ctx.say(Finding(GOLDEN_CHECK, "", note, status=Status.PASS))
         return accepted
 
     def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
@@ -278,10 +280,11 @@ class GoldenGate:
 
         mismatch = environment_mismatch(accepted, provenance)
         if mismatch:  # the gate still decides (by machine where it must: golden_machines), so said, not counted
-            self.ctx.notify(f"{self.ctx.test_id}: the accepted golden outputs {path} were recorded in another "
-                          "environment; changed outputs may come from it: " + "; ".join(mismatch)
-                          + ". If the machine differs, accept this machine's outputs beside them with "
-                          "--infergate-update-golden (the check then picks the file by machine)")
+            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"the accepted golden outputs {path} were recorded in "
+                                 "another environment; changed outputs may come from it: " + "; ".join(mismatch),
+                                 "if the machine differs, accept this machine's outputs beside them with "
+                                 "--infergate-update-golden (the check then picks the file by machine)",
+                                 status=Status.PASS))
         return mismatch
 
     def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None,
@@ -314,7 +317,7 @@ class GoldenGate:
         gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
         self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, result,
                                               gate, problems, *self.backend()))
-        self.ctx.add_property("infergate.batch_variant_share", round(result.variant_share, 4))
+        self.ctx.properties.append(("infergate.batch_variant_share", round(result.variant_share, 4)))
         if problems:
             self.ctx.fail(batch_invariance_failure(result, problems))
         return result

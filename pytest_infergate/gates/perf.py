@@ -33,6 +33,7 @@ from pytest_infergate.status import (
     BASELINE_CHECK,
     BUDGET_KEY_CHECK,
     ENGINE_CHECK,
+    PERF_CHECK,
     RELATIVE_CHECK,
     SPEED_EXPERIMENT_CHECK,
     Finding,
@@ -86,9 +87,9 @@ def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measureme
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
-    budget, scopes = resolve_budget(ctx.scoped_lines("infergate_budgets"), ctx.markers("infergate_budget"),
+    budget, scopes = resolve_budget(ctx.scopes.lines("infergate_budgets"), ctx.marker_kwargs("infergate_budget"),
                                     precision, key)
-    ctx.note_scopes("infergate_budgets", scopes)
+    ctx.scopes.note("infergate_budgets", scopes)
     return budget
 
 
@@ -105,7 +106,7 @@ def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tup
     if unmeasured:
         budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
         what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
-        ctx.warn(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
+        ctx.say(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
                          f"{what} measurement has no such figure"))
     return budget, unmeasured
 
@@ -150,11 +151,11 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
                          "add max_regression=0.1 to its infergate_budget marker (or the ini infergate_budgets) to "
                          "gate it against the baseline")
         outcome.notes.append(unused.text())
-        ctx.warn(unused)
+        ctx.say(unused)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
-        ctx.warn(Finding(BASELINE_CHECK, key, f"this baseline entry was measured on a busy runner "
+        ctx.say(Finding(BASELINE_CHECK, key, f"this baseline entry was measured on a busy runner "
                          f"({interference.describe(busy)}); a later run on a quiet runner will read faster and its "
                          "verdict will be inconclusive", "re-save the baseline on a quiet runner"))
     return outcome
@@ -164,10 +165,11 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
     """Warn (not fail) about the checks of `outcome` that did not run as asked: a relative check that could not
     run, a verdict still inconclusive after re-measuring (a baseline from another machine, a busy runner)."""
     if outcome.relative_check_missing and not ctx.options.strict:
-        ctx.warn(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
+        ctx.say(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
     if outcome.status == "inconclusive":
         again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
-        ctx.notify(f"{key}: perf gate inconclusive{again}:\n{outcome.message()}")
+        ctx.say(Finding(PERF_CHECK, key, f"perf gate inconclusive{again}:\n{outcome.message()}",
+                        status=Status.INCONCLUSIVE))
 
 
 def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget, against: str,
@@ -188,7 +190,7 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
     record.decided(outcome)
     ctx.record(record)
     for name, value in record.summary.items():
-        ctx.add_property(f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4))
+        ctx.properties.append((f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4)))
 
 
 def per_round(measurement: Measurement, metric: str) -> list[float]:
@@ -416,11 +418,11 @@ class PerfBench:
         lie on the wrong side fails the test; an undecided one is a warning that names the intervals (a failure
         under --infergate-strict), and the test passes."""
         status, message = conclusion(experiment, claims)
-        self.ctx.add_property("infergate.experiment", str(status))
+        self.ctx.properties.append(("infergate.experiment", str(status)))
         if status == Status.FAIL or (status == Status.INCONCLUSIVE and self.ctx.options.strict):
             self.ctx.fail(message)
         if status == Status.INCONCLUSIVE:
-            self.ctx.warn(Finding(SPEED_EXPERIMENT_CHECK, self.ctx.test_id, message))
+            self.ctx.say(Finding(SPEED_EXPERIMENT_CHECK, self.ctx.test_id, message))
         return status
 
     def close(self) -> None:
