@@ -24,7 +24,7 @@ from pytest_infergate.endpoint.client import (
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import MAX_REQUEST_RECORDS, Measurement, add_request_latencies
-from pytest_infergate.workloads.synthetic import gamma_arrival_offsets
+from pytest_infergate.workloads.request import gamma_arrival_offsets
 from pytest_infergate.workloads.traffic import Session
 
 
