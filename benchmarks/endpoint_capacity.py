@@ -24,8 +24,8 @@ from openai_servers import LlamaServer  # noqa: E402
 from pytest_infergate.endpoint import EndpointConfig, Slo  # noqa: E402
 from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity  # noqa: E402
 from pytest_infergate.models import resolve_model  # noqa: E402
-from pytest_infergate.models.builtin import ensure_smollm2_gguf  # noqa: E402
 from pytest_infergate.models.load import load_tokenizer  # noqa: E402
+from pytest_infergate.models.sources import ensure_smollm2_gguf  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 

@@ -108,7 +108,7 @@ def main() -> None:
     try:
         from openai_servers import LlamaServer, llama_server_binary
 
-        from pytest_infergate.models.builtin import ensure_smollm2_gguf
+        from pytest_infergate.models.sources import ensure_smollm2_gguf
         from pytest_infergate.options import default_cache_dir
     except ImportError:
         return

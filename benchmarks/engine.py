@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_infergate.engine import Engine, EngineConfig, Request  # noqa: E402
 from pytest_infergate.environment import cpu_model  # noqa: E402
-from pytest_infergate.models.load import load_model, resolve_model  # noqa: E402
+from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.workloads import chat_workload, with_poisson_arrivals  # noqa: E402
 from pytest_infergate.workloads.request import render_prompt  # noqa: E402

@@ -31,7 +31,7 @@ def _cmd_fetch_model(args: argparse.Namespace) -> int:
     from pytest_infergate.models import resolve_model
 
     if args.gguf:  # the original file, for a llama.cpp server; printed alone so `$(...)` can use it
-        from pytest_infergate.models.builtin import ensure_smollm2_gguf
+        from pytest_infergate.models.sources import ensure_smollm2_gguf
 
         if args.model != "smollm2-135m":
             raise InfergateError(f"--gguf is for the embedded model smollm2-135m; {args.model!r} has no built-in GGUF")

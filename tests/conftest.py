@@ -123,7 +123,7 @@ def llama_server(cache_dir, tmp_path_factory):
     free port. Not built, it fails the tests under CI and skips them elsewhere."""
     from openai_servers import LlamaServer
 
-    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+    from pytest_infergate.models.sources import ensure_smollm2_gguf
 
     binary = _llama_binary()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
@@ -137,7 +137,7 @@ def requantized_gguf(cache_dir, tmp_path_factory):
     the same model whose answers differ a little."""
     from openai_servers import requantize
 
-    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+    from pytest_infergate.models.sources import ensure_smollm2_gguf
 
     binary = _llama_binary()
     if not (binary.parent / "llama-quantize").is_file():
@@ -151,7 +151,7 @@ def own_llama_server(cache_dir, tmp_path):
     """A llama-server of this test's own (2 slots), to kill or to starve."""
     from openai_servers import LlamaServer
 
-    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+    from pytest_infergate.models.sources import ensure_smollm2_gguf
 
     def start(gguf=None, **kwargs):
         return LlamaServer(gguf or ensure_smollm2_gguf(cache_dir), log_path=tmp_path / "server.log",

@@ -66,7 +66,7 @@ def test_ignore_eos_gives_exactly_max_tokens_on_the_real_server(llama_server):
 
 def test_token_exact_prompts_from_the_servers_own_tokenizer(llama_server):
     # issue #35 point 8: no local tokenizer; the server's /tokenize sizes the prompts, sent as token ids
-    from pytest_infergate.endpoint.tokens import token_exact_requests
+    from pytest_infergate.endpoint.exchange import token_exact_requests
 
     config = EndpointConfig(llama_server.url, timeout_s=120, api="completions")
     requests = token_exact_requests(config, 4, (10, 60), 6, seed=3)
@@ -109,7 +109,7 @@ def test_the_shipped_endpoint_suite_sizes_its_rates_from_the_servers_synchronous
 def test_a_server_without_tokenize_is_named_with_the_alternatives():
     from openai_servers import FaultyServer
 
-    from pytest_infergate.endpoint.tokens import token_exact_requests
+    from pytest_infergate.endpoint.exchange import token_exact_requests
 
     with FaultyServer("ok") as server, pytest.raises(EndpointError, match=r"/tokenize answered HTTP 200 without a "
                                                                           r"token list.*give prompts as text"):

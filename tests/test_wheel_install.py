@@ -49,7 +49,7 @@ def test_the_wheel_ships_the_sample_set_and_the_report_templates(wheel):
 def base_gguf(cache_dir, tmp_path_factory) -> Path:
     """A real base-model GGUF: the embedded SmolLM2's (real weights, Q4_1) copied without its chat template by
     gguf's own metadata tool, as a model that never had one reaches the plugin."""
-    from pytest_infergate.models.builtin import ensure_smollm2_gguf
+    from pytest_infergate.models.sources import ensure_smollm2_gguf
 
     out = tmp_path_factory.mktemp("base") / "smollm2-135m-base.Q4_1.gguf"
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(ensure_smollm2_gguf(cache_dir)),

@@ -15,8 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate import context
-from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig
-from pytest_infergate.endpoint.driver import NOT_SENT, item_ids, warmup_request
+from pytest_infergate.endpoint.client import NOT_SENT, EndpointClient, EndpointConfig, item_ids, warmup_request
 from pytest_infergate.endpoint.loadgen import LoadPattern, LoadRun, Slo, _run, coerce_items, run_load_async
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import PERCENTILES, Measurement, add_request_latencies, percentile_suffix

@@ -12,12 +12,19 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from pytest_infergate.endpoint.client import EndpointClient, EndpointConfig, EndpointRequest, EndpointResult
-from pytest_infergate.endpoint.driver import NOT_SENT, drive, warmup_request
+from pytest_infergate.endpoint.client import (
+    NOT_SENT,
+    EndpointClient,
+    EndpointConfig,
+    EndpointRequest,
+    EndpointResult,
+    drive,
+    warmup_request,
+)
 from pytest_infergate.endpoint.server_metrics import MetricsScraper, ServerMetrics
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import MAX_REQUEST_RECORDS, Measurement, add_request_latencies
-from pytest_infergate.workloads.synthetic import gamma_arrival_offsets
+from pytest_infergate.workloads.request import gamma_arrival_offsets
 from pytest_infergate.workloads.traffic import Session
 
 
@@ -252,7 +259,7 @@ def coerce_items(items: list, api: str) -> list:
 async def run_load_async(client: EndpointClient, items: list, pattern: LoadPattern, slo: Slo = Slo(),
                          stream: bool = True, *, stop=None, deadline: float | None = None,
                          scrape: bool = True) -> LoadRun:
-    """One load run of coerced `items` (see coerce_items); `stop` / `deadline` as in driver.drive. The server's
+    """One load run of coerced `items` (see coerce_items); `stop` / `deadline` as in client.drive. The server's
     /metrics are scraped before, during and after it unless `scrape` is False."""
     concurrency = pattern.concurrency or client.config.max_concurrency
     offsets = pattern.offsets_for(items)

@@ -62,7 +62,7 @@ class EndpointPerfBench:
         """Completions requests of exactly `input_tokens` prompt tokens and `output_tokens` answer tokens (each a
         count or a (low, high) range), sized by the server's own /tokenize: no local tokenizer needed (run with
         --infergate-endpoint-api=completions). A server without /tokenize fails the test naming the fix."""
-        from pytest_infergate.endpoint.tokens import token_exact_requests
+        from pytest_infergate.endpoint.exchange import token_exact_requests
 
         try:
             return token_exact_requests(self.bench.config, num_requests, input_tokens, output_tokens, seed,

@@ -1,7 +1,5 @@
-"""Resolve a model name to a local directory, and load it in one precision.
-
-A model spec is a built-in alias, a local Hugging Face directory, a .gguf file, or a hub id. Everything is
-turned into a local directory first (hub ids excepted), so a model loads the same way whatever its source.
+"""Load a resolved model (models/sources.py) in one precision, with what the load cost and the weights' fingerprint,
+and keep one loaded model per precision for a session (`ModelPool`). torch is imported only when loading.
 """
 
 from __future__ import annotations
@@ -9,21 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
-from pytest_infergate.models.builtin import (
-    BUILTIN_ALIASES,
-    RANDOM_LLAMAS,
-    ensure_converted_gguf,
-    ensure_random_llama,
-    ensure_smollm2,
-)
 from pytest_infergate.models.cache import read_meta, sha256_file
+from pytest_infergate.models.sources import TOKENIZER_FILES, ModelSource, resolve_model
 from pytest_infergate.precision import (
     QUANTIZED,
     check_precision,
@@ -33,90 +24,10 @@ from pytest_infergate.precision import (
 )
 from pytest_infergate.requirements import import_torch, require_local_model_stack
 
+if TYPE_CHECKING:
+    from pytest_infergate.options import Options
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    spec: str  # what the user wrote
-    path: str  # local directory, or the hub id
-    kind: str  # "alias", "directory", "gguf", "hub"
-    name: str
-
-
-def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
-    """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""
-    spec = str(spec).strip()
-    if spec in ("smollm2-135m", *RANDOM_LLAMAS) or spec.lower().endswith(".gguf"):
-        require_local_model_stack(f"the model {spec}")  # before fetching what only a local model would use
-    if spec == "smollm2-135m":
-        return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
-    if spec in RANDOM_LLAMAS:
-        return ModelSource(spec, str(ensure_random_llama(cache_dir, spec)), "alias", spec)
-    path = Path(spec).expanduser()
-    if spec.lower().endswith(".gguf"):
-        return ModelSource(spec, str(ensure_converted_gguf(path, cache_dir)), "gguf", path.stem)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
-                                 "Hugging Face model directory (one saved with save_pretrained)")
-        _check_config(path / "config.json")
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise ModelLoadError(f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): without them "
-                                 "transformers builds a one-token tokenizer and every output is garbage; save the "
-                                 f"tokenizer next to the model: tokenizer.save_pretrained({str(path)!r})")
-        return ModelSource(spec, str(path.resolve()), "directory", path.name)
-    looks_like_path = spec.startswith((".", "/", "~")) or path.suffix or spec.count("/") != 1
-    if looks_like_path:
-        raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
-                             "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
-    return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
-
-
-def _check_config(config: Path) -> None:
-    """A model directory's config.json must be a JSON object: said here, naming the file and the JSON error, before
-    transformers fails on it with a message about something else (issue #44: missing tokenizer files)."""
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{config} is not valid JSON ({exc}): repair it or save the model again with "
-                             "save_pretrained") from None
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{config} holds a JSON {type(data).__name__}, not the object of a model's config: "
-                             "repair it or save the model again with save_pretrained")
-
-
-# a tokenizer's vocabulary, in each of the formats transformers reads (fast, SentencePiece, BPE, WordPiece)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
-HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
-
-
-def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
-    """A hub model's local snapshot: the Hugging Face cache first (no network), then a download only if the hub
-    answers within `timeout_s`, so a machine without network fails at once instead of retrying for a minute."""
-    from huggingface_hub import constants, snapshot_download
-
-    try:
-        return snapshot_download(repo_id, local_files_only=True, allow_patterns=HUB_FILES)
-    except Exception:  # not cached (the exception type differs between huggingface_hub versions)
-        pass
-    fix = ("copy the model over and pass its directory or a .gguf file, e.g. --infergate-model=/models/NAME "
-           "(or run `infergate fetch-model ORG/NAME` on a machine with network and copy the cache)")
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
-                             f"{fix}")
-    import httpx
-
-    try:
-        httpx.head(constants.ENDPOINT, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and the hub "
-                             f"({constants.ENDPOINT}) cannot be reached ({type(exc).__name__}): {fix}") from None
-    try:
-        return snapshot_download(repo_id, allow_patterns=HUB_FILES)
-    except Exception as exc:
-        raise ModelLoadError(f"could not download {repo_id!r} from the hub ({type(exc).__name__}: {exc}); check the "
-                             f"id and your access, or {fix}") from None
 
 
 # config.json keys that record who wrote the file, not the model: a transformers upgrade rewrites them on
@@ -322,3 +233,73 @@ def load_model(source: ModelSource, precision: str, device: str = "cpu", referen
     record.plain_text_prompts = getattr(tokenizer, "chat_template", None) is None
     record.model_name, record.architecture = source.name, architecture_of(model.config)
     return LoadedModel(model, tokenizer, source, record)
+
+
+class ModelPool:
+    """Resolves the session's model once and hands out one LoadedModel per precision.
+
+    A failed load is remembered, so every test that needs that precision reports the same error at once
+    instead of retrying a slow load. With `fallback` on, a failed precision is served by the reference
+    precision and the record says so (`fallback=True`, with the reason).
+    """
+
+    def __init__(self, options: Options):
+        self.options = options
+        self._source: ModelSource | ModelLoadError | None = None
+        self._tokenizer = None
+        self._loaded: dict[tuple[str, str, str], LoadedModel] = {}
+        self._failed: dict[tuple[str, str, str], ModelLoadError] = {}
+
+    @property
+    def source(self) -> ModelSource:
+        if isinstance(self._source, ModelLoadError):  # failed once: every test says so at once, without retrying
+            raise self._source
+        if self._source is None:
+            try:
+                self._source = resolve_model(self.options.model, self.options.cache_dir)
+            except ModelLoadError as exc:
+                self._source = exc
+                raise
+        return self._source
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.source)
+        return self._tokenizer
+
+    @property
+    def loaded(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    @property
+    def any_fallback(self) -> bool:
+        return any(m.record.fallback for m in self._loaded.values())
+
+    def get(self, precision: str) -> LoadedModel:
+        key = (self.source.path, precision, self.options.device)
+        if key in self._loaded:
+            return self._loaded[key]
+        if key in self._failed:
+            raise self._failed[key]
+        if self.options.torch_threads:
+            torch = import_torch()
+
+            torch.set_num_threads(self.options.torch_threads)
+        try:
+            model = load_model(self.source, precision, self.options.device, self.options.reference_precision,
+                               tokenizer=self.tokenizer)
+        except ModelLoadError as exc:
+            reference = self.options.reference_precision
+            if not self.options.fallback or precision == reference:
+                self._failed[key] = exc
+                raise
+            base = self.get(reference)
+            model = LoadedModel(base.model, base.tokenizer, base.source,
+                                replace(base.record, requested_precision=precision, fallback=True,
+                                        fallback_reason=str(exc)), backend=base.backend)
+        self._loaded[key] = model
+        return model
+
+    def reference(self) -> LoadedModel:
+        return self.get(self.options.reference_precision)

