@@ -207,6 +207,7 @@ class InfergateSession:
             item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
+            item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()

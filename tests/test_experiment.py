@@ -1,4 +1,4 @@
-"""Speed experiments decided on intervals (perf.experiment): pass, inconclusive and fail on made-up rounds, and the
+"""Speed experiments decided on intervals (perf.lockstep): pass, inconclusive and fail on made-up rounds, and the
 bench's speedup() and conclude() on the tiny model."""
 
 import pytest

@@ -208,9 +208,9 @@ def test_a_record_holds_the_gate_outcome_and_reads_it_back_whole():
                                                                                        seed=3))).check(slow)
     assert outcome.status == Status.FAIL and outcome.confirmed == 5
     record = PerfRecord(test=TEST, label="", precision="fp32", measurement=slow)
-    record.decided(outcome)
-    assert record.outcome is outcome and record.baseline_summary == entry.measurement.summary()
+    record.outcome = outcome
     back = PerfRecord.from_dict(record.to_dict())
+    assert back.baseline_summary == entry.measurement.summary()
     assert back.outcome.to_dict() == outcome.to_dict() and back.status == Status.FAIL
     assert back.outcome.confirmed == 5 and back.outcome.route == "stored"
     assert "a failure was decided again after a fresh block of 5 repetitions" in back.outcome.message()
@@ -251,7 +251,7 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
                                     "layers, hidden 576 → llama, 2 layers, hidden 16")
     record = PerfRecord(test=TEST, label="", precision="fp32", measurement=machine(BASELINE_SPEEDS, seed=2),
                         budget=dict(BUDGET), fingerprint=now)
-    record.decided(outcome)
+    record.outcome = outcome
     run = RunResults(started=1.0, run_id="run1")
     run.add(record)
     verdict = run_verdict(run)

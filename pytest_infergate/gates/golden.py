@@ -43,8 +43,6 @@ from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decid
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Finding, Status
 
-QUALITY_PROPERTIES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
-
 
 class Candidate(Protocol):
     """What the gate compares: a local precision or a server (gates.golden_candidates: LocalCandidate,
@@ -123,9 +121,6 @@ class GoldenGate:
         if flagged:
             result.notes = [*result.notes, *flagged]
         self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
-        for name in QUALITY_PROPERTIES:
-            if name in result.summary:
-                self.ctx.properties.append((f"infergate.quality.{name}", round(result.summary[name], 4)))
         if problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
             self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
@@ -241,8 +236,6 @@ class GoldenGate:
                                      decided_by=regression.decided_by(),
                                      travel=regression.travel.summary() if regression.travel else "",
                                      model_change=model_change))
-        self.ctx.properties.append(("infergate.golden.changed", len(regression.changed)))
-        self.ctx.properties.append(("infergate.golden.near_ties", len(regression.near_ties)))
         if problems or (undecided and self.ctx.options.strict):
             self.ctx.fail((f"{model_change}\n" if model_change else "")
                           + regression_failure(regression, problems or undecided, path, old.header))
@@ -317,7 +310,6 @@ class GoldenGate:
         gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
         self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, result,
                                               gate, problems, *self.backend()))
-        self.ctx.properties.append(("infergate.batch_variant_share", round(result.variant_share, 4)))
         if problems:
             self.ctx.fail(batch_invariance_failure(result, problems))
         return result

@@ -185,12 +185,10 @@ def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget
 
 
 def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:
-    """Give `record` the gate's outcome, attach the record to the test and its key figures as JUnit properties.
-    Failing the test is the caller's: its message names what was measured."""
-    record.decided(outcome)
+    """Give `record` the gate's outcome and attach it to the test. Failing the test is the caller's: its message
+    names what was measured."""
+    record.outcome = outcome
     ctx.record(record)
-    for name, value in record.summary.items():
-        ctx.properties.append((f"infergate.{record.label + '.' if record.label else ''}{name}", round(value, 4)))
 
 
 def per_round(measurement: Measurement, metric: str) -> list[float]:

@@ -21,6 +21,7 @@ from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Status
 
 UNDEFINED = "_undefined"  # suffix of the key that says why a figure is null
+QUALITY_FIGURES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")  # a quality gate's in JUnit XML
 RESULT_PROPERTY = "infergate_result"  # the user property that carries a record from a test to the controller
 
 
@@ -99,21 +100,24 @@ class PerfRecord:
     def is_endpoint(self) -> bool:
         return self.backend == "endpoint"
 
-    def decided(self, outcome: PerfOutcome) -> None:
-        """Take the gate's outcome; where it was compared with a measurement, keep that one's figures beside this
-        run's in every output. Notes said of the record before the decision stay first."""
-        if self.outcome is not outcome and self.outcome.notes:
-            outcome.notes[:0] = [note for note in self.outcome.notes if note not in outcome.notes]
-        self.outcome = outcome
-        if outcome.baseline is not None:
-            self.baseline_summary = outcome.baseline.summary()
+    @property
+    def compared_with(self) -> dict | None:
+        """The figures of what the gate compared this run with (A of an A/B run, the stored baseline), kept beside
+        this run's in every output: read from the outcome's measurement when it has one (a decision this run made),
+        else as recorded."""
+        return self.outcome.baseline.summary() if self.outcome.baseline is not None else self.baseline_summary
+
+    def key_figures(self) -> list[tuple[str, float]]:
+        """What JUnit XML shows of it (CI test tabs): each summary figure, named by label."""
+        return [(f"{self.label + '.' if self.label else ''}{name}", round(value, 4)) for name, value in
+                self.summary.items()]
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "label": self.label, "precision": self.precision,
                 **self.outcome.to_dict(), **backend_dict(self),
                 "fallback": self.fallback, "engine_config": self.engine_config, "tags": self.tags,
                 "budget": self.budget, "fingerprint": self.fingerprint, "measurement": self.measurement.to_dict(),
-                "summary": self.summary, "baseline_summary": self.baseline_summary}
+                "summary": self.summary, "baseline_summary": self.compared_with}
 
     @classmethod
     def from_dict(cls, data: dict) -> PerfRecord:
@@ -149,6 +153,10 @@ class PolicyGateRecord:
     def result_dict(self) -> dict:
         return self.result.to_dict()
 
+    def key_figures(self) -> list[tuple[str, float]]:
+        """What JUnit XML shows of it (CI test tabs)."""
+        return []
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
                 "problems": self.problems, **backend_dict(self), **self.result_dict()}
@@ -166,6 +174,9 @@ class QualityRecord(PolicyGateRecord):
     kind: ClassVar[str] = "quality"
     result_type: ClassVar[type] = QualityResult
     result: QualityResult
+
+    def key_figures(self) -> list[tuple[str, float]]:
+        return [(f"quality.{name}", round(self.summary[name], 4)) for name in QUALITY_FIGURES if name in self.summary]
 
     @property
     def reference_precision(self) -> str:
@@ -217,6 +228,11 @@ class GoldenRecord:
     def drift(self) -> list[SampleQuality]:
         return [s for s in self.changed if s.regression != "near-tie"]
 
+    def key_figures(self) -> list[tuple[str, float]]:
+        if self.updated:
+            return []
+        return [("golden.changed", len(self.changed)), ("golden.near_ties", len(self.near_ties))]
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "precision": self.precision,
                 "path": self.path, "updated": self.updated, "changes": self.changes, "compared": self.compared,
@@ -246,6 +262,9 @@ class BatchInvarianceRecord(PolicyGateRecord):
     kind: ClassVar[str] = "batch_invariance"
     result_type: ClassVar[type] = BatchInvariance
     result: BatchInvariance
+
+    def key_figures(self) -> list[tuple[str, float]]:
+        return [("batch_variant_share", round(self.result.variant_share, 4))]
 
 
 def backend_dict(record) -> dict:
