@@ -23,7 +23,7 @@ from pytest_infergate.options import Options
 from pytest_infergate.outputs import TerminateAsInterrupt
 from pytest_infergate.quality.golden_comparison import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
-from pytest_infergate.results.run import RunResults, record_message
+from pytest_infergate.results.run import RunResults, record_message, undecided_notice
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.status import INI_SCOPE_CHECK, Finding
 
@@ -208,6 +208,10 @@ class InfergateSession:
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
+            notice = undecided_notice(result)
+            if notice and not self.options.strict:  # said beside the test (under strict it failed, saying why), not
+                # a run-level warning: the record carries it to the verdict
+                warnings.warn(InfergateWarning(notice), stacklevel=1)
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()

@@ -239,9 +239,6 @@ class GoldenGate:
         if problems or (undecided and self.ctx.options.strict):
             self.ctx.fail((f"{model_change}\n" if model_change else "")
                           + regression_failure(regression, problems or undecided, path, old.header))
-        if undecided:
-            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"inconclusive: {undecided[0]}",
-                                 status=Status.INCONCLUSIVE))
         return regression
 
     def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list,

@@ -33,7 +33,6 @@ from pytest_infergate.status import (
     BASELINE_CHECK,
     BUDGET_KEY_CHECK,
     ENGINE_CHECK,
-    PERF_CHECK,
     RELATIVE_CHECK,
     SPEED_EXPERIMENT_CHECK,
     Finding,
@@ -162,14 +161,10 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
 
 
 def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
-    """Warn (not fail) about the checks of `outcome` that did not run as asked: a relative check that could not
-    run, a verdict still inconclusive after re-measuring (a baseline from another machine, a busy runner)."""
+    """Warn (not fail) about a relative check of `outcome` that could not run (its own undecided verdict is said
+    with its record: results.run.undecided_notice)."""
     if outcome.relative_check_missing and not ctx.options.strict:
         ctx.say(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
-    if outcome.status == "inconclusive":
-        again = f" (re-measured {outcome.remeasured} more time(s))" if outcome.remeasured else ""
-        ctx.say(Finding(PERF_CHECK, key, f"perf gate inconclusive{again}:\n{outcome.message()}",
-                        status=Status.INCONCLUSIVE))
 
 
 def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget, against: str,

@@ -216,6 +216,21 @@ GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden 
               "batch_invariance": "batch invariance"}
 
 
+def undecided_notice(record) -> str | None:
+    """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
+    and JUnit; the terminal says why beside the test), or None for a record that decided."""
+    from pytest_infergate.results.records import GoldenRecord, PerfRecord
+
+    if record.status != Status.INCONCLUSIVE:
+        return None
+    if isinstance(record, PerfRecord):
+        again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
+        return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"
+    if isinstance(record, GoldenRecord) and record.undecided:
+        return f"{record.test}: inconclusive: {record.undecided[0]}"
+    return None
+
+
 def record_message(record) -> str:
     """Why a gate's record did not pass, in one line: its first three reasons."""
     from pytest_infergate.results.records import PerfRecord
