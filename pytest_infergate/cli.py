@@ -14,7 +14,7 @@ from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
-from pytest_infergate.status import Status
+from pytest_infergate.status import Status, under_strict
 
 
 def _load_results(path: str) -> RunResults:
@@ -107,7 +107,6 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
                      "present" if test in only_b else "missing", "", "not compared"])
     for pair in pairs:
         outcome = pair.outcome
-        outcome.strict = strict
         statuses.append(outcome.status)
         for v in outcome.verdicts:
             change = v.candidate / v.baseline - 1 if v.baseline else 0.0
@@ -130,10 +129,7 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
                 rows.append([f"quality {key[0]} vs {key[1]}", metric, units.number(va, 4), units.number(vb, 4),
                              f"{'+' if vb >= va else '−'}{units.number(abs(vb - va), 3)}", qb[key].status.value])
         statuses.append(qb[key].status)
-    verdict = Status.worst(statuses)
-    if strict and verdict == Status.INCONCLUSIVE:
-        verdict = Status.FAIL
-    return rows, verdict, notes
+    return rows, under_strict(Status.worst(statuses), strict), notes
 
 
 def regression_fraction(text: str) -> float:

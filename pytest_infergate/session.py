@@ -25,7 +25,7 @@ from pytest_infergate.quality.golden_comparison import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults, record_message, undecided_notice
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
-from pytest_infergate.status import INI_SCOPE_CHECK, Finding
+from pytest_infergate.status import INI_SCOPE_CHECK, Finding, Status, under_strict
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -46,6 +46,7 @@ class Outbox:
     records: list = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     contexts: list[TestContext] = field(default_factory=list)  # their key figures (TestContext.properties)
+    undecided: list[str] = field(default_factory=list)  # what did not decide: a failure under --infergate-strict
 
 
 _OUTBOX = pytest.StashKey[Outbox]()
@@ -201,6 +202,7 @@ class InfergateSession:
             if finding.not_run:
                 self.results.findings.append(finding)
                 item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
+                outbox.undecided.append(finding.text())
         for result in outbox.records:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
             # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
@@ -209,9 +211,11 @@ class InfergateSession:
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
             notice = undecided_notice(result)
-            if notice and not self.options.strict:  # said beside the test (under strict it failed, saying why), not
-                # a run-level warning: the record carries it to the verdict
+            if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
                 warnings.warn(InfergateWarning(notice), stacklevel=1)
+            if result.status == Status.INCONCLUSIVE:
+                outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
+                                        f"{record_message(result)}")
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()
@@ -294,9 +298,17 @@ class InfergateSession:
         report (to the controller under xdist, and to JUnit)."""
         self._deliver(item)
         outcome = yield
+        report = outcome.get_result()
         finding = getattr(call.excinfo.value, "infergate_finding", None) if call.excinfo is not None else None
         if finding is not None:
-            outcome.get_result().user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
+            report.user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
+        outbox = item.stash.get(_OUTBOX, None)
+        if call.when == "call" and outbox is not None and outbox.undecided and not report.failed:
+            if under_strict(Status.INCONCLUSIVE, self.options.strict) == Status.FAIL:  # the test: what did not
+                # decide fails it under --infergate-strict, saying why (the run's verdict applies the same rule)
+                report.outcome = "failed"
+                report.longrepr = ("under --infergate-strict what did not decide fails:\n"
+                                   + "\n".join(outbox.undecided))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -372,8 +384,8 @@ class InfergateSession:
         self.results.commit = git_commit(self.config.rootpath)
         self.results.finished = time.time()
         self.results.findings += self.unused_scope_warnings()
-        if self.options.strict and self.results.findings and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # under strict a check that did not run fails the run
+        if self.results.verdict().status == Status.FAIL and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's verdict (under strict: what did not decide)
         self._write_outputs(session)
         self.terminate_as_interrupt.restore()
 

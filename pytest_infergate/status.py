@@ -25,6 +25,12 @@ class Status(str, enum.Enum):
         return cls.PASS
 
 
+def under_strict(status: Status, strict: bool) -> Status:
+    """--infergate-strict, applied here and only here (the session's test outcomes, the run's verdict): an undecided
+    check fails. Gates record what their checks decided."""
+    return Status.FAIL if strict and status == Status.INCONCLUSIVE else status
+
+
 # What kind of check a Finding is about: the not-run table's first column (results.summary.not_run)
 GOLDEN_CHECK = "golden regression"
 RELATIVE_CHECK = "relative perf check"

@@ -194,7 +194,7 @@ def test_the_stored_and_budget_routes_go_through_the_same_decision():
     assert stored.changes == ["torch 2.13.0 → 2.14.0"] and all(v.repetitions for v in stored.verdicts
                                                                  if v.metric != "peak_mem_mb")
     tight = parse_budget({"itl_ms": 1.0, "max_regression": 0.10})
-    alone = PerfGate(tight, NoReference(baseline_given=True), strict=True).check(machine(BASELINE_SPEEDS, seed=2))
+    alone = PerfGate(tight, NoReference(baseline_given=True)).check(machine(BASELINE_SPEEDS, seed=2))
     assert alone.route == "budget" and [v.key for v in alone.violations] == ["itl_ms"]
     assert alone.relative_check_missing.startswith("the baseline file has no entry") and alone.status == Status.FAIL
 
@@ -261,13 +261,14 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     assert "SmolLM2-135M-Instruct → tiny-random-llama" in said.text()
     assert PerfRecord.from_dict(record.to_dict()).model_change == outcome.model_change  # JSON keeps it
 
-    strict = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, strict=True)
-    assert strict.status == Status.FAIL and not strict.verdicts
+    # under --infergate-strict without --infergate-allow-model-change (gates.perf.prepare_gate): not compared
+    strict = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, other_model=False)
+    assert strict.status == Status.PASS and not strict.verdicts  # a check not run as asked: strict fails it
     assert "under --infergate-strict it is compared only with --infergate-allow-model-change" in \
         strict.relative_check_missing
-    allowed = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, strict=True, allow_model_change=True)
+    allowed = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry)
     assert allowed.status == Status.PASS and allowed.verdicts and allowed.model_change
     old = BaselineEntry({**base, "model_fingerprint": "old weights"}, machine(BASELINE_SPEEDS, seed=1))
     upgrade = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {**base, "model_fingerprint": "new weights"},
-                            old, strict=True)
+                            old, other_model=False)
     assert upgrade.model_change == "" and upgrade.verdicts  # new weights of the same model: an upgrade, compared

@@ -26,7 +26,7 @@ from pytest_infergate.perf import (
 )
 from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
 from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
-from pytest_infergate.status import Status
+from pytest_infergate.status import Status, under_strict
 
 
 def noisy(center, n, noise=0.05, seed=0):
@@ -179,7 +179,7 @@ def test_another_machine_is_inconclusive_and_a_change_under_test_is_compared():
     assert machine.status == verdict.status == "inconclusive" and verdict.ratio == pytest.approx(2.0, rel=0.05)
     assert "measured on another machine (cpu other → this)" in verdict.note
     assert machine.machine_mismatch == ["cpu other → this"] and "another machine: cpu other → this" in machine.message()
-    assert evaluate_perf(m, budget, {"cpu": "this", "torch": "2.0"}, entry, strict=True).status == "fail"
+    assert under_strict(machine.status, strict=True) == "fail"
     # the library under test changed: compared, and the message names the change beside the verdict
     upgraded = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.1"}, entry)
     assert upgraded.status == "fail" and upgraded.changes == ["torch 2.0 → 2.1"]

@@ -281,7 +281,7 @@ class EndpointPerfBench:
         # served models have no steps to take in turn: a whole load run per side and round
         b, outcome = evaluate_ab(by_repetition(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
                                                lambda m: self.bench.run_once(requests, pattern, slo, warmup, m)),
-                                 budget, rounds, self.ctx.options.strict, route=Route.ENDPOINT)
+                                 budget, rounds, route=Route.ENDPOINT)
         a = outcome.baseline
         record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
                                          "pattern": pattern.describe()})

@@ -72,23 +72,23 @@ class Reference(Protocol):
 
 
 def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
-           strict: bool = False, evidence: Evidence | None = None, allow_model_change: bool = False) -> PerfOutcome:
+           evidence: Evidence | None = None, other_model: bool = True) -> PerfOutcome:
     """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
     the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
     since a stored baseline; `evidence`: worked out by the caller (PerfGate does, once per decision). A stored
-    baseline of another model is compared and said (outcome.model_change); under `strict` only where
-    `allow_model_change` (--infergate-allow-model-change): else the relative check is missing, which strict
-    fails."""
+    baseline of another model is compared and said (outcome.model_change) where `other_model` (under
+    --infergate-strict only with --infergate-allow-model-change: gates.perf.prepare_gate): else the relative check
+    is missing."""
     evidence = evidence or Evidence.of(candidate, reference.changes(fingerprint))
     notes: list[str] = []
     outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes, evidence),
-                          strict=strict, route=reference.route.value)
+                          route=reference.route.value)
     outcome.notes += notes
     if budget.max_regression is None:
         return outcome
     model_change = ", ".join(c.describe() for c in evidence.diff.model_changes) if evidence.diff else ""
     outcome.model_change = model_change
-    if model_change and strict and not allow_model_change:
+    if model_change and not other_model:
         outcome.relative_check_missing = (
             f"the baseline is of another model ({model_change}): under --infergate-strict it is compared only with "
             "--infergate-allow-model-change (a model upgrade on purpose), else save a baseline of this model")

@@ -49,7 +49,7 @@ CONFIRM_REPETITIONS = 8
 
 class NoReference:
     """Budgets only. `baseline_given`: a baseline file was passed and has no entry for this measurement, so a
-    relative check asked for did not run (a warning, a failure under strict)."""
+    relative check asked for did not run (a check not run as asked)."""
 
     route = Route.BUDGET
     baseline = None
@@ -164,10 +164,9 @@ class PerfGate:
 
     budget: Budget
     reference: Reference
-    strict: bool = False
     fingerprint: dict | None = None
     max_more: int = STORED_MORE
-    allow_model_change: bool = False  # --infergate-allow-model-change (perf.decide.decide)
+    other_model: bool = True  # a baseline of another model is compared (perf.decide.decide; gates.perf.prepare_gate)
     diff: FingerprintDiff | None = field(init=False)  # what changed since the reference: known before measuring
 
     def __post_init__(self) -> None:
@@ -178,32 +177,30 @@ class PerfGate:
         times), then the reference's confirmation of a failure. The runner's load is read once per decision."""
         diff = self.diff
         evidence = Evidence.of(candidate, diff)
-        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence,
-                             self.allow_model_change)
+        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
         if self.budget.max_regression is None:
             return outcome
         more = 0
         while more < self.max_more and self.reference.measure_more(candidate, outcome, evidence):
             more += 1
             evidence = Evidence.of(candidate, diff)
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict, evidence,
-                             self.allow_model_change)
+            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
         confirmed = self.reference.confirm(candidate, outcome)
         if confirmed:
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, self.strict,
-                             Evidence.of(candidate, diff), self.allow_model_change)
+            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, Evidence.of(candidate, diff),
+                             self.other_model)
         outcome.remeasured, outcome.confirmed = more, confirmed
         return outcome
 
 
 def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,
-                  strict: bool = False, remeasure: Callable[[], None] | None = None,
-                  baseline_given: bool = True, allow_model_change: bool = False) -> PerfOutcome:
+                  remeasure: Callable[[], None] | None = None, baseline_given: bool = True,
+                  other_model: bool = True) -> PerfOutcome:
     """The budget-only or stored gate of `measurement`: the stored baseline's entry for it, if any.
     `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run."""
     reference = (StoredReference(baseline_entry, remeasure) if baseline_entry is not None
                  else NoReference(baseline_given))
-    return PerfGate(budget, reference, strict, fingerprint, allow_model_change=allow_model_change).check(measurement)
+    return PerfGate(budget, reference, fingerprint, other_model=other_model).check(measurement)
 
 
 def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None]) -> RoundRunner:
@@ -215,11 +212,11 @@ def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measure
     return run_round
 
 
-def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int = AB_ROUNDS, strict: bool = False,
+def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int = AB_ROUNDS,
                 route: Route = Route.IN_PROCESS) -> tuple[Measurement, PerfOutcome]:
     """An interleaved gate: `rounds` rounds, then one more at a time while a verdict is inconclusive, up to
     AB_MORE_ROUNDS; B's budgets checked and every metric compared round by round. Returns B's Measurement and the
     outcome, whose `baseline` is A's."""
     reference = Interleaved(route, run_round)
     candidate = reference.measure(rounds)
-    return candidate, PerfGate(budget, reference, strict, max_more=AB_MORE_ROUNDS).check(candidate)
+    return candidate, PerfGate(budget, reference, max_more=AB_MORE_ROUNDS).check(candidate)

@@ -144,7 +144,6 @@ class PerfOutcome:
     verdicts: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     remeasured: int = 0
-    strict: bool = False
     route: str = "budget"  # Route: what the candidate was compared with
     # the baseline's machine differs (timings not comparable: those verdicts are inconclusive), and what under
     # test changed since the baseline (compared, and named in every message)
@@ -152,7 +151,7 @@ class PerfOutcome:
     changes: list[str] = field(default_factory=list)
     # the baseline is of another model (its name, architecture or served model): said in the run's verdict
     model_change: str = ""
-    # a relative check was asked for (max_regression) but could not run; a warning, a failure under strict
+    # a relative check was asked for (max_regression) but could not run: a check not run as asked (status.Finding)
     relative_check_missing: str = ""
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run); not written
     baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
@@ -160,14 +159,8 @@ class PerfOutcome:
 
     @property
     def status(self) -> Status:
-        checks = [v.status for v in self.violations] + [v.status for v in self.verdicts]
-        if Status.FAIL in checks:
-            return Status.FAIL
-        if self.strict and self.relative_check_missing:
-            return Status.FAIL
-        if Status.INCONCLUSIVE in checks:
-            return Status.FAIL if self.strict else Status.INCONCLUSIVE
-        return Status.PASS
+        """What the checks decided (--infergate-strict is applied to it by the session, once: status.under_strict)."""
+        return Status.worst([v.status for v in self.violations] + [v.status for v in self.verdicts])
 
     @property
     def failed(self) -> bool:
@@ -204,14 +197,12 @@ class PerfOutcome:
                              "max_regression the noise allows")
         if self.machine_mismatch:
             lines.append("the baseline was measured on another machine: " + ", ".join(self.machine_mismatch))
-        if self.relative_check_missing and self.strict:
-            lines.append(f"relative check not run (a failure under --infergate-strict): {self.relative_check_missing}")
         lines += self.notes
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         """The decision as results JSON keeps it (flat in a perf record, as schema 4 wrote it)."""
-        return {"status": self.status.value, "strict": self.strict, "route": self.route,
+        return {"status": self.status.value, "route": self.route,
                 "violations": [v.to_dict() for v in self.violations],
                 "verdicts": [v.to_dict() for v in self.verdicts], "notes": list(self.notes),
                 "machine_mismatch": list(self.machine_mismatch), "changes": list(self.changes),
@@ -225,15 +216,14 @@ class PerfOutcome:
         outcome = cls(violations=[Violation.from_dict(v) for v in data.get("violations", [])],
                       verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
                       notes=list(data.get("notes", [])), remeasured=int(data.get("remeasured", 0)),
-                      strict=bool(data.get("strict", False)), route=str(data.get("route") or _route_of(data)),
+                      route=str(data.get("route") or _route_of(data)),
                       machine_mismatch=list(data.get("machine_mismatch", data.get("fingerprint_mismatch", []))),
                       changes=list(data.get("changes", [])), model_change=str(data.get("model_change") or ""),
                       relative_check_missing=str(data.get("relative_check_missing") or ""),
                       baseline_provenance=str(data.get("baseline_provenance") or ""),
                       confirmed=int(data.get("confirmed", 0)))
-        # results written before `strict` was kept: a recorded failure the checks alone do not make was strict's
-        if "strict" not in data and data.get("status") == Status.FAIL and outcome.status != Status.FAIL:
-            outcome.strict = True
+        # a record's status is what its checks decided: an older file's failure by strict alone reads inconclusive,
+        # and its run's recorded strict still fails the run's verdict
         return outcome
 
 

@@ -26,7 +26,7 @@ from pytest_infergate.results.records import (
     record_from_dict,
 )
 from pytest_infergate.stats import interval_status
-from pytest_infergate.status import Finding, Status
+from pytest_infergate.status import Finding, Status, under_strict
 
 if TYPE_CHECKING:
     from pytest_infergate.perf.outcome import Violation
@@ -266,9 +266,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
     reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
-    status = Status.worst(reason.status for reason in reasons)
-    if results.strict and status == Status.INCONCLUSIVE:
-        status = Status.FAIL
+    status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
 
