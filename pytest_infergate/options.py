@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_infergate.errors import OptionError
-from pytest_infergate.precision import check_precision, default_reference, parse_precisions
+from pytest_infergate.requirements import check_precision, default_reference, parse_precisions
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models import load_model, resolve_model
 from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
 from pytest_infergate.models.sources import check_gguf
-from pytest_infergate.precision import PRECISIONS
+from pytest_infergate.requirements import PRECISIONS
 
 
 def test_unknown_alias_is_a_clear_error(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 
 from pytest_infergate.errors import OptionError
 from pytest_infergate.options import OPTION_SPECS, Options
-from pytest_infergate.precision import parse_precisions
+from pytest_infergate.requirements import parse_precisions
 
 
 def from_dicts(cli=None, ini=None):

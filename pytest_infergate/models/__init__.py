@@ -3,7 +3,7 @@ and keep one loaded model per precision for a session. No pytest here; torch is 
 
 from pytest_infergate.models.load import LoadedModel, LoadRecord, ModelPool, load_model, load_tokenizer
 from pytest_infergate.models.sources import ModelSource, resolve_model
-from pytest_infergate.precision import PRECISIONS, QUANTIZED
+from pytest_infergate.requirements import PRECISIONS, QUANTIZED
 
 __all__ = ["PRECISIONS", "QUANTIZED", "LoadRecord", "LoadedModel", "ModelPool", "ModelSource", "load_model",
            "load_tokenizer", "resolve_model"]

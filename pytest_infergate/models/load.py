@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models.cache import read_meta, sha256_file
 from pytest_infergate.models.sources import TOKENIZER_FILES, ModelSource, resolve_model
-from pytest_infergate.precision import (
+from pytest_infergate.requirements import (
     QUANTIZED,
     check_precision,
     compute_dtype_name,
+    import_torch,
     quantization_config,
+    require_local_model_stack,
     torch_dtype,
 )
-from pytest_infergate.requirements import import_torch, require_local_model_stack
 
 if TYPE_CHECKING:
     from pytest_infergate.options import Options

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pytest_infergate import units
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.precision import QUANTIZED
+from pytest_infergate.requirements import QUANTIZED
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.stats import bootstrap_ratio_ci, percentile
