@@ -21,7 +21,7 @@ from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
 from pytest_infergate.outputs import TerminateAsInterrupt
-from pytest_infergate.quality.golden_comparison import ScoreCache
+from pytest_infergate.quality.scoring import ScoreCache
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults, record_message, undecided_notice
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines

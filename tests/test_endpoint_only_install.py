@@ -20,8 +20,7 @@ LOCAL_MODEL_MODULES = ("torch", "transformers", "bitsandbytes", "accelerate")
 # the install without torch
 TORCH_MODULES = {f"pytest_infergate.engine.{name}" for name in (
     "attention", "attention_batch", "backends", "decode_graphs", "engine", "graph_build", "hf_backend", "kv_cache",
-    "model_reference", "probe", "runner", "sampling", "self_check")} | {"pytest_infergate.perf.local_bench",
-                                                                          "pytest_infergate.quality.scoring"}
+    "model_reference", "probe", "runner", "sampling", "self_check")} | {"pytest_infergate.perf.local_bench"}
 IMPORT_EVERY_MODULE = """
 import importlib, json, pkgutil, pytest_infergate
 failed = {}

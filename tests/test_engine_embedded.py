@@ -36,9 +36,9 @@ def test_embedded_int8_quality_against_fp32(smollm2_fp32):
     """A few golden samples: int8 drifts from fp32 a little, measurably, and keeps the answers' gist."""
 
     from pytest_infergate.models import load_model
-    from pytest_infergate.quality.golden_comparison import compare_precision
     from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET, load_samples
     from pytest_infergate.quality.golden_generation import generate_golden_outputs as generate
+    from pytest_infergate.quality.scoring import compare_precision
 
     samples = load_samples(BUILTIN_SAMPLE_SET)[:6]
     int8 = load_model(smollm2_fp32.source, "int8", tokenizer=smollm2_fp32.tokenizer)

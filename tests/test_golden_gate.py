@@ -405,7 +405,7 @@ def test_golden_record_keeps_near_ties_and_policy():
 
 def test_reference_scores_are_computed_once_and_capped(tiny_fp32, monkeypatch):
     from pytest_infergate.quality import scoring
-    from pytest_infergate.quality.golden_comparison import ScoreCache
+    from pytest_infergate.quality.scoring import ScoreCache
 
     rows = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])]
     forwards = []

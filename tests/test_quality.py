@@ -134,8 +134,8 @@ def test_golden_outputs_round_trip_and_diff(tmp_path):
 
 def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
     from pytest_infergate.models import load_model
-    from pytest_infergate.quality.golden_comparison import compare_precision
     from pytest_infergate.quality.golden_generation import generate_golden_outputs as generate
+    from pytest_infergate.quality.scoring import compare_precision
 
     samples = [sample(id=f"s{i}", messages=({"role": "user", "content": f"question {i}?"},), max_new_tokens=12)
                for i in range(4)]
@@ -155,7 +155,7 @@ def test_unquantized_precision_is_flagged(tiny_fp32):
     from dataclasses import replace
 
     from pytest_infergate.models import LoadedModel
-    from pytest_infergate.quality.golden_comparison import quantization_flags
+    from pytest_infergate.quality.scoring import quantization_flags
 
     fake = LoadedModel(tiny_fp32.model, tiny_fp32.tokenizer, tiny_fp32.source,
                        replace(tiny_fp32.record, precision="int8", requested_precision="int8"))

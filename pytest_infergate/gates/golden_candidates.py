@@ -14,10 +14,10 @@ from pathlib import Path
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
 from pytest_infergate.endpoint.loadgen import LoadPattern, run_load
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.quality.golden_comparison import ScoreCache, compare_with_reference
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path, outputs_path
-from pytest_infergate.quality.metrics import QualityResult, TokenStats
+from pytest_infergate.quality.metrics import TokenStats
 from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
+from pytest_infergate.quality.scoring import QualityResult, ScoreCache, compare_with_reference
 from pytest_infergate.workloads.request import Request, plain_text, render_prompt
 
 TOP_LOGPROBS = 5
@@ -139,7 +139,7 @@ def endpoint_stats(reference_model, generated: list[EndpointGenerated], pieces: 
 def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: list,
                      endpoint_outputs: list[EndpointGenerated], notes: list[str]) -> QualityResult:
     """The endpoint's greedy outputs against the local reference precision's (the one comparison of
-    quality.golden_comparison), with KL and top-1 along the endpoint's own continuation where it returned logprobs."""
+    quality.scoring), with KL and top-1 along the endpoint's own continuation where it returned logprobs."""
     started = time.perf_counter()
     stats = endpoint_stats(reference.model, endpoint_outputs, PieceIndex(reference.tokenizer)) \
         if any(g.logprobs for g in endpoint_outputs) else [None] * len(endpoint_outputs)
@@ -223,7 +223,7 @@ class LocalCandidate:
         return fixed_outputs(self.loaded, samples, self.generated, self.max_model_len)
 
     def compare(self, reference, samples, reference_outputs) -> QualityResult:
-        from pytest_infergate.quality.golden_comparison import compare_precision
+        from pytest_infergate.quality.scoring import compare_precision
 
         return compare_precision(reference, self.loaded, samples, reference_outputs, self.outputs(samples),
                                  self.reference_scores)

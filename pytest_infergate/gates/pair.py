@@ -89,7 +89,7 @@ def pair_stats(reference: EndpointResult, candidate: EndpointResult) -> TokenSta
 def compare_servers(samples: list[GoldenSample], reference: list[EndpointResult], candidate: list[EndpointResult],
                     notes: list[str], started: float | None = None) -> QualityResult:
     """The candidate server's greedy answers against the reference server's (the metrics of
-    quality.golden_comparison, with the servers' own tokens)."""
+    quality.scoring, with the servers' own tokens)."""
     started = time.perf_counter() if started is None else started
     pieces = Pieces()
     per_sample, token_kl, by_words = [], [], 0
