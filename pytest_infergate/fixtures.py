@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.context import ENDPOINT_PRECISION
+from pytest_infergate.context import Target
 from pytest_infergate.options import Options
 from pytest_infergate.session import session_of, skip
 from pytest_infergate.status import ENDPOINT_CHECK, Finding
@@ -35,13 +35,20 @@ def infergate_precision(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def infergate_model(request: pytest.FixtureRequest, infergate_precision: str):
+def infergate_target(infergate_precision: str) -> Target:
+    """What the test measures: a local precision (`.precision`) or the served model (`.is_endpoint`, with
+    --infergate-endpoint); `.id` is its parameter id (`infergate_precision`)."""
+    return Target.of(infergate_precision)
+
+
+@pytest.fixture
+def infergate_model(request: pytest.FixtureRequest, infergate_target: Target):
     """The model under test in `infergate_precision`, as a LoadedModel (`.model`, `.tokenizer`, `.record` with load
     time, weight bytes, peak memory, fingerprint, versions). Loaded once per session per precision and device.
     With --infergate-endpoint, tests that need it are skipped: the server's model is under test, not a local one."""
-    if infergate_precision == ENDPOINT_PRECISION:
+    if infergate_target.is_endpoint:
         pytest.skip("measures a local model; with --infergate-endpoint the server's model is under test")
-    return session_of(request.config).model(infergate_precision)
+    return session_of(request.config).model(infergate_target.precision)
 
 
 @pytest.fixture
@@ -94,7 +101,7 @@ def infergate_endpoint(request: pytest.FixtureRequest):
 
 
 @pytest.fixture
-def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
+def infergate_bench(request: pytest.FixtureRequest, infergate_target: Target):
     """Measure a workload on the model's backend (the reference engine; HF generate where it refuses the model or
     with --infergate-backend hf, skipping configs only the engine runs) and gate it: `m = infergate_bench(
     requests=None, config=None, warmup=2, repeats=3, min_time_s=0, label="", tags=None)`. Warm-up requests run
@@ -107,7 +114,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
     metric is listed in the failure. `infergate_bench.ab(...)` runs an interleaved A/B against the reference
     precision or --infergate-compare-model. With --infergate-endpoint the same call measures the server instead
     (see `infergate_endpoint`)."""
-    if infergate_precision == ENDPOINT_PRECISION:
+    if infergate_target.is_endpoint:
         yield _endpoint_bench(request)
         return
     from pytest_infergate.gates.perf import PerfBench
@@ -121,7 +128,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_precision):
 
 
 @pytest.fixture
-def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
+def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     """Golden-sample quality gates for the precision under test: `infergate_golden.check()` compares it with the
     reference precision (ROUGE, exact match, teacher-forced KL / top-1 / perplexity, task score ratio) under the
     `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
@@ -134,7 +141,7 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
 
     session = session_of(request.config)
     options = session.options
-    if infergate_precision == ENDPOINT_PRECISION:
+    if infergate_target.is_endpoint:
         if session.endpoint is None:
             skip(NEEDS_A_SERVER)
         candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
@@ -142,7 +149,7 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_precision):
         candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,
                                    options.golden_max_len, session.reference_scores)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
-    if infergate_precision == ENDPOINT_PRECISION and session.reference_endpoint is not None:
+    if infergate_target.is_endpoint and session.reference_endpoint is not None:
         from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
 
         pair = ServerPairCandidate(session.endpoint.config, session.reference_endpoint.config,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from pytest_infergate import context
-from pytest_infergate.context import ENDPOINT_PRECISION
+from pytest_infergate.context import ENDPOINT_ID
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.fixtures import (  # noqa: F401
     infergate_backend,
@@ -26,6 +26,7 @@ from pytest_infergate.fixtures import (  # noqa: F401
     infergate_options,
     infergate_precision,
     infergate_reference_model,
+    infergate_target,
     infergate_tokenizer,
 )
 from pytest_infergate.options import OPTION_SPECS, Options, check_folder_path, check_output_path
@@ -225,8 +226,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = [pytest.param(p, id=p, marks=pytest.mark.xdist_group(f"infergate-{p}")) for p in options.precisions]
     if options.endpoint is not None:
         # the server serves one model in its own precision; local precisions run beside it only when asked for
-        endpoint = pytest.param(ENDPOINT_PRECISION, id=ENDPOINT_PRECISION,
-                                marks=pytest.mark.xdist_group(f"infergate-{ENDPOINT_PRECISION}"))
+        endpoint = pytest.param(ENDPOINT_ID, id=ENDPOINT_ID, marks=pytest.mark.xdist_group(f"infergate-{ENDPOINT_ID}"))
         params = [endpoint] + (params if options.precisions_given else [])
     metafunc.parametrize("infergate_precision", params, indirect=True)
 

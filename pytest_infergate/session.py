@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_infergate.context import ENDPOINT_PRECISION, IniScopes, TestContext
+from pytest_infergate.context import ENDPOINT_ID, IniScopes, TestContext
 from pytest_infergate.errors import InfergateError, ModelLoadError
 from pytest_infergate.models import PRECISIONS, ModelPool
 from pytest_infergate.options import Options
@@ -169,7 +169,7 @@ class InfergateSession:
             if not kinds[option]:
                 continue
             for scope, line in scoped.items():
-                known = scope == WILDCARD or scope in PRECISIONS or scope == ENDPOINT_PRECISION
+                known = scope == WILDCARD or scope in PRECISIONS or scope == ENDPOINT_ID  # a target id
                 if not known and scope not in self.scopes.used.get(option, set()):
                     out.append(Finding(INI_SCOPE_CHECK, "", f"{option}: scope {scope!r} ({line.where}) matched no "
                                        "test in this run, so its limits were never checked",

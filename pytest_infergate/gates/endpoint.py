@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.context import ENDPOINT_ID, TestContext
 from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
 from pytest_infergate.endpoint.loadgen import LoadPattern, Slo, sweep_patterns
 from pytest_infergate.errors import InfergateError
@@ -120,7 +120,7 @@ class EndpointPerfBench:
     def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str
                  ) -> Measurement:
         key = self.ctx.measurement_key(label)
-        plan = repetition_plan(budget_for(self.ctx, ENDPOINT_PRECISION, key), self.ctx, repeats)
+        plan = repetition_plan(budget_for(self.ctx, ENDPOINT_ID, key), self.ctx, repeats)
         return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=plan.least if plan else repeats,
                                   label=label, max_repeats=plan.most if plan else repeats,
                                   until=until_settled(plan, f"measuring {key}"))
@@ -275,7 +275,7 @@ class EndpointPerfBench:
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         pattern, slo = self._pattern(pattern, config), self._slo(slo)
         key = self.ctx.measurement_key(label)
-        budget = budget_for(self.ctx, ENDPOINT_PRECISION, key)
+        budget = budget_for(self.ctx, ENDPOINT_ID, key)
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         # served models have no steps to take in turn: a whole load run per side and round
@@ -295,7 +295,7 @@ class EndpointPerfBench:
         return a, b
 
     def _record(self, label: str, measurement: Measurement, tags: dict) -> PerfRecord:
-        return PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_PRECISION,
+        return PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_ID,
                           measurement=measurement, backend="endpoint",
                           engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
                                          "served_model": self.bench.model, "pattern": tags.get("pattern", "")},

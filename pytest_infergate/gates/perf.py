@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pytest_infergate import context
-from pytest_infergate.context import ENDPOINT_PRECISION, TestContext
+from pytest_infergate.context import TestContext
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
@@ -104,7 +104,7 @@ def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tup
     unmeasured = [limit.key for limit in budget.limits if not record.measurement.samples.get(limit.metric)]
     if unmeasured:
         budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
-        what = "endpoint" if record.precision == ENDPOINT_PRECISION else "engine"
+        what = "endpoint" if record.is_endpoint else "engine"
         ctx.say(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
                          f"{what} measurement has no such figure"))
     return budget, unmeasured
