@@ -90,7 +90,7 @@ class AttentionBatch:
     num_padding: int = 0
     max_context: int = 0  # longest context of any sequence in this forward
     observer: object | None = None  # called with every attention call's arguments (the engine's shape probe)
-    chunk_sizes: dict = field(default_factory=dict)  # layer index -> attention chunk size (patterns.py)
+    chunk_sizes: dict = field(default_factory=dict)  # layer index -> attention chunk size (config.py)
     # CUDA graphs (decode_graphs.py): every layout made before capture, in fixed buffers; any other is an error
     frozen: bool = False
     _layouts: dict = field(default_factory=dict)

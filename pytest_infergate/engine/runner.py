@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pytest_infergate.engine.attention import AttentionBatch, DecodeRows, PrefillRows, cache_slots
-from pytest_infergate.engine.patterns import declared_patterns
+from pytest_infergate.engine.config import declared_patterns
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 from pytest_infergate.engine.sequence import Sequence
 
