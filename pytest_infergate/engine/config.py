@@ -29,7 +29,7 @@ class EngineConfig:
         as a static batch; `continuous` schedules every step: finished sequences leave, waiting ones join, prefill
         and decode share one forward under `max_batched_tokens`, long prompts are prefilled in chunks.
     kv_budget_bytes / kv_budget_blocks: the KV memory the engine may allocate (one of them). Default: under
-        `infergate_bench`, sized from the workload (kv_cache.workload_kv_shape), so the peak memory a test
+        `infergate_bench`, sized from the workload (runner.workload_kv_shape), so the peak memory a test
         reports is its model's and workload's, not a fixed allowance; elsewhere 1 GiB.
     prefix_caching: reuse the KV blocks of prompt prefixes computed before (a shared system prompt, few-shot
         examples, a document asked several questions) instead of computing them again; paged cache with

@@ -17,7 +17,7 @@ import torch
 
 from pytest_infergate.engine.attention import own_attention
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.kv_cache import kv_bytes_per_token
+from pytest_infergate.engine.runner import kv_bytes_per_token
 from pytest_infergate.engine.sequence import (
     DegradationEvent,
     FinishReason,

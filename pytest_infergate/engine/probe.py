@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pytest_infergate.engine.block_manager import BlockManager
-from pytest_infergate.engine.kv_cache import KVCache
+from pytest_infergate.engine.runner import KVCache
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 from pytest_infergate.engine.sequence import Sequence
 from pytest_infergate.workloads.request import Request
