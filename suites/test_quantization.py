@@ -30,7 +30,7 @@ def test_speed(infergate_bench, infergate_tokenizer, engine_config, batch):
 
 def test_freed_memory_allows_a_larger_batch(infergate_model, infergate_reference_model, engine_config, record_property):
     """Same memory budget as the reference at batch 8 with 1024-token sequences: how many sequences fit?"""
-    from pytest_infergate.engine.kv_cache import kv_bytes_per_token
+    from pytest_infergate.engine.runner import kv_bytes_per_token
 
     per_sequence = 1024 * kv_bytes_per_token(infergate_model.config, infergate_reference_model.model.dtype)
     budget = infergate_reference_model.record.weight_bytes + SMALL_BATCH * per_sequence

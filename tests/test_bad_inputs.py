@@ -452,7 +452,7 @@ def test_speed(infergate_bench):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*infergate_bench for test_*: request 0: prompt has 300 tokens, over the context "
                                  "window of 256*"])
-    assert "perf/local_bench.py" not in result.stdout.str() and "engine/limits.py" not in result.stdout.str()
+    assert "perf/local_bench.py" not in result.stdout.str() and "engine/sequence.py" not in result.stdout.str()
 
 
 def check_a_model_directory_without_tokenizer_files_names_them(tmp_path, tiny_source):

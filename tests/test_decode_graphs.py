@@ -9,7 +9,7 @@ import torch
 from zoo_models import cached_zoo, prompts
 
 from pytest_infergate.engine import Engine, EngineConfig, Request, decode_graphs, graph_build
-from pytest_infergate.engine.attention_batch import AttentionBatch
+from pytest_infergate.engine.attention import AttentionBatch
 from pytest_infergate.engine.decode_graphs import DecodeGraphs, EagerReplay, batch_buckets, context_buckets
 from pytest_infergate.errors import OptionError
 from pytest_infergate.perf.fingerprint import diff_fingerprints

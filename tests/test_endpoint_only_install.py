@@ -19,8 +19,8 @@ LOCAL_MODEL_MODULES = ("torch", "transformers", "bitsandbytes", "accelerate")
 # the modules that run a model and import torch at their top (docs/development.md); every other one imports in
 # the install without torch
 TORCH_MODULES = {f"pytest_infergate.engine.{name}" for name in (
-    "attention", "attention_batch", "backends", "decode_graphs", "engine", "graph_build", "hf_backend", "kv_cache",
-    "model_reference", "probe", "runner", "sampling", "self_check")} | {"pytest_infergate.perf.local_bench"}
+    "attention", "backends", "decode_graphs", "engine", "graph_build", "hf_backend", "model_reference", "probe",
+    "runner", "self_check")} | {"pytest_infergate.perf.local_bench"}
 IMPORT_EVERY_MODULE = """
 import importlib, json, pkgutil, pytest_infergate
 failed = {}

@@ -6,7 +6,7 @@ import math
 import pytest
 from engine_helpers import PROMPTS, messages
 
-from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request, sampling
+from pytest_infergate.engine import Engine, EngineConfig, FinishReason, Request, runner
 from pytest_infergate.errors import OptionError
 from pytest_infergate.workloads.request import RequestError
 
@@ -88,14 +88,14 @@ def test_good_values_are_normalised():
 
 
 def test_a_request_whose_sampling_fails_ends_failed_and_the_engine_goes_on(tiny_fp32, monkeypatch):
-    real = sampling.sample_row
+    real = runner.sample_row
 
     def fails_for_seed_13(logits, request, generator):
         if request.seed == 13:
             raise ValueError("the model's logits are not finite (nan/inf)")
         return real(logits, request, generator)
 
-    monkeypatch.setattr(sampling, "sample_row", fails_for_seed_13)
+    monkeypatch.setattr(runner, "sample_row", fails_for_seed_13)
     with Engine(tiny_fp32.model, tiny_fp32.tokenizer, EngineConfig(max_model_len=256)) as engine:
         bad = Request(prompt="Once", max_new_tokens=8, temperature=1.0, seed=13)
         good = Request(prompt="Once", max_new_tokens=8, temperature=1.0, seed=14, ignore_eos=True)

@@ -19,7 +19,6 @@ from pytest_infergate.engine import (
     Request,
     UnsupportedModelError,
     attention,
-    attention_batch,
     make_backend,
 )
 
@@ -117,8 +116,8 @@ def ignore_softcap(monkeypatch):
 
 def ignore_windows(monkeypatch):
     """A broken mask: every layer attends to the whole causal prefix, whatever its window or chunk."""
-    layout = attention_batch.AttentionBatch.layout
-    monkeypatch.setattr(attention_batch.AttentionBatch, "layout", lambda self, window, chunk=None: layout(self, None))
+    layout = attention.AttentionBatch.layout
+    monkeypatch.setattr(attention.AttentionBatch, "layout", lambda self, window, chunk=None: layout(self, None))
 
 
 def ignore_sinks(monkeypatch):

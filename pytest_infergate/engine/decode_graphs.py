@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeGroup, DecodeRows, Layout, decode_keys
+from pytest_infergate.engine.attention import AttentionBatch, DecodeGroup, DecodeRows, Layout, decode_keys
 
 MIN_CONTEXT_BUCKET = 256  # keys per query of the shortest context bucket (tests lower it)
 

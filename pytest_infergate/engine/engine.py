@@ -13,20 +13,28 @@ from pytest_infergate.engine import graph_build
 from pytest_infergate.engine.attention import UnsupportedModelError, uninstall
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for
-from pytest_infergate.engine.limits import Limits, StopChecker, eos_token_ids
-from pytest_infergate.engine.runner import ModelRunner
-from pytest_infergate.engine.sampling import SamplingFailure, record_top_logprobs, sample
+from pytest_infergate.engine.runner import (
+    KVCache,
+    ModelRunner,
+    SamplingFailure,
+    kv_bytes_per_token,
+    num_blocks_for,
+    record_top_logprobs,
+    sample,
+)
 from pytest_infergate.engine.scheduler import Scheduler, StepPlan
 from pytest_infergate.engine.self_check import attach
 from pytest_infergate.engine.sequence import (
     DegradationEvent,
     FinishReason,
+    Limits,
     Result,
     Sequence,
     SequenceStatus,
     StepRecord,
+    StopChecker,
     StreamChunk,
+    eos_token_ids,
 )
 from pytest_infergate.errors import OptionError
 from pytest_infergate.workloads.request import Request, RequestError, render_prompt

@@ -8,9 +8,9 @@ import time
 import torch
 
 from pytest_infergate.engine import decode_graphs
-from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, cache_slots
+from pytest_infergate.engine.attention import AttentionBatch, DecodeRows, cache_slots
+from pytest_infergate.engine.config import declared_patterns
 from pytest_infergate.engine.decode_graphs import DecodeGraphs, GraphStatus
-from pytest_infergate.engine.patterns import declared_patterns
 from pytest_infergate.engine.runner import ForwardInputs
 from pytest_infergate.errors import OptionError
 

@@ -17,9 +17,17 @@ import torch
 
 from pytest_infergate.engine.attention import own_attention
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.engine.kv_cache import kv_bytes_per_token
-from pytest_infergate.engine.limits import Limits, StopChecker, eos_token_ids
-from pytest_infergate.engine.sequence import DegradationEvent, FinishReason, RequestTimings, Result, StepRecord
+from pytest_infergate.engine.runner import kv_bytes_per_token
+from pytest_infergate.engine.sequence import (
+    DegradationEvent,
+    FinishReason,
+    Limits,
+    RequestTimings,
+    Result,
+    StepRecord,
+    StopChecker,
+    eos_token_ids,
+)
 from pytest_infergate.errors import OptionError
 from pytest_infergate.workloads.request import Request, render_prompt
 

@@ -1,7 +1,7 @@
 """The self-check's probe: three short sequences through the engine's attention, watched layer by layer. Two forwards,
 as the engine would schedule them: the first chunk of A with all of B and C, then A's next chunk after its cached
 context with one decode each of B and C, crossing KV block boundaries and every sliding window and attention chunk
-the config declares (patterns.py), up to PROBE_MAX_REACH tokens (beyond, the engine refuses the model). A short
+the config declares (config.py), up to PROBE_MAX_REACH tokens (beyond, the engine refuses the model). A short
 probe goes through every layer, a long one through one layer of each distinct attention pattern
 (one_layer_per_pattern, only_layers), its logits at the rows LogitRows keeps; a LayerWatch keeps what each layer was
 handed and returned, for the self-check to recompute. How the probe is sized, and why: docs/explanation/engine.md,
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pytest_infergate.engine.block_manager import BlockManager
-from pytest_infergate.engine.kv_cache import KVCache
+from pytest_infergate.engine.runner import KVCache
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 from pytest_infergate.engine.sequence import Sequence
 from pytest_infergate.workloads.request import Request
@@ -140,7 +140,7 @@ class Probe:
         first shows, so logits are computed there, at each sequence's start and end and every LOGIT_STRIDE-th
         position (LogitRows); every token still goes through every layer's attention check."""
         text_config = model.config.get_text_config()
-        self.reach = reach  # the longest window / chunk to cross (patterns.DeclaredPatterns.reach); None: none
+        self.reach = reach  # the longest window / chunk to cross (config.DeclaredPatterns.reach); None: none
         self.span = reach + 4 if reach else 2 * PROBE_BLOCK_SIZE  # A: past a block (and the reach)
         self.long_prefill = reach + 2 if reach else PROBE_BLOCK_SIZE - 1  # B
         lengths = [self.span, self.long_prefill + 1, 3]

@@ -1,5 +1,7 @@
-"""The only place that builds model inputs and calls the model's forward (nano-vllm's model_runner: inputs are
-prepared per phase, then one forward runs them all)."""
+"""From a step's plan to its next tokens, as nano-vllm's model_runner: the KV cache tensors the forward writes to,
+sized from the engine's KV budget; the model's inputs, prepared per phase, then one forward runs them all (the only
+place that calls the model's forward); and the next tokens from its logits: greedy rows take the argmax, the others
+sample with temperature, top-k and top-p from their own seeded generator (gpt-fast's logits_to_probs / sample)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,89 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pytest_infergate.engine.attention_batch import AttentionBatch, DecodeRows, PrefillRows, cache_slots
-from pytest_infergate.engine.patterns import declared_patterns
+from pytest_infergate.engine.attention import AttentionBatch, DecodeRows, PrefillRows, cache_slots
+from pytest_infergate.engine.config import declared_patterns
 from pytest_infergate.engine.scheduler import Chunk, StepPlan
 from pytest_infergate.engine.sequence import Sequence
+from pytest_infergate.workloads.request import Request
 
 CPU_DECODE_GROUP_SIZE = 8  # decoding sequences attended together on the CPU (see EngineConfig.decode_group_size)
+DEFAULT_KV_BUDGET_BYTES = 1 << 30
 
 
+# ---- the KV cache -----------------------------------------------------------------------------------------------
+class KVCache:
+    """One flat slot tensor per attention layer, `k[layer]: [num_slots, kv_heads, head_dim]`; the block manager maps a
+    sequence's token positions to slots. Each layer's geometry is what the model's attention actually hands over (the
+    engine's shape probe records it), not what the config claims: GPT-2 and OPT ignore a config's `head_dim`, some
+    families give layers different head counts."""
+
+    def __init__(self, geometry: dict[int, tuple[int, int, int]], num_slots: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        """geometry: layer index -> (kv heads, key head dim, value head dim)."""
+        self.num_slots = num_slots
+        self.dtype = dtype
+        self.device = device
+        self.k: list[torch.Tensor | None] = []
+        self.v: list[torch.Tensor | None] = []
+        for layer, shape in geometry.items():
+            self.add_layer(layer, shape)
+
+    def add_layer(self, layer: int, geometry: tuple[int, int, int]) -> None:
+        num_kv_heads, head_dim, value_head_dim = geometry
+        while len(self.k) <= layer:
+            self.k.append(None)
+            self.v.append(None)
+        self.k[layer] = torch.zeros((self.num_slots, num_kv_heads, head_dim), dtype=self.dtype, device=self.device)
+        self.v[layer] = torch.zeros((self.num_slots, num_kv_heads, value_head_dim), dtype=self.dtype,
+                                    device=self.device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots: [T]; k, v: [T, kv_heads, head_dim]."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+def kv_geometry(config) -> tuple[int, int]:
+    """(kv heads, head dim) as a config states them (the engine itself uses what its shape probe saw)."""
+    num_heads = config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    return num_kv_heads, head_dim
+
+
+def kv_bytes_per_token(geometry, dtype: torch.dtype) -> int:
+    """Sum over layers of kv_heads x (key + value head dims) x bytes per element. `geometry`: layer index ->
+    (kv heads, key head dim, value head dim), or a model config (every layer as the config states it)."""
+    if not isinstance(geometry, dict):
+        heads, dim = kv_geometry(geometry)
+        geometry = dict.fromkeys(range(geometry.num_hidden_layers), (heads, dim, dim))
+    element = torch.tensor([], dtype=dtype).element_size()
+    return element * sum(heads * (k_dim + v_dim) for heads, k_dim, v_dim in geometry.values())
+
+
+def workload_kv_shape(token_needs: list[int], config) -> tuple[int, int]:
+    """(sequences at once, blocks per sequence) for a known workload (each request's prompt + max_new_tokens): as
+    many sequences as the engine runs at once (max_batch_size; one for sequential batching), each as long as the
+    longest request, plus one block for a partly filled last block. Every sequence fits at its longest, so the
+    scheduler never preempts for want of memory and runs as it would with any larger budget."""
+    concurrent = 1 if config.batching == "sequential" else min(config.max_batch_size, max(1, len(token_needs)))
+    return concurrent, -(-max(token_needs, default=1) // config.block_size) + 1
+
+
+def num_blocks_for(config, bytes_per_token: int) -> int:
+    """How many KV blocks the engine config's budget buys."""
+    if config.kv_budget_blocks is not None:
+        return config.kv_budget_blocks
+    budget = config.kv_budget_bytes or DEFAULT_KV_BUDGET_BYTES
+    return budget // (bytes_per_token * config.block_size)
+
+
+# ---- inputs and the forward -------------------------------------------------------------------------------------
 @dataclass
 class ForwardInputs:
     """One forward's flattened tokens, what attention needs to know about them, and where to read logits."""
@@ -149,3 +226,76 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         self.last_device_s = begin.elapsed_time(end) / 1000.0
         self.device_s += self.last_device_s
+
+
+# ---- sampling the next tokens -----------------------------------------------------------------------------------
+@dataclass
+class SamplingFailure:
+    """A row whose sampling failed; its request ends as `failed` with this reason (the others go on)."""
+
+    reason: str
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """logits: [vocab] -> probabilities after temperature and top-k."""
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero all but the smallest set of most likely tokens whose probability reaches top_p."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(descending=True)
+    drop = sorted_probs.cumsum(0) - sorted_probs > top_p
+    return torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0))
+
+
+def generator_for(seq: Sequence, device: torch.device) -> torch.Generator:
+    """The sequence's own generator: seeded from the request's seed (or its id), so a seed reproduces a sample."""
+    if seq.generator is None:
+        seq.generator = torch.Generator(device=device)
+        seq.generator.manual_seed(seq.request.seed if seq.request.seed is not None else seq.seq_id)
+    return seq.generator
+
+
+def sample_row(logits: torch.Tensor, request: Request, generator: torch.Generator) -> int:
+    probs = keep_top_p(logits_to_probs(logits, request.temperature, request.top_k), request.top_p)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+        raise ValueError("the model's logits are not finite (nan/inf), so there is no distribution to sample from")
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | SamplingFailure]:
+    """logits: [len(seqs), vocab] -> one token (or the reason sampling failed) per sequence."""
+    tokens: list[int | SamplingFailure] = [0] * len(seqs)
+    greedy = [i for i, seq in enumerate(seqs) if seq.request.is_greedy]
+    if greedy:
+        for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+            tokens[i] = token
+    for i, seq in enumerate(seqs):
+        if seq.request.is_greedy:
+            continue
+        try:
+            tokens[i] = sample_row(logits[i], seq.request, generator_for(seq, logits.device))
+        except (RuntimeError, ValueError) as exc:
+            tokens[i] = SamplingFailure(f"sampling failed: {exc}")
+    return tokens
+
+
+def record_top_logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int | SamplingFailure]) -> None:
+    """Append to each sequence that asks (Request.top_logprobs) the log-probabilities of its most likely next tokens
+    under this step's logits: the distribution the token was drawn from, in the batch it was computed in (a golden
+    gate reads the margin of a changed token from it). One device->host copy for all rows that ask."""
+    rows = [i for i, seq in enumerate(seqs)
+            if seq.request.top_logprobs and not isinstance(tokens[i], SamplingFailure)]
+    if not rows:
+        return
+    k = min(max(seqs[i].request.top_logprobs for i in rows), logits.shape[-1])
+    top = torch.log_softmax(logits[rows].float(), dim=-1).topk(k, dim=-1)
+    for i, ids, values in zip(rows, top.indices.tolist(), top.values.tolist()):
+        n = seqs[i].request.top_logprobs
+        seqs[i].output_top_logprobs.append((ids[:n], values[:n]))

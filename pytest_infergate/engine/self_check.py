@@ -1,7 +1,7 @@
 """The engine checks itself on every model it is given, against the model's own attention implementation (sdpa or
 eager), on a short probe (probe.py) that crosses KV block boundaries and every sliding window and attention chunk
 the config declares (a config field that may change attention and that the engine does not know is refused:
-patterns.py). Two comparisons, each with a tolerance per dtype: each attention layer's output against the model's
+config.py). Two comparisons, each with a tolerance per dtype: each attention layer's output against the model's
 attention function recomputed on exactly the q, k, v the layer handed the engine (naming the first layer that
 differs), and every logit against the model's own forward. Beyond a tolerance the model is refused
 (UnsupportedModelError: the family, the layer, the features it uses, the largest difference). What each comparison
@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pytest_infergate.engine.attention import UnsupportedModelError, install, uninstall
+from pytest_infergate.engine.config import DeclaredPatterns, declared_patterns, unknown_attention_fields
 from pytest_infergate.engine.model_reference import HF_ADVICE, family, recompute_layer, reference_logits
-from pytest_infergate.engine.patterns import DeclaredPatterns, declared_patterns, unknown_attention_fields
 from pytest_infergate.engine.probe import (
     PROBE_BLOCK_SIZE,
     PROBE_MAX_REACH,

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pytest_infergate import context, process_meters
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
-from pytest_infergate.engine.sequence import Result
+from pytest_infergate.engine.sequence import Limits, Result
 from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.conversations import (
@@ -117,10 +117,9 @@ class Bench:
         return results
 
     def sized(self, config: EngineConfig, requests: list[Request | Session]) -> tuple[EngineConfig, str]:
-        """`config` with its KV budget sized from the workload when it sets none (engine.kv_cache.
+        """`config` with its KV budget sized from the workload when it sets none (engine.runner.
         workload_kv_shape), and how the budget was chosen, for the report beside the peak memory."""
-        from pytest_infergate.engine.kv_cache import workload_kv_shape
-        from pytest_infergate.engine.limits import Limits
+        from pytest_infergate.engine.runner import workload_kv_shape
         from pytest_infergate.workloads.request import RequestError, render_prompt
 
         if config.kv_budget_bytes is not None or config.kv_budget_blocks is not None:
