@@ -4,7 +4,7 @@ Finding a check says beyond its record (it did not run or decide as asked; or a 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Status(str, enum.Enum):
@@ -23,6 +23,21 @@ class Status(str, enum.Enum):
             if status in statuses:
                 return status
         return cls.PASS
+
+
+@dataclass
+class Decision:
+    """What a policy gate (quality vs the reference, golden regression, batch invariance) decided: a failure for
+    each `problem`, undecided for each reason in `undecided`, else a pass; `notes` are said beside it. The shape
+    every gate's record keeps (a perf gate's PerfOutcome, with its violations and verdicts, has the same status)."""
+
+    problems: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> Status:
+        return Status.FAIL if self.problems else Status.INCONCLUSIVE if self.undecided else Status.PASS
 
 
 def under_strict(status: Status, strict: bool) -> Status:

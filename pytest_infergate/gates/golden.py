@@ -34,14 +34,14 @@ from pytest_infergate.quality.golden_machines import (
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import (
     RegressionPolicy,
-    category_findings,
+    decide_batch_invariance,
     parse_policy,
-    policy_violations,
     resolve_policy,
 )
+from pytest_infergate.quality.policy import decide as decide_quality
 from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
-from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Finding, Status
+from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Decision, Finding, Status
 
 
 class Candidate(Protocol):
@@ -112,15 +112,13 @@ class GoldenGate:
         samples = self.samples(limit, categories)
         result = self._comparison(samples)
         rules = self.policy(policy)
-        by_category, flagged = category_findings(result.categories, rules)
-        problems = policy_violations(result.summary, rules) + by_category + result.flags
-        status = Status.FAIL if problems else Status.PASS
-        for finding in flagged:  # the mean passed and the policy does not gate categories: a note beside the gate
+        decision = decide_quality(result, rules)
+        for note in decision.notes:  # the mean passed and the policy does not gate categories: a note beside the gate
             self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,
-                                 f"{result.precision} vs {result.reference_precision}: {finding}", status=Status.PASS))
-        if flagged:
-            result.notes = [*result.notes, *flagged]
-        self.ctx.record(QualityRecord(self.ctx.test_id, status, result, rules, problems, *self.backend()))
+                                 f"{result.precision} vs {result.reference_precision}: {note}", status=Status.PASS))
+        result.notes = [*result.notes, *decision.notes]
+        problems = decision.problems
+        self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, rules, problems, *self.backend()))
         if problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
             self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
@@ -224,9 +222,9 @@ class GoldenGate:
         if regression.travels:
             regression.travel, regression.travel_source = self._travel(samples, default_path, environment, old, path,
                                                                              rules)
-        problems, undecided = regression.problems(), regression.undecided()
-        status = Status.FAIL if problems else Status.INCONCLUSIVE if undecided else Status.PASS
-        self.ctx.record(GoldenRecord(self.ctx.test_id, status, regression.precision,
+        decision = Decision(regression.problems(), regression.undecided())
+        problems, undecided = decision.problems, decision.undecided
+        self.ctx.record(GoldenRecord(self.ctx.test_id, decision.status, regression.precision,
                                      str(path), compared=regression.compared, missing=regression.missing,
                                      mean_topk_kl=regression.mean_topk_kl, changed=regression.changed,
                                      policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
@@ -297,14 +295,10 @@ class GoldenGate:
         except InfergateError as exc:
             self.ctx.fail(str(exc))
         rules = self.policy(policy)
-        problems = []
-        limit_share = rules.get("max_batch_variant_share")
-        if limit_share is not None and result.variant_share > limit_share:
-            problems.append(f"max_batch_variant_share: {len(result.variant_ids)} of {len(result.samples)} samples "
-                            f"({result.variant_share:.1%}) change with the batch, policy <= {limit_share:g}")
+        decision = decide_batch_invariance(result, rules)
         gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
-        self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, Status.FAIL if problems else Status.PASS, result,
-                                              gate, problems, *self.backend()))
-        if problems:
-            self.ctx.fail(batch_invariance_failure(result, problems))
+        self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, decision.status, result, gate, decision.problems,
+                                              *self.backend()))
+        if decision.problems:
+            self.ctx.fail(batch_invariance_failure(result, decision.problems))
         return result

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_infergate.errors import OptionError
 from pytest_infergate.quality.travel import TravelMargins
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
+from pytest_infergate.status import Decision
+
+if TYPE_CHECKING:
+    from pytest_infergate.quality.golden_generation import BatchInvariance
+    from pytest_infergate.quality.metrics import QualityResult
 
 # the margins of the decision against outputs accepted on another machine (quality.travel)
 TRAVEL_KEYS = ("max_top1_drop", "max_kl_rise", "max_task_drop")
@@ -142,6 +147,23 @@ def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, f
                 flagged.append(f"category {name!r} ({figures.get('samples', '?')} samples): {figure} {value:.3g} "
                                f"below the policy's {key}={policy[key]:g}; gate it with min_category_task_ratio")
     return violations, flagged
+
+
+def decide(result: QualityResult, policy: dict[str, float]) -> Decision:
+    """A candidate against the reference under `policy`: the aggregate thresholds and the categories' floors it
+    broke, and the flags of its comparison, fail it; categories below the aggregate floors while the mean passes
+    are noted (not gated)."""
+    by_category, flagged = category_findings(result.categories, policy)
+    return Decision(policy_violations(result.summary, policy) + by_category + list(result.flags), notes=flagged)
+
+
+def decide_batch_invariance(result: BatchInvariance, policy: dict[str, float]) -> Decision:
+    """Batch invariance under the policy's `max_batch_variant_share` (no gate unless set)."""
+    limit_share = policy.get("max_batch_variant_share")
+    if limit_share is None or result.variant_share <= limit_share:
+        return Decision()
+    return Decision([f"max_batch_variant_share: {len(result.variant_ids)} of {len(result.samples)} samples "
+                     f"({result.variant_share:.1%}) change with the batch, policy <= {limit_share:g}"])
 
 
 @dataclass(frozen=True)
