@@ -8,7 +8,7 @@ import pytest
 
 from pytest_infergate.context import Target
 from pytest_infergate.options import Options
-from pytest_infergate.session import session_of, skip
+from pytest_infergate.session import needs, session_of, skip
 from pytest_infergate.status import ENDPOINT_CHECK, Finding
 
 # an endpoint test in a run without --infergate-endpoint: listed among the checks that did not run, with the fix
@@ -48,7 +48,8 @@ def infergate_model(request: pytest.FixtureRequest, infergate_target: Target):
     With --infergate-endpoint, tests that need it are skipped: the server's model is under test, not a local one."""
     if infergate_target.is_endpoint:
         pytest.skip("measures a local model; with --infergate-endpoint the server's model is under test")
-    return session_of(request.config).model(infergate_target.precision)
+    resources = session_of(request.config).resources
+    return needs(lambda: resources.model(infergate_target.precision))
 
 
 @pytest.fixture
@@ -63,24 +64,25 @@ def infergate_backend(infergate_model):
 @pytest.fixture
 def infergate_reference_model(request: pytest.FixtureRequest):
     """The model in the reference precision (--infergate-reference-precision), loaded once per session."""
-    session = session_of(request.config)
-    return session.model(session.options.reference_precision)
+    resources = session_of(request.config).resources
+    return needs(lambda: resources.model(resources.options.reference_precision))
 
 
 @pytest.fixture(scope="session")
 def infergate_tokenizer(pytestconfig: pytest.Config):
     """The tokenizer of --infergate-model (shared by every precision; pads on the left)."""
-    return session_of(pytestconfig).tokenizer()
+    return needs(session_of(pytestconfig).resources.tokenizer)
 
 
 def _endpoint_bench(request: pytest.FixtureRequest):
     from pytest_infergate.gates.endpoint import EndpointPerfBench
 
     session = session_of(request.config)
-    if session.endpoint is None:
+    resources = session.resources
+    if resources.endpoint is None:
         skip(NEEDS_A_SERVER)
-    return EndpointPerfBench(session.context(request.node), session.endpoint, lambda: session.pool.tokenizer,
-                             session.reference_endpoint)
+    return EndpointPerfBench(session.context(request.node), resources.endpoint, lambda: resources.pool.tokenizer,
+                             resources.reference_endpoint)
 
 
 @pytest.fixture
@@ -120,9 +122,11 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_target: Target):
     from pytest_infergate.gates.perf import PerfBench
 
     session = session_of(request.config)
+    resources = session.resources
     loaded = request.getfixturevalue("infergate_model")
     bench = PerfBench(session.context(request.node), loaded,
-                      lambda: session.compare_side(loaded.record.requested_precision), session.baseline_env)
+                      lambda: needs(lambda: resources.compare_side(loaded.record.requested_precision)),
+                      lambda: needs(resources.baseline_env))
     yield bench
     bench.close()
 
@@ -140,22 +144,23 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
 
     session = session_of(request.config)
-    options = session.options
+    options, resources, caches = session.options, session.resources, session.resources.caches
     if infergate_target.is_endpoint:
-        if session.endpoint is None:
+        if resources.endpoint is None:
             skip(NEEDS_A_SERVER)
-        candidate = EndpointCandidate(session.endpoint, lambda: session.pool.tokenizer, session.endpoint_answers)
+        candidate = EndpointCandidate(resources.endpoint, lambda: resources.pool.tokenizer, caches.endpoint_answers)
     else:
-        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, session.generated,
-                                   options.golden_max_len, session.reference_scores)
+        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, caches.generated,
+                                   options.golden_max_len, caches.reference_scores)
     golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
-    if infergate_target.is_endpoint and session.reference_endpoint is not None:
+    model_name = lambda: resources.pool.source.name  # noqa: E731 - read when a gate names the model
+    if infergate_target.is_endpoint and resources.reference_endpoint is not None:
         from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
 
-        pair = ServerPairCandidate(session.endpoint.config, session.reference_endpoint.config,
-                                   session.endpoint_answers)
-        return ServerPairGate(pair, session.context(request.node), candidate, lambda: None, golden_dir,
-                              lambda: session.pool.source.name, session.comparisons, session.generated)
+        pair = ServerPairCandidate(resources.endpoint.config, resources.reference_endpoint.config,
+                                   caches.endpoint_answers)
+        return ServerPairGate(pair, session.context(request.node), candidate, lambda: None, golden_dir, model_name,
+                              caches.comparisons, caches.generated)
     return GoldenGate(session.context(request.node), candidate,
-                      lambda: session.model(options.reference_precision), golden_dir, lambda: session.pool.source.name,
-                      session.comparisons, session.generated)
+                      lambda: needs(lambda: resources.model(options.reference_precision)), golden_dir, model_name,
+                      caches.comparisons, caches.generated)

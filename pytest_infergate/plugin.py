@@ -206,7 +206,7 @@ def chat_only_problems(config: pytest.Config, items: list[pytest.Item]) -> list[
         from pytest_infergate.workloads.request import has_chat_template
 
         try:
-            tokenizer = session_of(config).pool.tokenizer
+            tokenizer = session_of(config).resources.pool.tokenizer
         except InfergateError as exc:
             raise pytest.UsageError(f"infergate: {exc}") from None
         if has_chat_template(tokenizer):

@@ -17,11 +17,11 @@ from typing import Any, NoReturn
 import pytest
 
 from pytest_infergate.context import ENDPOINT_ID, IniScopes, TestContext
-from pytest_infergate.errors import InfergateError, ModelLoadError
-from pytest_infergate.models import PRECISIONS, ModelPool
+from pytest_infergate.errors import InfergateError
+from pytest_infergate.models import PRECISIONS
 from pytest_infergate.options import Options
 from pytest_infergate.outputs import TerminateAsInterrupt
-from pytest_infergate.quality.scoring import ScoreCache
+from pytest_infergate.resources import ResourceError, SessionResources
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults, record_message, undecided_notice
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
@@ -109,24 +109,15 @@ class InfergateSession:
         self.config = config
         self.options = options
         self.is_worker = hasattr(config, "workerinput")
-        self.pool = ModelPool(options)
+        self.resources = SessionResources(options)  # models, endpoints, caches: what the fixtures hand tests
         self.results = RunResults(strict=options.strict)
         self.baseline = None  # measurement key -> BaselineEntry, with --infergate-baseline
-        self.generated: dict = {}  # local models' golden outputs, shared by every gate that needs them
-        self.comparisons: dict = {}  # one quality comparison per precision and sample set
-        self.reference_scores = ScoreCache()  # the reference's log-probabilities of its golden continuations
-        self.endpoint_answers: dict = {}  # the endpoint's golden answers
-        self.compare_pools: list[ModelPool] = []
-        self.refused: dict[int, str] = {}  # id of a LoadedModel the engine refused under --infergate-backend engine
-        self.endpoint = None  # EndpointBench, with --infergate-endpoint
-        self.reference_endpoint = None  # EndpointBench, with --infergate-reference-endpoint
         self._scopes: IniScopes | None = None  # read once the suites' conftests have added their defaults
         self.output_errors: list[str] = []
         self.output_notes: list[str] = []
         self.output_saved: list[str] = []  # outputs written, said in the terminal (the baseline's entries and path)
         self.terminate_as_interrupt = TerminateAsInterrupt()
         self.history = None  # history.History, once this run is appended to --infergate-history
-        self._baseline_env = None  # perf.baseline_env.BaselineEnv, started when --infergate-baseline-python is used
         if options.baseline is not None:
             from pytest_infergate.history.store import names_a_run, run_file
             from pytest_infergate.perf.baseline import load_baseline, schema_note
@@ -222,75 +213,15 @@ class InfergateSession:
         outbox.findings.clear()
         outbox.records.clear()
 
-    def model(self, precision: str):
-        return self._with_backend(_or_fail(lambda: self.pool.get(precision), "infergate could not load the model"))
-
-    def _with_backend(self, loaded):
-        """`loaded`, with the backend --infergate-backend chooses for it (the engine's self-check runs once per
-        loaded model). Under `engine` a model the engine refuses fails every test that needs it, naming the
-        family and what the self-check found."""
-        if loaded.backend is not None:
-            return loaded
-        key = id(loaded)
-        if key not in self.refused:
-            from pytest_infergate.engine import UnsupportedModelError
-            from pytest_infergate.engine.backends import choose_backend
-
-            try:
-                loaded.use_backend(choose_backend(loaded.model, loaded.tokenizer, self.options.backend))
-                return loaded
-            except UnsupportedModelError as exc:
-                self.refused[key] = (f"infergate: --infergate-backend engine, but the engine refuses "
-                                     f"{loaded.record.model} in {loaded.record.requested_precision}: {exc}")
-        pytest.fail(self.refused[key], pytrace=False)
-
-    def compare_side(self, precision: str):
-        """The A side of an interleaved A/B run: --infergate-compare-model in `precision`, else the reference."""
-        if not self.options.compare_model:
-            return self.model(self.options.reference_precision)
-        if not self.compare_pools:
-            self.compare_pools.append(ModelPool(replace(self.options, model=self.options.compare_model)))
-        return self._with_backend(_or_fail(lambda: self.compare_pools[0].get(precision),
-                                           "infergate could not load the compare model"))
-
-    def baseline_env(self):
-        """The worker of --infergate-baseline-python, started at the first measurement that needs it; a worker that
-        cannot start fails that test with the reason (and every later one that needs it)."""
-        from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError
-
-        if self._baseline_env is None:
-            try:
-                self._baseline_env = BaselineEnv(self.options.baseline_python,
-                                                 self.options.baseline_python_timeout)
-            except BaselineEnvError as exc:
-                self._baseline_env = exc  # not retried: every test that needs it fails with the same reason
-        if isinstance(self._baseline_env, BaselineEnvError):
-            pytest.fail(f"infergate could not start the baseline environment: {self._baseline_env}", pytrace=False)
-        return self._baseline_env
-
-    def tokenizer(self):
-        return _or_fail(lambda: self.pool.tokenizer, "infergate could not load the tokenizer")
-
     # ---- hooks --------------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """With --infergate-endpoint, the server must answer before any test runs: a server that is down is one
         clear usage error, not a hang or a failure per test. From here on a SIGTERM ends the run as Ctrl-C does."""
         self.terminate_as_interrupt.install()
-        if self.options.endpoint is None:
-            return
-        from pytest_infergate.endpoint.exchange import EndpointConfig
-        from pytest_infergate.endpoint.loadgen import EndpointBench
-
         try:
-            bench = EndpointBench(EndpointConfig.from_options(self.options))
-            bench.model  # noqa: B018 - GET /v1/models once; the served name is reused by every test
-            if self.options.reference_endpoint is not None:
-                reference = EndpointBench(EndpointConfig.from_options(self.options, reference=True))
-                reference.model  # noqa: B018
-                self.reference_endpoint = reference
+            self.resources.connect_endpoints()
         except InfergateError as exc:
             raise pytest.UsageError(f"infergate: {exc}") from None
-        self.endpoint = bench
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -353,24 +284,23 @@ class InfergateSession:
             self.scopes.note(option, scopes)
 
     def _describe_run(self) -> None:
-        if self.pool.loaded:
+        pool, resources = self.resources.pool, self.resources
+        if pool.loaded:
             from pytest_infergate.environment import library_versions, machine_fingerprint
 
             self.results.environment.update(
                 machine=machine_fingerprint(self.options.device), versions=library_versions(),
-                model=self.options.model, model_name=self.pool.source.name, device=self.options.device,
+                model=self.options.model, model_name=pool.source.name, device=self.options.device,
                 reference_precision=self.options.reference_precision)
-        for loaded in self.pool.loaded:
+        for loaded in pool.loaded:
             self.results.models[loaded.record.requested_precision] = loaded.record.to_dict()
-        if self.endpoint is not None:
-            self.results.environment["endpoint"] = self.endpoint.fingerprint()
-        if self.reference_endpoint is not None:
-            self.results.environment["reference_endpoint"] = self.reference_endpoint.fingerprint()
+        if resources.endpoint is not None:
+            self.results.environment["endpoint"] = resources.endpoint.fingerprint()
+        if resources.reference_endpoint is not None:
+            self.results.environment["reference_endpoint"] = resources.reference_endpoint.fingerprint()
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self._baseline_env is not None and not isinstance(self._baseline_env, Exception):
-            self._baseline_env.close()
-            self._baseline_env = None
+        self.resources.close()
         self._describe_run()
         if self.is_worker:
             self.config.workeroutput[WORKER_OUTPUT] = json.dumps({
@@ -423,13 +353,13 @@ class InfergateSession:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 
 
-def _or_fail(load, what: str):
-    """`load()`, or the test fails with the load error's message alone (raised outside the except block, so the
-    error is not printed twice with a "During handling of the above exception" chain)."""
+def needs(get):
+    """`get()` (a resource a test needs: resources.SessionResources), or the test fails with why it could not be had
+    (raised outside the except block, so the error is not printed twice with a "During handling" chain)."""
     try:
-        return load()
-    except ModelLoadError as exc:
-        message = f"{what}: {exc}"
+        return get()
+    except ResourceError as exc:
+        message = str(exc)
     pytest.fail(message, pytrace=False)
 
 
