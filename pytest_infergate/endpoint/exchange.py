@@ -17,7 +17,7 @@ import httpx
 
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import Options, check_endpoint_settings
-from pytest_infergate.workloads.request import plain_text
+from pytest_infergate.workloads.request import RequestLatencies, plain_text
 
 SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
 
@@ -171,7 +171,7 @@ class EndpointRequest:
 
 
 @dataclass
-class EndpointResult:
+class EndpointResult(RequestLatencies, start="sent", stamps="chunk_times"):
     """One request as the client saw it. Instants are perf_counter seconds; `error` is None on success."""
 
     request_id: str
@@ -196,24 +196,10 @@ class EndpointResult:
     def ok(self) -> bool:
         return self.error is None
 
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.sent
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finished is None else self.finished - self.sent
-
-    @property
-    def itl_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
-
-    @property
-    def tpot_s(self) -> float | None:
-        """(e2e - TTFT) / (output tokens - 1), as vLLM's benchmark defines it."""
-        if not self.ok or not self.output_tokens or self.output_tokens < 2 or self.first_token is None:
-            return None
-        return (self.finished - self.first_token) / (self.output_tokens - 1)
+    # ttft_s, itl_s, tpot_s and e2e_s: RequestLatencies
+    def _decode_span(self) -> tuple[float | None, int]:
+        """(e2e - TTFT) / (output tokens - 1), as vLLM's benchmark defines it; none for a failed request."""
+        return (self.finished if self.ok else None), self.output_tokens or 0
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.workloads.request import Request, RequestError
+from pytest_infergate.workloads.request import Request, RequestError, RequestLatencies
 
 
 class FinishReason(str, enum.Enum):
@@ -30,7 +30,7 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass
-class RequestTimings:
+class RequestTimings(RequestLatencies, start="arrival", stamps="token_times"):
     """Wall-clock instants (perf_counter seconds) and the derived latencies of one request: for the engine, the
     HF generate backend, or a client of a served model (`arrival` when it was sent, `token_times` when each
     streamed chunk came, `num_output_tokens` the tokens they carried if a chunk can carry several)."""
@@ -46,25 +46,11 @@ class RequestTimings:
     def queue_wait_s(self) -> float | None:
         return None if self.first_scheduled is None else self.first_scheduled - self.arrival
 
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def itl_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Mean time per output token after the first (vLLM's TPOT)."""
+    # ttft_s, itl_s, tpot_s and e2e_s: RequestLatencies
+    def _decode_span(self) -> tuple[float | None, int]:
+        """TPOT runs to the last token's instant."""
         count = len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
-        if count < 2 or self.first_token is None or not self.token_times:
-            return None
-        return (self.token_times[-1] - self.first_token) / (count - 1)
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finished is None else self.finished - self.arrival
+        return (self.token_times[-1] if self.token_times else None), count
 
     def to_dict(self) -> dict[str, Any]:
         return {"queue_wait_s": self.queue_wait_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,

@@ -15,12 +15,13 @@ from pytest_infergate.gates.perf import (
     budget_for,
     finish_ab,
     gate_measurement,
+    prepare_gate,
     repetition_plan,
     until_settled,
 )
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.gate import AB_ROUNDS, PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
@@ -114,16 +115,24 @@ class EndpointPerfBench:
         """(Measurement, PerfOutcome) of one load run, recorded with the test's result; failing is the caller's."""
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         slo = self._slo(slo)
-        measurement = self._measure(requests, pattern, slo, warmup, repeats, label)
-        return measurement, self._gate(requests, pattern, slo, warmup, measurement, label, tags, notes)
+        measurement, gate = self._measure(requests, pattern, slo, warmup, repeats, label)
+        return measurement, self._gate(gate, pattern, measurement, label, tags, notes)
 
-    def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str
-                 ) -> Measurement:
+    def _measure(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, repeats: int, label: str,
+                 remeasure_warmup: int | None = None) -> tuple[Measurement, PerfGate]:
+        """The measurement and the gate it goes through, made before measuring (PerfBench.__call__'s way): its
+        budget sets the repetition plan; a re-measurement warms up with `remeasure_warmup` requests (None: `warmup`)."""
         key = self.ctx.measurement_key(label)
-        plan = repetition_plan(budget_for(self.ctx, ENDPOINT_ID, key), self.ctx, repeats)
-        return self.bench.measure(requests, pattern, slo, warmup=warmup, repeats=plan.least if plan else repeats,
-                                  label=label, max_repeats=plan.most if plan else repeats,
-                                  until=until_settled(plan, f"measuring {key}"))
+        rewarmup = warmup if remeasure_warmup is None else remeasure_warmup
+        # the closure reads `measurement` when the gate re-measures, by then measured
+        gate = prepare_gate(self.ctx, key, ENDPOINT_ID, self.bench.fingerprint(),
+                            remeasure=lambda: self.bench.run_once(requests, pattern, slo, rewarmup, measurement))
+        plan = repetition_plan(gate.budget, self.ctx, repeats)
+        measurement = self.bench.measure(requests, pattern, slo, warmup=warmup,
+                                         repeats=plan.least if plan else repeats, label=label,
+                                         max_repeats=plan.most if plan else repeats,
+                                         until=until_settled(plan, f"measuring {key}"))
+        return measurement, gate
 
     def _with_test_extras(self, requests: list) -> list:
         """Each request (engine Request, EndpointRequest or Session) with the test's `infergate_extra_body`
@@ -135,11 +144,10 @@ class EndpointPerfBench:
             return requests
         return [replace(item, extra_body={**extras, **item.extra_body}) for item in requests]
 
-    def _gate(self, requests, pattern: LoadPattern, slo: Slo, warmup: int, measurement: Measurement, label: str,
-              tags: dict | None, notes: list[str] = ()) -> PerfOutcome:
+    def _gate(self, gate: PerfGate, pattern: LoadPattern, measurement: Measurement, label: str, tags: dict | None,
+              notes: list[str] = ()) -> PerfOutcome:
         record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
-        return gate_measurement(self.ctx, record, remeasure=lambda: self.bench.run_once(
-            requests, pattern, slo, warmup, measurement), notes=notes)
+        return gate_measurement(self.ctx, record, notes=notes, gate=gate)
 
     def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
         """Answered requests per second with one request at a time (measured once a session per workload and
@@ -201,12 +209,13 @@ class EndpointPerfBench:
         from pytest_infergate.endpoint import sweep
 
         requests, slo = self._with_test_extras(requests), self._slo(slo)  # the rates path: in _measure_and_gate
-        measured: list[tuple[sweep.SweepPoint, Measurement, str]] = []
+        measured: list[tuple[sweep.SweepPoint, Measurement, PerfGate, str]] = []
 
         def run(role: str, pattern: LoadPattern, name: str) -> sweep.SweepPoint:
-            measurement = self._measure(requests, pattern, slo, warmup if not measured else 0, 1, f"{label}-{name}")
+            measurement, gate = self._measure(requests, pattern, slo, warmup if not measured else 0, 1,
+                                              f"{label}-{name}", remeasure_warmup=0)
             point = sweep.SweepPoint.of(role, pattern, measurement.samples)
-            measured.append((point, measurement, f"{label}-{name}"))
+            measured.append((point, measurement, gate, f"{label}-{name}"))
             return point
 
         try:
@@ -220,17 +229,17 @@ class EndpointPerfBench:
                 run(sweep.RATE, LoadPattern(rate_per_s=rate, **window), f"rate-{index}-of-{len(rates)}")
         except InfergateError as exc:
             self.ctx.fail(f"{self.ctx.test_id}: {exc}")
-        found = [point for point, _, _ in measured]
+        found = [point for point, _, _, _ in measured]
         knee, best, line = sweep.knee(found), sweep.best_goodput(found), sweep.describe(found)
         failures = []
-        for point, measurement, name in measured:
+        for point, measurement, gate, name in measured:
             tags = {"experiment": label, "sweep": point.role, "knee": point is knee, "best_goodput": point is best}
-            outcome = self._gate(requests, point.pattern, slo, 0, measurement, name, tags, [line])
+            outcome = self._gate(gate, point.pattern, measurement, name, tags, [line])
             if outcome.failed:
                 failures.append(f"{name}:\n{outcome.message()}")
         if failures:
             self.ctx.fail("infergate perf gate failed at sweep point(s):\n" + "\n".join(failures))
-        return [(point.pattern, measurement) for point, measurement, _ in measured]
+        return [(point.pattern, measurement) for point, measurement, _, _ in measured]
 
     def capacity(self, requests=None, *, slo=None, target_goodput: float = 0.99, search: str = "rate",
                  bounds=None, budget_s: float = 300.0, point_s: float = 10.0, min_requests: int = 20,
