@@ -20,7 +20,7 @@ from pytest_infergate.context import ENDPOINT_ID, IniScopes, TestContext
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.models import PRECISIONS
 from pytest_infergate.options import Options
-from pytest_infergate.outputs import TerminateAsInterrupt
+from pytest_infergate.outputs import TerminateAsInterrupt, Written
 from pytest_infergate.resources import ResourceError, SessionResources
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults, record_message, undecided_notice
@@ -113,11 +113,8 @@ class InfergateSession:
         self.results = RunResults(strict=options.strict)
         self.baseline = None  # measurement key -> BaselineEntry, with --infergate-baseline
         self._scopes: IniScopes | None = None  # read once the suites' conftests have added their defaults
-        self.output_errors: list[str] = []
-        self.output_notes: list[str] = []
-        self.output_saved: list[str] = []  # outputs written, said in the terminal (the baseline's entries and path)
+        self.written = Written()  # what the run's end wrote (outputs.write_outputs), said in the terminal summary
         self.terminate_as_interrupt = TerminateAsInterrupt()
-        self.history = None  # history.History, once this run is appended to --infergate-history
         if options.baseline is not None:
             from pytest_infergate.history.store import names_a_run, run_file
             from pytest_infergate.perf.baseline import load_baseline, schema_note
@@ -323,33 +320,32 @@ class InfergateSession:
         from pytest_infergate.outputs import write_outputs
 
         interrupted = session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-        written = write_outputs(self.results, self.options, interrupted)
-        self.output_errors, self.output_notes, self.history = written.errors, written.notes, written.history
-        self.output_saved = written.saved
-        if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
+        self.written = written = write_outputs(self.results, self.options, interrupted)
+        if written.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         from pytest_infergate.results.summary import summary_lines
 
         if not self.results.models and not self.results.records and not self.results.findings \
-                and not self.output_errors and not self.output_notes:
+                and not self.written.errors and not self.written.notes:
             return
         terminalreporter.section("infergate")
         for line in summary_lines(self.results):
             terminalreporter.write_line(line.text, **line.markup)
-        if self.options.report is not None and not self.output_errors:
+        if self.options.report is not None and not self.written.errors:
             terminalreporter.write_line(f"report: {self.options.report}")
-        if self.history is not None:
+        if self.written.history is not None:
+            runs = len(self.written.history.runs)
             from pytest_infergate.history.page import HISTORY_PAGE
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
-                                        f"({len(self.history.runs)} run{'s' if len(self.history.runs) != 1 else ''})")
-        for line in self.output_saved:
+                                        f"({runs} run{'s' if runs != 1 else ''})")
+        for line in self.written.saved:
             terminalreporter.write_line(line)
-        for note in self.output_notes:
+        for note in self.written.notes:
             terminalreporter.write_line(note, yellow=True)
-        for error in self.output_errors:
+        for error in self.written.errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
 
 
