@@ -1,8 +1,9 @@
-"""A run's results (its environment, models and records) as one versioned JSON file, and the run's one verdict —
-can this ship? — computed once from every gate and every pytest outcome, shown first by the terminal, the HTML
-report and the JSON. FAIL when a test failed or errored or a gate failed; else INCONCLUSIVE when a gate could not
-decide or a check did not run as asked; else PASS (--infergate-strict: inconclusive fails). The schema versions:
-docs/reference/outputs.md."""
+"""A run's results (its environment, models and records) as one versioned JSON file, which is also the baseline a
+later run compares with when saved by --infergate-save-baseline (save_baseline; read back: baseline_entries); and
+the run's one verdict — can this ship? — computed once from every gate and every pytest outcome, shown first by the
+terminal, the HTML report and the JSON. FAIL when a test failed or errored or a gate failed; else INCONCLUSIVE when
+a gate could not decide or a check did not run as asked; else PASS (--infergate-strict: inconclusive fails). The
+schema versions: docs/reference/outputs.md."""
 
 from __future__ import annotations
 
