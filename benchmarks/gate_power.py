@@ -57,12 +57,13 @@ from pytest_infergate.gates.perf import PerfBench  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
-from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline  # noqa: E402
+from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.gate import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
+from pytest_infergate.results.run import RunResults, baseline_entries, save_baseline  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 TEST_ID = "benchmarks/gate_power.py::test_chat_workload"
@@ -136,7 +137,7 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
 def save_baseline_file(args, loaded, requests, config, path: Path) -> None:
     """As `pytest --infergate-save-baseline PATH`: measure as the test does, then write what the session writes."""
     record = measure_as_a_test(args, loaded, requests, config, None)
-    save_baseline(path, {record.test: BaselineEntry(record.fingerprint, record.measurement)})
+    save_baseline(path, RunResults(records=[record]))
     m = record.measurement
     print(f"baseline saved to {path}: {m.repetitions} repetitions, itl p50 {m.value('itl_ms'):.1f} ms, "
           f"{m.value('tokens_per_s'):.2f} tok/s, probe {m.probe or 'none'} "
@@ -204,7 +205,7 @@ def main() -> int:
             child += ["--slowdown", args.slowdown]
             with CpuHog(args.hog in ("save", "both")):
                 subprocess.run(child + (["--no-calibration"] if args.no_calibration else []), check=True)
-        baseline = load_baseline(path)
+        baseline = load_baseline(path, baseline_entries)
     env = BaselineEnv(sys.executable) if args.mode == "env" else None
     import torch
 

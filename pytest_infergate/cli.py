@@ -204,7 +204,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    """Rewrite older baseline and accepted golden files in the current schema (pytest_infergate.project_files)."""
+    """Rewrite older baseline files as results files and accepted golden files in the current schema
+    (pytest_infergate.project_files)."""
     from pytest_infergate.project_files import migrate
 
     for path in args.paths:
@@ -272,9 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="what the CI job pip-installs (default pytest-infergate; a committed wheel's path or "
                       "'git+URL' before it is on PyPI)")
     init.set_defaults(func=_cmd_init)
-    migrate = sub.add_parser("migrate", help="rewrite baseline and accepted golden files of an older "
-                             "pytest-infergate in the current schema (each entry keyed by machine and change under "
-                             "test)")
+    migrate = sub.add_parser("migrate", help="rewrite files of an older pytest-infergate: a baseline file as a "
+                             "results file (a baseline is a saved run), an accepted golden file in the current schema "
+                             "(each entry keyed by machine and change under test)")
     migrate.add_argument("paths", nargs="+", metavar="FILE|DIR",
                          help="a baseline file, an accepted golden file, or a folder (e.g. golden/)")
     migrate.set_defaults(func=_cmd_migrate)

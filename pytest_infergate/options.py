@@ -61,11 +61,13 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "(default: $INFERGATE_CACHE_DIR or ~/.cache/infergate)", None, "DIR"),
     OptionSpec("fallback", "bool", "if a precision fails to load, load the reference precision instead and mark "
                "every result of the run as 'fallback' (off by default: a failed load is a test error)", False),
-    OptionSpec("save_baseline", "output", "write every perf measurement of this run, with an environment "
-               "fingerprint, to PATH as the new accepted baseline", None, "PATH"),
-    OptionSpec("baseline", "path", "compare perf measurements with the baseline file PATH, or with the accepted "
-               "run's results (a file written by --infergate-json), or with a run of --infergate-history (its run id, "
-               "or `latest`) (noise-aware: confidence interval of the ratio against max_regression)", None, "PATH"),
+    OptionSpec("save_baseline", "output", "save this run as the new accepted baseline: its results (what "
+               "--infergate-json writes: every perf measurement with its environment fingerprint) to PATH", None,
+               "PATH"),
+    OptionSpec("baseline", "path", "compare perf measurements with the accepted run's results at PATH (a file "
+               "written by --infergate-save-baseline or --infergate-json, or a baseline file of an older version), or "
+               "with a run of --infergate-history (its run id, or `latest`) (noise-aware: confidence interval of the "
+               "ratio against max_regression)", None, "PATH"),
     OptionSpec("baseline_python", "str", "measure the baseline now, in another Python environment (e.g. the venv "
                "with the torch / transformers / bitsandbytes being upgraded from, pytest-infergate installed there): "
                "every infergate_bench measurement with a max_regression runs there and here alternately, repetition "

@@ -1,10 +1,11 @@
-"""How a run ends: the files it writes at its end (the stored baseline, the JSON results, the history folder and the
-HTML report), each on its own, so one that cannot be written is reported and does not stop the others (the report
-last: it links to the history page the run has just been appended to); `--junitxml`, which pytest writes straight
-over the previous file, pointed at a temporary file beside it and renamed once whole; and a CI job cancelled with
-SIGTERM (GitHub Actions, GitLab and Kubernetes send it first) ended as Ctrl-C ends one, so the outputs are written as
-for an interrupted run (the baseline not saved over the accepted one, every other file complete or untouched) instead
-of the process dying wherever it was. Only a SIGTERM nobody else handles is taken over, in the main thread."""
+"""How a run ends: the files it writes at its end (the baseline, which is this run saved as a results file; the JSON
+results; the history folder; the HTML report), each on its own, so one that cannot be written is reported and does
+not stop the others (the report last: it links to the history page the run has just been appended to);
+`--junitxml`, which pytest writes straight over the previous file, pointed at a temporary file beside it and renamed
+once whole; and a CI job cancelled with SIGTERM (GitHub Actions, GitLab and Kubernetes send it first) ended as Ctrl-C
+ends one, so the outputs are written as for an interrupted run (the baseline not saved over the accepted one, every
+other file complete or untouched) instead of the process dying wherever it was. Only a SIGTERM nobody else handles is
+taken over, in the main thread."""
 
 from __future__ import annotations
 
@@ -47,18 +48,18 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
     saved: list[str] = []
 
     def save_baseline(path: Path) -> None:
-        from pytest_infergate.perf.baseline import BaselineEntry, save_baseline
+        from pytest_infergate.results.run import save_baseline
 
         if interrupted:
             raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
                                  "was: save the baseline from a run that completes")
-        entries = {r.test: BaselineEntry(r.fingerprint, r.measurement) for r in results.perf}
-        kept = save_baseline(path, entries, run_started=results.started)
-        saved.append(f"baseline: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} saved to {path} (later runs "
-                     f"compare with --infergate-baseline {path})")
+        kept = save_baseline(path, results)
+        measured = len({record.test for record in results.perf if record.fingerprint})
+        saved.append(f"baseline: this run saved to {path}, {measured} perf measurement{'' if measured == 1 else 's'} "
+                     f"to compare with (later runs compare with --infergate-baseline {path})")
         if kept:
             notes.append(f"--infergate-save-baseline {path}: another run saved it while this one ran; its "
-                         f"{len(kept)} entr{'y' if len(kept) == 1 else 'ies'} this run did not measure kept "
+                         f"{len(kept)} measurement{'' if len(kept) == 1 else 's'} this run did not measure kept "
                          f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})")
 
     def record_history(folder: Path) -> None:

@@ -1,10 +1,11 @@
 """What `infergate` writes into a project. `infergate init DIR`: its first gate in one command (a starter gate test,
 a conftest whose `workload` fixture reads the project's own traffic files, the golden sample set to make its own, and
 a CI job whose first run saves the baseline to commit and whose later runs compare against it); nothing that exists
-is overwritten. `infergate migrate PATH...`: accepted results of an older version (perf baselines, accepted golden
-outputs) rewritten in the current schema, where every entry carries its environment.AcceptedKey, each file whole
-under its lock (atomic.exclusive, the one a concurrent save takes), so a save meanwhile loses nothing; a file already
-current is left untouched. Results files and history folders need no migration (every version of them is read)."""
+is overwritten. `infergate migrate PATH...`: accepted results of an older version rewritten, each file whole under its
+lock (atomic.exclusive, the one a concurrent save takes), so a save meanwhile loses nothing: a perf baseline file
+(kind "baseline") as a results file, the run it accepted (a baseline is a saved run); accepted golden outputs in the
+current schema, where every entry carries its environment.AcceptedKey; a file already current is left untouched.
+Results files and history folders need no migration (every version of them is read)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pytest_infergate.perf import baseline
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.requirements import QUANTIZED
+from pytest_infergate.results.run import run_of_baseline
 
 GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
 
@@ -230,7 +232,8 @@ def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str
 
 
 def migrate(path: Path) -> list[str]:
-    """Migrate a baseline file, an accepted golden file, or every such file under a folder; one line per file."""
+    """Migrate a baseline file of the older format, an accepted golden file, or every such file under a folder; one
+    line per file."""
     path = Path(path)
     if path.is_dir():
         lines, failed = [], []
@@ -243,8 +246,8 @@ def migrate(path: Path) -> list[str]:
             raise InfergateError("\n".join(lines + failed))
         return lines or [f"{path}: no baseline or accepted golden file needed migrating"]
     if not path.exists():
-        raise InfergateError(f"{path} does not exist: give a baseline file (--infergate-save-baseline), an accepted "
-                             "golden file or a folder of them (--infergate-golden-dir)")
+        raise InfergateError(f"{path} does not exist: give a baseline file of an older version, an "
+                             "accepted golden file or a folder of them (--infergate-golden-dir)")
     lines = _migrate_file(path, quiet=False)
     return lines
 
@@ -275,16 +278,12 @@ def _migrate_file(path: Path, quiet: bool) -> list[str]:
     kind = baseline.file_kind(data)
     if kind != baseline.KIND:
         return [] if quiet else [f"{path}: a {kind} file: nothing to migrate (every version is read)"]
-    if data.get("schema_version", 1) == baseline.SCHEMA_VERSION:
-        return [] if quiet else [f"{path}: already schema {baseline.SCHEMA_VERSION}"]
     with exclusive(path):  # read again under the lock: a save may have replaced the file meanwhile
         data = json.loads(path.read_text(encoding="utf-8"))
+        if baseline.file_kind(data) != baseline.KIND:  # a save won the lock first: a results file now
+            return [] if quiet else [f"{path}: a {baseline.file_kind(data)} file: nothing to migrate"]
         version = data.get("schema_version", 1)
-        if version == baseline.SCHEMA_VERSION:
-            return [] if quiet else [f"{path}: already schema {baseline.SCHEMA_VERSION}"]
         entries = baseline.load_baseline(path)
-        created = float(data.get("created") or 0.0)
-        write_json_atomic(path, {"kind": baseline.KIND, "schema_version": baseline.SCHEMA_VERSION,
-                                 "created": created, "entries": {key: entry.to_dict() for key, entry in
-                                                                 entries.items()}})
-    return [f"{path}: perf baseline, {len(entries)} entries, schema {version} → {baseline.SCHEMA_VERSION}"]
+        write_json_atomic(path, run_of_baseline(entries).to_dict())
+    return [f"{path}: perf baseline, {len(entries)} entries, schema {version} → a results file (a baseline is a "
+            f"saved run)"]

@@ -11,6 +11,7 @@ import re
 import time
 
 import pytest
+from baseline_files import saved_run
 from openai_servers import FaultyServer
 
 from pytest_infergate import atomic
@@ -21,10 +22,10 @@ from pytest_infergate.history.series import build_history
 from pytest_infergate.history.store import append_run, load_runs
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.models.cache import ensure_entry
-from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline
+from pytest_infergate.perf.baseline import BaselineEntry, load_baseline
 from pytest_infergate.quality.golden_files import GoldenOutput, read_outputs, update_outputs, write_outputs
 from pytest_infergate.report import write_report
-from pytest_infergate.results.run import RunResults
+from pytest_infergate.results.run import RunResults, baseline_entries, save_baseline
 
 WRITERS = 6  # processes writing one output at once; unlocked, the read-merge-write of 6 loses entries every time
 FORK = multiprocessing.get_context("fork")  # the writers are plain functions of this module; no torch in them
@@ -48,31 +49,40 @@ def _at_once(target, args: list[tuple]) -> None:
 
 
 def _save_one(barrier, path, key, run_started):
-    entry = BaselineEntry({"cpu": "x"}, _measurement())
+    run = saved_run({key: BaselineEntry({"cpu": "x"}, _measurement())}, started=run_started)
     barrier.wait()
-    save_baseline(path, {key: entry}, run_started=run_started)
+    save_baseline(path, run)
+
+
+def _saved(path) -> list[str]:
+    return sorted(load_baseline(path, baseline_entries))
 
 
 def check_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
     path = tmp_path / "baseline.json"
-    save_baseline(path, {"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())})  # before the runs began
+    save_baseline(path, saved_run({"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())},
+                                  started=time.time() - 60))  # saved before the runs began
     started = time.time() + 1e-3
     time.sleep(0.01)
     _at_once(_save_one, [(path, f"test_{i}", started) for i in range(WRITERS)])
-    # every concurrent run's entry landed; the accepted file from before the runs was replaced, as a save does
-    assert sorted(load_baseline(path)) == [f"test_{i}" for i in range(WRITERS)]
+    # every concurrent run's measurement landed; the accepted file from before the runs was replaced, as a save does
+    assert _saved(path) == [f"test_{i}" for i in range(WRITERS)]
+    assert json.loads(path.read_text())["kind"] == "results"  # a baseline is a saved run
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def check_a_later_save_replaces_the_baseline_and_says_what_a_concurrent_one_kept(tmp_path):
     path = tmp_path / "baseline.json"
     started = time.time()
-    save_baseline(path, {"a": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=started - 10)
+    save_baseline(path, saved_run({"a": BaselineEntry({"cpu": "x"}, _measurement())}, started=started - 10))
     # another run saved `a` after this run (started at `started - 20`) began: kept, and returned so it is said
-    assert save_baseline(path, {"b": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=started - 20) == ["a"]
+    assert save_baseline(path, saved_run({"b": BaselineEntry({"cpu": "x"}, _measurement())},
+                                         started=started - 20)) == ["a"]
+    assert _saved(path) == ["a", "b"]
     # a run that began after that save replaces the file: `a` was accepted before it and is not its measurement
-    assert save_baseline(path, {"c": BaselineEntry({"cpu": "x"}, _measurement())}, run_started=time.time() + 1) == []
-    assert sorted(load_baseline(path)) == ["c"]
+    assert save_baseline(path, saved_run({"c": BaselineEntry({"cpu": "x"}, _measurement())},
+                                         started=time.time() + 1)) == []
+    assert _saved(path) == ["c"]
 
 
 def _update_one(barrier, path, index, known):
@@ -249,7 +259,7 @@ def check_refusals_keep_the_load_schedule():
 OUTPUT_WRITERS = {
     "report": lambda path: write_report(RunResults(), path),
     "json results": lambda path: atomic.write_json_atomic(path, RunResults().to_dict()),
-    "baseline": lambda path: save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, _measurement())}),
+    "baseline": lambda path: save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, _measurement())})),
     "golden outputs": lambda path: write_outputs(path, {"precision": "fp32"}, []),
     "history page": lambda path: write_history(build_history([]), path),
 }

@@ -6,18 +6,21 @@ import json
 from pathlib import Path
 
 import pytest
+from baseline_files import older_baseline, saved_run
 
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import baseline
-from pytest_infergate.perf.baseline import BaselineEntry, load_baseline, save_baseline
+from pytest_infergate.perf.baseline import BaselineEntry, load_baseline
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.project_files import migrate
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import GoldenOutput, golden_key, read_outputs
 from pytest_infergate.quality.golden_machines import SAME_MACHINE, select_accepted
+from pytest_infergate.results.run import SCHEMA_VERSION as RESULTS_SCHEMA
+from pytest_infergate.results.run import baseline_entries, save_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = {"cpu": "AMD EPYC", "cpu_count": 2, "platform": "linux", "torch_threads": 2, "device": "cpu",
@@ -49,37 +52,40 @@ def test_perf_and_golden_split_machine_and_change_under_test_the_same_way():
     assert [c.describe() for c in diff.under_test] == ["attention eager → sdpa"] and not diff.machine
 
 
-def test_a_baseline_entry_is_written_with_its_key_and_read_back(tmp_path):
+def test_a_saved_baseline_is_the_runs_results_file_and_is_read_back_keyed(tmp_path):
+    # issue #42: a baseline is a saved run; each entry keyed as every accepted result is
     path = tmp_path / "base.json"
-    save_baseline(path, {"t::x": BaselineEntry(dict(PERF), measured(), recorded=1_700_000_000.0)})
+    save_baseline(path, saved_run({"t::x": BaselineEntry(dict(PERF), measured())}, started=1_700_000_000.0))
     data = json.loads(path.read_text())
-    (entry,) = data["entries"].values()
-    assert data["schema_version"] == baseline.SCHEMA_VERSION == 4 and "fingerprint" not in entry
-    assert entry["key"] == AcceptedKey.of(PERF).to_dict()
-    assert load_baseline(path)["t::x"].fingerprint == PERF and baseline.schema_note(path) == ""
+    assert data["kind"] == "results" and data["schema_version"] == RESULTS_SCHEMA
+    (record,) = data["records"]
+    assert record["test"] == "t::x" and record["fingerprint"] == PERF
+    entry = load_baseline(path, baseline_entries)["t::x"]
+    assert entry.fingerprint == PERF and entry.key == AcceptedKey.of(PERF) and entry.recorded == 1_700_000_000.0
+    assert baseline.schema_note(path) == ""
 
 
-def _version3_baseline(path: Path) -> Path:
-    entry = {"fingerprint": dict(PERF), "measurement": measured().to_dict(), "recorded": 1_700_000_000.0}
-    path.write_text(json.dumps({"kind": "baseline", "schema_version": 3, "created": 1_700_000_000.0,
-                                "entries": {"t::x": entry}}))
-    return path
-
-
-def test_an_older_baseline_is_read_says_so_and_migrates_under_its_lock(tmp_path, capsys):
-    path = _version3_baseline(tmp_path / "old.json")
+@pytest.mark.parametrize("version", [1, 3, 4])
+def test_an_older_baseline_file_is_read_and_migrates_to_a_results_file_under_its_lock(tmp_path, capsys, version):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(older_baseline({"t::x": BaselineEntry(dict(PERF), measured(), 1_700_000_000.0)},
+                                              version)))
     before = load_baseline(path)["t::x"]
-    assert before.fingerprint == PERF
+    assert before.fingerprint == PERF and before.recorded == 1_700_000_000.0
     note = baseline.schema_note(path)
-    assert "schema version 3: read as 4" in note and f"infergate migrate {path}" in note
+    if version < baseline.SCHEMA_VERSION:
+        assert f"schema version {version}: read as 4" in note and f"infergate migrate {path}" in note
+        assert "rewrites it as a results file" in note
+    else:  # the older format's last version: read as it is, nothing said
+        assert note == ""
     assert cli_main(["migrate", str(path)]) == 0
-    assert "perf baseline, 1 entries, schema 3 → 4" in capsys.readouterr().out
+    assert f"perf baseline, 1 entries, schema {version} → a results file" in capsys.readouterr().out
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 4 and data["created"] == 1_700_000_000.0
-    after = load_baseline(path)["t::x"]
+    assert data["kind"] == "results" and data["started"] == 1_700_000_000.0
+    after = load_baseline(path, baseline_entries)["t::x"]
     assert after.fingerprint == PERF and after.recorded == before.recorded
     assert after.measurement.to_dict() == before.measurement.to_dict() and baseline.schema_note(path) == ""
-    assert migrate(path) == [f"{path}: already schema 4"]
+    assert migrate(path) == [f"{path}: a results file: nothing to migrate (every version is read)"]
 
 
 def test_an_older_golden_file_is_read_says_so_and_migrates_with_its_outputs_unchanged(tmp_path):

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from baseline_files import older_baseline_of, perf_records, saved_run
 
 from pytest_infergate.perf.stored import LEAST_REPETITIONS
 
@@ -122,19 +123,41 @@ def test_zz_interrupted():
     assert (pytester.path / "base.json").read_text() == accepted
 
 
+def _older(damage):
+    """`damage` done to the same baseline written in the older format (kind "baseline"), which is still read."""
+    def damaged(saved):
+        older = older_baseline_of(saved)
+        damage(older)
+        saved.clear()
+        saved.update(older)
+    return damaged
+
+
+def _samples(saved) -> list[dict]:
+    """The samples of each measurement of a saved baseline, by metric (a results file, or the older format)."""
+    return [entry["measurement"]["samples"] for entry in (saved["entries"].values() if "entries" in saved
+                                                          else perf_records(saved))]
+
+
 DAMAGES = {  # issue #32 rows 6 and 5: (damage to a saved baseline, what the error says)
-    "entries-a-list": (lambda saved: saved.update(entries=list(saved["entries"].values())),
-                       "*`entries` must be a mapping*list*"),
-    "empty-samples": (lambda saved: [values.clear() for entry in saved["entries"].values()
-                                     for values in entry["measurement"]["samples"].values()], "*entry*has no samples*"),
+    "records-a-mapping": (lambda saved: saved.update(records={r["test"]: r for r in saved["records"]}),
+                          "*`records` must be a list of records, found dict*"),
+    "empty-samples": (lambda saved: [values.clear() for samples in _samples(saved) for values in samples.values()],
+                      "*this results file holds no perf measurement to compare with*1 without samples*"),
     # issue #44: a NaN compared silently (every interval NaN, the verdict inconclusive, nothing said)
-    "nan-sample": (lambda saved: [entry["measurement"]["samples"]["ttft_ms"].__setitem__(0, float("nan"))
-                                  for entry in saved["entries"].values()],
+    "nan-sample": (lambda saved: [samples["ttft_ms"].__setitem__(0, float("nan")) for samples in _samples(saved)],
                    "*entry '*::test_speed[[]fp32[]]' has ttft_ms[[]0[]] = nan (not a finite number)*"
                    "--infergate-save-baseline*"),
-    "null-sample": (lambda saved: [entry["measurement"]["samples"]["ttft_ms"].__setitem__(1, None)
-                                   for entry in saved["entries"].values()],
+    "null-sample": (lambda saved: [samples["ttft_ms"].__setitem__(1, None) for samples in _samples(saved)],
                     "*has ttft_ms[[]1[]] = None (not a finite*"),
+    # the older format (kind "baseline") is read with the checks it always had
+    "older-entries-a-list": (_older(lambda saved: saved.update(entries=list(saved["entries"].values()))),
+                             "*`entries` must be a mapping*list*"),
+    "older-empty-samples": (_older(lambda saved: [values.clear() for samples in _samples(saved)
+                                                  for values in samples.values()]), "*entry*has no samples*"),
+    "older-nan-sample": (_older(lambda saved: [samples["ttft_ms"].__setitem__(0, float("nan"))
+                                               for samples in _samples(saved)]),
+                         "*entry '*::test_speed[[]fp32[]]' has ttft_ms[[]0[]] = nan (not a finite number)*"),
 }
 
 
@@ -150,17 +173,21 @@ def check_a_damaged_baseline_says_what_is_wrong(pytester, run, case):
 
 def check_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
     from pytest_infergate.measurement import Measurement
-    from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, save_baseline
+    from pytest_infergate.perf.baseline import BaselineEntry, BaselineError
+    from pytest_infergate.results.run import save_baseline
 
+    run = saved_run({"t::all_failed": BaselineEntry({}, Measurement(samples={"ttft_ms": []}))})
     with pytest.raises(BaselineError, match=r"have no samples .*: t::all_failed; fix them or deselect them"):
-        save_baseline(tmp_path / "b.json", {"t::all_failed": BaselineEntry({}, Measurement(samples={"ttft_ms": []}))})
+        save_baseline(tmp_path / "b.json", run)
     assert not (tmp_path / "b.json").exists()
 
 
-def test_missing_baseline_entry_warns_and_fails_under_strict(pytester, run):
+@pytest.mark.parametrize("older", [False, True], ids=["saved-run", "older-format"])
+def test_missing_baseline_entry_warns_and_fails_under_strict(pytester, run, older):
     saved = _baseline(pytester, run)
-    saved["entries"] = {"some_other_test.py::test": next(iter(saved["entries"].values()))}
-    (pytester.path / "other.json").write_text(json.dumps(saved))
+    for record in perf_records(saved):
+        record["test"] = "some_other_test.py::test"
+    (pytester.path / "other.json").write_text(json.dumps(older_baseline_of(saved) if older else saved))
     lenient = run("--infergate-baseline=other.json")
     lenient.assert_outcomes(passed=1)
     lenient.stdout.fnmatch_lines(["*WARNING*relative check not run: the baseline file has no entry*"])
@@ -187,7 +214,7 @@ def test_baseline_path_with_a_space_outside_the_project_is_a_usage_error(pyteste
 
 
 def test_a_results_file_is_a_baseline_the_accepted_run(pytester, run):
-    # issue #42: a baseline is a saved run; --infergate-save-baseline stays a convenience writing the same
+    # issue #42: a baseline is a saved run; --infergate-save-baseline is a convenience writing the same
     pytester.makepyfile(BENCH.format(budget="max_regression=0.5"))
     run("--infergate-json=r.json").assert_outcomes(passed=1)
     run("--infergate-baseline=r.json", "--infergate-json=again.json")
@@ -224,15 +251,22 @@ def test_a_history_run_is_a_baseline_by_its_run_id_or_latest(pytester, run):
     missing.stderr.fnmatch_lines([f"*no such run in the history h (its newest: *{first.stem}*)*`latest`*"])
 
 
-def test_cli_refuses_baselines_and_incomplete_results(pytester, run, capsys):
+def test_cli_reads_a_saved_baseline_and_refuses_older_baselines_and_incomplete_results(pytester, run, capsys):
     from pytest_infergate.cli import main
 
-    _baseline(pytester, run)
+    saved = _baseline(pytester, run)
     base = str(pytester.path / "base.json")
-    assert main(["compare", base, base]) == 2
+    # a saved baseline is a run's results file: what the CLI reads
+    assert main(["compare", base, base]) == 0
+    assert main(["report", base, "-o", str(pytester.path / "x.html")]) == 0
+    capsys.readouterr()
+    (pytester.path / "older.json").write_text(json.dumps(older_baseline_of(saved)))
+    older = str(pytester.path / "older.json")
+    assert main(["compare", older, older]) == 2
     assert "is a baseline file, not a results file" in capsys.readouterr().err
-    assert main(["report", base, "-o", str(pytester.path / "x.html")]) == 2
-    assert "is a baseline file" in capsys.readouterr().err
+    assert main(["report", older, "-o", str(pytester.path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "is a baseline file" in err and "infergate migrate" in err
     run("--infergate-json=r.json")
     data = json.loads((pytester.path / "r.json").read_text())
     del data["records"][0]["measurement"]

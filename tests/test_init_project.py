@@ -95,7 +95,7 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     first = step("gate")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert (tmp_path / "perf/baseline.json").exists()
-    assert "baseline: 2 entries saved to perf/baseline.json (later runs compare with --infergate-baseline" \
+    assert "baseline: this run saved to perf/baseline.json, 2 perf measurements to compare with (later runs " \
         in first.stdout
     second = step("gate")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]

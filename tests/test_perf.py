@@ -4,6 +4,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from baseline_files import older_baseline, saved_run
 
 from pytest_infergate.measurement import scales_with_speed
 from pytest_infergate.perf import (
@@ -21,10 +22,10 @@ from pytest_infergate.perf import (
     merge_budgets,
     parse_budget,
     parse_ini_budgets,
-    save_baseline,
     stored,
 )
 from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
+from pytest_infergate.results.run import baseline_entries, save_baseline
 from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status, under_strict
 
@@ -157,9 +158,12 @@ def test_percentile_matches_numpy_linear():
 def test_baseline_round_trip_and_errors(tmp_path):
     m = Measurement(samples={"ttft_ms": [1.0, 2.0]}, repetitions=2)
     path = tmp_path / "b.json"
-    save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, m)})
-    entries = load_baseline(path)
+    save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
+    entries = load_baseline(path, baseline_entries)
     assert entries["t::x"].measurement == m
+    # the older format, still read as it was
+    path.write_text(json.dumps(older_baseline({"t::x": BaselineEntry({"cpu": "x"}, m)})))
+    assert load_baseline(path)["t::x"].measurement == m
     path.write_text("{not json")
     with pytest.raises(BaselineError, match=r"b.json is not valid JSON"):
         load_baseline(path)
@@ -433,13 +437,14 @@ def test_harrell_davis_quantiles_and_the_beta_function_they_rest_on():
 def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     m = machine(BASELINE_SPEEDS)
     path = tmp_path / "b.json"
-    save_baseline(path, {"t::x": BaselineEntry({"cpu": "x"}, m)})
+    save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 4 and data["kind"] == "baseline"
-    stored = data["entries"]["t::x"]["measurement"]
+    assert data["schema_version"] == 4 and data["kind"] == "results"  # a baseline is a saved run
+    (record,) = data["records"]
+    stored = record["measurement"]
     assert stored["probe"] == calibration.PROBE and len(stored["probe_s"]) == 5
     assert stored["repetition_ends"]["itl_ms"] == [20, 40, 60, 80, 100]
-    assert load_baseline(path)["t::x"].measurement == m
+    assert load_baseline(path, baseline_entries)["t::x"].measurement == m
 
 
 def test_version_2_baseline_is_read_and_compared_without_normalization(tmp_path):

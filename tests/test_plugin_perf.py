@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from baseline_files import older_baseline_of, perf_records
 
 BENCH_TEST = """
 import pytest
@@ -67,11 +68,15 @@ def test_ini_budgets_apply_per_precision(pytester, run):
 
 def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.5"))
-    run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
+    saving = run("--infergate-save-baseline=base.json")
+    saving.assert_outcomes(passed=1)
+    saving.stdout.fnmatch_lines(["baseline: this run saved to base.json, 1 perf measurement to compare with (later "
+                                 "runs compare with --infergate-baseline base.json)"])
     saved = json.loads((pytester.path / "base.json").read_text())
-    assert saved["schema_version"] == 4 and saved["kind"] == "baseline"  # 3: the calibration probe; 4: the key
-    (entry,) = saved["entries"].values()
-    assert entry["key"]["under_test"]["precision"] == "fp32" and entry["key"]["machine"]["device"] == "cpu"
+    # a baseline is a saved run (issue #42): the results file --infergate-json writes
+    assert saved["kind"] == "results" and saved["verdict"] == "pass" and saved["outcomes"]
+    (entry,) = perf_records(saved)
+    assert entry["fingerprint"]["precision"] == "fp32" and entry["fingerprint"]["device"] == "cpu"
     assert entry["measurement"]["samples"]["ttft_ms"]
     # a baseline takes 5-12 repetitions whatever the test asked (2), until its spread is tight enough, each with
     # its calibration probe
@@ -91,7 +96,7 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
                                  "*calibration probe (numpy-prefill-decode-copy/1) ×* its time at the baseline*"])
 
     # another library version: compared (that is what a baseline gates), and the failure names the change
-    entry["key"]["under_test"]["torch"] = "0.0.1"
+    entry["fingerprint"]["torch"] = "0.0.1"
     (pytester.path / "other.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=other.json")
     result.assert_outcomes(failed=1)
@@ -211,11 +216,11 @@ def test_a_baseline_from_another_machine_is_inconclusive_with_the_reason(pyteste
     pytester.makepyfile(CONFIG_TEST)
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
     saved_cpu = json.loads((pytester.path / "base.json").read_text())
-    (entry,) = saved_cpu["entries"].values()
+    (entry,) = perf_records(saved_cpu)
     monkeypatch.setattr(environment, "cpu_model", lambda: "Faked CPU 9000")
     result = run("--infergate-baseline=base.json", "--infergate-json=out.json")
     result.assert_outcomes(passed=1)
-    saved_on = entry["key"]["machine"]["cpu"]
+    saved_on = entry["fingerprint"]["cpu"]
     result.stdout.fnmatch_lines(["*InfergateWarning*perf gate inconclusive*",
                                  f"*measured on another machine (cpu {saved_on} → Faked CPU 9000)*"
                                  "re-save the baseline on this runner*"])
@@ -232,7 +237,7 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=3.0"))
     run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "base.json").read_text())
-    (entry,) = saved["entries"].values()
+    (entry,) = perf_records(saved)
     measurement = entry["measurement"]
     assert measurement["probe_s"] == pytest.approx([0.010] * measurement["repetitions"])
     assert measurement["probe_quiet_s"] == pytest.approx([0.010] * measurement["repetitions"])
@@ -254,8 +259,7 @@ def test_a_baseline_saved_on_a_much_faster_machine_is_inconclusive_not_normalize
 
     # the same file without the probe, as a version-2 baseline: read, compared as measured, and said so
     del measurement["probe"], measurement["probe_s"], measurement["probe_quiet_s"], measurement["repetition_ends"]
-    saved["schema_version"] = 2
-    (pytester.path / "v2.json").write_text(json.dumps(saved))
+    (pytester.path / "v2.json").write_text(json.dumps(older_baseline_of(saved, version=2)))
     result = run("--infergate-baseline=v2.json", "--infergate-json=out2.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL: candidate/baseline slowdown ×*",

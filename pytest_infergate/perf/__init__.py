@@ -5,7 +5,7 @@ pytest and no torch here; the engine bench (`perf.local_bench`) imports the engi
 object is `gates.perf`."""
 
 from pytest_infergate.measurement import METRICS, PERCENTILES, Measurement, add_request_latencies
-from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline, save_baseline
+from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, load_baseline
 from pytest_infergate.perf.budget import BudgetError, merge_budgets, parse_budget, parse_ini_budgets, resolve_budget
 from pytest_infergate.perf.decide import compare_measurements
 from pytest_infergate.perf.gate import Interleaved, NoReference, PerfGate, StoredReference, evaluate_ab, evaluate_perf
@@ -17,5 +17,4 @@ __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget",
            "Interleaved", "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "Speedup",
            "StoredReference", "Verdict", "Violation", "add_request_latencies", "check_budget",
            "compare_measurements", "compare_paired", "compare_samples", "evaluate_ab", "evaluate_perf", "faster",
-           "grows", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget",
-           "save_baseline"]
+           "grows", "load_baseline", "merge_budgets", "parse_budget", "parse_ini_budgets", "resolve_budget"]

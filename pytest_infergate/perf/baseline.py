@@ -1,9 +1,9 @@
-"""Baseline files: accepted measurements with the environment they were taken in, written atomically (temp file +
-rename) with a `kind` and a schema version; a file that is not a baseline (a results file, a golden file, another
-version) is an error that says what it is and what to pass instead. Version 4 keys each entry as every accepted
-result is keyed (environment.AcceptedKey) and keeps the calibration probe's time beside each repetition; versions 1 to 3
-are still read, with a note. The versions and what each added: docs/reference/outputs.md, 'Baseline and golden
-files'.
+"""What the stored perf gate compares with: a BaselineEntry per measurement key (the accepted measurement and the
+fingerprint it was taken with), read from a saved run (a results file: --infergate-json, --infergate-save-baseline,
+or a history run, through results.run.baseline_entries) or from a baseline file of the older format (kind "baseline",
+schema 1 to 4, no longer written: `infergate migrate` rewrites one as a results file). A file that is neither is an
+error that says what it is and what to pass instead. The versions and what each added: docs/reference/outputs.md,
+'Baseline and golden files'.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_infergate.atomic import write_json_atomic
 from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
 
-KIND = "baseline"
-SCHEMA_VERSION = 4
+KIND = "baseline"  # the older format's kind; a baseline is now saved as a results file (results.run.save_baseline)
+SCHEMA_VERSION = 4  # its last version
 # version 1 had no `kind`; 3 added the calibration probe per repetition; 4 the entry's `key` for its `fingerprint`
 READABLE_VERSIONS = (1, 2, 3, 4)
 
@@ -58,45 +57,9 @@ class BaselineEntry:
                 f"{machine_text(self.fingerprint)}")
 
 
-def save_baseline(path: Path, entries: dict[str, BaselineEntry], run_started: float | None = None) -> list[str]:
-    """entries: measurement key (test id, plus ::label) -> BaselineEntry. A measurement without a single sample
-    (every request failed or timed out) is no yardstick: refused, naming it, and nothing is written.
-
-    Saving replaces the file, except that entries another run saved into it after this run started (two CI jobs,
-    e.g. shards of one suite, saving one baseline at once) are kept when this run did not measure them: the
-    file is read and rewritten under a lock, so neither job's entries are lost. Returns the keys kept that way."""
-    from pytest_infergate.atomic import exclusive
-
-    empty = [key for key, entry in entries.items() if not any(entry.measurement.samples.values())]
-    if empty:
-        raise BaselineError(f"{len(empty)} measurement(s) have no samples (every request failed or was rejected): "
-                            f"{', '.join(empty)}; fix them or deselect them before saving a baseline")
-    with exclusive(path):
-        concurrent = _saved_since(Path(path), run_started) if run_started is not None else {}
-        kept = {key: entry for key, entry in concurrent.items() if key not in entries}
-        write_json_atomic(path, {"kind": KIND, "schema_version": SCHEMA_VERSION, "created": time.time(),
-                                 "entries": {key: entry.to_dict() for key, entry in {**kept, **entries}.items()}})
-    return sorted(kept)
-
-
-def _saved_since(path: Path, since: float) -> dict[str, BaselineEntry]:
-    """The entries of the baseline at `path` if another run saved it after `since`, else nothing (a file saved
-    before this run started is the accepted baseline this run replaces)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or float(data.get("created") or 0.0) < since:
-        return {}
-    try:
-        return load_baseline(path)
-    except BaselineError:
-        return {}
-
-
 def schema_note(path: Path) -> str:
-    """"" for a baseline file in the current schema (or unreadable: loading says why); else the line a run that
-    reads it prints."""
+    """"" for a results file, a baseline file of the older format's last schema (4, read as it is) or an unreadable
+    file (loading says why); else the line a run that reads it prints."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -108,7 +71,7 @@ def schema_note(path: Path) -> str:
         return ""
     return (f"baseline file {path} has schema version {version}: read as {SCHEMA_VERSION} (each entry keyed by its "
             f"machine and its change under test); `infergate migrate {path}` or the next --infergate-save-baseline "
-            "rewrites it")
+            "rewrites it as a results file (a baseline is a saved run)")
 
 
 def file_kind(data: object) -> str:
@@ -124,11 +87,12 @@ def file_kind(data: object) -> str:
     return "unknown"
 
 
-def load_baseline(path: Path, results_entries: Callable[[dict], dict[str, BaselineEntry]] | None = None
+def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, BaselineEntry]] | None = None
                   ) -> dict[str, BaselineEntry]:
-    """The entries of a baseline file, by measurement key. With `results_entries` (the session passes
-    results.run.baseline_entries), a results file (--infergate-json) is read as one too: the accepted run is the
-    baseline, each of its perf records an entry."""
+    """The entries of a baseline, by measurement key. A results file (--infergate-json, --infergate-save-baseline)
+    is read through `results_entries` (results.run.baseline_entries, which the session passes: this layer lies
+    below the results'): the accepted run is the baseline, each of its perf records an entry. A baseline file of
+    the older format is read here."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -139,17 +103,21 @@ def load_baseline(path: Path, results_entries: Callable[[dict], dict[str, Baseli
         raise BaselineError(f"baseline file {path} is not valid JSON ({exc}); re-create it with "
                             "--infergate-save-baseline") from None
     kind = file_kind(data)
-    if kind == "results" and results_entries is not None:
-        entries = results_entries(data)
-        if not entries:
-            raise BaselineError(f"--infergate-baseline {path}: this results file holds no perf measurement to compare "
-                                "with; pass the results of a run that measured (infergate_bench), or a baseline file")
+    if kind == "results" and results_entries is None:
+        raise BaselineError(f"baseline file {path} is a results file (a saved run): read it with "
+                            "load_baseline(path, results.run.baseline_entries)")
+    if kind == "results":
+        try:
+            entries = results_entries(data, f"--infergate-baseline {path}")
+        except BaselineError:
+            raise
+        except InfergateError as exc:
+            raise BaselineError(str(exc)) from None
         _check_entries(path, entries)
         return entries
     if kind != KIND:
-        hint = (" (written by --infergate-json); a baseline is written by --infergate-save-baseline"
-                if kind == "results" else "; create a baseline with --infergate-save-baseline")
-        raise BaselineError(f"--infergate-baseline {path} is a {kind} file, not a baseline file{hint}")
+        raise BaselineError(f"--infergate-baseline {path} is a {kind} file, not a baseline: pass a results file "
+                            "(--infergate-json, --infergate-save-baseline) or a run of --infergate-history")
     if data.get("schema_version") in READABLE_VERSIONS and not isinstance(data.get("entries"), dict):
         raise BaselineError(f"baseline file {path}: `entries` must be a mapping of measurement key to entry, found "
                             f"{type(data.get('entries')).__name__}; re-create it with --infergate-save-baseline")
