@@ -56,6 +56,7 @@ from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.gates.perf import PerfBench  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
+from pytest_infergate.outputs import baseline_entries, save_run_as_baseline  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
@@ -63,7 +64,7 @@ from pytest_infergate.perf.budget import parse_budget  # noqa: E402
 from pytest_infergate.perf.gate import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.perf.slowdown import QuietForwardTimes, injected_slowdown  # noqa: E402
-from pytest_infergate.results.run import RunResults, baseline_entries, save_baseline  # noqa: E402
+from pytest_infergate.results.run import RunResults  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 TEST_ID = "benchmarks/gate_power.py::test_chat_workload"
@@ -137,7 +138,7 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
 def save_baseline_file(args, loaded, requests, config, path: Path) -> None:
     """As `pytest --infergate-save-baseline PATH`: measure as the test does, then write what the session writes."""
     record = measure_as_a_test(args, loaded, requests, config, None)
-    save_baseline(path, RunResults(records=[record]))
+    save_run_as_baseline(path, RunResults(records=[record]))
     m = record.measurement
     print(f"baseline saved to {path}: {m.repetitions} repetitions, itl p50 {m.value('itl_ms'):.1f} ms, "
           f"{m.value('tokens_per_s'):.2f} tok/s, probe {m.probe or 'none'} "

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from pytest_infergate.atomic import exclusive, write_json_atomic
 from pytest_infergate.errors import InfergateError, OptionError
+from pytest_infergate.outputs import run_of_baseline
 from pytest_infergate.perf import baseline
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.requirements import QUANTIZED
-from pytest_infergate.results.run import run_of_baseline
 
 GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
 

@@ -117,8 +117,8 @@ class InfergateSession:
         self.terminate_as_interrupt = TerminateAsInterrupt()
         if options.baseline is not None:
             from pytest_infergate.history.store import names_a_run, run_file
+            from pytest_infergate.outputs import baseline_entries
             from pytest_infergate.perf.baseline import load_baseline, schema_note
-            from pytest_infergate.results.run import baseline_entries
 
             path = options.baseline
             if not path.exists() and names_a_run(str(path)):  # a history run: the accepted run is the baseline

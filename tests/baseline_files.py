@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 
 from pytest_infergate.measurement import Measurement
+from pytest_infergate.outputs import baseline_entries
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.results.run import RunResults, baseline_entries
+from pytest_infergate.results.run import RunResults
 
 
 def perf_record(key: str, fingerprint: dict, measurement: Measurement) -> PerfRecord:

@@ -22,10 +22,11 @@ from pytest_infergate.history.series import build_history
 from pytest_infergate.history.store import append_run, load_runs
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.models.cache import ensure_entry
+from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline
 from pytest_infergate.quality.golden_files import GoldenOutput, read_outputs, update_outputs, write_outputs
 from pytest_infergate.report import write_report
-from pytest_infergate.results.run import RunResults, baseline_entries, save_baseline
+from pytest_infergate.results.run import RunResults
 
 WRITERS = 6  # processes writing one output at once; unlocked, the read-merge-write of 6 loses entries every time
 FORK = multiprocessing.get_context("fork")  # the writers are plain functions of this module; no torch in them
@@ -51,7 +52,7 @@ def _at_once(target, args: list[tuple]) -> None:
 def _save_one(barrier, path, key, run_started):
     run = saved_run({key: BaselineEntry({"cpu": "x"}, _measurement())}, started=run_started)
     barrier.wait()
-    save_baseline(path, run)
+    save_run_as_baseline(path, run)
 
 
 def _saved(path) -> list[str]:
@@ -60,7 +61,7 @@ def _saved(path) -> list[str]:
 
 def check_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
     path = tmp_path / "baseline.json"
-    save_baseline(path, saved_run({"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())},
+    save_run_as_baseline(path, saved_run({"old::accepted": BaselineEntry({"cpu": "x"}, _measurement())},
                                   started=time.time() - 60))  # saved before the runs began
     started = time.time() + 1e-3
     time.sleep(0.01)
@@ -74,13 +75,13 @@ def check_two_jobs_saving_one_baseline_at_once_keep_every_entry(tmp_path):
 def check_a_later_save_replaces_the_baseline_and_says_what_a_concurrent_one_kept(tmp_path):
     path = tmp_path / "baseline.json"
     started = time.time()
-    save_baseline(path, saved_run({"a": BaselineEntry({"cpu": "x"}, _measurement())}, started=started - 10))
+    save_run_as_baseline(path, saved_run({"a": BaselineEntry({"cpu": "x"}, _measurement())}, started=started - 10))
     # another run saved `a` after this run (started at `started - 20`) began: kept, and returned so it is said
-    assert save_baseline(path, saved_run({"b": BaselineEntry({"cpu": "x"}, _measurement())},
+    assert save_run_as_baseline(path, saved_run({"b": BaselineEntry({"cpu": "x"}, _measurement())},
                                          started=started - 20)) == ["a"]
     assert _saved(path) == ["a", "b"]
     # a run that began after that save replaces the file: `a` was accepted before it and is not its measurement
-    assert save_baseline(path, saved_run({"c": BaselineEntry({"cpu": "x"}, _measurement())},
+    assert save_run_as_baseline(path, saved_run({"c": BaselineEntry({"cpu": "x"}, _measurement())},
                                          started=time.time() + 1)) == []
     assert _saved(path) == ["c"]
 
@@ -259,7 +260,8 @@ def check_refusals_keep_the_load_schedule():
 OUTPUT_WRITERS = {
     "report": lambda path: write_report(RunResults(), path),
     "json results": lambda path: atomic.write_json_atomic(path, RunResults().to_dict()),
-    "baseline": lambda path: save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, _measurement())})),
+    "baseline": lambda path: save_run_as_baseline(
+        path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, _measurement())})),
     "golden outputs": lambda path: write_outputs(path, {"precision": "fp32"}, []),
     "history page": lambda path: write_history(build_history([]), path),
 }

@@ -12,6 +12,7 @@ from pytest_infergate.cli import main as cli_main
 from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
+from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf import baseline
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
@@ -20,7 +21,6 @@ from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import GoldenOutput, golden_key, read_outputs
 from pytest_infergate.quality.golden_machines import SAME_MACHINE, select_accepted
 from pytest_infergate.results.run import SCHEMA_VERSION as RESULTS_SCHEMA
-from pytest_infergate.results.run import baseline_entries, save_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = {"cpu": "AMD EPYC", "cpu_count": 2, "platform": "linux", "torch_threads": 2, "device": "cpu",
@@ -55,7 +55,7 @@ def test_perf_and_golden_split_machine_and_change_under_test_the_same_way():
 def test_a_saved_baseline_is_the_runs_results_file_and_is_read_back_keyed(tmp_path):
     # issue #42: a baseline is a saved run; each entry keyed as every accepted result is
     path = tmp_path / "base.json"
-    save_baseline(path, saved_run({"t::x": BaselineEntry(dict(PERF), measured())}, started=1_700_000_000.0))
+    save_run_as_baseline(path, saved_run({"t::x": BaselineEntry(dict(PERF), measured())}, started=1_700_000_000.0))
     data = json.loads(path.read_text())
     assert data["kind"] == "results" and data["schema_version"] == RESULTS_SCHEMA
     (record,) = data["records"]

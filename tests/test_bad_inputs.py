@@ -173,12 +173,12 @@ def check_a_damaged_baseline_says_what_is_wrong(pytester, run, case):
 
 def check_a_measurement_without_samples_is_not_saved_as_a_baseline(tmp_path):
     from pytest_infergate.measurement import Measurement
+    from pytest_infergate.outputs import save_run_as_baseline
     from pytest_infergate.perf.baseline import BaselineEntry, BaselineError
-    from pytest_infergate.results.run import save_baseline
 
     run = saved_run({"t::all_failed": BaselineEntry({}, Measurement(samples={"ttft_ms": []}))})
     with pytest.raises(BaselineError, match=r"have no samples .*: t::all_failed; fix them or deselect them"):
-        save_baseline(tmp_path / "b.json", run)
+        save_run_as_baseline(tmp_path / "b.json", run)
     assert not (tmp_path / "b.json").exists()
 
 

@@ -7,6 +7,7 @@ import pytest
 from baseline_files import older_baseline, saved_run
 
 from pytest_infergate.measurement import scales_with_speed
+from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf import (
     BaselineEntry,
     BaselineError,
@@ -25,7 +26,6 @@ from pytest_infergate.perf import (
     stored,
 )
 from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
-from pytest_infergate.results.run import baseline_entries, save_baseline
 from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status, under_strict
 
@@ -158,7 +158,7 @@ def test_percentile_matches_numpy_linear():
 def test_baseline_round_trip_and_errors(tmp_path):
     m = Measurement(samples={"ttft_ms": [1.0, 2.0]}, repetitions=2)
     path = tmp_path / "b.json"
-    save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
+    save_run_as_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
     entries = load_baseline(path, baseline_entries)
     assert entries["t::x"].measurement == m
     # the older format, still read as it was
@@ -437,7 +437,7 @@ def test_harrell_davis_quantiles_and_the_beta_function_they_rest_on():
 def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     m = machine(BASELINE_SPEEDS)
     path = tmp_path / "b.json"
-    save_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
+    save_run_as_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
     data = json.loads(path.read_text())
     assert data["schema_version"] == 4 and data["kind"] == "results"  # a baseline is a saved run
     (record,) = data["records"]
