@@ -1,5 +1,6 @@
 """Run a workload on a loaded model's backend (the reference engine, or HF generate where the engine refused the
-model: engine.backends) and turn what happened into a Measurement."""
+model: engine.backends) and turn what happened into a Measurement; and a known slowdown injected into the model's
+forward on purpose (`injected_slowdown`), to check that a gate catches it (benchmarks/gate_power.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import itertools
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
+from statistics import median
 
 from pytest_infergate import context, process_meters
 from pytest_infergate.engine import EngineConfig
@@ -249,3 +252,83 @@ class Bench:
         for _ in range(repeats):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
         return measurement
+
+
+def _tokens(args, kwargs) -> int:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    return int(ids.numel()) if ids is not None else 0
+
+
+class QuietForwardTimes:
+    """Each forward size's time (median seconds by its number of input tokens) recorded on a quiet machine, so an
+    injected slowdown adds the same seconds quiet or under a CPU hog: a slowdown scaled by the forward's time as
+    measured would grow with the load and overstate what a gate caught on a busy runner."""
+
+    def __init__(self):
+        self.times: dict[int, list[float]] = {}
+
+    @contextmanager
+    def recording(self, model):
+        starts: list[float] = []
+
+        def before(module, args, kwargs):
+            starts.append(time.perf_counter())
+
+        def after(module, args, kwargs, output):
+            self.times.setdefault(_tokens(args, kwargs), []).append(time.perf_counter() - starts.pop())
+            return output
+
+        with _hooks(model, before, after):
+            yield self
+
+    def of(self, tokens: int) -> float:
+        """The recorded time of the nearest recorded size, scaled to `tokens`'s size beyond the largest."""
+        if not self.times:
+            raise ValueError("QuietForwardTimes.of: nothing recorded; run a workload inside recording() first")
+        nearest = min(self.times, key=lambda n: abs(n - tokens))
+        return median(self.times[nearest]) * max(1.0, tokens / max(1, nearest))
+
+
+@contextmanager
+def _hooks(model, before, after):
+    pre = model.register_forward_pre_hook(before, with_kwargs=True)
+    post = model.register_forward_hook(after, with_kwargs=True)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+@contextmanager
+def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietForwardTimes | None = None):
+    """Make every forward of `model` take (1 + fraction) times as long, by waiting after it for `fraction` of its
+    own time: its quiet time from `quiet` where given (the same seconds under any load), else as measured now;
+    asleep, or with `busy` computing (torch matmuls, on the threads the forward used), which is what a slower
+    library does to the machine; a sleep leaves the cores to everything else meanwhile."""
+    starts: list[float] = []
+    wait = _busy_waiter() if busy else time.sleep
+
+    def before(module, args, kwargs):
+        starts.append(time.perf_counter())
+
+    def after(module, args, kwargs, output):
+        elapsed = time.perf_counter() - starts.pop()
+        wait((quiet.of(_tokens(args, kwargs)) if quiet is not None else elapsed) * fraction)
+        return output
+
+    with _hooks(model, before, after):
+        yield
+
+
+def _busy_waiter():
+    torch = import_torch()
+
+    x, w = torch.ones(32, 576), torch.ones(576, 1536)  # ~0.5 ms a matmul on an idle 2-core runner
+
+    def busy_wait(seconds: float) -> None:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            torch.mm(x, w)
+
+    return busy_wait
