@@ -272,3 +272,23 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     upgrade = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {**base, "model_fingerprint": "new weights"},
                             old, other_model=False)
     assert upgrade.model_change == "" and upgrade.verdicts  # new weights of the same model: an upgrade, compared
+
+
+@pytest.mark.slow
+def test_one_stored_perf_gate_runs_at_most_eight_project_files_after_its_measurement():
+    """Issue #42 point 1: the traced call (`infergate_bench(...)` under a max_regression budget, against a baseline
+    saved by a first run) runs the functions of at most 8 project files from the moment its measurement returns to
+    the end of the test's call (benchmarks/gate_trace.py: a profiler in the test's conftest, re-measurements left
+    out). The gate's files, not the output's: the record, its JUnit figures and its text are the session's, at the
+    report."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gate_trace.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    counted = re.search(r"^(\d+) project files run after the measurement", done.stdout, re.M)
+    assert counted is not None, done.stdout[-2000:]
+    files = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert int(counted.group(1)) == len(files) and len(files) <= 8, done.stdout
+    assert "perf/gate.py" in files and "perf/decide.py" in files  # it did trace the gate
