@@ -75,6 +75,7 @@ class Finding:
     why: str
     fix: str = ""
     status: Status | None = None
+    evidence: str = ""  # the figures it rests on ("other processes took 52% of the machine's CPU time")
 
     @property
     def not_run(self) -> bool:
@@ -84,11 +85,12 @@ class Finding:
         return f"{self.test + ': ' if self.test else ''}{self.reason()}"
 
     def reason(self) -> str:
-        """Why, and what to do: the line without the test (a skip's reason, said of its own test)."""
-        return f"{self.why}{'; ' + self.fix if self.fix else ''}"
+        """Why (on what evidence), and what to do: the line without the test (a skip's reason, of its own test)."""
+        return f"{self.why}{f' ({self.evidence})' if self.evidence else ''}{'; ' + self.fix if self.fix else ''}"
 
     def to_dict(self) -> dict[str, str]:
         out = {"check": self.check, "test": self.test, "why": self.why, "fix": self.fix}
+        out |= {"evidence": self.evidence} if self.evidence else {}
         return out | ({"status": self.status.value} if self.status is not None else {})
 
     @classmethod
@@ -98,4 +100,4 @@ class Finding:
             return cls(OTHER_CHECK, "", data)
         status = data.get("status")
         return cls(str(data.get("check", OTHER_CHECK)), str(data.get("test", "")), str(data.get("why", "")),
-                   str(data.get("fix", "")), Status(status) if status else None)
+                   str(data.get("fix", "")), Status(status) if status else None, str(data.get("evidence", "")))

@@ -155,9 +155,9 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
-        ctx.say(Finding(BASELINE_CHECK, key, f"this baseline entry was measured on a busy runner "
-                         f"({interference.describe(busy)}); a later run on a quiet runner will read faster and its "
-                         "verdict will be inconclusive", "re-save the baseline on a quiet runner"))
+        ctx.say(Finding(BASELINE_CHECK, key, "this baseline entry was measured on a busy runner",
+                        "a later run on a quiet runner will read faster and its verdict will be inconclusive: re-save "
+                        "the baseline on a quiet runner", evidence=interference.describe(busy)))
     return outcome
 
 
