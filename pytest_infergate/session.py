@@ -203,7 +203,7 @@ class InfergateSession:
                 warnings.warn(InfergateWarning(notice), stacklevel=1)
             if result.status == Status.INCONCLUSIVE:
                 outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
-                                        f"{record_message(result)}")
+                                        + "; ".join(result.decision().undecided))
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()

@@ -274,6 +274,36 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     assert upgrade.model_change == "" and upgrade.verdicts  # new weights of the same model: an upgrade, compared
 
 
+def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
+    """Issue #42 point 2: perf, quality, golden and batch-invariance outcomes share status.Decision (what failed,
+    what could not decide, the notes), its status the gate's own, whatever the route."""
+    from pytest_infergate.quality.policy import decide as decide_quality
+    from pytest_infergate.quality.policy import decide_batch_invariance
+    from pytest_infergate.results.records import GoldenRecord
+
+    entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
+    outcomes = {"pass": evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, FINGERPRINT, entry),
+                "fail": evaluate_perf(machine(BASELINE_SPEEDS, regression=1.5, seed=3), GATE, FINGERPRINT, entry),
+                "inconclusive": evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {**FINGERPRINT, "cpu": "other"},
+                                              entry)}
+    for expected, outcome in outcomes.items():
+        decision = outcome.decision()
+        assert outcome.status == decision.status == expected, (expected, decision)
+        record = PerfRecord(test=TEST, label="", precision="fp32", measurement=machine(BASELINE_SPEEDS, seed=2))
+        record.outcome = outcome
+        assert record.decision().status == record.status
+    assert outcomes["fail"].decision().problems and not outcomes["pass"].decision().undecided
+
+    result = SimpleNamespace(summary={"top1": 0.5}, categories={}, flags=[])
+    assert decide_quality(result, {"min_top1": 0.9}).status == Status.FAIL
+    assert decide_quality(result, {"min_top1": 0.4}).status == Status.PASS
+    shifted = SimpleNamespace(variant_share=0.5, variant_ids=["a"], samples=["a", "b"])
+    assert decide_batch_invariance(shifted, {"max_batch_variant_share": 0.1}).status == Status.FAIL
+    assert decide_batch_invariance(shifted, {}).status == Status.PASS  # no gate unless the policy sets one
+    golden = GoldenRecord(TEST, Status.INCONCLUSIVE, "int8", "p", undecided=["a near tie: accept it or not"])
+    assert golden.decision().status == golden.status
+
+
 @pytest.mark.slow
 def test_one_stored_perf_gate_runs_at_most_eight_project_files_after_its_measurement():
     """Issue #42 point 1: the traced call (`infergate_bench(...)` under a max_regression budget, against a baseline

@@ -11,7 +11,7 @@ from pytest_infergate import units
 from pytest_infergate.errors import OptionError
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf.verdict import Verdict
-from pytest_infergate.status import Status
+from pytest_infergate.status import Decision, Status
 
 
 class BudgetError(OptionError):
@@ -167,6 +167,13 @@ class PerfOutcome:
     @property
     def failed(self) -> bool:
         return self.status == Status.FAIL
+
+    def decision(self) -> Decision:
+        """The shape every gate's outcome shares (status.Decision): the budgets and comparisons that failed, those
+        that could not decide, the notes; its status is this outcome's."""
+        checks = [(v.status, v.describe()) for v in self.violations] + [(v.status, v.headline()) for v in self.verdicts]
+        return Decision([text for status, text in checks if status == Status.FAIL],
+                        [text for status, text in checks if status == Status.INCONCLUSIVE], list(self.notes))
 
     def message(self) -> str:
         lines = []

@@ -18,7 +18,7 @@ from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.quality.golden_generation import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
-from pytest_infergate.status import Status
+from pytest_infergate.status import Decision, Status
 
 UNDEFINED = "_undefined"  # suffix of the key that says why a figure is null
 QUALITY_FIGURES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")  # a quality gate's in JUnit XML
@@ -100,6 +100,9 @@ class PerfRecord:
     def is_endpoint(self) -> bool:
         return self.backend == "endpoint"
 
+    def decision(self) -> Decision:
+        return self.outcome.decision()
+
     @property
     def compared_with(self) -> dict | None:
         """The figures of what the gate compared this run with (A of an A/B run, the stored baseline), kept beside
@@ -156,6 +159,10 @@ class PolicyGateRecord:
     def key_figures(self) -> list[tuple[str, float]]:
         """What JUnit XML shows of it (CI test tabs)."""
         return []
+
+    def decision(self) -> Decision:
+        """Its outcome in the shape every gate's shares (status.Decision); its status is the record's."""
+        return Decision(list(self.problems))
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
@@ -227,6 +234,9 @@ class GoldenRecord:
     @property
     def drift(self) -> list[SampleQuality]:
         return [s for s in self.changed if s.regression != "near-tie"]
+
+    def decision(self) -> Decision:
+        return Decision(list(self.problems), list(self.undecided))
 
     def key_figures(self) -> list[tuple[str, float]]:
         if self.updated:

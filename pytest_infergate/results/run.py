@@ -235,8 +235,8 @@ def record_message(record) -> str:
         elif record.model_change:
             bad.append(f"against a baseline of another model: {record.model_change}")
         return "; ".join((bad or verdict_reasons(record))[:3]) or record.status.value
-    problems = list(getattr(record, "problems", []) or []) + list(getattr(record, "undecided", []) or [])
-    return "; ".join(problems[:3]) or record.status.value
+    decision = record.decision()
+    return "; ".join((decision.problems + decision.undecided)[:3]) or record.status.value
 
 
 def run_verdict(results: RunResults) -> RunVerdict:
