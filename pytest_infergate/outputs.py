@@ -158,6 +158,8 @@ def baseline_entries(data: dict, source: str = "results file") -> dict[str, Base
     if not entries:
         empty = sum(1 for record in run.perf if not any(record.measurement.samples.values()))
         paired = sum(1 for record in run.perf if not record.fingerprint and any(record.measurement.samples.values()))
+        if paired and not empty:  # a run of A/B tests only: they compare with their side A, not with this file
+            return {}
         why = [f"{empty} without samples"] * bool(empty) + [f"{paired} side B of an A/B run"] * (paired > 0)
         raise InfergateError(f"{source}: this results file holds no perf measurement to compare with"
                              + (f" (its perf records: {', '.join(why)})" if why else "")

@@ -166,8 +166,8 @@ class InfergateSession:
 
     # ---- what fixtures get --------------------------------------------------------------------------------
     def context(self, item: pytest.Item) -> TestContext:
-        """The test's TestContext. What it records and says waits in the item's outbox until its report is made
-        (pytest_runtest_makereport): the gate's own code runs no session code (pytest-benchmark's add_stats)."""
+        """The test's TestContext. What it records and says waits in the item's outbox until the phase ends
+        (_phase): the gate's own code runs no session code (pytest-benchmark's add_stats)."""
         outbox = item.stash.setdefault(_OUTBOX, Outbox())
         markers: dict[str, list[dict[str, Any]]] = {}
         for marker in reversed(list(item.iter_markers())):  # outermost first
@@ -180,18 +180,23 @@ class InfergateSession:
         return ctx
 
     def _deliver(self, item: pytest.Item) -> None:
-        """The outbox of `item` into its report: each finding said in the terminal (a check that did not run as
-        asked also kept for every output and JUnit), each record and its verdict as properties, key figures."""
+        """The outbox of `item` into its report, at the end of each phase (inside it: a warning turned into an error
+        by -W error fails that test, not the session): each record and its verdict as properties, key figures, each
+        finding for every output and JUnit; then each said in the terminal."""
         outbox = item.stash.get(_OUTBOX, None)
         if outbox is None:
             return
-        for finding in outbox.findings:
-            warnings.warn(InfergateWarning(finding.text()), stacklevel=1)
+        findings, records = list(outbox.findings), list(outbox.records)
+        outbox.findings.clear()  # in place: the test's contexts append to these very lists
+        outbox.records.clear()
+        said = []
+        for finding in findings:
+            said.append(finding.text())
             if finding.not_run:
                 self.results.findings.append(finding)
                 item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
                 outbox.undecided.append(finding.text())
-        for result in outbox.records:
+        for result in records:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
             # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
             item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
@@ -200,15 +205,56 @@ class InfergateSession:
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
             notice = undecided_notice(result)
             if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
-                warnings.warn(InfergateWarning(notice), stacklevel=1)
+                said.append(notice)
             if result.status == Status.INCONCLUSIVE:
                 outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
                                         + "; ".join(result.decision().undecided))
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()
-        outbox.findings.clear()
-        outbox.records.clear()
+        for text in said:
+            warnings.warn(InfergateWarning(text), stacklevel=1)
+
+    def _phase(self, item: pytest.Item):
+        """Around setup, call and teardown: what the phase recorded and said is delivered at its end, and under
+        --infergate-strict a phase whose check did not decide (an inconclusive record, a check not run as asked, a
+        skip saying what would make it run) fails, saying why: the test's outcome, and the run's verdict applies
+        the same rule (status.under_strict)."""
+        try:
+            result = yield
+        except pytest.skip.Exception:
+            self._deliver(item)
+            self._fail_if_undecided(item)
+            raise
+        except BaseException:
+            self._deliver(item)
+            raise
+        self._deliver(item)
+        self._fail_if_undecided(item)
+        return result
+
+    def _fail_if_undecided(self, item: pytest.Item) -> None:
+        outbox = item.stash.get(_OUTBOX, None)
+        if outbox is None or not outbox.undecided:
+            return
+        if under_strict(Status.INCONCLUSIVE, self.options.strict) == Status.FAIL:
+            undecided, outbox.undecided = outbox.undecided, []
+            raise pytest.fail.Exception(f"{undecided[0]}\n(under --infergate-strict what did not decide fails"
+                                        + (": also " + "; ".join(undecided[1:]) if undecided[1:] else "") + ")",
+                                        pytrace=False) from None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item):
+        item.stash[_OUTBOX] = Outbox()  # a fresh one per run of the test (a rerun plugin runs it again)
+        return (yield from self._phase(item))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        return (yield from self._phase(item))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem):
+        return (yield from self._phase(item))
 
     # ---- hooks --------------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -222,21 +268,11 @@ class InfergateSession:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
-        """What the test recorded and said reaches its report; a test skipped with a Finding carries it in its
-        report (to the controller under xdist, and to JUnit)."""
-        self._deliver(item)
+        """A test skipped with a Finding carries it in its report (to the controller under xdist, and to JUnit)."""
         outcome = yield
-        report = outcome.get_result()
         finding = getattr(call.excinfo.value, "infergate_finding", None) if call.excinfo is not None else None
         if finding is not None:
-            report.user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
-        outbox = item.stash.get(_OUTBOX, None)
-        if call.when == "call" and outbox is not None and outbox.undecided and not report.failed:
-            if under_strict(Status.INCONCLUSIVE, self.options.strict) == Status.FAIL:  # the test: what did not
-                # decide fails it under --infergate-strict, saying why (the run's verdict applies the same rule)
-                report.outcome = "failed"
-                report.longrepr = ("under --infergate-strict what did not decide fails:\n"
-                                   + "\n".join(outbox.undecided))
+            outcome.get_result().user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -311,8 +347,9 @@ class InfergateSession:
         self.results.commit = git_commit(self.config.rootpath)
         self.results.finished = time.time()
         self.results.findings += self.unused_scope_warnings()
-        if self.results.verdict().status == Status.FAIL and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run's verdict (under strict: what did not decide)
+        undecided = Status.INCONCLUSIVE if self.results.findings else Status.PASS  # the tests' own are theirs
+        if under_strict(undecided, self.options.strict) == Status.FAIL and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a check of the run that did not run as asked
         self._write_outputs(session)
         self.terminate_as_interrupt.restore()
 

@@ -149,3 +149,45 @@ def test_importing_the_plugin_loads_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+OUTBOX_TEST = """
+import pytest
+from pytest_infergate.session import session_of
+from pytest_infergate.results.records import GoldenRecord
+from pytest_infergate.status import RELATIVE_CHECK, Finding, Status
+
+
+@pytest.fixture
+def ctx(request):
+    return session_of(request.config).context(request.node)
+
+
+def test_says_a_check_did_not_run(ctx):
+    ctx.say(Finding(RELATIVE_CHECK, ctx.test_id, "relative check not run: no entry", "save a baseline"))
+
+
+@pytest.mark.xfail(reason="a known regression", strict=True)
+def test_known_regression(ctx):
+    ctx.record(GoldenRecord(ctx.test_id, Status.FAIL, "fp32", "p", problems=["drifted"]))
+    raise AssertionError("drifted")
+"""
+
+
+def test_what_a_test_says_reaches_its_report_in_the_phase_and_strict_fails_it_there(pytester):
+    """Issue #42 point 4: a fixture object's findings and records wait in the test's outbox until its phase ends,
+    inside the phase: a warning that -W error turns into an error fails that test, not the session; under
+    --infergate-strict a check that did not run fails its test, saying why; an xfailed test's failed gate fails
+    neither the test nor the run."""
+    pytester.makepyfile(OUTBOX_TEST)
+    quiet = pytester.runpytest("-p", "no:cacheprovider")
+    quiet.assert_outcomes(passed=1, xfailed=1)
+    quiet.stdout.fnmatch_lines(["*InfergateWarning*relative check not run: no entry; save a baseline*"])
+    assert quiet.ret == pytest.ExitCode.OK
+    strict = pytester.runpytest("-p", "no:cacheprovider", "--infergate-strict")
+    strict.assert_outcomes(failed=1, xfailed=1)
+    strict.stdout.fnmatch_lines(["*::test_says_a_check_did_not_run: relative check not run: no entry; save a baseline",
+                                 "(under --infergate-strict what did not decide fails)"])
+    as_error = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest_infergate.session.InfergateWarning")
+    as_error.assert_outcomes(failed=1, xfailed=1)  # the test, not an INTERNALERROR of the session
+    assert "INTERNALERROR" not in as_error.stdout.str()

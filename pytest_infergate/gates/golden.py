@@ -4,6 +4,7 @@ itself in other batches. No pytest here: the test is reached through a TestConte
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -116,7 +117,7 @@ class GoldenGate:
         for note in decision.notes:  # the mean passed and the policy does not gate categories: a note beside the gate
             self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,
                                  f"{result.precision} vs {result.reference_precision}: {note}", status=Status.PASS))
-        result.notes = [*result.notes, *decision.notes]
+        result = replace(result, notes=[*result.notes, *decision.notes])  # the session's cached comparison stays as is
         problems = decision.problems
         self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, rules, problems, *self.backend()))
         if problems:

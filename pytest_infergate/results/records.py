@@ -183,7 +183,8 @@ class QualityRecord(PolicyGateRecord):
     result: QualityResult
 
     def key_figures(self) -> list[tuple[str, float]]:
-        return [(f"quality.{name}", round(self.summary[name], 4)) for name in QUALITY_FIGURES if name in self.summary]
+        return [(f"quality.{name}", round(self.summary[name], 4)) for name in QUALITY_FIGURES
+                if isinstance(self.summary.get(name), (int, float))]  # a figure that is not defined is not shown
 
     @property
     def reference_precision(self) -> str:

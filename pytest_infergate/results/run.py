@@ -242,7 +242,8 @@ def record_message(record) -> str:
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []
     # a test failed by its own gate is said once, as the gate with its reasons (not again as a failed test)
-    gated = {record.test for record in results.records if record.status == Status.FAIL}
+    # (under --infergate-strict a gate that did not decide failed its test: said as that gate, failed)
+    gated = {record.test for record in results.records if under_strict(record.status, results.strict) == Status.FAIL}
     for nodeid, outcome in results.outcomes.items():
         if outcome == "failed" and any(test == nodeid or test.startswith(nodeid + "::") for test in gated):
             continue
@@ -252,8 +253,8 @@ def run_verdict(results: RunResults) -> RunVerdict:
                                   message or outcome))
     for record in results.records:
         if record.status != Status.PASS:
-            reasons.append(Reason(record.status, GATE_NAMES.get(record.kind, record.kind), record.test,
-                                  record_message(record)))
+            reasons.append(Reason(under_strict(record.status, results.strict), GATE_NAMES.get(record.kind, record.kind),
+                                  record.test, record_message(record)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
