@@ -219,7 +219,9 @@ def undecided_notice(record) -> str | None:
         again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
         return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"
     if isinstance(record, GoldenRecord) and record.undecided:
-        return f"{record.test}: inconclusive: {record.undecided[0]}"
+        return (f"{record.test}: {len(record.changed)} of {record.compared} golden outputs of {record.precision} "
+                f"changed: {len(record.drift)} drift, {len(record.near_ties)} near-ties (accepted: {record.path}); "
+                f"inconclusive: {record.undecided[0]}")
     return None
 
 
