@@ -217,8 +217,8 @@ class InfergateSession:
 
     def _phase(self, item: pytest.Item):
         """Around setup, call and teardown: what the phase recorded and said is delivered at its end, and under
-        --infergate-strict a phase whose check did not decide (an inconclusive record, a check not run as asked, a
-        skip saying what would make it run) fails, saying why: the test's outcome, and the run's verdict applies
+        --infergate-strict a phase whose check did not decide (an inconclusive record, a check said not to have run
+        as asked, also when the test then skips) fails, saying why: the test's outcome, and the run's verdict applies
         the same rule (status.under_strict)."""
         try:
             result = yield

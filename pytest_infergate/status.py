@@ -56,7 +56,6 @@ ENGINE_CHECK = "engine experiment"
 ENDPOINT_CHECK = "endpoint check"
 SPEED_EXPERIMENT_CHECK = "speed experiment"
 OTHER_CHECK = "check"  # a warning read from a results file written before findings were typed
-PERF_CHECK = "perf gate"
 QUALITY_CHECK = "quality gate"
 
 
