@@ -37,6 +37,7 @@ METRICS: dict[str, tuple[str, bool, bool]] = {
 # all (the load time is the model's, not the workload's). What a busy runner or another machine can distort.
 LATENCY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit in ("ms", "s") and name != "load_s")
 THROUGHPUT_METRICS = frozenset({"tokens_per_s", "requests_per_s", "goodput_per_s"})
+MEMORY_METRICS = frozenset(name for name, (unit, _, _) in METRICS.items() if unit == "MiB")
 
 
 # Other processes taking a quarter of the machine's CPU time (half a CPU of two) slow a two-thread engine well

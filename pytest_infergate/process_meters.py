@@ -9,6 +9,9 @@ thread time is read, and every caller falls back to wall time."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 import threading
 from dataclasses import dataclass
@@ -43,6 +46,27 @@ def _read_hwm() -> int | None:
     except OSError:
         return None
     return None
+
+
+def release_free_memory() -> None:
+    """Free what only reference cycles hold, then give the C heap's free pages back to the kernel (glibc's
+    malloc_trim), so that the resident set is what is live. Called before a measured repetition's PeakMemory (not
+    inside it: a collection takes a tenth of a second, which no timer of the repetition may see): memory an earlier
+    repetition freed but the allocator kept would otherwise serve this one's allocations without raising the
+    high-water mark, and whether it does depends on what ran before in the process — the int8 model's serving rise
+    read 0 or 37 MiB in identical fresh processes before, 67-84 MiB after (benchmarks/memory_repro.py)."""
+    global _malloc_trim
+    gc.collect()  # tensors held only by reference cycles are freed now, not whenever the collector next runs
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim by
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def _reset_hwm() -> bool:

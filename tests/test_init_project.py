@@ -97,9 +97,14 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     assert (tmp_path / "perf/baseline.json").exists()
     assert "baseline: this run saved to perf/baseline.json, 2 perf measurements to compare with (later runs " \
         in first.stdout
+    # the first run compared nothing, and its verdict line says so (not a bare PASS)
+    first_verdict = next(line for line in first.stdout.splitlines() if line.startswith("infergate verdict:"))
+    assert "on budgets only, nothing compared with a baseline" in first_verdict, first_verdict
     second = step("gate")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert "baseline" in second.stdout and "infergate verdict:" in second.stdout
+    second_verdict = next(line for line in second.stdout.splitlines() if line.startswith("infergate verdict:"))
+    assert "nothing compared" not in second_verdict, second_verdict
     assert (tmp_path / "infergate-history").is_dir() and (tmp_path / "infergate-report.html").is_file()
     summary = step("summary")
     shown = summary.stdout if kind == "gitlab" else Path(env["GITHUB_STEP_SUMMARY"]).read_text()

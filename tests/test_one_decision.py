@@ -126,7 +126,7 @@ def test_the_run_verdict_names_every_reason_in_terminal_html_and_json():
     shown = " ".join(unescape(re.sub(r"<[^>]+>", " ", render_report(run))).split())
     assert shown.index("Verdict: FAIL") < shown.index("Summary")
     data = run.to_dict()
-    assert list(data)[2:4] == ["verdict", "reasons"] and data["verdict"] == "fail"
+    assert list(data)[2:5] == ["verdict", "verdict_line", "reasons"] and data["verdict"] == "fail"
     for text in expected:
         assert any(text in line for line in terminal), text
         assert text in shown, text

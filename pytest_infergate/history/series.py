@@ -248,8 +248,6 @@ def findings(history: History) -> list[SeriesChange]:
     return sorted(out, key=lambda f: (f.run.index, f.series.test, f.series.metric))
 
 
-# metrics compared when the candidate's record names none in its budget (a run with max_regression alone)
-DEFAULT_COMPARED = ("ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s", "peak_mem_mb")
 DEFAULT_MAX_REGRESSION = 0.10
 
 
@@ -265,7 +263,8 @@ class PairOutcome:
 
 def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
     """The budget the candidate's gate checked (from its record), with `max_regression` when given (else the
-    record's, else 10%); a record whose budget names no metric compares DEFAULT_COMPARED."""
+    record's, else 10%); a record whose budget names no metric compares what the in-run gate does
+    (Budget.relative_metrics)."""
     values = {key: value for key, value in record.budget.items() if key != "max_regression"}
     try:
         budget = parse_budget(values, where=f"the budget recorded for {record.test}")
@@ -273,9 +272,8 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
         budget = parse_budget({})
     regression = max_regression if max_regression is not None else record.budget.get("max_regression")
     regression = DEFAULT_MAX_REGRESSION if regression is None else regression
-    if not budget.limits:  # a limit no measurement can break names a metric without gating its value
-        budget = parse_budget({metric: 1e-300 if METRICS[metric][1] else 1e300 for metric in DEFAULT_COMPARED})
-    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked
+    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked;
+    # no limit at all: the in-run gate's default figures (Budget.relative_metrics)
     measured = tuple(limit for limit in budget.limits if record.measurement.samples.get(limit.metric))
     return Budget(measured, budget.percentile, regression)
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
+from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, Violation, check_budget
 from pytest_infergate.perf.verdict import (
     Verdict,
+    compare_memory,
     compare_paired,
     compare_paired_percentiles,
     compare_samples,
@@ -274,6 +275,9 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
             if paired and METRICS[metric][2] else None
         if by_round is not None:
             verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
+            continue
+        if stored_baseline and metric in MEMORY_METRICS:
+            verdicts.append(compare_memory(metric, a, b, budget.max_regression))
             continue
         verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
         verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))

@@ -8,7 +8,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from statistics import median
 
@@ -61,6 +61,9 @@ class Bench:
         self._sampler: calibration.Sampler | None = None
         self._runs = itertools.count()  # names each repetition's sessions apart on an engine that remembers ids
         self._kv_budget_notes: dict[int, str] = {}  # id(engine) -> how its KV budget was chosen (Bench.sized)
+        # what runs beside each repetition's workload, inside its memory and time region (held_allocation: memory
+        # a change holds while serving, injected to prove the memory gate's power)
+        self.beside_repetition: Callable[[], AbstractContextManager] = nullcontext
 
     def engine(self, config: EngineConfig, instance: int = 0):
         """The backend that runs `config` (OptionError under HF generate for what only the engine does).
@@ -103,9 +106,10 @@ class Bench:
         engine, workload = self.begin_repetition(requests, config, warmup)
         first = sampler.probe_now() if sampler is not None else None
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
+        process_meters.release_free_memory()  # the peak below rises from what is live (before any timer starts)
         before = interference.snapshot(ours)
         load_free = process_meters.LoadFreeTimer(engine, self.device)
-        with PeakMemory(self.device) as peak:
+        with PeakMemory(self.device) as peak, self.beside_repetition():
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
@@ -315,6 +319,49 @@ def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietFo
     def after(module, args, kwargs, output):
         elapsed = time.perf_counter() - starts.pop()
         wait((quiet.of(_tokens(args, kwargs)) if quiet is not None else elapsed) * fraction)
+        return output
+
+    with _hooks(model, before, after):
+        yield
+
+
+@contextmanager
+def held_allocation(bench: Bench, mib: float):
+    """Hold `mib` MiB, written (resident), through each repetition of `bench`'s workloads: what a change that keeps
+    more memory while serving does (a larger workspace, a dequantized copy), injected to prove the memory gate's
+    power (benchmarks/gate_power.py, benchmarks/memory_repro.py)."""
+    torch = import_torch()
+
+    @contextmanager
+    def holding():
+        held = torch.ones(int(mib * MIB) // 4, dtype=torch.float32)
+        try:
+            yield
+        finally:
+            del held
+
+    before, bench.beside_repetition = bench.beside_repetition, holding
+    try:
+        yield bench
+    finally:
+        bench.beside_repetition = before
+
+
+@contextmanager
+def injected_prefill_slowdown(model, fraction: float, min_tokens: int = 16, quiet: QuietForwardTimes | None = None):
+    """Make every forward of `model` with at least `min_tokens` input tokens (a prefill: a decode step of the
+    benchmarks' workloads feeds one token per running sequence, at most 8) take (1 + fraction) times as long, asleep
+    after it: a change that slows time to first token alone (benchmarks/gate_power.py)."""
+    starts: list[float] = []
+
+    def before(module, args, kwargs):
+        starts.append(time.perf_counter())
+
+    def after(module, args, kwargs, output):
+        elapsed = time.perf_counter() - starts.pop()
+        tokens = _tokens(args, kwargs)
+        if tokens >= min_tokens:
+            time.sleep((quiet.of(tokens) if quiet is not None else elapsed) * fraction)
         return output
 
     with _hooks(model, before, after):

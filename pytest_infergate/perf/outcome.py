@@ -13,6 +13,10 @@ from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.status import Decision, Status
 
+# what max_regression compares where no limit names a metric: what a serving team gates — throughput, time to
+# first token and peak memory (a change that doubles memory must not pass a gate that says "no regression")
+RELATIVE_DEFAULT = frozenset({"tokens_per_s", "ttft_ms", "peak_mem_mb"})
+
 
 class BudgetError(OptionError):
     """An infergate_budget marker or ini budget that names an unknown key or has a wrong value."""
@@ -41,8 +45,9 @@ class Budget:
         return not self.limits and self.max_regression is None
 
     def relative_metrics(self) -> list[str]:
-        """The metrics a relative check (max_regression) compares: those the limits name, else tokens/s and TTFT."""
-        return sorted({limit.metric for limit in self.limits} or {"tokens_per_s", "ttft_ms"})
+        """The metrics a relative check (max_regression) compares: those the limits name, else RELATIVE_DEFAULT
+        (the in-run gate, `infergate compare` and the history alike)."""
+        return sorted({limit.metric for limit in self.limits} or RELATIVE_DEFAULT)
 
     def percentile_of(self, metric: str) -> float:
         """The percentile `metric`'s limit gates (the budget's default where no limit names it)."""

@@ -327,9 +327,49 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
                                                 f"{interference.describe(then)} while it was measured, so this run "
                                                 f"being no slower (×{measured.ratio:.3f}) says nothing; re-save the "
                                                 "baseline on a quiet runner", baseline_at_fault=True)
-    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides: {interference.describe(now)} during "
-                                            f"this run and {interference.taken(then)} while the baseline was saved; "
-                                            "re-save the baseline and rerun on a quiet runner", baseline_at_fault=True)
+    steady = steady_co_tenant(candidate, baseline, threshold, now, then)
+    if steady is not None:
+        return steady
+    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides, unevenly: "
+                                            f"{interference.describe(now)} during this run and "
+                                            f"{interference.taken(then)} while the baseline was saved; re-save the "
+                                            "baseline and rerun on a quiet runner", baseline_at_fault=True)
+
+
+# Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE
+# and our threads' load-free shares (the share of wall time they would have needed alone) by at most a factor
+# SAME_LOAD_FACTOR: one busy loop beside the run at the save and at the compare, as a steady neighbour on a shared
+# runner keeps.
+SAME_LOAD_SHARE = 0.15
+SAME_LOAD_FACTOR = 1.25
+
+
+def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: float,
+                     then: float) -> BusyVerdict | None:
+    """Both sides ran beside the same co-tenant (SAME_LOAD_SHARE, SAME_LOAD_FACTOR): the load hit them alike, so
+    their load-free costs (Side.load_free_costs) compare like a quiet pair's and decide both ways — a pass where the
+    whole interval lies within the threshold, a failure beyond the threshold times the correction's per-repetition
+    error (interference.load_free_residual: a steady load stretches both sides' latencies alike, so a team's or one
+    thread's error applies, not the uneven-load margin). None: the loads differ, or were not measured alike."""
+    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
+    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
+        return None
+    free_now, free_then = harrell_davis(candidate.load_free, 0.5), harrell_davis(baseline.load_free, 0.5)
+    if abs(now - then) > SAME_LOAD_SHARE or max(free_now, free_then) > SAME_LOAD_FACTOR * min(free_now, free_then):
+        return None
+    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
+    residual = interference.load_free_residual(candidate, baseline, baseline_quiet=True)
+    how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
+           f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
+           f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
+           f"resolves slowdowns above ×{math.sqrt(high / low) if low > 0 else math.inf:.3f}")
+    if high <= threshold:
+        return BusyVerdict(Status.PASS, how, load_corrected=True)
+    if low > threshold * residual:
+        return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
+                                        f"correction's error ×{residual})", load_corrected=True)
+    return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
+                                            "can be off, nor within the threshold")
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,

@@ -57,6 +57,14 @@ class PerfRecord:
         return limits or self.budget.get("max_regression") is not None or bool(self.verdicts)
 
     @property
+    def compared_nothing(self) -> bool:
+        """A relative check was asked for (max_regression) and there was nothing to compare with: no baseline given
+        (a first run, or the run that saves one). Its pass is of the budgets only, and every output says so (a
+        baseline given that had no entry is a check not run as asked: relative_check_missing)."""
+        return (self.budget.get("max_regression") is not None and not self.verdicts
+                and self.outcome.route == "budget" and not self.relative_check_missing)
+
+    @property
     def violations(self) -> list[Violation]:
         return self.outcome.violations
 

@@ -194,15 +194,35 @@ class RunVerdict:
         counts = {status: sum(1 for r in self.reasons if r.status == status) for status in (Status.FAIL,
                                                                                              Status.INCONCLUSIVE)}
         parts = [f"{n} {status.value}" for status, n in counts.items() if n]
-        return f"infergate verdict: {self.status.upper()}" + (f" ({', '.join(parts)})" if parts else "")
+        return f"infergate verdict: {self.status.upper()}{self.qualifier()}" + (f" ({', '.join(parts)})"
+                                                                                  if parts else "")
+
+    @property
+    def compared_nothing(self) -> int:
+        """How many relative checks had nothing to compare with (Reason `NOTHING_COMPARED`)."""
+        return sum(1 for r in self.reasons if r.what == NOTHING_COMPARED)
+
+    def qualifier(self) -> str:
+        """What a pass rests on where relative checks compared nothing: " — 3 perf gates on budgets only, nothing
+        compared with a baseline" (a first run, the run that saves one); "" otherwise."""
+        if self.status != Status.PASS or not self.compared_nothing:
+            return ""
+        n = self.compared_nothing
+        return f" — {n} perf gate{'s' if n != 1 else ''} on budgets only, nothing compared with a baseline"
 
     def to_dict(self) -> dict:
-        return {"verdict": self.status.value, "reasons": [reason.to_dict() for reason in self.reasons]}
+        return {"verdict": self.status.value, "verdict_line": self.headline(),
+                "reasons": [reason.to_dict() for reason in self.reasons]}
 
 
 # what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
 UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
                     "(infergate_bench.ab) where the runner's speed drifts")
+
+# a perf gate that asked for a relative check (max_regression) and had no baseline: its pass is of budgets only
+NOTHING_COMPARED = "nothing compared"
+NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
+               "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
 
 GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
               "batch_invariance": "batch invariance"}
@@ -257,6 +277,8 @@ def run_verdict(results: RunResults) -> RunVerdict:
         if record.status != Status.PASS:
             reasons.append(Reason(under_strict(record.status, results.strict), GATE_NAMES.get(record.kind, record.kind),
                                   record.test, record_message(record)))
+        elif getattr(record, "compared_nothing", False):  # a pass of the budgets alone: said, never a bare pass
+            reasons.append(Reason(Status.PASS, NOTHING_COMPARED, record.test, NO_BASELINE))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))

@@ -113,8 +113,9 @@ def perf_lines(record: PerfRecord) -> list[Line]:
     errors = record.measurement.engine.get("errors")
     if errors:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
-    lines = [Line(f"  perf {record.status.value.upper():12s} {record.test}{backend_tag(record)}: {figures}",
-                  _color(record.status))]
+    # a pass that compared nothing says so where the eye lands: not a bare PASS
+    shown = "NO-BASELINE" if record.compared_nothing and record.status == Status.PASS else record.status.value.upper()
+    lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
     lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
 

@@ -1,0 +1,148 @@
+"""Every figure a user gates decides, the same way on every route (issue #54): peak memory is compared with the
+baseline under max_regression and decides on a busy runner too; time to first token is load-corrected like
+tokens/s; unchanged code beside the same steady co-tenant on both sides passes; the in-run gate, `infergate
+compare` and the history decide each figure through one function on the same figures."""
+
+import random
+
+import pytest
+
+from pytest_infergate.cli import compare_runs
+from pytest_infergate.history.series import compare_records
+from pytest_infergate.measurement import Measurement
+from pytest_infergate.perf.baseline import BaselineEntry
+from pytest_infergate.perf.budget import parse_budget
+from pytest_infergate.perf.gate import evaluate_perf
+from pytest_infergate.perf.outcome import RELATIVE_DEFAULT
+from pytest_infergate.perf.verdict import MEMORY_DRIFT
+from pytest_infergate.report import render as render_report
+from pytest_infergate.results import RunResults
+from pytest_infergate.results.records import PerfRecord
+from pytest_infergate.results.summary import summary_lines
+from pytest_infergate.status import Status
+
+STARTER = {"max_regression": 0.10}  # `infergate init`'s test_serving: no limit names a figure
+
+
+def served(ttft_ms=100.0, tokens_per_s=50.0, peak_mb=300.0, others=None, load_free=None, reps=8, seed=0,
+           mem_spread=0.01) -> Measurement:
+    """A run as Bench records it: per repetition 6 requests' TTFT, one tokens/s and one peak memory figure (each
+    repetition's memory within `mem_spread`), with the kernel's load evidence where given."""
+    rng = random.Random(seed)
+    m = Measurement(cpu_threads=1)
+    for _ in range(reps):
+        m.samples.setdefault("ttft_ms", []).extend(ttft_ms * (1 + rng.gauss(0, 0.02)) for _ in range(6))
+        m.samples.setdefault("tokens_per_s", []).append(tokens_per_s * (1 + rng.gauss(0, 0.02)))
+        m.samples.setdefault("peak_mem_mb", []).append(peak_mb * (1 + rng.uniform(-mem_spread, mem_spread)))
+        if others is not None:
+            m.others_share.append(others)
+            m.load_free_share.append(load_free)
+        m.end_repetition()
+    return m
+
+
+def gated(candidate: Measurement, baseline: Measurement, budget=STARTER):
+    return evaluate_perf(candidate, parse_budget(budget), {}, BaselineEntry({}, baseline))
+
+
+def by_metric(outcome) -> dict[str, Status]:
+    return {v.metric: v.status for v in outcome.verdicts}
+
+
+def test_max_regression_alone_compares_throughput_ttft_and_peak_memory():
+    assert parse_budget(STARTER).relative_metrics() == sorted(RELATIVE_DEFAULT) == ["peak_mem_mb", "tokens_per_s",
+                                                                                     "ttft_ms"]
+    outcome = gated(served(seed=2), served(seed=1))
+    assert by_metric(outcome) == {"peak_mem_mb": "pass", "tokens_per_s": "pass", "ttft_ms": "pass"}, outcome.message()
+
+
+@pytest.mark.parametrize("others, load_free", [(None, None), (0.74, 0.27), (0.5, 0.9)])
+def test_memory_30_percent_more_fails_quiet_or_busy_and_the_process_drift_alone_passes(others, load_free):
+    """+30% peak memory (an allocation held through the run) fails whatever the load; the same workload read 3%
+    higher in another process (within MEMORY_DRIFT) passes; +8%, within the threshold but not by the drift, is
+    inconclusive, never a pass claimed on a precision the figure does not have."""
+    baseline = served(seed=1)
+    more = gated(served(peak_mb=390.0, seed=2, others=others, load_free=load_free), baseline)
+    assert by_metric(more)["peak_mem_mb"] == "fail", more.message()
+    assert "% more memory → FAIL" in next(v for v in more.verdicts if v.metric == "peak_mem_mb").headline()
+    drifted = gated(served(peak_mb=309.0, seed=3, others=others, load_free=load_free), baseline)
+    assert by_metric(drifted)["peak_mem_mb"] == "pass", drifted.message()
+    near = gated(served(peak_mb=324.0, seed=4), baseline)
+    assert by_metric(near)["peak_mem_mb"] == "inconclusive"
+    assert MEMORY_DRIFT == 1.05
+
+
+def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes():
+    """One busy loop beside the save and the run (others took half the machine, our one thread kept 90% of what it
+    needed): a TTFT ×2 with tokens/s unchanged fails on TTFT alone; unchanged code passes, decided load-corrected,
+    with its resolution said."""
+    baseline = served(others=0.5, load_free=0.9, seed=1)
+    slower = gated(served(ttft_ms=200.0, others=0.5, load_free=0.9, seed=2), baseline)
+    assert by_metric(slower) == {"peak_mem_mb": "pass", "tokens_per_s": "pass", "ttft_ms": "fail"}, slower.message()
+    unchanged = gated(served(others=0.5, load_free=0.88, seed=3), baseline)
+    assert unchanged.status == "pass", unchanged.message()
+    ttft = next(v for v in unchanged.verdicts if v.metric == "ttft_ms")
+    assert "both sides beside the same co-tenant" in ttft.note and "resolves slowdowns above" in ttft.note
+
+
+def test_ttft_only_slowdown_fails_under_a_hog_during_the_run():
+    """A quiet save, a run under one busy loop per core (our thread had 27% of what it needed): TTFT ×2
+    load-corrected fails; unchanged is inconclusive, never a failure."""
+    baseline = served(others=0.02, load_free=1.0, seed=1)
+    slower = gated(served(ttft_ms=200.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=2),
+                   baseline)
+    assert by_metric(slower)["ttft_ms"] == "fail", slower.message()
+    unchanged = gated(served(ttft_ms=100.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=3),
+                      baseline)
+    assert Status.FAIL not in by_metric(unchanged).values(), unchanged.message()
+
+
+def record(measurement: Measurement, test="suites/test_serving.py::test_serving[fp32]") -> PerfRecord:
+    return PerfRecord(test=test, label="", precision="fp32", measurement=measurement, budget=dict(STARTER),
+                      fingerprint={})
+
+
+@pytest.mark.parametrize("name, candidate", [
+    ("unchanged", served(seed=2)),
+    ("memory +30%", served(peak_mb=390.0, seed=2)),
+    ("TTFT ×2 beside a steady co-tenant", served(ttft_ms=200.0, others=0.5, load_free=0.9, seed=2)),
+    ("tokens/s ×2 slower", served(tokens_per_s=25.0, seed=2)),
+])
+def test_the_in_run_gate_infergate_compare_and_the_history_give_one_verdict_per_figure(name, candidate):
+    base = served(others=0.5, load_free=0.9, seed=1) if candidate.others_share else served(seed=1)
+    in_run = by_metric(gated(candidate, base))
+    a, b = RunResults(records=[record(base)]), RunResults(records=[record(candidate)])
+    rows, verdict, _ = compare_runs(a, b)
+    cli = {row[1]: row[5].split(" ")[0] for row in rows}
+    (pair,), _, _ = compare_records(a.perf, b.perf)
+    history = by_metric(pair.outcome)
+    assert set(in_run) == set(RELATIVE_DEFAULT)
+    assert cli == {metric: status.value for metric, status in in_run.items()} == \
+        {metric: status.value for metric, status in history.items()}, name
+    assert verdict == Status.worst(list(in_run.values()))
+
+
+def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_the_report_and_the_json():
+    """The starter's test_serving (max_regression alone) before any baseline: its budgets pass, nothing is
+    compared; no output calls that a bare pass."""
+    run = RunResults()
+    for precision in ("fp32", "int8"):
+        first = record(served(seed=1), test=f"test_gate.py::test_serving[{precision}]")
+        first.outcome = evaluate_perf(first.measurement, parse_budget(STARTER), {}, None, baseline_given=False)
+        run.add(first)
+    verdict = run.verdict()
+    assert verdict.status == Status.PASS and verdict.compared_nothing == 2
+    terminal = [line.text for line in summary_lines(run)]
+    assert terminal[-1] == "infergate verdict: PASS — 2 perf gates on budgets only, nothing compared with a baseline"
+    assert any(line.startswith("  perf NO-BASELINE") for line in terminal)
+    assert any("PASS nothing compared test_gate.py::test_serving[int8]: max_regression asked for a comparison, but "
+               "no baseline was given" in line and "--infergate-save-baseline PATH" in line for line in terminal)
+    html = render_report(run)
+    assert "Verdict: PASS — 2 perf gates on budgets only, nothing compared with a baseline" in html
+    assert "(2 on budgets only: no baseline)" in html
+    data = run.to_dict()
+    assert data["verdict"] == "pass" and "nothing compared" in data["verdict_line"]
+    # compared with a baseline: a plain pass
+    compared = RunResults(records=[record(served(seed=2))])
+    compared.perf[0].outcome = gated(served(seed=2), served(seed=1))
+    assert compared.verdict().headline() == "infergate verdict: PASS"
