@@ -101,7 +101,7 @@ jobs:
             --infergate-report=infergate-report.html --infergate-history=infergate-history
       - name: summary
         if: always() && hashFiles('infergate-results.json') != ''
-        run: infergate summary infergate-results.json --markdown >> "$GITHUB_STEP_SUMMARY"
+        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
       - uses: actions/cache/save@v4
         if: always() && hashFiles('infergate-history/**') != ''
         with:
@@ -141,7 +141,7 @@ jobs:
             --infergate-report=infergate-report.html --infergate-history=/data/infergate-history
       - name: summary
         if: always() && hashFiles('infergate-results.json') != ''
-        run: infergate summary infergate-results.json --markdown >> "$GITHUB_STEP_SUMMARY"
+        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
       - uses: actions/upload-artifact@v4
         if: always()
         with:

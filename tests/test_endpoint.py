@@ -202,10 +202,15 @@ def test_bad_endpoint_option_is_a_usage_error(pytester, run_plugin):
 
 
 def test_endpoint_fixture_skips_without_the_option(pytester, run_plugin):
+    """Skipped by design (the suite of a served model nobody asked to run without a server): counted with its
+    reason, not listed among the checks that did not run as asked."""
     pytester.makepyfile(ENDPOINT_TEST.format(budget=""))
-    result = run_plugin("-rs")
+    result = run_plugin("-rs", "--infergate-json=out.json")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs a live server; pass --infergate-endpoint URL*"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    assert data["skipped_findings"] == {} and data["findings"] == [] and data["verdict"] == "pass"
+    assert list(data["skips"].values()) == ["needs a live server; pass --infergate-endpoint URL"]
 
 
 def test_failed_requests_fail_the_success_budget_with_their_kinds(pytester, run_plugin):

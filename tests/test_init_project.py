@@ -109,6 +109,8 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     summary = step("summary")
     shown = summary.stdout if kind == "gitlab" else Path(env["GITHUB_STEP_SUMMARY"]).read_text()
     assert summary.returncode == 0 and "test_serving" in shown
+    if kind == "github":  # one summary: `--markdown` appends to $GITHUB_STEP_SUMMARY itself, the step adds nothing
+        assert shown.count("## pytest-infergate") == 1, shown
 
 
 def test_a_conftest_an_older_init_wrote_still_imports_its_workload_reader():

@@ -172,6 +172,14 @@ def test_baseline_round_trip_and_errors(tmp_path):
         load_baseline(path)
     with pytest.raises(BaselineError, match="does not exist"):
         load_baseline(tmp_path / "missing.json")
+    # a typo names the file that exists, not a save at the typo (which in CI would start a second baseline)
+    (tmp_path / "perf").mkdir()
+    (tmp_path / "perf/baseline.json").write_text("{}")
+    with pytest.raises(BaselineError) as typo:
+        load_baseline(tmp_path / "perf/basline.json")
+    assert f"did you mean {tmp_path / 'perf/baseline.json'}?" in str(typo.value)
+    with pytest.raises(BaselineError, match="no JSON file near it looks like one: save the accepted run"):
+        load_baseline(tmp_path / "elsewhere/zzz/qqq.json")
 
 
 def test_another_machine_is_inconclusive_and_a_change_under_test_is_compared():

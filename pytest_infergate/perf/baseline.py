@@ -8,6 +8,7 @@ error that says what it is and what to pass instead. The versions and what each 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import time
@@ -87,6 +88,21 @@ def file_kind(data: object) -> str:
     return "unknown"
 
 
+def missing_baseline(path: Path) -> str:
+    """Why a baseline path cannot be read, pointing at what exists: the closest JSON file by name in its folder or
+    the folders beside it (a typo in CI would otherwise start a second baseline at the wrong path), else how to
+    save one there."""
+    near = [p for folder in {path.parent, path.parent.parent} if folder.is_dir()
+            for pattern in ("*.json", "*/*.json") for p in folder.glob(pattern)]
+    names = {str(p): p for p in near}
+    close = difflib.get_close_matches(str(path), list(names), n=1, cutoff=0.6)
+    if close:
+        return (f"baseline file {path} does not exist; did you mean {close[0]}? (to start a baseline at {path} "
+                f"instead, save one with --infergate-save-baseline={path})")
+    return (f"baseline file {path} does not exist and no JSON file near it looks like one: save the accepted run "
+            f"with --infergate-save-baseline={path}, then pass --infergate-baseline={path}")
+
+
 def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, BaselineEntry]] | None = None
                   ) -> dict[str, BaselineEntry]:
     """The entries of a baseline, by measurement key. A results file (--infergate-json, --infergate-save-baseline)
@@ -97,8 +113,7 @@ def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, B
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BaselineError(f"baseline file {path} does not exist: create it with "
-                            f"--infergate-save-baseline={path}") from None
+        raise BaselineError(missing_baseline(path)) from None
     except (OSError, ValueError) as exc:
         raise BaselineError(f"baseline file {path} is not valid JSON ({exc}); re-create it with "
                             "--infergate-save-baseline") from None

@@ -1,0 +1,177 @@
+"""Does every gated figure decide — tokens/s, TTFT p50 and p95, peak memory — on a quiet runner, under a CPU hog
+and beside a steady co-tenant? The stored-baseline gate's power per figure (issue #54).
+
+    python benchmarks/figure_power.py                               # quiet, 10 trials, tiny-random-llama
+    python benchmarks/figure_power.py --arm hog-run --trials 10     # one busy loop per core during the trials
+    python benchmarks/figure_power.py --arm co-tenant               # one busy loop during the save and the trials
+
+A child process saves the baseline as `pytest --infergate-save-baseline` does (the `infergate_bench` fixture's
+object, `infergate_budget(max_regression=0.1)` and nothing else: the starter's test, which compares tokens/s,
+TTFT and peak memory); this process then measures every trial through a fresh PerfBench under the same marker,
+the injections taking turns:
+- `unchanged`;
+- `ttft2`: every prefill forward (16 input tokens or more) followed by a sleep as long as its quiet time: time to
+  first token ×2, decode steps untouched (perf.local_bench.injected_prefill_slowdown);
+- `mem30`: an allocation of 30% of the baseline's peak memory held through each repetition
+  (perf.local_bench.held_allocation);
+- `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower.
+The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
+the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
+pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during the trials, the save
+quiet); `co-tenant` (one busy loop in all, during the save and the trials: a steady neighbour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gate_power import CpuHog, GateFailed  # noqa: E402
+
+from pytest_infergate.context import TestContext  # noqa: E402
+from pytest_infergate.engine import EngineConfig  # noqa: E402
+from pytest_infergate.gates.perf import PerfBench  # noqa: E402
+from pytest_infergate.history.series import decide_pair  # noqa: E402
+from pytest_infergate.models import load_model, resolve_model  # noqa: E402
+from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
+from pytest_infergate.outputs import baseline_entries, save_run_as_baseline  # noqa: E402
+from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
+from pytest_infergate.perf.local_bench import (  # noqa: E402
+    Bench,
+    QuietForwardTimes,
+    held_allocation,
+    injected_prefill_slowdown,
+    injected_slowdown,
+)
+from pytest_infergate.results.records import PerfRecord  # noqa: E402
+from pytest_infergate.results.run import RunResults  # noqa: E402
+from pytest_infergate.workloads import chat_workload  # noqa: E402
+
+TEST_ID = "benchmarks/figure_power.py::test_serving"
+FIGURES = ("tokens_per_s", "ttft_ms p50", "ttft_ms p95", "peak_mem_mb")
+INJECTIONS = ("unchanged", "ttft2", "mem30", "tps2")
+ARMS = {"quiet": (0, False), "hog-run": (None, False), "co-tenant": (1, True)}  # (busy loops in the run, at save)
+
+
+def context(args, records: list, baseline: dict | None, save: Path | None) -> TestContext:
+    def fail(message):
+        raise GateFailed(message)
+
+    options = Options(model=args.model, precisions=("fp32",), save_baseline=save)
+    return TestContext(test_id=TEST_ID, options=options, record=records.append, say=lambda finding: None,
+                       fail=fail, skip=fail, markers={"infergate_budget": [{"max_regression": args.max_regression}]},
+                       baseline=baseline)
+
+
+def measure(args, loaded, requests, config, baseline: dict | None, injection: str = "unchanged",
+            save: Path | None = None, baseline_peak_mb: float = 0.0) -> PerfRecord:
+    """One `infergate_bench(requests, config)` call of a test, with `injection` in place; its PerfRecord."""
+    records: list = []
+    bench = PerfBench(context(args, records, baseline, save), loaded, compare_side=lambda: loaded)
+    with ExitStack() as stack:
+        if injection == "ttft2":
+            stack.enter_context(injected_prefill_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
+        elif injection == "tps2":
+            stack.enter_context(injected_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
+        elif injection == "mem30":
+            stack.enter_context(held_allocation(bench.bench, 0.3 * baseline_peak_mb))
+        try:
+            bench(requests, config, warmup=2, repeats=3)
+        except GateFailed:
+            pass
+        finally:
+            bench.close()
+    return records[-1]
+
+
+def statuses(record: PerfRecord, accepted: PerfRecord, max_regression: float) -> dict[str, str]:
+    """Each figure's verdict: the in-run gate's (tokens/s, TTFT p50, peak memory) and TTFT p95 by the same decision
+    on the same two measurements."""
+    out = {f"{v.metric} p{v.percentile}" if v.percentile else v.metric: v.status.value for v in record.verdicts}
+    p95 = PerfRecord(test=record.test, label="", precision="fp32", measurement=record.measurement,
+                     budget={"ttft_ms_p95": 1e12, "max_regression": max_regression}, fingerprint=record.fingerprint)
+    for v in decide_pair(accepted, p95).verdicts:
+        out["ttft_ms p95"] = v.status.value
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-random-llama")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--max-regression", type=float, default=0.10)
+    parser.add_argument("--arm", choices=tuple(ARMS), default="quiet")
+    parser.add_argument("--injections", default=",".join(INJECTIONS))
+    parser.add_argument("--save-baseline", type=Path, help=argparse.SUPPRESS)  # the child's job
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    import torch
+
+    torch.set_num_threads(DEFAULT_CPU_THREADS)
+    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
+    requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
+    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
+    warm = Bench(loaded, calibrate=False)
+    warm.measure(requests, config, warmup=2, repeats=1)
+    args.quiet_times = QuietForwardTimes()  # each forward's quiet time: an injection adds the same seconds busy
+    with args.quiet_times.recording(loaded.model):
+        warm.measure(requests, config, warmup=1, repeats=1)
+    warm.close()
+    if args.save_baseline is not None:
+        record = measure(args, loaded, requests, config, None, save=args.save_baseline)
+        save_run_as_baseline(args.save_baseline, RunResults(records=[record]))
+        return 0
+    run_loops, at_save = ARMS[args.arm]
+    path = Path(tempfile.mkdtemp()) / "baseline.json"
+    with CpuHog(at_save, run_loops):
+        subprocess.run([sys.executable, __file__, "--model", args.model, "--max-regression", str(args.max_regression),
+                        "--save-baseline", str(path)], check=True)
+    baseline = load_baseline(path, baseline_entries)
+    accepted = PerfRecord(test=TEST_ID, label="", precision="fp32", measurement=baseline[TEST_ID].measurement,
+                          budget={}, fingerprint=baseline[TEST_ID].fingerprint)
+    peak = accepted.measurement.value("peak_mem_mb")
+    m = accepted.measurement
+    print(f"arm {args.arm}; baseline: {m.repetitions} repetitions, {m.value('tokens_per_s'):.0f} tok/s, TTFT p50 "
+          f"{m.value('ttft_ms', 50):.1f} ms, peak {peak:.1f} MiB; torch threads {torch.get_num_threads()}", flush=True)
+    injections = args.injections.split(",")
+    counts: dict[tuple[str, str], Counter] = {}
+    hog = CpuHog(run_loops != 0, run_loops).__enter__()
+    atexit.register(hog.__exit__, None, None, None)
+    durations = []
+    for trial in range(args.trials):
+        for injection in injections:
+            start = time.perf_counter()
+            record = measure(args, loaded, requests, config, baseline, injection, baseline_peak_mb=peak)
+            durations.append(time.perf_counter() - start)
+            figures = statuses(record, accepted, args.max_regression)
+            for figure, status in figures.items():
+                counts.setdefault((injection, figure), Counter())[status] += 1
+            ratios = ", ".join(f"{v.metric} ×{v.ratio:.2f} [{v.low:.2f}, {v.high:.2f}] {v.status.value}"
+                               for v in record.verdicts)
+            print(f"  {injection:9s} trial {trial + 1:2d}: {record.status.value:12s} {ratios}; ttft p95 "
+                  f"{figures.get('ttft_ms p95', '-')} ({durations[-1]:.0f} s)", flush=True)
+    hog.__exit__(None, None, None)
+    print(f"\npass / inconclusive / fail per figure, arm {args.arm}, {args.trials} trials, max_regression "
+          f"{args.max_regression:.0%}:")
+    print(f"  {'injection':10s} " + " ".join(f"{f:>14s}" for f in FIGURES))
+    for injection in injections:
+        cells = [counts.get((injection, figure), Counter()) for figure in FIGURES]
+        print(f"  {injection:10s} " + " ".join(f"{c['pass']:>4d}/{c['inconclusive']:d}/{c['fail']:<d}".rjust(14)
+                                               for c in cells))
+    print(f"time per trial: median {sorted(durations)[len(durations) // 2]:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
