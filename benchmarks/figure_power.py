@@ -113,6 +113,7 @@ def main() -> int:
     parser.add_argument("--max-regression", type=float, default=0.10)
     parser.add_argument("--arm", choices=tuple(ARMS), default="quiet")
     parser.add_argument("--injections", default=",".join(INJECTIONS))
+    parser.add_argument("--notes", action="store_true", help="print each verdict's note (why it decided so)")
     parser.add_argument("--save-baseline", type=Path, help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -161,6 +162,12 @@ def main() -> int:
                                for v in record.verdicts)
             print(f"  {injection:9s} trial {trial + 1:2d}: {record.status.value:12s} {ratios}; ttft p95 "
                   f"{figures.get('ttft_ms p95', '-')} ({durations[-1]:.0f} s)", flush=True)
+            if args.notes:
+                m = record.measurement
+                print(f"      others {[round(x, 2) for x in m.others_share]}, load-free "
+                      f"{[round(x, 2) for x in m.load_free_share]}", flush=True)
+                for v in record.verdicts:
+                    print(f"      {v.metric}: {v.note or '-'}", flush=True)
     hog.__exit__(None, None, None)
     print(f"\npass / inconclusive / fail per figure, arm {args.arm}, {args.trials} trials, max_regression "
           f"{args.max_regression:.0%}:")

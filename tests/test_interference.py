@@ -208,11 +208,10 @@ def loaded(quiet_itl_ms: float, others: float, load_free_share: float, reps: int
     (loaded(20.0, 0.74, 0.27), loaded(40.0, 0.01, 1.0), "fail"),
 ])
 def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate, expected):
-    """Decided on tokens/s, a figure of the whole repetition, which its load-free share scales exactly. The ITL
-    p50 of a busy baseline beside a quiet or unevenly busy run is not load-corrected (a time-sliced co-tenant
-    stretches a few tokens a lot and most not at all: the share would understate its cost and make false
-    failures); a busy candidate's is, since understating the candidate can only hide a slowdown; so are both sides'
-    beside the same co-tenant, which stretches them alike."""
+    """Decided on tokens/s, a figure of the whole repetition, which its load-free share scales exactly, and on ITL
+    p50 alike: a busy baseline's latencies load-corrected keep a team's margin (a time-sliced co-tenant stretches a
+    few tokens a lot and most not at all, so the share understates their cost); a busy candidate's can only hide a
+    slowdown; both sides beside the same co-tenant are stretched alike."""
     gate = parse_budget({"max_regression": 0.10, "tokens_per_s": 1e-9})
     outcome = evaluate_perf(candidate, gate, {}, BaselineEntry({}, baseline))
     throughput = next(v for v in outcome.verdicts if v.metric == "tokens_per_s")
@@ -225,9 +224,14 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
                if v.metric == "itl_ms")
     same_co_tenant = busy_share(baseline.others_share) and baseline.others_share == candidate.others_share
     if busy_share(baseline.others_share) and not same_co_tenant:
-        assert "load-corrected by run-queue delay" not in itl.note
+        # a busy baseline's latencies load-corrected keep a team's margin (x1.6): x2 fails, unchanged does not
+        assert itl.status == expected, itl.describe()
+        if expected == "fail":
+            assert "beyond ×1.76, the most the correction can be off (×1.6 on the threshold)" in itl.note
     if same_co_tenant:
-        assert itl.status == expected and "both sides beside the same co-tenant" in itl.note, itl.describe()
+        # beyond even the uneven-load margin: that failure is said first; within it, the steady co-tenant decides
+        assert itl.status == expected and "load-corrected by run-queue delay" in itl.note, itl.describe()
+        assert expected == "fail" or "both sides beside the same co-tenant" in itl.note, itl.describe()
 
 
 def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_never_fails_one():
