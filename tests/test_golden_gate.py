@@ -33,8 +33,8 @@ from pytest_infergate.quality.policy import (
     NEAR_TIE_MARGIN,
     QualityPolicyError,
     RegressionPolicy,
-    parse_ini_policies,
     ResolvedPolicy,
+    parse_ini_policies,
     parse_policy,
     threshold_checks,
 )

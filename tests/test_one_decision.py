@@ -277,9 +277,8 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
 def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
     """Issue #42 point 2: perf, quality, golden and batch-invariance outcomes share status.Decision (what failed,
     what could not decide, the notes), its status the gate's own, whatever the route."""
-    from pytest_infergate.quality.policy import ResolvedPolicy
+    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance
     from pytest_infergate.quality.policy import decide as decide_quality
-    from pytest_infergate.quality.policy import decide_batch_invariance
     from pytest_infergate.results.records import GoldenRecord
 
     entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
