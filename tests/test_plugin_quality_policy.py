@@ -7,10 +7,6 @@ import json
 
 import pytest
 
-SAMPLES = [{"id": f"q{i}", "category": cat, "messages": [{"role": "user", "content": text}], "max_new_tokens": 10}
-           for i, (cat, text) in enumerate([("factual", "capital?"), ("code", "def f():"), ("multilingual", "春天"),
-                                            ("chat", "hello there")])]
-
 TEST_FILE = """
 import pytest
 
@@ -21,15 +17,12 @@ def test_quality(infergate_golden):
 
 
 @pytest.fixture
-def project(pytester, cache_dir):
-    golden = pytester.mkdir("golden")
-    (golden / "mine.jsonl").write_text("\n".join(json.dumps(s, ensure_ascii=False) for s in SAMPLES) + "\n")
+def project(golden_project):
+    pytester, run_project = golden_project
 
     def run(marker: str = "", *args):
         pytester.makepyfile(TEST_FILE.format(marker=marker))
-        result = pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                    "--infergate-precisions=fp32,nf4", "-p", "no:cacheprovider",
-                                    "--infergate-json=out.json", *args)
+        result = run_project("--infergate-json=out.json", *args)
         records = json.loads((pytester.path / "out.json").read_text())["records"]
         return result, {r["precision"]: r for r in records if r["kind"] == "quality"}
 
