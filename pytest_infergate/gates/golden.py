@@ -101,8 +101,7 @@ class GoldenGate:
         return samples[:limit] if limit else samples
 
     def policy(self, policy: dict | None) -> ResolvedPolicy:
-        """`policy` if given, else the marker `infergate_quality` over the ini `infergate_quality_policy`; each key
-        with its source."""
+        """`policy` if given, else the marker `infergate_quality` over the ini lines, each key with its source."""
         if policy is not None:
             return ResolvedPolicy.given(parse_policy(policy, ARGUMENT))
         resolved = resolve_policy(self.ctx.scopes.lines("infergate_quality_policy"),
@@ -111,10 +110,9 @@ class GoldenGate:
         return resolved
 
     def check(self, limit: int | None = None, categories=None, policy: dict | None = None) -> QualityResult:
-        """Candidate vs the reference precision on the golden samples, decided by the policy (marker
-        `infergate_quality`, ini `infergate_quality_policy`, or `policy`; where none sets a threshold of this
-        check, the default policy of the precision's class), each threshold on its aggregate's 95% interval.
-        Returns the QualityResult."""
+        """Candidate vs the reference precision on the golden samples under the policy (see `policy`; where it sets
+        no threshold of this check, the default of the precision's class), each threshold decided on its
+        aggregate's 95% interval. Returns the QualityResult."""
         samples = self.samples(limit, categories)
         result = self._comparison(samples)
         resolved = self.policy(policy).for_reference(self.precision)
@@ -124,13 +122,12 @@ class GoldenGate:
             self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,  # passed: a note beside the gate
                                  f"{result.precision} vs {result.reference_precision}: {note}", status=Status.PASS))
         result = replace(result, notes=[*result.notes, *decision.notes])  # the session's cached comparison stays as is
-        problems = decision.problems
-        self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, resolved.rules, problems,
+        self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, resolved.rules, decision.problems,
                                       *self.backend(), undecided=decision.undecided, decided_by=decided_by))
-        if problems:
+        if decision.problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
             self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy "
-                          f"({decided_by}):\n  " + "\n  ".join(problems) + f"\nworst samples:\n{worst}")
+                          f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\nworst samples:\n{worst}")
         return result
 
     def _comparison(self, samples: list[GoldenSample]) -> QualityResult:
