@@ -57,6 +57,16 @@ def policy_table() -> str:
     return "\n".join(rows)
 
 
+def default_policy_table() -> str:
+    from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
+
+    rows = ["| class | precisions | thresholds of `check()` |", "| --- | --- | --- |"]
+    for policy in DEFAULT_POLICIES:
+        rows.append(f"| {policy.name} | {', '.join(f'`{p}`' for p in policy.precisions)} | "
+                    + ", ".join(f"`{key}={value:g}`" for key, value in policy.rules.items()) + " |")
+    return "\n".join(rows)
+
+
 def markers_list() -> str:
     from pytest_infergate.plugin import MARKERS
 
@@ -75,7 +85,7 @@ def cli_help() -> str:
 
 
 GENERATORS = {"options": options_table, "metrics": metrics_table, "policy-keys": policy_table,
-              "markers": markers_list, "cli": cli_help}
+              "default-policies": default_policy_table, "markers": markers_list, "cli": cli_help}
 
 
 def render(markdown: str) -> str:

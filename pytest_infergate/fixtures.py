@@ -138,7 +138,9 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_target: Target):
 def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     """Golden-sample quality gates for the precision under test: `infergate_golden.check()` compares it with the
     reference precision (ROUGE, exact match, teacher-forced KL / top-1 / perplexity, task score ratio) under the
-    `infergate_quality` policy; `infergate_golden.check_regression()` compares it with its own accepted golden
+    `infergate_quality` policy (marker or ini; where neither sets a threshold, the default of the precision's class,
+    e.g. int8 min_top1=0.9, max_mean_kl=0.05), each threshold decided on its 95% interval over the samples
+    (straddling: inconclusive); `infergate_golden.check_regression()` compares it with its own accepted golden
     outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
     candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
     (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and

@@ -40,7 +40,7 @@ MARKERS = (
     "infergate_slo(ttft_ms=None, tpot_ms=None, e2e_ms=None): per-request objectives of an endpoint load run; "
     "goodput_per_s counts the requests that met them",
     "infergate_quality(**thresholds): quality policy against the reference precision, e.g. min_rouge_l=0.5, "
-    "max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99",
+    "max_mean_kl=0.2, min_top1=0.8, min_task_ratio=0.99 (none: the default of the precision's class)",
     "infergate_extra_body(**fields): JSON fields every request of this test sends to a served model, e.g. "
     "ignore_eos=True, min_tokens=16, top_k=20 (a request's own extra_body wins)",
     "infergate_chat: this test's workload needs the model's chat template (a chat-format task, tool calls): on a "

@@ -19,6 +19,7 @@ from pytest_infergate.outputs import run_of_baseline
 from pytest_infergate.perf import baseline
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
+from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
 from pytest_infergate.requirements import QUANTIZED
 
 GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
@@ -28,7 +29,7 @@ GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run t
 - test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
   a saved baseline (--infergate-baseline perf/baseline.json) a slowdown beyond 10% fails;
 - test_quantized_outputs: each quantized precision's greedy answers to golden/*.jsonl against the reference
-  precision's (top-1 agreement, KL, ROUGE-L under the default policy).
+  precision's: top-1 agreement and mean KL under the default policy of its class, written out below.
 """
 
 import pytest
@@ -42,6 +43,11 @@ def test_serving(infergate_bench, workload):
 
 
 def test_quantized_outputs(infergate_golden):
+    # No infergate_quality marker and no ini infergate_quality_policy line: the default policy of each precision's
+    # class decides, each figure on its 95% interval over the samples (the verdict names the policy):
+DEFAULT_POLICIES_TEXT
+    # Set your own with @pytest.mark.infergate_quality(min_top1=..., max_mean_kl=...) on this test, or per precision
+    # in the ini: infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35
     infergate_golden.check(limit=16)
 '''
 
@@ -198,6 +204,14 @@ class Written:
                                                                           else "")
 
 
+def gate_test() -> str:
+    """The starter gate test, its quality test's default policies written out from quality.policy_defaults."""
+    policies = "\n".join(f"    #   {policy.name} ({', '.join(policy.precisions)}): "
+                         + ", ".join(f"{key}={value:g}" for key, value in policy.rules.items())
+                         for policy in DEFAULT_POLICIES)
+    return GATE_TEST.replace("DEFAULT_POLICIES_TEXT", policies)
+
+
 def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL
                  ) -> list[Written]:
     """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`,
@@ -208,7 +222,7 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
     root = Path(folder)
     if root.exists() and not root.is_dir():
         raise OptionError(f"{root} is a file: give the project's folder")
-    files = {Path(tests) / "test_inference_gate.py": GATE_TEST, Path(tests) / "conftest.py": CONFTEST,
+    files = {Path(tests) / "test_inference_gate.py": gate_test(), Path(tests) / "conftest.py": CONFTEST,
              Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
     if ci != "none":
         name, text = CI_FILES[ci]

@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -33,8 +34,8 @@ pytest_plugins = ["pytester"]
 # Fixtures that load or build a model, run the plugin in a pytest of its own, or start a server: a test using one
 # belongs to the slow tier. The rest (`pytest tests -m "not slow"`) is the fast tier: pure functions over records,
 # measurements and files, run first in .ci/run.
-SLOW_FIXTURES = frozenset({"pytester", "run", "project", "tiny_source", "tiny_fp32", "smollm2_fp32", "llama_server",
-                           "requantized_gguf", "own_llama_server", "cache_dir", "endpoint_checkout"})
+SLOW_FIXTURES = frozenset({"pytester", "run", "project", "golden_project", "tiny_source", "tiny_fp32", "smollm2_fp32",
+                           "llama_server", "requantized_gguf", "own_llama_server", "cache_dir", "endpoint_checkout"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,6 +83,29 @@ def run(pytester, cache_dir):
                                   "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
 
     return run
+
+
+# four golden samples of four categories; the first with a task check no output passes
+GOLDEN_SAMPLES = [
+    {"id": f"q{i}", "category": cat, "messages": [{"role": "user", "content": text}], "max_new_tokens": 10,
+     "expected": ["zzz-never"] if i == 0 else []}
+    for i, (cat, text) in enumerate([("factual", "capital?"), ("code", "def f():"), ("multilingual", "春天"),
+                                     ("chat", "hello there")])
+]
+
+
+@pytest.fixture
+def golden_project(pytester, cache_dir):
+    """A pytester project with GOLDEN_SAMPLES in golden/: (pytester, run), run(*args) runs it on tiny-random-llama's
+    fp32 and nf4."""
+    golden = pytester.mkdir("golden")
+    (golden / "mine.jsonl").write_text("\n".join(json.dumps(s, ensure_ascii=False) for s in GOLDEN_SAMPLES) + "\n")
+
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32,nf4", "-p", "no:cacheprovider", *args)
+
+    return pytester, run
 
 
 @pytest.fixture(scope="session")

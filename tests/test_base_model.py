@@ -12,12 +12,16 @@ import pytest
 from pytest_infergate.workloads.request import Request, plain_text, render_prompt
 
 BASE_RUN = """
+import pytest
+
 from pytest_infergate.engine import EngineConfig
 
 def test_speed(infergate_bench):
     m = infergate_bench(config=EngineConfig(max_model_len=512), repeats=1, warmup=0)
     assert m.num_requests > 0 and m.num_failed == 0
 
+# tiny-random-llama's random weights: int8 agrees with fp32 at top-1 ~0.88, below the 8-bit default (0.9)
+@pytest.mark.infergate_quality(min_top1=0.5, max_mean_kl=0.5)
 def test_quality(infergate_golden):
     infergate_golden.check(limit=4)
 """

@@ -33,9 +33,10 @@ from pytest_infergate.quality.policy import (
     NEAR_TIE_MARGIN,
     QualityPolicyError,
     RegressionPolicy,
+    ResolvedPolicy,
     parse_ini_policies,
     parse_policy,
-    policy_violations,
+    threshold_checks,
 )
 from pytest_infergate.quality.regression import (
     DRIFT,
@@ -236,7 +237,7 @@ def test_regression_policy_keys_are_validated():
     scoped = parse_ini_policies(["int8: max_drift_share=0, max_accepted_kl=0.01", "*: exact=1"])
     assert scoped["int8"] == {"max_drift_share": 0.0, "max_accepted_kl": 0.01} and scoped["*"] == {"exact": 1.0}
     # the comparison with the reference ignores the other gates' keys
-    assert policy_violations({"top1": 0.5}, {"exact": 1.0, "max_drift_share": 0.0}) == []
+    assert threshold_checks({"top1": 0.5}, ResolvedPolicy.given({"exact": 1.0, "max_drift_share": 0.0})) == []
 
 
 def test_regression_policy_defaults_per_precision():

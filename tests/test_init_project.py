@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -29,6 +30,14 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert "hashFiles('infergate-results.json')" in summary["if"]  # no second failure after a usage error
     saved = next(step for step in job["jobs"]["gate"]["steps"] if step.get("uses") == "actions/cache/save@v4")
     assert saved["if"].startswith("always()")  # the history is kept after a failing run too
+    starter = (tmp_path / "tests/test_inference_gate.py").read_text()
+    ast.parse(starter)
+    # issue #55: no marker on its quality test, so the default policy of each precision's class decides: written out
+    quality_test = starter[starter.index("def test_quantized_outputs"):]
+    assert "#   floating point (fp32, fp16, bf16): min_top1=0.95, max_mean_kl=0.01" in quality_test
+    assert "#   8-bit (int8): min_top1=0.9, max_mean_kl=0.05" in quality_test
+    assert "#   4-bit (nf4): min_top1=0.9, max_mean_kl=0.05" in quality_test
+    assert "infergate_quality(" not in starter[:starter.index("def test_quantized_outputs")]
     (tmp_path / "tests/conftest.py").write_text("# the project's own\n")
     again = init_project(tmp_path)
     assert [w.kept for w in again] == [True] * 4
@@ -80,8 +89,10 @@ def test_the_ci_jobs_gate_step_saves_the_baseline_then_compares_against_it(tmp_p
     steps = gate_steps(tmp_path, kind)
     bin_dir = tmp_path / "bin"  # `pytest` and `infergate` of this venv, on the project's tiny model
     bin_dir.mkdir()
+    # its random int8 agrees with fp32 at top-1 ~0.88, below the starter's 8-bit default (0.9): a policy of its own
     (bin_dir / "pytest").write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest -p no:cacheprovider -q "
                                     f"--infergate-model={tiny_source.path} --infergate-cache-dir={cache_dir} "
+                                    "-o 'infergate_quality_policy=int8: min_top1=0.5, max_mean_kl=0.5' "
                                     "--infergate-precisions=fp32,int8 \"$@\"\n")
     (bin_dir / "infergate").write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest_infergate.cli \"$@\"\n")
     for script in bin_dir.iterdir():

@@ -277,8 +277,8 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
 def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
     """Issue #42 point 2: perf, quality, golden and batch-invariance outcomes share status.Decision (what failed,
     what could not decide, the notes), its status the gate's own, whatever the route."""
+    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance
     from pytest_infergate.quality.policy import decide as decide_quality
-    from pytest_infergate.quality.policy import decide_batch_invariance
     from pytest_infergate.results.records import GoldenRecord
 
     entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
@@ -295,8 +295,11 @@ def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
     assert outcomes["fail"].decision().problems and not outcomes["pass"].decision().undecided
 
     result = SimpleNamespace(summary={"top1": 0.5}, categories={}, flags=[])
-    assert decide_quality(result, {"min_top1": 0.9}).status == Status.FAIL
-    assert decide_quality(result, {"min_top1": 0.4}).status == Status.PASS
+    assert decide_quality(result, ResolvedPolicy.given({"min_top1": 0.9})).status == Status.FAIL
+    assert decide_quality(result, ResolvedPolicy.given({"min_top1": 0.4})).status == Status.PASS
+    straddling = SimpleNamespace(summary={"samples": 16, "top1": 0.91, "top1_ci": [0.88, 0.94]}, categories={},
+                                 flags=[])
+    assert decide_quality(straddling, ResolvedPolicy.given({"min_top1": 0.9})).status == Status.INCONCLUSIVE
     shifted = SimpleNamespace(variant_share=0.5, variant_ids=["a"], samples=["a", "b"])
     assert decide_batch_invariance(shifted, {"max_batch_variant_share": 0.1}).status == Status.FAIL
     assert decide_batch_invariance(shifted, {}).status == Status.PASS  # no gate unless the policy sets one

@@ -5,13 +5,6 @@ import re
 
 import pytest
 
-SAMPLES = [
-    {"id": f"q{i}", "category": cat, "messages": [{"role": "user", "content": text}], "max_new_tokens": 10,
-     "expected": ["zzz-never"] if i == 0 else []}
-    for i, (cat, text) in enumerate([("factual", "capital?"), ("code", "def f():"), ("multilingual", "春天"),
-                                     ("chat", "hello there")])
-]
-
 TEST_FILE = """
 import pytest
 
@@ -24,20 +17,8 @@ def test_regression(infergate_golden):
 """
 
 
-@pytest.fixture
-def project(pytester, cache_dir):
-    golden = pytester.mkdir("golden")
-    (golden / "mine.jsonl").write_text("\n".join(json.dumps(s, ensure_ascii=False) for s in SAMPLES) + "\n")
-
-    def run(*args):
-        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                  "--infergate-precisions=fp32,nf4", "-p", "no:cacheprovider", *args)
-
-    return pytester, run
-
-
-def test_policy_pass_and_fail_with_worst_samples(project):
-    pytester, run = project
+def test_policy_pass_and_fail_with_worst_samples(golden_project):
+    pytester, run = golden_project
     pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(min_top1=0.0, max_mean_kl=50)"))
     result = run("-k", "test_quality")
     result.assert_outcomes(passed=2)
@@ -54,23 +35,23 @@ def test_policy_pass_and_fail_with_worst_samples(project):
     ("min_rougel=0.5", "*unknown quality key 'min_rougel'*"),
     ("exact=2", "*exact=2 is a switch: 1 (on) or 0 (off)*"),  # a regression-gate key, checked at collection too
 ])
-def test_bad_quality_marker_fails_collection(project, marker_args, message):
-    pytester, run = project
+def test_bad_quality_marker_fails_collection(golden_project, marker_args, message):
+    pytester, run = golden_project
     pytester.makepyfile(TEST_FILE.format(marker=f"@pytest.mark.infergate_quality({marker_args})"))
     result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
 
-def test_ini_policy_per_precision(project):
-    pytester, run = project
+def test_ini_policy_per_precision(golden_project):
+    pytester, run = golden_project
     pytester.makeini("[pytest]\ninfergate_quality_policy =\n    nf4: min_exact_match=1.0\n")
     pytester.makepyfile(TEST_FILE.format(marker=""))
     run("-k", "test_quality").assert_outcomes(passed=1, failed=1)
 
 
-def test_golden_regression_lifecycle(project):
-    pytester, run = project
+def test_golden_regression_lifecycle(golden_project):
+    pytester, run = golden_project
     pytester.makepyfile(TEST_FILE.format(marker=""))
     first = run("-k", "test_regression", "-rs")
     first.assert_outcomes(skipped=2)

@@ -22,7 +22,14 @@ from pytest_infergate.quality.metrics import (
     task_checks,
     task_score,
 )
-from pytest_infergate.quality.policy import QualityPolicyError, parse_ini_policies, parse_policy, policy_violations
+from pytest_infergate.quality.policy import (
+    QualityPolicyError,
+    ResolvedPolicy,
+    parse_ini_policies,
+    parse_policy,
+    threshold_checks,
+)
+from pytest_infergate.status import Status
 
 
 def sample(**kw):
@@ -78,8 +85,13 @@ def test_compare_and_aggregate():
     assert summary["exact_match"] == 0.5 and summary["task_ratio"] == 0.5
     low, high = summary["rougeL_ci"]
     assert low <= summary["rougeL"] <= high
-    assert policy_violations(summary, parse_policy({"min_task_ratio": 0.99, "min_rouge_l": 0.1})) == [
-        "min_task_ratio: task_ratio = 0.5, policy >= 0.99"]
+    # two samples: the task ratio's interval (0 to 1) straddles 0.99, ROUGE-L's lies above 0.1
+    task, rouge_l = threshold_checks(summary, ResolvedPolicy.given(parse_policy({"min_task_ratio": 0.99,
+                                                                                 "min_rouge_l": 0.1})))
+    assert summary["task_ratio_ci"] == [0.0, 1.0] and task.status == Status.INCONCLUSIVE
+    assert task.describe().startswith("min_task_ratio: task_ratio = 0.5 (95% CI 0-1) straddles 0.99 "
+                                      "(check(policy=...)): about ")
+    assert rouge_l.status == Status.PASS
 
 
 def test_policy_validation():
@@ -166,14 +178,14 @@ def test_unquantized_precision_is_flagged(tiny_fp32):
 
 def test_a_collapsed_category_is_flagged_while_the_mean_passes_and_can_be_gated():
     # issue #31 point 7: the task ratio fell to 0 in one category, fine on average
-    from pytest_infergate.quality.policy import category_findings, parse_policy, policy_violations
+    from pytest_infergate.quality.policy import category_findings
 
     categories = {"code": {"samples": 8, "task_ratio": 0.0, "rougeL": 0.2},
                   "factual": {"samples": 8, "task_ratio": 1.0, "rougeL": 0.9},
                   "chat": {"samples": 8, "task_ratio": 1.05, "rougeL": 0.8}}
     summary = {"task_ratio": 0.9, "rougeL": 0.63}
     lenient = parse_policy({"min_task_ratio": 0.85, "min_rouge_l": 0.5})
-    assert policy_violations(summary, lenient) == []
+    assert all(c.status == Status.PASS for c in threshold_checks(summary, ResolvedPolicy.given(lenient)))
     violations, flagged = category_findings(categories, lenient)
     assert violations == []
     assert flagged == ["category 'code' (8 samples): task_ratio 0 below the policy's min_task_ratio=0.85; gate it "

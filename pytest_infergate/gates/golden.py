@@ -34,7 +34,9 @@ from pytest_infergate.quality.golden_machines import (
 )
 from pytest_infergate.quality.metrics import QualityResult, describe_sample, worst_samples
 from pytest_infergate.quality.policy import (
+    ARGUMENT,
     RegressionPolicy,
+    ResolvedPolicy,
     decide_batch_invariance,
     parse_policy,
     resolve_policy,
@@ -98,32 +100,34 @@ class GoldenGate:
             samples = [s for s in samples if s.category in set(categories)]
         return samples[:limit] if limit else samples
 
-    def policy(self, policy: dict | None) -> dict[str, float]:
-        """`policy` if given, else the marker `infergate_quality` over the ini `infergate_quality_policy`."""
+    def policy(self, policy: dict | None) -> ResolvedPolicy:
+        """`policy` if given, else the marker `infergate_quality` over the ini lines, each key with its source."""
         if policy is not None:
-            return parse_policy(policy)
-        rules, scopes = resolve_policy(self.ctx.scopes.lines("infergate_quality_policy"),
-                                       self.ctx.marker_kwargs("infergate_quality"), self.precision, self.ctx.test_id)
-        self.ctx.scopes.note("infergate_quality_policy", scopes)
-        return rules
+            return ResolvedPolicy.given(parse_policy(policy, ARGUMENT))
+        resolved = resolve_policy(self.ctx.scopes.lines("infergate_quality_policy"),
+                                  self.ctx.marker_kwargs("infergate_quality"), self.precision, self.ctx.test_id)
+        self.ctx.scopes.note("infergate_quality_policy", list(resolved.scopes))
+        return resolved
 
     def check(self, limit: int | None = None, categories=None, policy: dict | None = None) -> QualityResult:
-        """Candidate vs the reference precision on the golden samples, decided by the policy (marker
-        `infergate_quality`, ini `infergate_quality_policy`, or `policy`). Returns the QualityResult."""
+        """Candidate vs the reference precision on the golden samples under the policy (see `policy`; where it sets
+        no threshold of this check, the default of the precision's class), each threshold decided on its
+        aggregate's 95% interval. Returns the QualityResult."""
         samples = self.samples(limit, categories)
         result = self._comparison(samples)
-        rules = self.policy(policy)
-        decision = decide_quality(result, rules)
-        for note in decision.notes:  # the mean passed and the policy does not gate categories: a note beside the gate
-            self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,
+        resolved = self.policy(policy).for_reference(self.precision)
+        decided_by = resolved.decided_by()
+        decision = decide_quality(result, resolved)
+        for note in decision.notes:  # a point decided without an interval, a category below the floors the mean
+            self.ctx.say(Finding(QUALITY_CHECK, self.ctx.test_id,  # passed: a note beside the gate
                                  f"{result.precision} vs {result.reference_precision}: {note}", status=Status.PASS))
         result = replace(result, notes=[*result.notes, *decision.notes])  # the session's cached comparison stays as is
-        problems = decision.problems
-        self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, rules, problems, *self.backend()))
-        if problems:
+        self.ctx.record(QualityRecord(self.ctx.test_id, decision.status, result, resolved.rules, decision.problems,
+                                      *self.backend(), undecided=decision.undecided, decided_by=decided_by))
+        if decision.problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
-            self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy:\n  "
-                          + "\n  ".join(problems) + f"\nworst samples:\n{worst}")
+            self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy "
+                          f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\nworst samples:\n{worst}")
         return result
 
     def _comparison(self, samples: list[GoldenSample]) -> QualityResult:
@@ -217,7 +221,7 @@ class GoldenGate:
             self.ctx.say(missing)  # under --infergate-strict the session fails the test on it
             self.ctx.skip(missing)
         mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
-        rules = RegressionPolicy.of(self.policy(policy), self.precision)
+        rules = RegressionPolicy.of(self.policy(policy).rules, self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
         if regression.travels:
@@ -295,7 +299,7 @@ class GoldenGate:
             result = self.candidate.batch_invariance(samples, max_new_tokens)
         except InfergateError as exc:
             self.ctx.fail(str(exc))
-        rules = self.policy(policy)
+        rules = self.policy(policy).rules
         decision = decide_batch_invariance(result, rules)
         gate = {k: v for k, v in rules.items() if k == "max_batch_variant_share"}
         self.ctx.record(BatchInvarianceRecord(self.ctx.test_id, decision.status, result, gate, decision.problems,

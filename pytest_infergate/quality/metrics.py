@@ -206,11 +206,26 @@ class QualityResult:
 
 
 AGGREGATES = ("rouge1", "rouge2", "rougeL", "exact_match", "length_ratio", "mean_kl", "top1")
+# A resample where the reference passed no task check has no task ratio; capped here so the percentiles stay finite.
+# Only a lower bound is ever set on the ratio (min_task_ratio), far below this.
+TASK_RATIO_CAP = 10.0
+
+
+def _task_ratio(pairs: Sequence[tuple[float, float]]) -> float:
+    """Mean candidate task score over mean reference score, of (reference, candidate) pairs."""
+    reference, candidate = mean([p[0] for p in pairs]), mean([p[1] for p in pairs])
+    return candidate / reference if reference else 1.0 if candidate == 0 else math.inf
+
+
+def _delta_ppl_rel(pairs: Sequence[tuple[float, float]]) -> float:
+    """Relative Δ perplexity of the reference continuation, of (reference NLL, candidate NLL) pairs per sample."""
+    return math.exp(mean([p[1] for p in pairs]) - mean([p[0] for p in pairs])) - 1.0
 
 
 def aggregate(samples: list[SampleQuality], token_kl: list[float] | None = None) -> dict[str, Any]:
-    """Means (with 95% paired-bootstrap CIs) over samples; p99 KL over all tokens; task scores and their ratio;
-    Δ perplexity of the reference continuation (candidate vs reference)."""
+    """Means (with 95% paired-bootstrap CIs) over samples; p99 KL over all tokens (no interval: a percentile of
+    tokens that come in samples); task scores and their ratio, and Δ perplexity of the reference continuation
+    (candidate vs reference), each with its CI over the samples resampled in pairs."""
     out: dict[str, Any] = {"samples": len(samples)}
     for name in AGGREGATES:
         values = [float(getattr(s, name)) for s in samples if getattr(s, name) is not None]
@@ -220,19 +235,25 @@ def aggregate(samples: list[SampleQuality], token_kl: list[float] | None = None)
             out[name + "_ci"] = [low, high]
     if token_kl:
         out["p99_kl"] = percentile(token_kl, 99)
-    ref_nll = [math.log(s.reference_ppl) for s in samples if s.reference_ppl]
-    cand_nll = [math.log(s.candidate_ppl) for s in samples if s.candidate_ppl]
-    if ref_nll and cand_nll:
-        out["reference_ppl"] = math.exp(mean(ref_nll))
-        out["candidate_ppl"] = math.exp(mean(cand_nll))
+    nll = [(math.log(s.reference_ppl), math.log(s.candidate_ppl)) for s in samples
+           if s.reference_ppl and s.candidate_ppl]
+    if nll:
+        out["reference_ppl"] = math.exp(mean([pair[0] for pair in nll]))
+        out["candidate_ppl"] = math.exp(mean([pair[1] for pair in nll]))
         out["delta_ppl"] = out["candidate_ppl"] - out["reference_ppl"]
         out["delta_ppl_rel"] = out["delta_ppl"] / out["reference_ppl"]
+        _, low, high = paired_bootstrap_ci(nll, _delta_ppl_rel, resamples=1000)
+        out["delta_ppl_rel_ci"] = [low, high]
     scored = [s for s in samples if s.reference_task is not None]
     if scored:
         out["reference_task"] = mean([s.reference_task for s in scored])
         out["candidate_task"] = mean([s.candidate_task for s in scored])
-        out["task_ratio"] = (out["candidate_task"] / out["reference_task"]) if out["reference_task"] else (
-            1.0 if out["candidate_task"] == 0 else math.inf)
+        tasks = [(s.reference_task, s.candidate_task) for s in scored]
+        out["task_ratio"] = _task_ratio(tasks)
+        if math.isfinite(out["task_ratio"]):
+            _, low, high = paired_bootstrap_ci(tasks, lambda pairs: min(_task_ratio(pairs), TASK_RATIO_CAP),
+                                               resamples=1000)
+            out["task_ratio_ci"] = [low, high]
     return out
 
 

@@ -1,8 +1,10 @@
-"""Quality policy: the thresholds of the golden gates, where they come from (ini lines by scope, then the test's
-markers), and which ones a result broke.
+"""Quality policy: the thresholds of the golden gates, where each comes from (ini lines by scope, then the test's
+markers, or `check(policy=...)`; else the default of the precision's class), and what a result decided under them.
 
 Three gates read the same policy (ini `infergate_quality_policy`, marker `infergate_quality`); each uses its keys:
-- against the reference precision (`check()`): aggregate thresholds, `min_top1=0.9, max_mean_kl=0.05`;
+- against the reference precision (`check()`): aggregate thresholds, `min_top1=0.9, max_mean_kl=0.05`, each decided
+  on the aggregate's 95% interval (quality.thresholds); where none is set, the default policy of the precision's
+  class (quality.policy_defaults) decides, so a check never passes with nothing checked;
 - against the accepted golden outputs (`check_regression()`): `REGRESSION_KEYS`, with per-precision defaults;
 - batch invariance (`check_batch_invariance()`): `max_batch_variant_share`, no gate unless set.
 """
@@ -10,13 +12,15 @@ Three gates read the same policy (ini `infergate_quality_policy`, marker `inferg
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_infergate.errors import OptionError
+from pytest_infergate.quality.policy_defaults import default_policy
+from pytest_infergate.quality.thresholds import ThresholdCheck
 from pytest_infergate.quality.travel import TravelMargins
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
-from pytest_infergate.status import Decision
+from pytest_infergate.status import Decision, Status
 
 if TYPE_CHECKING:
     from pytest_infergate.quality.golden_generation import BatchInvariance
@@ -45,6 +49,7 @@ SHARE_KEYS = ("max_drift_share", "max_batch_variant_share", "max_top1_drop")  # 
 # be broken (max_), so it is a typo, not a policy
 FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1")
 POLICY_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
+REFERENCE_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS)  # check()'s: where none is set, the default policy decides
 
 # Defaults of the regression gate, from the measurements in the README ("Golden regression gate"): a changed sample
 # is a near-tie when, at its first divergence, the current model puts the accepted token within NEAR_TIE_MARGIN
@@ -95,38 +100,100 @@ def parse_ini_policies(lines: list[str]) -> dict[str, dict[str, float]]:
             for scope, line in parse_scoped_lines(lines, "infergate_quality_policy", QualityPolicyError).items()}
 
 
+MARKER = "marker infergate_quality"
+ARGUMENT = "check(policy=...)"
+
+
+def ini_source(scope: str) -> str:
+    return f"ini infergate_quality_policy scope {scope!r}"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One key's value and who set it; `over`: what it replaced, each `SOURCE: key=value` (a marker over an ini
+    scope, a test-id scope over a precision's, an inner marker over an outer one)."""
+
+    value: float
+    source: str
+    over: tuple[str, ...] = ()
+
+    def named(self) -> str:
+        """Who set it, and what it replaced: `marker infergate_quality, over ini ... scope 'nf4': min_top1=0.7`."""
+        return self.source + "".join(f", over {replaced}" for replaced in self.over)
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """The policy of one comparison, each key with its source. `default`: the default policy's name when it set
+    check()'s thresholds (nothing else set any)."""
+
+    thresholds: dict[str, Threshold] = field(default_factory=dict)
+    scopes: tuple[str, ...] = ()  # the ini scopes that applied
+    default: str = ""
+
+    @classmethod
+    def given(cls, rules: dict[str, float], source: str = ARGUMENT) -> ResolvedPolicy:
+        return cls({key: Threshold(value, source) for key, value in rules.items()})
+
+    @property
+    def rules(self) -> dict[str, float]:
+        return {key: threshold.value for key, threshold in self.thresholds.items()}
+
+    def layered(self, rules: dict[str, float], source: str) -> ResolvedPolicy:
+        """This policy with `rules` from `source` laid over it (each replaced key remembered)."""
+        thresholds = dict(self.thresholds)
+        for key, value in rules.items():
+            old = thresholds.get(key)
+            over = (*old.over, f"{old.source}: {key}={old.value:g}") if old is not None else ()
+            thresholds[key] = Threshold(value, source, over)
+        return ResolvedPolicy(thresholds, self.scopes, self.default)
+
+    def for_reference(self, precision: str) -> ResolvedPolicy:
+        """What `check()` decides under: this policy, or, where it sets none of check()'s thresholds, this policy
+        with the default of `precision`'s class beside it (quality.policy_defaults)."""
+        if any(key in REFERENCE_KEYS for key in self.thresholds):
+            return self
+        default = default_policy(precision)
+        source = f"default policy for {precision}"
+        return ResolvedPolicy({**self.thresholds, **{key: Threshold(value, source)
+                                                     for key, value in default.rules.items()}}, self.scopes,
+                              f"{source} ({default.name} class)")
+
+    def decided_by(self) -> str:
+        """Which policy decided check(), in one phrase: `default policy for int8 (8-bit class): min_top1=0.9, ...`, or
+        `policy from marker infergate_quality(min_top1=0.95) and ini infergate_quality_policy scope 'nf4'
+        (max_mean_kl=0.5); min_top1 from marker infergate_quality, over ini ... scope 'nf4': min_top1=0.7`."""
+        keys = {key: threshold for key, threshold in self.thresholds.items() if key in REFERENCE_KEYS}
+        if self.default:
+            return f"{self.default}: " + ", ".join(f"{key}={t.value:g}" for key, t in keys.items())
+        by_source: dict[str, list[str]] = {}
+        for key, threshold in keys.items():
+            by_source.setdefault(threshold.source, []).append(f"{key}={threshold.value:g}")
+        parts = [f"{source}({', '.join(values)})" if source in (MARKER, ARGUMENT) else
+                 f"{source} ({', '.join(values)})" for source, values in by_source.items()]
+        overridden = [f"{key} from {t.named()}" for key, t in keys.items() if t.over]
+        return "policy from " + " and ".join(parts) + "".join(f"; {line}" for line in overridden)
+
+
 def resolve_policy(ini_lines: list[str], marker_kwargs: list[dict[str, Any]], precision: str, key: str
-                   ) -> tuple[dict[str, float], list[str]]:
+                   ) -> ResolvedPolicy:
     """The policy of one comparison: ini lines whose scope applies (see scopes.py), then the test's markers
-    (outermost first). Returns it with the ini scopes that applied."""
+    (outermost first), each key remembering its source and what it replaced."""
     scoped = parse_ini_policies(ini_lines)
     scopes = applicable_scopes(scoped, precision, key)
-    policy: dict[str, float] = {}
+    policy = ResolvedPolicy(scopes=tuple(scopes))
     for scope in scopes:
-        policy.update(scoped[scope])
+        policy = policy.layered(scoped[scope], ini_source(scope))
     for kwargs in marker_kwargs:
-        policy.update(parse_policy(kwargs))
-    return policy, scopes
+        policy = policy.layered(parse_policy(kwargs), MARKER)
+    return policy
 
 
-def policy_violations(summary: dict[str, Any], policy: dict[str, float]) -> list[str]:
-    """The aggregate thresholds a comparison with the reference broke (other gates' keys are theirs)."""
-    problems = []
-    for key, threshold in policy.items():
-        if key not in AGGREGATE_KEYS:
-            continue
-        name, direction = AGGREGATE_KEYS[key]
-        if name not in summary:
-            problems.append(f"{key}: {name} was not measured")
-            continue
-        value = summary[name]
-        bad = value < threshold if direction == "min" else value > threshold
-        if bad:
-            ci = summary.get(name + "_ci")
-            ci_text = f" (95% CI {ci[0]:.4g}-{ci[1]:.4g})" if ci else ""
-            bound = ">=" if direction == "min" else "<="
-            problems.append(f"{key}: {name} = {value:.4g}{ci_text}, policy {bound} {threshold:g}")
-    return problems
+def threshold_checks(summary: dict[str, Any], policy: ResolvedPolicy) -> list[ThresholdCheck]:
+    """The aggregate thresholds of a comparison with the reference, each against its aggregate's interval (other
+    gates' keys are theirs)."""
+    return [ThresholdCheck.of(summary, key, *AGGREGATE_KEYS[key], threshold.value, threshold.named())
+            for key, threshold in policy.thresholds.items() if key in AGGREGATE_KEYS]
 
 
 def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, float]) -> tuple[list[str], list[str]]:
@@ -149,12 +216,23 @@ def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, f
     return violations, flagged
 
 
-def decide(result: QualityResult, policy: dict[str, float]) -> Decision:
-    """A candidate against the reference under `policy`: the aggregate thresholds and the categories' floors it
-    broke, and the flags of its comparison, fail it; categories below the aggregate floors while the mean passes
-    are noted (not gated)."""
-    by_category, flagged = category_findings(result.categories, policy)
-    return Decision(policy_violations(result.summary, policy) + by_category + list(result.flags), notes=flagged)
+def decide(result: QualityResult, policy: ResolvedPolicy) -> Decision:
+    """A candidate against the reference under `policy`: an aggregate whose interval lies wholly beyond its
+    threshold, a category below its floor, and the flags of the comparison fail it; an interval that straddles its
+    threshold leaves it undecided, saying how many samples would decide. A threshold on a figure not measured fails
+    where the test set it, and is undecided where the default did (a server without logprobs has no top-1, and the
+    default cannot know what else to gate). Points decided without an interval, and categories below the aggregate
+    floors while the mean passes, are noted (not gated)."""
+    checks = threshold_checks(result.summary, policy)
+    problems = [check.describe() for check in checks
+                if check.status == Status.FAIL or (not check.measured and not policy.default)]
+    undecided = [check.describe() for check in checks if check.measured and check.status == Status.INCONCLUSIVE]
+    undecided += [f"{check.describe()}: a server that returned no logprobs has no top-1 or KL; set the policy on "
+                  "what it measured, e.g. @pytest.mark.infergate_quality(min_rouge_l=0.4)"
+                  for check in checks if not check.measured and policy.default]
+    on_point = [check.describe() for check in checks if check.status == Status.PASS and check.low is None]
+    by_category, flagged = category_findings(result.categories, policy.rules)
+    return Decision(problems + by_category + list(result.flags), undecided, notes=on_point + flagged)
 
 
 def decide_batch_invariance(result: BatchInvariance, policy: dict[str, float]) -> Decision:

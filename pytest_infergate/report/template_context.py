@@ -167,7 +167,8 @@ def _quality_sections(groups) -> list[dict]:
     return [{"precision": g.precision, "reference": g.reference, "status": g.status.value,
              "self": g.is_self_comparison, "hf_generate": any(r.backend == HF_GENERATE for r in g.records),
              "tests": [{"test": r.test, "label": split_test_id(r.test)[1], "status": r.status.value,
-                        "problems": r.problems, "policy": r.policy}
+                        "problems": r.problems, "undecided": r.undecided, "policy": r.policy,
+                        "decided_by": r.decided_by}
                        for r in g.records],
              "comparisons": [r.to_dict() for r in g.comparisons]} for g in groups]
 

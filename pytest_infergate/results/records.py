@@ -145,7 +145,7 @@ class PerfRecord:
 @dataclass
 class PolicyGateRecord:
     """A gate whose `result` (a typed result with `precision`, `to_dict` and `from_dict`) was decided by a quality
-    policy: the thresholds applied and the ones it broke."""
+    policy: the thresholds applied, the ones it broke, the ones it could not decide, and which policy that was."""
 
     kind: ClassVar[str]
     result_type: ClassVar[type]
@@ -156,6 +156,8 @@ class PolicyGateRecord:
     problems: list[str] = field(default_factory=list)
     backend: str = "engine"  # what generated the outputs compared: engine, hf-generate, endpoint
     backend_reason: str = ""  # why not the engine
+    undecided: list[str] = field(default_factory=list)  # thresholds its intervals straddle, each saying what decides
+    decided_by: str = ""  # which policy decided, one phrase (quality.policy.ResolvedPolicy.decided_by)
 
     @property
     def precision(self) -> str:
@@ -170,16 +172,18 @@ class PolicyGateRecord:
 
     def decision(self) -> Decision:
         """Its outcome in the shape every gate's shares (status.Decision); its status is the record's."""
-        return Decision(list(self.problems))
+        return Decision(list(self.problems), list(self.undecided))
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "test": self.test, "status": self.status.value, "policy": self.policy,
-                "problems": self.problems, **backend_dict(self), **self.result_dict()}
+                "problems": self.problems, "undecided": self.undecided, "decided_by": self.decided_by,
+                **backend_dict(self), **self.result_dict()}
 
     @classmethod
     def from_dict(cls, data: dict):
         return cls(data["test"], Status(data["status"]), cls.result_type.from_dict(data),
-                   dict(data.get("policy", {})), list(data.get("problems", [])), *backend_of(data))
+                   dict(data.get("policy", {})), list(data.get("problems", [])), *backend_of(data),
+                   undecided=list(data.get("undecided", [])), decided_by=str(data.get("decided_by", "")))
 
 
 @dataclass

@@ -231,7 +231,7 @@ GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden 
 def undecided_notice(record) -> str | None:
     """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
     and JUnit; the terminal says why beside the test), or None for a record that decided."""
-    from pytest_infergate.results.records import GoldenRecord, PerfRecord
+    from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
 
     if record.status != Status.INCONCLUSIVE:
         return None
@@ -242,6 +242,9 @@ def undecided_notice(record) -> str | None:
         return (f"{record.test}: {len(record.changed)} of {record.compared} golden outputs of {record.precision} "
                 f"changed: {len(record.drift)} drift, {len(record.near_ties)} near-ties (accepted: {record.path}); "
                 f"inconclusive: {record.undecided[0]}")
+    if isinstance(record, QualityRecord) and record.undecided:
+        return (f"{record.test}: quality of {record.precision} vs {record.reference_precision} inconclusive under "
+                f"the {record.decided_by}: " + "; ".join(record.undecided))
     return None
 
 

@@ -170,6 +170,20 @@ def quality_line(group: QualityGroup) -> Line:
                 f"{quality_figures(record.summary)}", _color(group.status))
 
 
+def policy_lines(group: QualityGroup) -> list[Line]:
+    """Under which policy each test of the group decided (a marker, an ini scope, the default of the precision's
+    class), and the first threshold its interval could not decide."""
+    if group.is_self_comparison:
+        return []
+    lines = []
+    for record in group.records:
+        who = f"{record.test}: {record.status.value.upper()} " if len(group.records) > 1 else ""
+        if record.decided_by:  # a file written before the policy was named has none
+            lines.append(Line(f"      {who}under the {record.decided_by}", _color(record.status)))
+        lines += [Line(f"      inconclusive: {why}", _color(record.status)) for why in record.undecided[:1]]
+    return lines
+
+
 def golden_lines(record: GoldenRecord) -> list[Line]:
     if record.updated:
         return [Line(f"  golden UPDATED {record.precision}{backend_tag(record)}: {record.path}")] + [
@@ -217,6 +231,7 @@ def summary_lines(results: RunResults) -> list[Line]:
         lines += perf_lines(record)
     for group in quality_groups(results.quality):
         lines.append(quality_line(group))
+        lines += policy_lines(group)
         # figures the policy does not gate: a note beside their gate, never a reason in the verdict
         lines += [Line(f"      note: {note}") for note in group.records[0].result.notes[:4]]
     for record in results.golden:
