@@ -106,6 +106,10 @@ class Measurement:
     load_free_share: list[float] = field(default_factory=list)
     # what measured load_free_share (perf.interference.RUN_QUEUE on the CPU, DEVICE_TIME on a CUDA device)
     load_free_by: str = ""
+    # The per-request latencies (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms) with each request's own run-queue wait
+    # taken out (process_meters.WaitClock: one computing thread on the CPU), parallel to `samples` (the same
+    # repetition split); empty where a repetition was not measured so.
+    load_free_samples: dict[str, list[float]] = field(default_factory=dict)
     # torch's threads while the workload ran on the CPU (0: not recorded, or not on the CPU). One thread makes the
     # load-free share exact up to cache effects; a team's is an estimate (perf.interference.load_free_residual).
     cpu_threads: int = 0
@@ -145,6 +149,15 @@ class Measurement:
         values, ends = self.samples.get(metric) or [], self.repetition_ends.get(metric) or []
         if not values or not ends or len(ends) != self.repetitions or ends != sorted(ends) or ends[-1] != len(values):
             return None
+        return [values[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+    def load_free_by_repetition(self, metric: str) -> list[list[float]] | None:
+        """The load-free samples of a per-request `metric` split by repetition as `samples` is (None: not measured
+        for every repetition)."""
+        values, reps = self.load_free_samples.get(metric) or [], self.by_repetition(metric)
+        if reps is None or len(values) != sum(len(rep) for rep in reps):
+            return None
+        ends = self.repetition_ends[metric]
         return [values[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
     def end_repetition(self) -> None:

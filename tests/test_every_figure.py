@@ -146,3 +146,49 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     compared = RunResults(records=[record(served(seed=2))])
     compared.perf[0].outcome = gated(served(seed=2), served(seed=1))
     assert compared.verdict().headline() == "infergate verdict: PASS"
+
+
+def test_the_wait_clock_takes_each_requests_own_waiting_out():
+    """Readings at 0, 1, 2, 3 s with the thread's run-queue wait at 0, 0, 0.5, 0.5 s: a request from 0.5 s to 2.5 s
+    waited 0.5 s of its 2 s; one from 2 s to 3 s did not wait."""
+    from pytest_infergate.process_meters import WaitClock
+
+    clock = WaitClock.__new__(WaitClock)
+    clock.walls, clock.waits = [0.0, 1.0, 2.0, 3.0], [0.0, 0.0, 0.5, 0.5]
+    assert clock.load_free(2.5) - clock.load_free(0.5) == pytest.approx(1.5)
+    assert clock.load_free(3.0) - clock.load_free(2.0) == pytest.approx(1.0)
+    assert WaitClock.for_this_thread() is not None  # Linux: schedstat is there
+
+
+def with_own_waits(m: Measurement, ttft_ms: float) -> Measurement:
+    """`m` with every request's TTFT, its own waiting taken out, at `ttft_ms` (Measurement.load_free_samples)."""
+    m.load_free_samples = {"ttft_ms": [ttft_ms * (1 + 0.01 * (i % 3)) for i in range(len(m.samples["ttft_ms"]))]}
+    return m
+
+
+def test_a_latency_measured_per_request_load_free_fails_a_ttft_slowdown_a_repetition_share_would_hide():
+    """Under a hog during the run the repetition's share (0.6 here) understates a TTFT measured in a quiet moment,
+    which hid a ×2 TTFT; each request's own waiting taken out decides it: ×2 fails, unchanged passes, both as the
+    one-thread error allows."""
+    baseline = with_own_waits(served(others=0.02, load_free=1.0, seed=1), 100.0)
+    slower = with_own_waits(served(ttft_ms=200.0, others=0.74, load_free=0.6, seed=2), 200.0)
+    assert by_metric(gated(slower, baseline))["ttft_ms"] == "fail"
+    ttft = next(v for v in gated(slower, baseline).verdicts if v.metric == "ttft_ms")
+    assert "load-corrected by run-queue delay" in ttft.note and "×1.15 on the threshold" in ttft.note
+    unchanged = with_own_waits(served(ttft_ms=180.0, others=0.74, load_free=0.6, seed=3), 100.0)
+    assert by_metric(gated(unchanged, baseline))["ttft_ms"] != "fail"
+    # without the per-request figures the same run's share would read ×1.2 and decide nothing
+    slower.load_free_samples = {}
+    assert by_metric(gated(slower, baseline))["ttft_ms"] == "inconclusive"
+
+
+def test_one_repetition_without_the_wait_clock_leaves_the_measurement_without_per_request_load_free_figures():
+    from types import SimpleNamespace
+
+    from pytest_infergate.perf.local_bench import note_load_free_latencies
+
+    m = served(reps=2)
+    m.load_free_samples = {"ttft_ms": list(m.samples["ttft_ms"])}
+    assert m.load_free_by_repetition("ttft_ms") is not None
+    note_load_free_latencies(m, [SimpleNamespace()], None, {"ttft_ms": len(m.samples["ttft_ms"])})
+    assert m.load_free_samples == {} and m.load_free_by_repetition("ttft_ms") is None

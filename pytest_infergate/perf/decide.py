@@ -159,7 +159,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
         if not scales_with_speed(metric) or _times_worse(v.measured, v) > bound:
             out.append(v)
             continue
-        corrected = load_free_value(measurement, metric)
+        corrected = load_free_value(measurement, metric, v.percentile)
         if corrected is not None and _times_worse(corrected, v) <= 1.0 / residual:
             if notes is not None:
                 shown = units.metric_value(metric, corrected)
@@ -182,11 +182,14 @@ def _times_worse(value: float, violation: Violation) -> float:
     return worse / better if better > 0 else float("inf")
 
 
-def load_free_value(measurement: Measurement, metric: str) -> float | None:
-    """`metric` with the co-tenants' load taken out: each repetition's figure scaled by its load-free share
-    (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile (the share is the
-    repetition's, not each request's), where the shares were not measured for every repetition or the samples are
-    not split by repetition."""
+def load_free_value(measurement: Measurement, metric: str, pct: float | None = 50) -> float | None:
+    """`metric` with the co-tenants' load taken out: a per-request latency's percentile `pct` over each request's
+    own load-free figure (Measurement.load_free_samples), a repetition's figure scaled by its load-free share
+    (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile not measured per
+    request (the share is the repetition's, not each request's), where the shares were not measured for every
+    repetition or the samples are not split by repetition."""
+    if METRICS[metric][2] and measurement.load_free_by_repetition(metric):
+        return percentile(measurement.load_free_samples[metric], pct or 50)
     shares, reps = measurement.load_free_share, measurement.by_repetition(metric)
     if METRICS[metric][2] or not reps or len(shares) != len(reps) or min(shares) <= 0:
         return None  # a per-request percentile: the repetition's share is not each request's (perf.stored.side)

@@ -16,7 +16,7 @@ from pytest_infergate import context, process_meters
 from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Limits, Result
-from pytest_infergate.measurement import Measurement, add_request_latencies, note_per_repetition
+from pytest_infergate.measurement import LATENCY_METRICS, Measurement, add_request_latencies, note_per_repetition
 from pytest_infergate.perf import calibration, interference
 from pytest_infergate.perf.conversations import (
     PREFIX_CACHE_KEY,
@@ -109,7 +109,11 @@ class Bench:
         process_meters.release_free_memory()  # the peak below rises from what is live (before any timer starts)
         before = interference.snapshot(ours)
         load_free = process_meters.LoadFreeTimer(engine, self.device)
-        with PeakMemory(self.device) as peak, self.beside_repetition():
+        # each request's own waiting for a CPU, where one thread computes on the CPU (process_meters.WaitClock)
+        clock = process_meters.WaitClock.for_this_thread() if self.device == "cpu" and hasattr(engine, "use_clock") \
+            and import_torch().get_num_threads() == 1 else None
+        with PeakMemory(self.device) as peak, self.beside_repetition(), \
+                engine.use_clock(clock) if clock is not None else nullcontext():
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
@@ -120,7 +124,9 @@ class Bench:
         into.load_free_by = load_free.by
         if probe:
             self._probe_after(sampler, first, into)
-        self.record_repetition(into, engine, workload, results, wall, peak.result)
+        self.record_repetition(into, engine, workload, results, wall, peak.result, clock)
+        if clock is not None:
+            clock.close()
         return results
 
     def sized(self, config: EngineConfig, requests: list[Request | Session]) -> tuple[EngineConfig, str]:
@@ -181,7 +187,7 @@ class Bench:
             into.probe, into.probe_s, into.probe_quiet_s = "", [], []
 
     def record_repetition(self, into: Measurement, engine, workload: list, results: list[Result], wall: float,
-                          peak: PeakMemoryResult) -> None:
+                          peak: PeakMemoryResult, clock: process_meters.WaitClock | None = None) -> None:
         """One repetition's results into `into`: per-request latencies, throughput over `wall` seconds, memory
         (with `peak`, what serving raised the process's memory by), the engine's figures and step timeline."""
         samples = into.samples
@@ -191,9 +197,11 @@ class Bench:
         planned = planned_requests(workload)  # a session's turns after a failed one never ran: failed too
         into.num_requests += planned
         into.num_failed += planned - len(ok)
+        before = {metric: len(samples.get(metric, [])) for metric in LATENCY_METRICS}
         for r in ok:
             t = r.timings
             add_request_latencies(samples, t.ttft_s, t.tpot_s, t.itl_s, t.e2e_s, t.queue_wait_s or 0.0)
+        note_load_free_latencies(into, ok, clock, before)
         samples.setdefault("tokens_per_s", []).append(sum(r.num_output_tokens for r in ok) / wall)
         samples.setdefault("requests_per_s", []).append(len(ok) / wall)
         # Memory attributable to this model: weights + KV cache + what the process peak rose by while serving.
@@ -256,6 +264,24 @@ class Bench:
         for _ in range(repeats):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
         return measurement
+
+
+def note_load_free_latencies(into: Measurement, ok: list[Result], clock: process_meters.WaitClock | None,
+                             before: dict[str, int]) -> None:
+    """This repetition's per-request latencies with each request's own waiting for a CPU taken out, into
+    `into.load_free_samples` (parallel to its samples: `before`, their counts before this repetition); a repetition
+    without a WaitClock leaves the whole measurement without them."""
+    lf = into.load_free_samples
+    if clock is None or any(len(lf.get(metric, [])) != count for metric, count in before.items()):
+        lf.clear()
+        return
+    for r in ok:
+        t = r.timings
+        free = replace(t, arrival=clock.load_free(t.arrival), first_token=None if t.first_token is None
+                       else clock.load_free(t.first_token), token_times=[clock.load_free(x) for x in t.token_times],
+                       finished=None if t.finished is None else clock.load_free(t.finished),
+                       first_scheduled=None if t.first_scheduled is None else clock.load_free(t.first_scheduled))
+        add_request_latencies(lf, free.ttft_s, free.tpot_s, free.itl_s, free.e2e_s, free.queue_wait_s or 0.0)
 
 
 def _tokens(args, kwargs) -> int:

@@ -46,11 +46,16 @@ class Side:
     cpu_threads: int = 0  # Measurement.cpu_threads: how exact load_free is (interference.load_free_residual)
     load_free_by: str = ""  # Measurement.load_free_by: what measured load_free
     per_request: bool = False  # a percentile of per-request figures (a latency), not a figure of the repetition
+    # per repetition, the percentile of the requests' latencies with each request's own waiting taken out
+    # (Measurement.load_free_samples: one thread on the CPU); empty: not measured so
+    own_waits: list[float] = field(default_factory=list)
 
     def load_free_costs(self) -> list[float] | None:
-        """Each repetition's cost with the co-tenants' load taken out (cost × its load-free share); None: not
-        measured. For a per-request percentile the repetition's share stands for each request's: a CPU hog's load
-        is steady over a repetition of seconds."""
+        """Each repetition's cost with the co-tenants' load taken out: a latency by each request's own waiting where
+        measured (own_waits), else the cost × the repetition's load-free share (for a per-request percentile the
+        repetition's share then stands for each request's); None: not measured."""
+        if self.own_waits:
+            return list(self.own_waits)
         if len(self.load_free) != len(self.costs) or min(self.load_free, default=0.0) <= 0:
             return None
         return [c * f for c, f in zip(self.costs, self.load_free)]
@@ -104,9 +109,12 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     quiet = len(measurement.probe_quiet_s) == len(reps) and min(measurement.probe_quiet_s, default=0) > 0
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
+    own = measurement.load_free_by_repetition(metric) if per_request else None
+    own_waits = [percentile(v, pct or 50) for v in own] if own and all(own) else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, measurement.load_free_source(), per_request)
+                measurement.cpu_threads, measurement.load_free_source(), per_request,
+                own_waits if own_waits and min(own_waits) > 0 else [])
 
 
 def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
@@ -388,9 +396,10 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     # figure (unchanged code read ×1.31 [1.11, 1.43] slower, docs/measurements.md), within a team's margin
     # (LOAD_FREE_RESIDUAL), which such a baseline's latencies keep whatever the threads. Understating a busy
     # *candidate* the same way can only hide a slowdown, never make one.
-    residual = (interference.LOAD_FREE_RESIDUAL if baseline.per_request and busy_share(baseline.others) is not None
-                else interference.load_free_residual(candidate, baseline,
-                                                     baseline_quiet=busy_share(baseline.others) is None))
+    uneven = baseline.per_request and not baseline.own_waits and busy_share(baseline.others) is not None
+    residual = (interference.LOAD_FREE_RESIDUAL if uneven else
+                interference.load_free_residual(candidate, baseline, baseline_quiet=busy_share(baseline.others) is None
+                                                or bool(candidate.own_waits and baseline.own_waits)))
     bound = threshold * residual
     if low <= bound:
         return None
