@@ -107,7 +107,7 @@ class Measurement:
     # what measured load_free_share (perf.interference.RUN_QUEUE on the CPU, DEVICE_TIME on a CUDA device)
     load_free_by: str = ""
     # The per-request latencies (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms) with each request's own run-queue wait
-    # taken out (process_meters.WaitClock: one computing thread on the CPU), parallel to `samples` (the same
+    # taken out (wait_clock.WaitClock: one computing thread on the CPU), parallel to `samples` (the same
     # repetition split); empty where a repetition was not measured so.
     load_free_samples: dict[str, list[float]] = field(default_factory=dict)
     # torch's threads while the workload ran on the CPU (0: not recorded, or not on the CPU). One thread makes the

@@ -22,8 +22,9 @@ from pytest_infergate.models import PRECISIONS
 from pytest_infergate.options import Options
 from pytest_infergate.outputs import TerminateAsInterrupt, Written
 from pytest_infergate.resources import ResourceError, SessionResources
+from pytest_infergate.results.reasons import record_message, undecided_notice
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
-from pytest_infergate.results.run import RunResults, record_message, undecided_notice
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.status import INI_SCOPE_CHECK, Finding, Status, under_strict
 

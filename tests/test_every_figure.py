@@ -151,7 +151,7 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
 def test_the_wait_clock_takes_each_requests_own_waiting_out():
     """Readings at 0, 1, 2, 3 s with the thread's run-queue wait at 0, 0, 0.5, 0.5 s: a request from 0.5 s to 2.5 s
     waited 0.5 s of its 2 s; one from 2 s to 3 s did not wait."""
-    from pytest_infergate.process_meters import WaitClock
+    from pytest_infergate.wait_clock import WaitClock
 
     clock = WaitClock.__new__(WaitClock)
     clock.walls, clock.waits = [0.0, 1.0, 2.0, 3.0], [0.0, 0.0, 0.5, 0.5]

@@ -683,7 +683,7 @@ def verdict_reasons_of(outcome) -> list[str]:
     """The lines the terminal and the report show for an outcome's verdicts (results.run.verdict_reasons)."""
     from types import SimpleNamespace
 
-    from pytest_infergate.results.run import verdict_reasons
+    from pytest_infergate.results.reasons import verdict_reasons
 
     record = SimpleNamespace(violations=outcome.violations, verdicts=outcome.verdicts, baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
@@ -694,7 +694,7 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     from types import SimpleNamespace
 
     from pytest_infergate.perf.verdict import Verdict
-    from pytest_infergate.results.run import UNDECIDED_ACTION, verdict_reasons
+    from pytest_infergate.results.reasons import UNDECIDED_ACTION, verdict_reasons
 
     straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
     decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))

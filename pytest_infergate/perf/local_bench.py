@@ -29,6 +29,7 @@ from pytest_infergate.perf.conversations import (
 )
 from pytest_infergate.process_meters import PeakMemory, PeakMemoryResult
 from pytest_infergate.requirements import import_torch
+from pytest_infergate.wait_clock import WaitClock
 from pytest_infergate.workloads.request import Request
 from pytest_infergate.workloads.traffic import Session
 
@@ -109,8 +110,8 @@ class Bench:
         process_meters.release_free_memory()  # the peak below rises from what is live (before any timer starts)
         before = interference.snapshot(ours)
         load_free = process_meters.LoadFreeTimer(engine, self.device)
-        # each request's own waiting for a CPU, where one thread computes on the CPU (process_meters.WaitClock)
-        clock = process_meters.WaitClock.for_this_thread() if self.device == "cpu" and hasattr(engine, "use_clock") \
+        # each request's own waiting for a CPU, where one thread computes on the CPU (wait_clock.WaitClock)
+        clock = WaitClock.for_this_thread() if self.device == "cpu" and hasattr(engine, "use_clock") \
             and import_torch().get_num_threads() == 1 else None
         with PeakMemory(self.device) as peak, self.beside_repetition(), \
                 engine.use_clock(clock) if clock is not None else nullcontext():
@@ -187,7 +188,7 @@ class Bench:
             into.probe, into.probe_s, into.probe_quiet_s = "", [], []
 
     def record_repetition(self, into: Measurement, engine, workload: list, results: list[Result], wall: float,
-                          peak: PeakMemoryResult, clock: process_meters.WaitClock | None = None) -> None:
+                          peak: PeakMemoryResult, clock: WaitClock | None = None) -> None:
         """One repetition's results into `into`: per-request latencies, throughput over `wall` seconds, memory
         (with `peak`, what serving raised the process's memory by), the engine's figures and step timeline."""
         samples = into.samples
@@ -266,7 +267,7 @@ class Bench:
         return measurement
 
 
-def note_load_free_latencies(into: Measurement, ok: list[Result], clock: process_meters.WaitClock | None,
+def note_load_free_latencies(into: Measurement, ok: list[Result], clock: WaitClock | None,
                              before: dict[str, int]) -> None:
     """This repetition's per-request latencies with each request's own waiting for a CPU taken out, into
     `into.load_free_samples` (parallel to its samples: `before`, their counts before this repetition); a repetition

@@ -13,10 +13,10 @@ import math
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.results.reasons import EVIDENCE, NO_BASELINE, NOTHING_COMPARED, record_message
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
@@ -25,12 +25,7 @@ from pytest_infergate.results.records import (
     Record,
     record_from_dict,
 )
-from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Finding, Status, under_strict
-
-if TYPE_CHECKING:
-    from pytest_infergate.perf.outcome import Violation
-    from pytest_infergate.perf.verdict import Verdict
 
 KIND = "results"
 SCHEMA_VERSION = 4
@@ -181,8 +176,19 @@ class Reason:
     def text(self) -> str:
         return f"{self.status.upper()} {self.what}{' ' + self.name if self.name else ''}: {self.message}"
 
+    @property
+    def lead(self) -> str:
+        """What a reviewer acts on: the message up to its evidence (results.reasons.EVIDENCE)."""
+        return self.message.split(EVIDENCE, 1)[0]
+
+    @property
+    def evidence(self) -> str:
+        """How it was decided (load correction, probe, repetitions): one click away in the report."""
+        parts = self.message.split(EVIDENCE, 1)
+        return parts[1] if len(parts) > 1 else ""
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "status": self.status.value}
+        return {**asdict(self), "status": self.status.value, "lead": self.lead}
 
 
 @dataclass(frozen=True)
@@ -215,54 +221,8 @@ class RunVerdict:
                 "reasons": [reason.to_dict() for reason in self.reasons]}
 
 
-# what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
-UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
-                    "(infergate_bench.ab) where the runner's speed drifts")
-
-# a perf gate that asked for a relative check (max_regression) and had no baseline: its pass is of budgets only
-NOTHING_COMPARED = "nothing compared"
-NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
-               "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
-
 GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
               "batch_invariance": "batch invariance"}
-
-
-def undecided_notice(record) -> str | None:
-    """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
-    and JUnit; the terminal says why beside the test), or None for a record that decided."""
-    from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
-
-    if record.status != Status.INCONCLUSIVE:
-        return None
-    if isinstance(record, PerfRecord):
-        again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
-        return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"
-    if isinstance(record, GoldenRecord) and record.undecided:
-        return (f"{record.test}: {len(record.changed)} of {record.compared} golden outputs of {record.precision} "
-                f"changed: {len(record.drift)} drift, {len(record.near_ties)} near-ties (accepted: {record.path}); "
-                f"inconclusive: {record.undecided[0]}")
-    if isinstance(record, QualityRecord) and record.undecided:
-        return (f"{record.test}: quality of {record.precision} vs {record.reference_precision} inconclusive under "
-                f"the {record.decided_by}: " + "; ".join(record.undecided))
-    return None
-
-
-def record_message(record) -> str:
-    """Why a gate's record did not pass, in one line: its first three reasons."""
-    from pytest_infergate.results.records import PerfRecord
-
-    if isinstance(record, PerfRecord):
-        bad = ([violation_line(v) for v in record.violations]
-               + [verdict_line(v) for v in record.verdicts if v.status != Status.PASS])
-        if record.relative_check_missing:
-            bad.append(f"no baseline comparison: {record.relative_check_missing}")
-        elif record.model_change:
-            bad.append(f"against a baseline of another model: {record.model_change}")
-        return "; ".join((bad or verdict_reasons(record))[:3]) or record.status.value
-    decision = record.decision()
-    return "; ".join((decision.problems + decision.undecided)[:3]) or record.status.value
-
 
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []
@@ -289,42 +249,3 @@ def run_verdict(results: RunResults) -> RunVerdict:
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
-
-
-def violation_line(v: Violation) -> str:
-    """A budget check in one line: the key, measured against the limit, by how much (and why undecided)."""
-    bound = "<" if v.higher_is_better else ">"
-    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
-            f"({v.shortfall()})" + (f": inconclusive, {v.undecided}" if v.undecided else ""))
-
-
-def verdict_line(v: Verdict) -> str:
-    """A comparison in one line: the change with its interval against the threshold, the evidence that decided."""
-    where = f" p{v.percentile}" if v.percentile else ""
-    # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(interval_status(v.low, v.high, v.threshold), "straddles")
-    return (f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
-            f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
-            f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
-            f"{units.ratio(v.threshold)}, {v.evidence()}"
-            + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
-            + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
-            + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
-               f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
-            + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
-
-
-def verdict_reasons(record: PerfRecord) -> list[str]:
-    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
-    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
-    reasons = [violation_line(v) for v in record.violations]
-    reasons += [verdict_line(v) for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS)]
-    if record.baseline_provenance:
-        reasons.append(f"baseline: {record.baseline_provenance}")
-    if record.relative_check_missing:
-        reasons.append(f"no baseline comparison: {record.relative_check_missing}")
-    if record.machine_mismatch:
-        reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
-    if record.changes:
-        reasons.append("changed since the baseline: " + ", ".join(record.changes))
-    return reasons

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
+from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     GoldenRecord,
@@ -14,7 +15,7 @@ from pytest_infergate.results.records import (
     QualityRecord,
     undefined_reason,
 )
-from pytest_infergate.results.run import RunResults, verdict_reasons
+from pytest_infergate.results.run import RunResults
 from pytest_infergate.status import Finding, Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)

@@ -1,0 +1,174 @@
+"""The verdicts' words: each check's sentence (a perf comparison's figure, the size of its change with its
+interval against its limit), what changed since the baseline, the advice that fits the verdict, and the evidence
+after ` -- ` (how it was decided: load correction, probe, repetitions), which the report shows one click away.
+The terminal, the report, the results JSON and JUnit read these; nothing re-words them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_infergate import units
+from pytest_infergate.stats import interval_status
+from pytest_infergate.status import Status
+
+if TYPE_CHECKING:
+    from pytest_infergate.perf.outcome import Violation
+    from pytest_infergate.perf.verdict import Verdict
+    from pytest_infergate.results.records import PerfRecord
+
+# where a reason's lead (what a reviewer acts on) ends and its evidence begins, in every output
+EVIDENCE = " -- "
+# the figures as a reviewer names them
+FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL",
+                "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
+                "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
+MOST_CHANGES = 2  # changes named in a lead; the rest are counted ("and 3 more") and listed in the evidence
+
+# what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
+UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
+                    "(infergate_bench.ab) where the runner's speed drifts")
+
+# a perf gate that asked for a relative check (max_regression) and had no baseline: its pass is of budgets only
+NOTHING_COMPARED = "nothing compared"
+NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
+               "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
+
+def undecided_notice(record) -> str | None:
+    """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
+    and JUnit; the terminal says why beside the test), or None for a record that decided."""
+    from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
+
+    if record.status != Status.INCONCLUSIVE:
+        return None
+    if isinstance(record, PerfRecord):
+        again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
+        return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"
+    if isinstance(record, GoldenRecord) and record.undecided:
+        return (f"{record.test}: {len(record.changed)} of {record.compared} golden outputs of {record.precision} "
+                f"changed: {len(record.drift)} drift, {len(record.near_ties)} near-ties (accepted: {record.path}); "
+                f"inconclusive: {record.undecided[0]}")
+    if isinstance(record, QualityRecord) and record.undecided:
+        return (f"{record.test}: quality of {record.precision} vs {record.reference_precision} inconclusive under "
+                f"the {record.decided_by}: " + "; ".join(record.undecided))
+    return None
+
+
+def record_message(record) -> str:
+    """Why a gate's record did not pass, as a reviewer reads it: one sentence of what changed by how much (at most
+    three checks) and since what, the advice that fits the verdict, then the evidence after EVIDENCE."""
+    from pytest_infergate.results.records import PerfRecord
+
+    if isinstance(record, PerfRecord):
+        return perf_message(record)
+    decision = record.decision()
+    return "; ".join((decision.problems + decision.undecided)[:3]) or record.status.value
+
+
+def perf_message(record: PerfRecord) -> str:
+    status = record.status
+    verdicts = [v for v in record.verdicts if v.status == status] if status != Status.PASS else []
+    budgets = [v for v in record.violations if v.status == status] if status != Status.PASS else []
+    checks = [violation_sentence(v) for v in budgets] + [verdict_sentence(v) for v in verdicts]
+    if record.relative_check_missing:
+        checks.append("no baseline comparison")
+    if not checks:
+        return "; ".join(verdict_reasons(record)[:3]) or status.value
+    since = changes_phrase(record.changes or ([record.model_change] if record.model_change else []))
+    lead = f"{'; '.join(checks[:3])}{since if verdicts else ''}."
+    evidence = [violation_line(v) for v in budgets] + [verdict_line(v) for v in verdicts]
+    if record.relative_check_missing:
+        evidence.append(f"no baseline comparison: {record.relative_check_missing}")
+    if record.baseline_provenance and verdicts:
+        evidence.append(f"baseline: {record.baseline_provenance}")
+    if len(record.changes) > MOST_CHANGES:
+        evidence.append("changed since the baseline: " + ", ".join(record.changes))
+    return f"{lead} {perf_advice(record, budgets, verdicts)}{EVIDENCE}{'; '.join(evidence)}"
+
+
+def figure_name(metric: str, pct: float | None) -> str:
+    """'tokens/s', 'TTFT p95'."""
+    name = FIGURE_NAMES.get(metric, metric)
+    return f"{name} p{pct:g}" if pct else name
+
+
+def verdict_sentence(v: Verdict) -> str:
+    """A comparison as a reviewer reads it: 'tokens/s 65.9% slower (×2.93 [2.9–3.01], limit ×1.1)'."""
+    return (f"{figure_name(v.metric, v.percentile)} {v.change_in_words()} ({units.ratio(v.ratio)} "
+            f"[{units.number(v.low)}–{units.number(v.high)}], limit {units.ratio(v.threshold)})")
+
+
+def violation_sentence(v: Violation) -> str:
+    """A broken budget: 'ttft_ms_p95 1,300 ms > budget 1,000 ms (30% over budget)'."""
+    bound = "<" if v.higher_is_better else ">"
+    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
+            f"({v.shortfall()})")
+
+
+def changes_phrase(changes: list[str]) -> str:
+    """' since engine_config.max_batch_size 8 → 1' (at most MOST_CHANGES named, the rest counted); ''."""
+    if not changes:
+        return ""
+    more = len(changes) - MOST_CHANGES
+    return f" since {', '.join(changes[:MOST_CHANGES])}" + (f" and {more} more" if more > 0 else "")
+
+
+def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Verdict]) -> str:
+    """What to do, fitting the verdict: a failure with a named change points at the change (or its acceptance); a
+    re-save only where the baseline itself is the problem."""
+    if record.status == Status.FAIL:
+        if not verdicts:
+            return "Over budget: make it faster, or raise the budget if the new figure is right."
+        if record.outcome.route != "stored":
+            return "Measured in turns with its reference: look at what this side changes."
+        if record.changes or record.model_change:
+            return "Look at that change; if it is intended, accept it with --infergate-save-baseline."
+        return ("Nothing the baseline records changed (model, precision, libraries, engine config): look at your own "
+                "code; if intended, accept it with --infergate-save-baseline.")
+    if record.relative_check_missing:
+        return record.relative_check_missing[0].upper() + record.relative_check_missing[1:] + "."
+    if any(v.baseline_at_fault for v in verdicts):
+        return "The baseline is the problem: re-save it with --infergate-save-baseline on a quiet runner."
+    if record.machine_mismatch:
+        return "The baseline is from another machine: re-save it on this runner class."
+    if any(v.undecided for v in budgets) or any("busy" in v.note for v in verdicts):
+        return "The runner was busy: rerun on a quiet runner, or gate with infergate_bench.ab()."
+    return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
+
+
+def violation_line(v: Violation) -> str:
+    """A budget check in one line: the key, measured against the limit, by how much (and why undecided)."""
+    bound = "<" if v.higher_is_better else ">"
+    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
+            f"({v.shortfall()})" + (f": inconclusive, {v.undecided}" if v.undecided else ""))
+
+
+def verdict_line(v: Verdict) -> str:
+    """A comparison in one line: the change with its interval against the threshold, the evidence that decided."""
+    where = f" p{v.percentile}" if v.percentile else ""
+    # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
+    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(interval_status(v.low, v.high, v.threshold), "straddles")
+    return (f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
+            f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
+            f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
+            f"{units.ratio(v.threshold)}, {v.evidence()}"
+            + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
+            + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
+            + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
+               f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
+            + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
+
+
+def verdict_reasons(record: PerfRecord) -> list[str]:
+    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
+    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
+    reasons = [violation_line(v) for v in record.violations]
+    reasons += [verdict_line(v) for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS)]
+    if record.baseline_provenance:
+        reasons.append(f"baseline: {record.baseline_provenance}")
+    if record.relative_check_missing:
+        reasons.append(f"no baseline comparison: {record.relative_check_missing}")
+    if record.machine_mismatch:
+        reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
+    if record.changes:
+        reasons.append("changed since the baseline: " + ", ".join(record.changes))
+    return reasons
