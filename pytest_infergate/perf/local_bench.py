@@ -109,17 +109,19 @@ class Bench:
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
         process_meters.release_free_memory()  # the peak below rises from what is live (before any timer starts)
         before = interference.snapshot(ours)
-        load_free = process_meters.LoadFreeTimer(engine, self.device)
         # each request's own waiting for a CPU, where one thread computes on the CPU (wait_clock.WaitClock)
         clock = WaitClock.for_this_thread() if self.device == "cpu" and hasattr(engine, "use_clock") \
             and import_torch().get_num_threads() == 1 else None
         with PeakMemory(self.device) as peak, self.beside_repetition(), \
                 engine.use_clock(clock) if clock is not None else nullcontext():
+            # the load-free timer starts with the wall clock: what ran before (beside_repetition's set-up) is not
+            # the workload's progress
+            load_free = process_meters.LoadFreeTimer(engine, self.device)
             start = time.perf_counter()
             results = run_items(engine, workload)
             wall = time.perf_counter() - start
+            seconds = load_free.seconds(wall)
         self._others_after(before, ours, into)
-        seconds = load_free.seconds(wall)
         note_per_repetition(into.load_free_share, seconds / wall if seconds is not None and wall > 0 else None,
                             into.repetitions)
         into.load_free_by = load_free.by
