@@ -153,8 +153,11 @@ def test_a_reviewer_reads_the_verdict_every_reason_and_the_baseline_in_the_brows
     for reason in ["AssertionError: assert 3 == 4 (suites/test_a.py:7)", "test_chat[fp32]", "test_busy[fp32]",
                    "drift in 3 of 48 outputs", "no accepted golden outputs at x"]:
         assert reason in verdict, reason
-    # the failing gate's baseline beside the candidate, in the verdict's own line
-    assert re.search(r"baseline [\d.,]+ (tok/s|ms) → now [\d.,]+ (tok/s|ms), [\d.]+% slower", verdict), verdict
+    # the failing gate's figure, its change with its interval and limit, in the verdict's own line; the evidence
+    # (baseline → now, how it was decided) one click away
+    lead = r"(tokens/s [\d.]+% lower|ITL p50 [\d.]+% slower) \(×[\d.]+ \[[\d.]+–[\d.]+\], limit ×1\.1\)"
+    assert re.search(lead, verdict), verdict
+    assert "evidence" in verdict
 
 
 # --- one decision behind the five routes (issue #33 point 3) --------------------------------------------------------
@@ -325,3 +328,53 @@ def test_one_stored_perf_gate_runs_at_most_eight_project_files_after_its_measure
     files = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
     assert int(counted.group(1)) == len(files) and len(files) <= 8, done.stdout
     assert "perf/gate.py" in files and "perf/decide.py" in files  # it did trace the gate
+
+
+# --- a verdict a reviewer acts on (issue #56) -------------------------------------------------------------------------
+
+
+def _batch_size_regression() -> RunResults:
+    """`max_batch_size` 8 → 1 against a stored baseline: ×2.9 slower on every timed figure."""
+    accepted = recorded_run(machine(BASELINE_SPEEDS, seed=1), FINGERPRINT, 1_700_000_000)
+    one = {**FINGERPRINT, "engine_config": {"max_batch_size": 1}}
+    run = recorded_run(machine(BASELINE_SPEEDS, regression=2.9, seed=2), one, 1_700_003_600, gate_against=accepted)
+    run.outcomes = {TEST: "failed"}
+    return run
+
+
+def _reviewer_checks(verdict_block: str, run: RunResults) -> None:
+    assert "engine_config.max_batch_size 8 → 1" in verdict_block
+    assert "re-save" not in verdict_block.lower()
+    for reason in run.verdict().reasons:
+        first = reason.lead.split(". ")[0]
+        assert len(first.split()) <= 30, first
+        assert "Look at that change; if it is intended, accept it with --infergate-save-baseline." in reason.lead
+        assert "load-corrected" not in reason.lead and "least-disturbed" in reason.evidence
+
+
+def test_a_failure_with_a_named_change_leads_with_the_figures_and_the_change_and_advises_looking_at_it():
+    run = _batch_size_regression()
+    (reason,) = run.verdict().reasons
+    assert re.match(r"ITL p50 1\d\d% slower \(×2\.\d+ \[[\d.]+–[\d.]+\], limit ×1\.1\); tokens/s 6\d\.\d% lower "
+                    r"\(×2\.\d+ \[[\d.]+–[\d.]+\], limit ×1\.1\) since engine_config\.max_batch_size 8 → 1\.",
+                    reason.lead)
+    _reviewer_checks(reason.text(), run)
+    terminal = [line.text for line in summary_lines(run)]
+    assert any(" -- itl_ms p50 baseline" in line or " -- tokens_per_s baseline" in line for line in terminal)
+    html = render_report(run)
+    assert '<details class="evidence"><summary>evidence</summary>' in html
+    # the gated charts show the baseline beside this run
+    assert html.count(">baseline<") + html.count(">baseline peak<") >= 2
+
+
+@needs_chromium
+def test_a_reviewer_reads_the_change_and_short_reasons_in_the_browser(tmp_path):
+    from pytest_infergate.report import write_report
+
+    run = _batch_size_regression()
+    page = tmp_path / "report.html"
+    write_report(run, page)
+    seen = open_page(page)
+    assert seen.errors == [] and seen.page_overflow == 0
+    text = " ".join(seen.text.split())
+    _reviewer_checks(text[text.index("Verdict: FAIL"):text.index("Summary")], run)

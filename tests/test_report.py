@@ -125,9 +125,10 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
     data, _ = with_two_verdicts(results, {"paired": True}, {})
     html = render(data)
     # the baseline's figure beside the candidate's, the change in words, then the interval against the threshold
-    assert ("tokens_per_s baseline 100 tok/s → now 40 tok/s, 150% slower: ×2.5 (CI 2.1–2.9) &gt; ×1.5, as measured, "
+    assert ("tokens_per_s baseline 100 tok/s → now 40 tok/s, 60% lower: ×2.5 (CI 2.1–2.9) &gt; ×1.5, as measured, "
             "paired by round") in html
-    assert "tokens_per_s baseline 100 tok/s → now 99 tok/s, 1% slower: ×1.01 (CI 0.9–1.1) ≤ ×1.5, as measured<" in html
+    assert ("tokens_per_s baseline 100 tok/s → now 99 tok/s, 0.99% lower: ×1.01 (CI 0.9–1.1) ≤ ×1.5, "
+            "as measured<") in html
 
 
 def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differs(results):
@@ -139,7 +140,7 @@ def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differ
     assert html.count("the figure the verdict compared with the baseline's") == 1  # the pooled one: no second figure
     assert "verdict: 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values)" in html
     headline = Verdict.from_dict(perf[0]["verdicts"][0]).headline()
-    assert "now 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values), 150% slower" in headline
+    assert "now 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values), 60% lower" in headline
 
 
 def test_render_is_fast(results):

@@ -102,12 +102,16 @@ class Verdict:
                 f"→ {self.status.upper()}")
 
     def change_in_words(self) -> str:
-        """"12% slower", "3% faster", "8% more memory": the ratio (>1 worse) said for the metric's kind."""
+        """"12% slower", "3% faster", "8% more memory", "60% lower" (a throughput at ×2.5 its baseline's cost):
+        the ratio (>1 worse) said for the metric's kind."""
         worse, better = {"ms": ("slower", "faster"), "s": ("slower", "faster"), "MiB": ("more memory", "less memory")
                          }.get(METRICS[self.metric][0], ("slower", "faster") if METRICS[self.metric][1]
                                                           else ("worse", "better"))
         if abs(self.ratio - 1.0) < 0.0005:
             return "unchanged"
+        if METRICS[self.metric][1]:  # a throughput: by how much the figure itself fell or rose (×2.5 slower: 60%)
+            return (f"{units.percent(1.0 - 1.0 / self.ratio)} lower" if self.ratio > 1
+                    else f"{units.percent(1.0 / self.ratio - 1.0)} higher")
         if self.ratio > 1:
             return f"{units.percent(self.ratio - 1.0)} {worse}"
         return f"{units.percent(1.0 - self.ratio)} {better}"

@@ -253,10 +253,19 @@ def _best(records: list[PerfRecord], precision: str, value) -> float | None:
     return max(values) if values else None
 
 
+def _baseline(records: list[PerfRecord], precision: str, key: str) -> float | None:
+    """What a gate compared a precision's records with (the stored baseline, A of an A/B), `key` of its summary."""
+    return _best(records, precision, lambda r: (r.compared_with or {}).get(key))
+
+
 def throughput(records: list[PerfRecord], precisions: list[str]) -> str:
+    """Tokens/s by precision, and beside it the baseline's where a gate compared with one."""
     tps = [_best(records, p, lambda r: r.summary.get("tokens_per_s")) for p in precisions]
-    return bar_chart("Tokens/s by precision (best run)", precisions, {"tokens/s": tps}, "tok/s") \
-        if any(tps) else ""
+    series = {"tokens/s": tps}
+    baseline = [_baseline(records, p, "tokens_per_s") for p in precisions]
+    if any(baseline):
+        series = {"baseline": baseline, "now": tps}
+    return bar_chart("Tokens/s by precision (best run)", precisions, series, "tok/s") if any(tps) else ""
 
 
 def memory(records: list[PerfRecord], models: dict[str, dict]) -> str:
@@ -274,19 +283,39 @@ def memory(records: list[PerfRecord], models: dict[str, dict]) -> str:
     if any(allocated):
         series["KV allocated"] = allocated
     peak = [_best(records, p, lambda r: r.summary.get("peak_mem_mb")) for p in precisions]
+    baseline = [_baseline(records, p, "peak_mem_mb") for p in precisions]
+    if any(baseline):
+        series["baseline peak"] = baseline
     if any(peak):
         series["peak serving"] = peak
     return bar_chart("Memory by precision", precisions, series, "MiB")
 
 
 def ttft(records: list[PerfRecord]) -> str:
+    """The TTFT distribution of each precision and engine, and of its baseline where a gate compared with one (a
+    run's own report; a results file keeps the baseline's summary only: ttft_compared)."""
     samples = {}
     for r in records:
         name = engine_name(r) if r.is_endpoint else f"{r.precision} {engine_name(r)}"
         if r.measurement.samples.get("ttft_ms") and name not in samples:
+            baseline = r.outcome.baseline
+            if baseline is not None and baseline.samples.get("ttft_ms"):
+                samples[f"{name} baseline"] = baseline.samples["ttft_ms"]
             samples[name] = r.measurement.samples["ttft_ms"]
     samples = dict(list(samples.items())[:6])
     return histogram("TTFT distribution", samples, "ms") if samples else ""
+
+
+def ttft_compared(records: list[PerfRecord], precisions: list[str]) -> str:
+    """TTFT p50 and p95 by precision beside the baseline's, where a gate compared with one."""
+    series = {}
+    for pct in ("p50", "p95"):
+        baseline = [_baseline(records, p, f"ttft_ms_{pct}") for p in precisions]
+        if any(baseline):
+            series[f"baseline {pct}"] = baseline
+            series[f"now {pct}"] = [_best(records, p, lambda r, k=f"ttft_ms_{pct}": r.summary.get(k))
+                                    for p in precisions]
+    return bar_chart("TTFT by precision: baseline → now", precisions, series, "ms") if series else ""
 
 
 def engine_name(r: PerfRecord) -> str:
@@ -322,5 +351,5 @@ def figures(results: RunResults) -> list[str]:
     precisions = list(results.models) or sorted({r.precision for r in local})
     if any(r.is_endpoint for r in records):  # the server beside the local precisions
         precisions.append("endpoint")
-    return [throughput(records, precisions), memory(local, results.models), ttft(records), engine_timeline(records),
-            kv_over_length(records)]
+    return [throughput(records, precisions), memory(local, results.models), ttft_compared(records, precisions),
+            ttft(records), engine_timeline(records), kv_over_length(records)]
