@@ -11,9 +11,9 @@ TTFT and peak memory); this process then measures every trial through a fresh Pe
 the injections taking turns:
 - `unchanged`;
 - `ttft2`: every prefill forward (16 input tokens or more) followed by a sleep as long as its quiet time: time to
-  first token ×2, decode steps untouched (perf.local_bench.injected_prefill_slowdown);
+  first token ×2, decode steps untouched (perf.injections.injected_prefill_slowdown);
 - `mem30`: an allocation of 30% of the baseline's peak memory held through each repetition
-  (perf.local_bench.held_allocation);
+  (perf.injections.held_allocation);
 - `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower.
 The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
 the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
@@ -47,13 +47,13 @@ from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
 from pytest_infergate.outputs import baseline_entries, save_run_as_baseline  # noqa: E402
 from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
-from pytest_infergate.perf.local_bench import (  # noqa: E402
-    Bench,
+from pytest_infergate.perf.injections import (  # noqa: E402
     QuietForwardTimes,
     held_allocation,
     injected_prefill_slowdown,
     injected_slowdown,
 )
+from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.results.records import PerfRecord  # noqa: E402
 from pytest_infergate.results.run import RunResults  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402

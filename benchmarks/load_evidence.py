@@ -42,11 +42,8 @@ from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.perf.conversations import run_items  # noqa: E402
-from pytest_infergate.perf.local_bench import (  # noqa: E402
-    Bench,  # noqa: E402
-    QuietForwardTimes,
-    injected_slowdown,
-)
+from pytest_infergate.perf.injections import QuietForwardTimes, injected_slowdown  # noqa: E402
+from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 ESTIMATES = ("wall", "wall-rq main", "wall-rq mean", "wall-rq max", "wall-rq sum", "cpu main", "cpu mean", "team")

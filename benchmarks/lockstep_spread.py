@@ -26,10 +26,8 @@ from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import default_cache_dir  # noqa: E402
 from pytest_infergate.perf import lockstep  # noqa: E402
-from pytest_infergate.perf.local_bench import (
-    Bench,  # noqa: E402
-    injected_slowdown,  # noqa: E402
-)
+from pytest_infergate.perf.injections import injected_slowdown  # noqa: E402
+from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402
 
 

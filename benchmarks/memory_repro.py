@@ -29,7 +29,8 @@ def child(args) -> None:
     from pytest_infergate.engine import EngineConfig
     from pytest_infergate.models import load_model, resolve_model
     from pytest_infergate.options import DEFAULT_CPU_THREADS, default_cache_dir
-    from pytest_infergate.perf.local_bench import Bench, held_allocation
+    from pytest_infergate.perf.injections import held_allocation
+    from pytest_infergate.perf.local_bench import Bench
     from pytest_infergate.workloads import chat_workload
 
     torch.set_num_threads(DEFAULT_CPU_THREADS)

@@ -19,7 +19,7 @@ from pytest_infergate.workloads.traffic import Session, Turn
 ENV_TEST = """
 import pytest
 from pytest_infergate.engine import EngineConfig, Request
-from pytest_infergate.perf.local_bench import injected_slowdown
+from pytest_infergate.perf.injections import injected_slowdown
 
 REQS = [Request(prompt_token_ids=[5 + i] * 40, max_new_tokens=24, ignore_eos=True) for i in range(6)]
 CFG = EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20)

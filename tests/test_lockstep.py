@@ -76,7 +76,7 @@ def tracing(log, name):
 
 
 def test_steps_take_turns_and_each_side_is_timed_on_its_own_steps(tiny_fp32):
-    from pytest_infergate.perf.local_bench import injected_slowdown
+    from pytest_infergate.perf.injections import injected_slowdown
 
     bench = Bench(tiny_fp32, calibrate=False)
     log = []

@@ -59,7 +59,7 @@ def test_on_a_quiet_machine_the_estimate_is_the_wall_time():
 
 def test_an_injected_slowdown_adds_the_quiet_forward_time_whatever_the_load():
     torch = pytest.importorskip("torch")
-    from pytest_infergate.perf.local_bench import QuietForwardTimes, injected_slowdown
+    from pytest_infergate.perf.injections import QuietForwardTimes, injected_slowdown
 
     class Forward(torch.nn.Module):
         def __init__(self):
