@@ -192,3 +192,22 @@ def test_one_repetition_without_the_wait_clock_leaves_the_measurement_without_pe
     assert m.load_free_by_repetition("ttft_ms") is not None
     note_load_free_latencies(m, [SimpleNamespace()], None, {"ttft_ms": len(m.samples["ttft_ms"])})
     assert m.load_free_samples == {} and m.load_free_by_repetition("ttft_ms") is None
+
+
+def test_peak_memory_counts_what_the_work_allocated_whatever_the_allocator_kept_of_earlier_frees():
+    """64 MiB freed just before the region (glibc may keep it) and 48 MiB allocated inside it: the region's rise
+    is the 48 MiB allocated (MallocInUse), not whatever the resident set did."""
+    import torch
+
+    from pytest_infergate.process_meters import MallocInUse, PeakMemory
+
+    if MallocInUse().read() is None:
+        pytest.skip("no glibc mallinfo2 here")
+    freed = torch.ones(16 << 20)  # 64 MiB
+    del freed
+    with PeakMemory("cpu") as peak:
+        held = torch.ones(12 << 20)  # 48 MiB
+        held.add_(1)
+    del held
+    assert "malloc in use" in peak.result.method
+    assert peak.result.delta_bytes / 2**20 == pytest.approx(48, abs=2)

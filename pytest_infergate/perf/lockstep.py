@@ -105,7 +105,7 @@ class LocalSide:
     def step(self) -> bool:
         # the peak of each own step, measured from just before it: the other side's steps are not counted
         load_free = LoadFreeTimer(self.engine, self.bench.device)
-        with self.around_step(), PeakMemory(self.bench.device) as peak:
+        with self.around_step(), PeakMemory(self.bench.device, allocated=False) as peak:
             started = self.clock()
             with self.clock.running():
                 self.engine.step()

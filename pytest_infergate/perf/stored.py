@@ -396,16 +396,26 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     # figure (unchanged code read ×1.31 [1.11, 1.43] slower, docs/measurements.md), within a team's margin
     # (LOAD_FREE_RESIDUAL), which such a baseline's latencies keep whatever the threads. Understating a busy
     # *candidate* the same way can only hide a slowdown, never make one.
-    uneven = baseline.per_request and not baseline.own_waits and busy_share(baseline.others) is not None
-    residual = (interference.LOAD_FREE_RESIDUAL if uneven else
-                interference.load_free_residual(candidate, baseline, baseline_quiet=busy_share(baseline.others) is None
-                                                or bool(candidate.own_waits and baseline.own_waits)))
+    residual = stored_residual(candidate, baseline)
     bound = threshold * residual
     if low <= bound:
         return None
     return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
             f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
             f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
+
+
+def stored_residual(candidate: Side, baseline: Side) -> float:
+    """How far two load-corrected sides of a stored comparison can be off: one thread's per-repetition error
+    (interference.LOAD_FREE_RESIDUAL_ONE_THREAD) where both ran on one CPU thread and the figure is the repetition's
+    own (a throughput), each request's own (WaitClock), or only the candidate was busy; else a team's margin
+    (LOAD_FREE_RESIDUAL): a busy baseline's per-request percentile scaled by its repetition's share understates it
+    unevenly, since a time-sliced co-tenant stretches a few requests a lot and most not at all."""
+    one_thread = candidate.cpu_threads == 1 and baseline.cpu_threads == 1
+    whole = not candidate.per_request or bool(candidate.own_waits and baseline.own_waits)
+    if one_thread and (whole or busy_share(baseline.others) is None):
+        return interference.LOAD_FREE_RESIDUAL_ONE_THREAD
+    return interference.LOAD_FREE_RESIDUAL
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
