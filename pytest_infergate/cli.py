@@ -193,13 +193,17 @@ def _cmd_init(args: argparse.Namespace) -> int:
     """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
-    for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install):
+    wheel = Path(args.wheel) if args.wheel else None
+    for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel):
         print(written.line())
     print(f"next: pytest {args.tests} --infergate-model=YOUR_MODEL (the embedded model without it); put traffic "
           "files in workloads/*.jsonl; commit perf/baseline.json from the CI job's first run")
-    if args.ci != "none" and args.install == DEFAULT_INSTALL:
-        print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, rerun with --install "
-              "./wheels/pytest_infergate-<version>-py3-none-any.whl (a wheel you commit) or --install 'git+<URL>'")
+    if wheel is not None:
+        print(f"commit wheels/{wheel.name}: the CI job installs it from there")
+    elif args.ci != "none" and args.install == DEFAULT_INSTALL:
+        print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, build a wheel in a "
+              "pytest-infergate checkout (`pip wheel --no-deps -w dist .`) and rerun with --wheel "
+              "dist/pytest_infergate-<version>-py3-none-any.whl: it is copied into wheels/ for you to commit")
     return 0
 
 
@@ -272,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--install", default="pytest-infergate", metavar="SPEC",
                       help="what the CI job pip-installs (default pytest-infergate; a committed wheel's path or "
                       "'git+URL' before it is on PyPI)")
+    init.add_argument("--wheel", metavar="PATH", help="a built pytest-infergate wheel: copied into wheels/ (commit "
+                      "it) and installed by the CI job from there, until the package is on PyPI")
     init.set_defaults(func=_cmd_init)
     migrate = sub.add_parser("migrate", help="rewrite files of an older pytest-infergate: a baseline file as a "
                              "results file (a baseline is a saved run), an accepted golden file in the current schema "

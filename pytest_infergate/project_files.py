@@ -10,6 +10,7 @@ Results files and history folders need no migration (every version of them is re
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +127,8 @@ jobs:
 
 GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16,
 # int8 and nf4 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay
-# on the runner's disk. Strict is on: one runner class, so an inconclusive verdict is worth a look before merging.
+# on the runner's disk. Strict is on where a baseline is compared: one runner class, so an inconclusive verdict is
+# worth a look before merging; the first run, which saves the baseline, is not strict (it has nothing to compare).
 name: infergate-gpu
 on: [pull_request, push]
 jobs:
@@ -140,10 +142,11 @@ jobs:
       - run: pip install INSTALL_SPEC
       - name: gate
         run: |
-          if [ -f perf/baseline-gpu.json ]; then baseline=--infergate-baseline=perf/baseline-gpu.json
+          if [ -f perf/baseline-gpu.json ]; then
+            baseline="--infergate-baseline=perf/baseline-gpu.json --infergate-strict"
           else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline-gpu.json; fi
           pytest TESTS_DIR $baseline --infergate-gpu --infergate-model="$MODEL" \\
-            --infergate-precisions=fp16,int8,nf4 --infergate-strict --infergate-json=infergate-results.json \\
+            --infergate-precisions=fp16,int8,nf4 --infergate-json=infergate-results.json \\
             --infergate-report=infergate-report.html --infergate-history=/data/infergate-history
       - name: summary
         if: always() && hashFiles('infergate-results.json') != ''
@@ -212,16 +215,30 @@ def gate_test() -> str:
     return GATE_TEST.replace("DEFAULT_POLICIES_TEXT", policies)
 
 
-def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL
-                 ) -> list[Written]:
+def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL,
+                 wheel: Path | None = None) -> list[Written]:
     """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`,
     `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job (`ci`: a key of CI_FILES, or
-    none)."""
+    none). `wheel`: a built pytest-infergate wheel, copied into `wheels/` (to commit) and installed by the job from
+    there (until the package is on PyPI)."""
     if ci not in (*CI_FILES, "none"):
         raise OptionError(f"--ci {ci!r} is not known: choose {', '.join(CI_FILES)} or none")
     root = Path(folder)
     if root.exists() and not root.is_dir():
         raise OptionError(f"{root} is a file: give the project's folder")
+    copied = []
+    if wheel is not None:
+        wheel = Path(wheel)
+        if not wheel.is_file() or not wheel.name.startswith("pytest_infergate-") or wheel.suffix != ".whl":
+            raise OptionError(f"--wheel {wheel}: not a pytest-infergate wheel file; build one in a checkout with "
+                              "`pip wheel --no-deps -w dist .` and pass "
+                              "dist/pytest_infergate-<version>-py3-none-any.whl")
+        target = root / "wheels" / wheel.name
+        install = f"./wheels/{wheel.name}"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(wheel, target)
+        copied.append(Written(target, kept=False))
     files = {Path(tests) / "test_inference_gate.py": gate_test(), Path(tests) / "conftest.py": CONFTEST,
              Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
     if ci != "none":
@@ -236,7 +253,7 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(Written(path, kept=False))
-    return written
+    return copied + written
 
 
 def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:

@@ -134,3 +134,31 @@ def test_a_conftest_an_older_init_wrote_still_imports_its_workload_reader():
         module = importlib.import_module("pytest_infergate.workload_files")
     from pytest_infergate.workloads import from_file
     assert module.from_file is from_file
+
+
+def test_init_copies_a_built_wheel_into_the_project_and_the_job_installs_it_from_there(tmp_path):
+    """Until the package is on PyPI: `infergate init --wheel PATH` puts the wheel where the job's install step finds
+    it (wheels/, to commit); a path that is no pytest-infergate wheel says how to build one."""
+    built = tmp_path / "dist/pytest_infergate-0.4.0-py3-none-any.whl"
+    built.parent.mkdir()
+    built.write_bytes(b"PK")
+    project = tmp_path / "project"
+    written = init_project(project, ci="github", wheel=built)
+    copied = project / "wheels" / built.name
+    assert written[0].path == copied and copied.read_bytes() == b"PK"
+    job = (project / ".github/workflows/infergate.yml").read_text()
+    assert f"pip install ./wheels/{built.name}" in job
+    with pytest.raises(OptionError, match="not a pytest-infergate wheel file; build one in a checkout with"):
+        init_project(tmp_path / "other", wheel=tmp_path / "missing.whl")
+
+
+def test_the_gpu_job_is_strict_only_where_it_compares_with_a_baseline(tmp_path):
+    """The first run saves the baseline and has nothing to compare: strict there would fail a busy runner's run
+    although the baseline was written."""
+    init_project(tmp_path, ci="github-gpu")
+    job = yaml.safe_load((tmp_path / ".github/workflows/infergate-gpu.yml").read_text())
+    steps = next(step["run"] for step in job["jobs"]["gate"]["steps"] if step.get("name") == "gate")
+    compare, save = steps.split("else", 1)
+    assert "--infergate-strict" in compare and "--infergate-baseline=" in compare
+    assert "--infergate-strict" not in save.split("fi", 1)[0]
+    assert steps.count("--infergate-strict") == 1
