@@ -209,9 +209,9 @@ class RunVerdict:
         return sum(1 for r in self.reasons if r.what == NOTHING_COMPARED)
 
     def qualifier(self) -> str:
-        """What a pass rests on where relative checks compared nothing: " — 3 perf gates on budgets only, nothing
-        compared with a baseline" (a first run, the run that saves one); "" otherwise."""
-        if self.status != Status.PASS or not self.compared_nothing:
+        """What the verdict rests on where relative checks compared nothing: " — 3 perf gates on budgets only,
+        nothing compared with a baseline" (a first run, the run that saves one); "" otherwise."""
+        if not self.compared_nothing:  # said whatever the status: a warning may make a first run inconclusive
             return ""
         n = self.compared_nothing
         return f" — {n} perf gate{'s' if n != 1 else ''} on budgets only, nothing compared with a baseline"
