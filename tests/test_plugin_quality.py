@@ -70,9 +70,15 @@ def test_golden_regression_lifecycle(golden_project):
     tampered = json.loads(lines[2])
     tampered["token_ids"][0] = (tampered["token_ids"][0] + 1) % 200 + 3
     path.write_text("\n".join([lines[0], lines[1], json.dumps(tampered)] + lines[3:]) + "\n")
+    # nf4's quality against fp32 is as accepted: the changed output is listed, and passes
+    listed = run("-k", "test_regression")
+    listed.assert_outcomes(passed=2)
+    listed.stdout.fnmatch_lines(["*golden PASS*nf4: 1 of 4 outputs changed, 1 drift*judged quality against the "
+                                 "reference, this run's vs as accepted in cpu-nf4.jsonl*"])
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    nf4: exact=1\n")  # token for token, opted in
     result = run("-k", "test_regression")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*",
+    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*", "*exact=1: 1 of 4 outputs changed*",
                                  f"*{tampered['id']}*first divergence at token 0*"])
 
     path.write_text(lines[0] + "\n{broken\n")
