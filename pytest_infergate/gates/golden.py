@@ -126,7 +126,7 @@ class GoldenGate:
                                       *self.backend(), undecided=decision.undecided, decided_by=decided_by))
         if decision.problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
-            self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy "
+            self.ctx.fail(f"quality of {result.precision} vs {result.reference} breaks the policy "
                           f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\nworst samples:\n{worst}")
         return result
 

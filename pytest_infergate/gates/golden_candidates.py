@@ -148,7 +148,7 @@ def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: 
     if any(st is not None and st.kl for st in stats):
         notes = notes + ["KL is KL(endpoint top-k || reference) along the endpoint's own continuation; top-1 is "
                          "agreement of the endpoint's top token with the reference's argmax there"]
-    result.notes = notes
+    result.notes = [*notes, *result.notes]
     return result
 
 
