@@ -86,6 +86,25 @@ def test_golden_regression_lifecycle(golden_project):
     result.stdout.fnmatch_lines(["*cpu-nf4.jsonl:2: not valid JSON*"])
 
 
+def test_a_quantization_is_compared_with_the_one_it_replaces(golden_project):
+    """docs/guides/quantization.md: int8 -> nf4 directly, int8 as the reference precision; nf4's accepted outputs
+    record their figures against int8, and the regression gate compares those."""
+    pytester, run = golden_project
+    pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(min_top1=0.0, max_mean_kl=50)"))
+    direct = ("--infergate-reference-precision=int8", "--infergate-precisions=nf4", "--infergate-json=out.json")
+    result = run(*direct, "-k", "test_quality")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*quality PASS*nf4 vs int8 (4 samples*"])
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "quality"]
+    assert record["precision"] == "nf4" and record["reference_precision"] == "int8"
+    run(*direct, "-k", "test_regression", "--infergate-update-golden").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "golden").rglob("cpu-nf4.jsonl")
+    assert json.loads(path.read_text().splitlines()[0])["figures_against"] == "int8"
+    again = run(*direct, "-k", "test_regression")
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["*golden PASS*nf4: 0 of 4 outputs changed*judged quality against the reference*"])
+
+
 # ---- the regression gate: drift vs near-ties, headers, batch invariance ------------------------------------------
 
 CHAT = ["capital?", "def f():", "春天", "hello there", "count to ten", "what is 2+2", "tell me a story", "json please"]
