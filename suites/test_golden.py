@@ -17,8 +17,8 @@ expects it and shows it; losing every answer of a category is a collapse, and fa
 int8's and nf4's tokens are not reproduced on another machine (kernels, CPU model), nor across a library upgrade on
 this one: the gate decides on this run's quality against its own fp32 reference compared per sample with the figures
 recorded when the outputs were accepted (pytest_infergate/quality/travel.py); fp32 compares token for token. Accepted
-files that record no figures (the Intel Xeon and AMD EPYC AVX2 files shipped here) keep the token rule on their own
-machine, saying so, until they are accepted again."""
+files that record no figures (the AMD EPYC AVX2 files shipped here) keep the token rule on their own machine, saying
+so, until they are accepted again."""
 
 # Batch invariance runs on part of the sample set (every variant but the fixed-composition run is generated again,
 # the samples alone one by one: 57% of the golden suite's CPU time with 12 samples): the 6 long-form samples, whose
