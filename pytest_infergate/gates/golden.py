@@ -145,25 +145,27 @@ class GoldenGate:
                 self.ctx.fail(str(exc))
         return self.comparisons[key]
 
-    def _figures(self, samples: list[GoldenSample]) -> tuple[str, dict[str, SampleFigures]] | str:
-        """(reference precision, sample id -> this machine's figures against it) for a local precision that is
-        not the reference; else why there are none: the reference itself, or an endpoint (its accepted outputs are
-        per server, not per machine)."""
+    def _no_figures(self) -> str:
+        """Why this candidate has no figures against a reference precision ("" where it has): the reference itself,
+        or an endpoint (its accepted outputs are per server, not per machine)."""
         if not hasattr(self.candidate, "provenance"):
             return "a served model's accepted outputs record no figures: its tokens decide"
-        reference = self._reference().record.requested_precision
-        if reference == self.precision:
+        if self._reference().record.requested_precision == self.precision:
             return f"{self.precision} is the reference precision: its tokens decide"
-        return reference, {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples}
+        return ""
+
+    def _figures(self, samples: list[GoldenSample]) -> tuple[str, dict[str, SampleFigures]]:
+        """(reference precision, sample id -> this run's figures against it): the comparison check() makes."""
+        return (self._reference().record.requested_precision,
+                {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples})
 
     def _by_quality(self, samples, default_path: Path, environment, accepted: GoldenOutputs, path: Path,
                     regression) -> tuple[TravelDecision | None, str, str]:
         """(the quality decision (quality.travel), the file whose figures it used, why there is none). The figures
         of `accepted` when it records them; on another machine else those of the file beside it that does (what
         travels is the same on every machine). On this machine a file without figures keeps the token rule."""
-        now = self._figures(samples)
-        if isinstance(now, str):
-            return None, "", now
+        if why := self._no_figures():
+            return None, "", why
         source, recorded = path, accepted
         if not accepted.header.get("figures_against"):
             found = with_figures(default_path, environment) if regression.other_machine else None
@@ -171,8 +173,9 @@ class GoldenGate:
                 return None, "", (f"{path.name} was accepted before quality figures were stored: its tokens decide "
                                   "until its outputs are accepted again with --infergate-update-golden")
             source, recorded = found, self._read_or_fail(found)
-        decision, why = decide_against(recorded, source.name, *now, {s.id: s.category for s in samples},
-                                       regression.policy.travel, bool(regression.other_machine))
+        decision, why = decide_against(recorded, source.name, *self._figures(samples),
+                                       {s.id: s.category for s in samples}, regression.policy.travel,
+                                       bool(regression.other_machine))
         return decision, source.name, why
 
     def check_regression(self, limit: int | None = None, categories=None, policy: dict | None = None):
@@ -215,12 +218,9 @@ class GoldenGate:
         rules = RegressionPolicy.of(self.policy(policy).rules, self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
-        if regression.by_quality:
+        if regression.by_quality:  # where quality cannot decide, the verdict's decided_by says why the tokens do
             regression.travel, regression.travel_source, regression.token_rule_why = self._by_quality(
                 samples, default_path, environment, old, path, regression)
-            if regression.token_rule_why and not regression.other_machine:  # said on a pass too: why tokens decide
-                self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"{self.precision}: {regression.token_rule_why}",
-                                     status=Status.PASS))
         decision = Decision(regression.problems(), regression.undecided())
         problems, undecided = decision.problems, decision.undecided
         self.ctx.record(GoldenRecord(self.ctx.test_id, decision.status, regression.precision,
@@ -239,10 +239,9 @@ class GoldenGate:
     def _update(self, path: Path, default_path: Path, header: dict, samples: list[GoldenSample], current: list) -> None:
         """--infergate-update-golden: `path` rewritten with `current`, each output with this run's figures against the
         reference precision (what the quality decision compares with later), and what changed recorded."""
-        now = self._figures(samples)
         outputs = self.candidate.to_accept(samples, current)
-        if not isinstance(now, str):
-            header["figures_against"], figures = now
+        if not self._no_figures():
+            header["figures_against"], figures = self._figures(samples)
             for output in outputs:
                 if output.id in figures:
                     output.figures = figures[output.id].to_dict()
