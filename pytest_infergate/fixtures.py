@@ -141,10 +141,12 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     `infergate_quality` policy (marker or ini; where neither sets a threshold, the default of the precision's class,
     e.g. int8 min_top1=0.9, max_mean_kl=0.05), each threshold decided on its 95% interval over the samples
     (straddling: inconclusive); `infergate_golden.check_regression()` compares it with its own accepted golden
-    outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
-    candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
-    (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
-    no local model - and `check_regression()` with its own accepted outputs."""
+    outputs (the changes listed; int8 and nf4 judged by their quality against the reference compared with the
+    figures accepted with the outputs, the reference precision by its tokens; `exact=1` token for token). Both
+    accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the candidate is
+    the server (greedy, temperature 0): `check()` compares it with the local reference precision (policy scope
+    `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and no local model -
+    and `check_regression()` with its own accepted outputs."""
     from pytest_infergate.gates.golden import GoldenGate
     from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
 

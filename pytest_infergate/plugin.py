@@ -203,7 +203,7 @@ def chat_only_problems(config: pytest.Config, items: list[pytest.Item]) -> list[
             return []
         why = "--infergate-endpoint-api completions sends chat messages as a plain-text transcript"
     else:
-        from pytest_infergate.workloads.request import has_chat_template
+        from pytest_infergate.workloads.transcript import has_chat_template
 
         try:
             tokenizer = session_of(config).resources.pool.tokenizer

@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pytest_infergate.workloads.request import Request, plain_text, render_prompt
+from pytest_infergate.workloads.request import Request, render_prompt
+from pytest_infergate.workloads.transcript import (
+    answer_end,
+    answer_tokens,
+    next_turn_markers,
+    plain_text,
+    transcript_stops,
+)
 
 BASE_RUN = """
 import pytest
@@ -41,6 +49,94 @@ def test_chat_messages_reach_a_base_model_as_a_plain_transcript():
 
     ids = render_prompt(BaseTokenizer(), Request(messages=messages[1:2]))
     assert "".join(map(chr, ids)) == "User: Capital of France?\n\nAssistant:"
+
+
+class CharTokenizer:
+    """A base model's tokenizer (no chat template), one token per character."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+RUN_ON = " Paris.\n\nUser: And of Italy?\n\nAssistant: Rome."  # a base model writing the next turns itself
+
+
+def test_a_base_models_answer_ends_at_the_next_turn_marker():
+    """Issue #55 point 6c: the transcript's next speaker label at the start of a line ends the answer; the tokens
+    kept are the longest prefix whose text ends before it."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+    assert next_turn_markers(messages) == ("\nAssistant:", "\nUser:")
+    assert next_turn_markers([{"role": "tool", "content": "42"}]) == ("\nAssistant:", "\nTool:", "\nUser:")
+    assert answer_end(RUN_ON, next_turn_markers(messages)) == len(" Paris.")
+    assert answer_end(" Paris. User: not at a line's start", ("\nUser:",)) is None
+    decode = CharTokenizer().decode
+    ids = [ord(c) for c in RUN_ON]
+    assert decode(ids[:answer_tokens(ids, decode, ("\nUser:",))]) == " Paris."
+    assert answer_tokens(ids, decode, ()) == len(ids)  # a chat model's answer: its own end of turn ends it
+    assert transcript_stops(CharTokenizer(), messages) == next_turn_markers(messages)
+    assert transcript_stops(CharTokenizer(), None) == ()
+
+    class ChatTokenizer(CharTokenizer):
+        chat_template = "{{ messages }}"
+
+    assert transcript_stops(ChatTokenizer(), messages) == ()
+
+
+def test_golden_answers_of_a_base_model_stop_at_the_next_turn(monkeypatch):
+    """The golden run asks the backend to stop at the markers and cuts what came back before them, tokens and
+    log-probabilities too (HF generate, which does not stop, ran on); a chat model's requests carry no stop."""
+    from pytest_infergate.quality.golden_files import GoldenSample
+    from pytest_infergate.quality.golden_generation import golden_method, golden_requests, run_samples
+
+    sample = GoldenSample("q0", "factual", ({"role": "user", "content": "Capital of France?"},), None, 64)
+    asked = []
+
+    class Backend:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def generate(self, requests):
+            asked.extend(requests)
+            ids = [ord(c) for c in RUN_ON]
+            return [SimpleNamespace(prompt_token_ids=[1], token_ids=ids, text=RUN_ON,
+                                    top_logprobs=[([i], [0.0]) for i in ids]) for _ in requests]
+
+    loaded = SimpleNamespace(tokenizer=CharTokenizer(), model=None, record=None,
+                             backend=SimpleNamespace(build=lambda model, tokenizer, config: Backend()))
+    (answer,) = run_samples(loaded, [sample]).outputs
+    assert asked[0].stop_strings == ("\nAssistant:", "\nUser:")
+    assert answer.text == " Paris." and len(answer.token_ids) == len(answer.top_logprobs) == len(" Paris.")
+
+    class ChatTokenizer(CharTokenizer):
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+            return [1, 2, 3]
+
+    (chat,) = golden_requests([sample], ChatTokenizer(), 2048)
+    assert chat.stop_strings == ()
+    assert golden_method(plain_text=True)["answer"].startswith("plain-text transcript")
+    assert "answer" not in golden_method()  # a chat model's accepted files keep their method
+
+
+def test_a_base_models_served_answer_is_cut_at_the_next_turn():
+    from pytest_infergate.endpoint.client import EndpointResult
+    from pytest_infergate.gates.golden_candidates import until_next_turn
+
+    pieces = [" Paris", ".", "\n\n", "User", ":", " And"]
+    served = EndpointResult("q0", text="".join(pieces), logprobs=[{"token": p, "logprob": -0.1, "top": {}}
+                                                                 for p in pieces])
+    cut = until_next_turn(served, ("\nUser:",))
+    assert cut.text == " Paris." and [e["token"] for e in cut.logprobs] == [" Paris", "."]
+    assert until_next_turn(served, ()) is served
 
 
 @pytest.fixture

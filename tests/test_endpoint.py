@@ -14,7 +14,7 @@ from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPatte
 from pytest_infergate.endpoint.loadgen import LoadRun
 from pytest_infergate.engine import Request
 from pytest_infergate.errors import OptionError
-from pytest_infergate.workloads.request import plain_text
+from pytest_infergate.workloads.transcript import plain_text
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 

@@ -1,8 +1,9 @@
-"""Golden verdicts on a machine the accepted outputs were not recorded on (quality.travel), through pytest on
-tiny-random-llama: the accepted file records nf4's figures against fp32; every accepted file then claims another
-machine, and the gate decides on what travels."""
+"""Golden verdicts decided by quality against what was accepted (quality.travel), through pytest on tiny-random-llama:
+the accepted file records nf4's figures against fp32. On this machine, and with every accepted file claiming another
+machine, nf4's changed tokens are listed and its figures against fp32, compared with the accepted ones, decide."""
 
 import json
+import re
 
 import pytest
 
@@ -115,5 +116,62 @@ def test_an_inconclusive_golden_check_names_the_action_that_decides_it(travel_pr
     decided.assert_outcomes(passed=1)
     record = golden_records(pytester)["nf4"]
     assert record["status"] == "pass" and record["undecided"] == []
-    assert record["decided_by"] == "token for token against this machine's accepted outputs"
+    assert re.fullmatch(r"quality against the reference, this run's vs as accepted in cpu-nf4\.[\w-]+\.jsonl "
+                        r"\(changed tokens listed\)", record["decided_by"]), record["decided_by"]  # this machine's
     decided.stdout.fnmatch_lines(["*infergate verdict: PASS*"])
+
+
+def test_on_this_machine_quality_decides_and_exact_restores_the_token_rule(travel_project, monkeypatch):
+    """Issue #55 point 3, on the machine that accepted the outputs: last-bit noise that changes nf4's tokens passes
+    with the changes listed (quality against fp32 as accepted); a broken first MLP fails naming the figures; under
+    `exact=1` the same noise fails token for token. fp32, the reference, keeps its tokens deciding."""
+    pytester, run, fp32, nf4 = travel_project
+    monkeypatch.setenv("INFERGATE_TEST_CHANGE", "numerics")
+    numerics = run()
+    numerics.assert_outcomes(passed=2)
+    records = golden_records(pytester)
+    changed = records["nf4"]["changed"]
+    assert changed, "the noise changed no nf4 output: the test would prove nothing"
+    assert records["nf4"]["status"] == "pass" and records["nf4"]["problems"] == []
+    assert records["nf4"]["decided_by"] == ("quality against the reference, this run's vs as accepted in "
+                                            "cpu-nf4.jsonl (changed tokens listed)")
+    assert "top1 " in records["nf4"]["travel"] and "≤ margin" in records["nf4"]["travel"]
+    assert records["fp32"]["decided_by"] == "token for token against this machine's accepted outputs"
+    numerics.stdout.fnmatch_lines([f"*golden PASS*nf4: {len(changed)} of 12 outputs changed*; judged quality against "
+                                   "the reference, this run's vs as accepted in cpu-nf4.jsonl*"])
+
+    monkeypatch.setenv("INFERGATE_TEST_CHANGE", "broken")
+    broken = run("-k", "nf4")
+    broken.assert_outcomes(failed=1)
+    (why,) = golden_records(pytester)["nf4"]["problems"]
+    assert why.startswith("quality against the reference fell beyond the margins compared with those accepted with "
+                          "the outputs: top1 ")
+    assert "> margin 0.05" in why and "categories that fell most: " in why
+    broken.stdout.fnmatch_lines(["*golden outputs of nf4 changed*", "*quality against the reference fell beyond the "
+                                 "margins compared with those accepted with the outputs: top1 *"])
+
+    monkeypatch.setenv("INFERGATE_TEST_CHANGE", "numerics")
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    nf4: exact=1\n")
+    exact = run("-k", "nf4")
+    exact.assert_outcomes(failed=1)
+    record = golden_records(pytester)["nf4"]
+    assert record["decided_by"] == "token for token against this machine's accepted outputs"
+    assert record["problems"][0].startswith(f"exact=1: {len(changed)} of 12 outputs changed")
+
+
+def test_a_file_accepted_before_figures_were_stored_keeps_the_token_rule_and_says_so(travel_project, monkeypatch):
+    pytester, run, fp32, nf4 = travel_project
+    header, *lines = nf4.read_text().splitlines()
+    header = json.loads(header)
+    header.pop("figures_against")
+    stripped = [json.dumps({k: v for k, v in json.loads(line).items() if k != "figures"}) for line in lines]
+    nf4.write_text("\n".join([json.dumps(header)] + stripped) + "\n")
+    monkeypatch.setenv("INFERGATE_TEST_CHANGE", "broken")
+    result = run("-k", "nf4")
+    result.assert_outcomes(failed=1)
+    record = golden_records(pytester)["nf4"]
+    said = "cpu-nf4.jsonl was accepted before quality figures were stored: its tokens decide until its outputs are " \
+           "accepted again with --infergate-update-golden"
+    assert record["decided_by"] == f"token for token against this machine's accepted outputs ({said})"
+    assert record["problems"][0].startswith("drift in ") and record["problems"][0].endswith(said)
+    result.stdout.fnmatch_lines([f"*{said}*"])

@@ -7,7 +7,7 @@ import pytest
 from pytest_infergate.errors import CacheCorrupted, ModelLoadError
 from pytest_infergate.models import load_model, resolve_model
 from pytest_infergate.models.cache import META_NAME, ensure_entry, read_meta
-from pytest_infergate.models.sources import check_gguf
+from pytest_infergate.models.gguf_files import check_gguf
 from pytest_infergate.requirements import PRECISIONS
 
 
@@ -178,7 +178,7 @@ def test_gguf_is_read_once_during_a_conversion(tmp_path):
     import gguf
     import numpy as np
 
-    from pytest_infergate.models.sources import read_gguf_once
+    from pytest_infergate.models.gguf_files import read_gguf_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -70,14 +70,39 @@ def test_golden_regression_lifecycle(golden_project):
     tampered = json.loads(lines[2])
     tampered["token_ids"][0] = (tampered["token_ids"][0] + 1) % 200 + 3
     path.write_text("\n".join([lines[0], lines[1], json.dumps(tampered)] + lines[3:]) + "\n")
+    # nf4's quality against fp32 is as accepted: the changed output is listed, and passes
+    listed = run("-k", "test_regression")
+    listed.assert_outcomes(passed=2)
+    listed.stdout.fnmatch_lines(["*golden PASS*nf4: 1 of 4 outputs changed, 1 drift*judged quality against the "
+                                 "reference, this run's vs as accepted in cpu-nf4.jsonl*"])
+    pytester.makeini("[pytest]\ninfergate_quality_policy =\n    nf4: exact=1\n")  # token for token, opted in
     result = run("-k", "test_regression")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*",
+    result.stdout.fnmatch_lines(["*1 of 4 golden outputs of nf4 changed*", "*exact=1: 1 of 4 outputs changed*",
                                  f"*{tampered['id']}*first divergence at token 0*"])
 
     path.write_text(lines[0] + "\n{broken\n")
     result = run("-k", "test_regression")
     result.stdout.fnmatch_lines(["*cpu-nf4.jsonl:2: not valid JSON*"])
+
+
+def test_a_quantization_is_compared_with_the_one_it_replaces(golden_project):
+    """docs/guides/quantization.md: int8 -> nf4 directly, int8 as the reference precision; nf4's accepted outputs
+    record their figures against int8, and the regression gate compares those."""
+    pytester, run = golden_project
+    pytester.makepyfile(TEST_FILE.format(marker="@pytest.mark.infergate_quality(min_top1=0.0, max_mean_kl=50)"))
+    direct = ("--infergate-reference-precision=int8", "--infergate-precisions=nf4", "--infergate-json=out.json")
+    result = run(*direct, "-k", "test_quality")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*quality PASS*nf4 vs int8 (4 samples*"])
+    (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "quality"]
+    assert record["precision"] == "nf4" and record["reference_precision"] == "int8"
+    run(*direct, "-k", "test_regression", "--infergate-update-golden").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "golden").rglob("cpu-nf4.jsonl")
+    assert json.loads(path.read_text().splitlines()[0])["figures_against"] == "int8"
+    again = run(*direct, "-k", "test_regression")
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["*golden PASS*nf4: 0 of 4 outputs changed*judged quality against the reference*"])
 
 
 # ---- the regression gate: drift vs near-ties, headers, batch invariance ------------------------------------------

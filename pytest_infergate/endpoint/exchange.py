@@ -17,7 +17,8 @@ import httpx
 
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.options import Options, check_endpoint_settings
-from pytest_infergate.workloads.request import RequestLatencies, plain_text
+from pytest_infergate.workloads.request import RequestLatencies
+from pytest_infergate.workloads.transcript import plain_text
 
 SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
 

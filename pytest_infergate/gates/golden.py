@@ -42,7 +42,7 @@ from pytest_infergate.quality.policy import (
     resolve_policy,
 )
 from pytest_infergate.quality.policy import decide as decide_quality
-from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide
+from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide_against
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Decision, Finding, Status
 
@@ -126,7 +126,7 @@ class GoldenGate:
                                       *self.backend(), undecided=decision.undecided, decided_by=decided_by))
         if decision.problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
-            self.ctx.fail(f"quality of {result.precision} vs {result.reference_precision} breaks the policy "
+            self.ctx.fail(f"quality of {result.precision} vs {result.reference} breaks the policy "
                           f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\nworst samples:\n{worst}")
         return result
 
@@ -145,42 +145,46 @@ class GoldenGate:
                 self.ctx.fail(str(exc))
         return self.comparisons[key]
 
-    def _figures(self, samples: list[GoldenSample]) -> tuple[str, dict[str, SampleFigures]] | None:
-        """(reference precision, sample id -> this machine's figures against it) for a local precision that is
-        not the reference; None for the reference itself and for an endpoint (its accepted outputs are per server,
-        not per machine)."""
+    def _no_figures(self) -> str:
+        """Why this candidate has no figures against a reference precision ("" where it has): the reference itself,
+        or an endpoint (its accepted outputs are per server, not per machine)."""
         if not hasattr(self.candidate, "provenance"):
-            return None
-        reference = self._reference().record.requested_precision
-        if reference == self.precision:
-            return None
-        return reference, {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples}
+            return "a served model's accepted outputs record no figures: its tokens decide"
+        if self._reference().record.requested_precision == self.precision:
+            return f"{self.precision} is the reference precision: its tokens decide"
+        return ""
 
-    def _travel(self, samples, default_path: Path, environment, accepted: GoldenOutputs, path: Path,
-                rules: RegressionPolicy) -> tuple[TravelDecision | None, str]:
-        """The other-machine decision (quality.travel) and the file whose figures it used: `accepted` when it
-        records them, else the file beside it that does."""
+    def _figures(self, samples: list[GoldenSample]) -> tuple[str, dict[str, SampleFigures]]:
+        """(reference precision, sample id -> this run's figures against it): the comparison check() makes."""
+        return (self._reference().record.requested_precision,
+                {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples})
+
+    def _by_quality(self, samples, default_path: Path, environment, accepted: GoldenOutputs, path: Path,
+                    regression) -> tuple[TravelDecision | None, str, str]:
+        """(the quality decision (quality.travel), the file whose figures it used, why there is none). The figures
+        of `accepted` when it records them; on another machine else those of the file beside it that does (what
+        travels is the same on every machine). On this machine a file without figures keeps the token rule."""
+        if why := self._no_figures():
+            return None, "", why
         source, recorded = path, accepted
         if not accepted.header.get("figures_against"):
-            found = with_figures(default_path, environment)
+            found = with_figures(default_path, environment) if regression.other_machine else None
             if found is None:
-                return None, ""
+                return None, "", (f"{path.name} was accepted before quality figures were stored: its tokens decide "
+                                  "until its outputs are accepted again with --infergate-update-golden")
             source, recorded = found, self._read_or_fail(found)
-        now = self._figures(samples)
-        if now is None:
-            return None, ""
-        reference, figures = now
-        if recorded.header.get("figures_against") != reference:
-            return None, ""  # figures against another reference precision do not compare
-        accepted_figures = {id_: SampleFigures.from_dict(output.figures)
-                            for id_, output in recorded.outputs.items() if output.figures is not None}
-        return decide(accepted_figures, figures, {s.id: s.category for s in samples}, rules.travel), source.name
+        decision, why = decide_against(recorded, source.name, *self._figures(samples),
+                                       {s.id: s.category for s in samples}, regression.policy.travel,
+                                       bool(regression.other_machine))
+        return decision, source.name, why
 
     def check_regression(self, limit: int | None = None, categories=None, policy: dict | None = None):
-        """This precision's current outputs vs its own accepted golden outputs, token for token. Each changed sample
-        is a near-tie (numerics at a tie: reported, passes) or drift (fails beyond `max_drift_share`); `exact=1`
-        fails on any change. With --infergate-update-golden the accepted outputs are rewritten instead (and the
-        changes printed). Returns the GoldenRegression (None after an update)."""
+        """This precision's current outputs vs its own accepted golden outputs. Each changed sample is a near-tie
+        (numerics at a tie) or drift. For int8 and nf4 (`gate_tokens=0`) quality against the reference precision,
+        compared with the figures recorded when the outputs were accepted, decides and the changes are listed; for
+        the reference precision (and `gate_tokens=1`, or an accepted file without figures) drift fails beyond
+        `max_drift_share`; `exact=1` fails on any change. With --infergate-update-golden the accepted outputs are
+        rewritten instead (and the changes printed). Returns the GoldenRegression (None after an update)."""
         from pytest_infergate.quality.regression import regression_failure
 
         samples = self.samples(limit, categories)
@@ -195,19 +199,9 @@ class GoldenGate:
         environment = provenance.get("environment")  # the accepted file of this machine (golden_machines)
         path, match = ((path_to_update(default_path, environment), SAME_MACHINE) if update
                        else select_accepted(default_path, environment))
-        backend, why = self.backend()
         if update:
-            figures = self._figures(samples)
-            if figures is not None:
-                header["figures_against"] = figures[0]
-            created = not path.exists()
-            changes = self._update(path, header, samples, current, figures[1] if figures else None)
-            if path != default_path and created:
-                changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on "
-                                  "another machine, kept)")
-            self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
-                                         changes=changes, backend=backend, backend_reason=why))
-            return None
+            return self._update(path, default_path, header, samples, current)
+        backend, why = self.backend()
         old = self._read_or_fail(path) if path.exists() else None
         model_change = ""
         if old is None and (previous := accepted_for_another_model(default_path)) is not None:
@@ -224,9 +218,9 @@ class GoldenGate:
         rules = RegressionPolicy.of(self.policy(policy).rules, self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
-        if regression.travels:
-            regression.travel, regression.travel_source = self._travel(samples, default_path, environment, old, path,
-                                                                             rules)
+        if regression.by_quality:  # where quality cannot decide, the verdict's decided_by says why the tokens do
+            regression.travel, regression.travel_source, regression.token_rule_why = self._by_quality(
+                samples, default_path, environment, old, path, regression)
         decision = Decision(regression.problems(), regression.undecided())
         problems, undecided = decision.problems, decision.undecided
         self.ctx.record(GoldenRecord(self.ctx.test_id, decision.status, regression.precision,
@@ -242,17 +236,27 @@ class GoldenGate:
                           + regression_failure(regression, problems, path, old.header))
         return regression
 
-    def _update(self, path: Path, header: dict, samples: list[GoldenSample], current: list,
-                figures: dict[str, SampleFigures] | None = None) -> list[str]:
+    def _update(self, path: Path, default_path: Path, header: dict, samples: list[GoldenSample], current: list) -> None:
+        """--infergate-update-golden: `path` rewritten with `current`, each output with this run's figures against the
+        reference precision (what the quality decision compares with later), and what changed recorded."""
         outputs = self.candidate.to_accept(samples, current)
-        for output in outputs:  # this machine's quality against the reference: what decides on another machine
-            if figures and output.id in figures:
-                output.figures = figures[output.id].to_dict()
+        if not self._no_figures():
+            header["figures_against"], figures = self._figures(samples)
+            for output in outputs:
+                if output.id in figures:
+                    output.figures = figures[output.id].to_dict()
+        created = not path.exists()
         try:
-            return update_outputs(path, header, outputs, [sample.id for sample in self.samples()])
+            changes = update_outputs(path, header, outputs, [sample.id for sample in self.samples()])
         except (OSError, InfergateError) as exc:
             self.ctx.fail(f"--infergate-update-golden could not write {path}: {exc}; the accepted file is left as it "
                           "was")
+        if path != default_path and created:
+            changes.insert(0, f"a file for this machine, beside {default_path.name} (accepted on another machine, "
+                              "kept)")
+        backend, why = self.backend()
+        self.ctx.record(GoldenRecord(self.ctx.test_id, Status.PASS, self.precision, str(path), updated=True,
+                                     changes=changes, backend=backend, backend_reason=why))
 
     def _read_or_fail(self, path: Path):
         try:

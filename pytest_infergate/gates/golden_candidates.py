@@ -18,7 +18,8 @@ from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs
 from pytest_infergate.quality.metrics import TokenStats
 from pytest_infergate.quality.regression import compare_with_golden, outputs_to_accept
 from pytest_infergate.quality.scoring import QualityResult, ScoreCache, compare_with_reference
-from pytest_infergate.workloads.request import Request, plain_text, render_prompt
+from pytest_infergate.workloads.request import Request, render_prompt
+from pytest_infergate.workloads.transcript import answer_end, next_turn_markers, plain_text
 
 TOP_LOGPROBS = 5
 GOLDEN_CONCURRENCY = 4
@@ -48,9 +49,10 @@ def ask_greedy(config: EndpointConfig, samples: list[GoldenSample], top_logprobs
     if config.api == "chat" and any(r.prompt is not None for r in requests):
         requests = [replace(r, messages=[{"role": "user", "content": r.prompt}], prompt=None) if r.prompt else r
                     for r in requests]
-    if config.api == "completions":  # a base model's server: chat samples as the engine sends a base model them
-        requests = [replace(r, prompt=plain_text(r.messages), messages=None) if r.messages is not None else r
-                    for r in requests]
+    if config.api == "completions":  # a base model's server: chat samples as the engine sends a base model them,
+        # its answer ending where it opens the transcript's next turn
+        requests = [replace(r, prompt=plain_text(r.messages), messages=None, stop=next_turn_markers(r.messages))
+                    if r.messages is not None else r for r in requests]
     # a few in flight: a request's timeout also runs while it waits in the server's queue
     pattern = LoadPattern(concurrency=min(config.max_concurrency, GOLDEN_CONCURRENCY))
     results = run_load(config, requests, pattern, stream=False, scrape=False).results
@@ -59,6 +61,8 @@ def ask_greedy(config: EndpointConfig, samples: list[GoldenSample], top_logprobs
         results = run_load(config, [replace(r, logprobs=0) for r in requests], pattern, stream=False,
                            scrape=False).results
         notes.append(f"{config.base_url} refused logprobs: KL and top-1 were not computed")
+    stops = {r.request_id: r.stop for r in requests}
+    results = [until_next_turn(result, stops.get(result.request_id, ())) for result in results]
     failed = [r for r in results if not r.ok]
     if failed:
         raise EndpointGenerationError(f"{len(failed)} of {len(results)} golden samples got no answer from "
@@ -67,6 +71,21 @@ def ask_greedy(config: EndpointConfig, samples: list[GoldenSample], top_logprobs
     if top_logprobs and not notes and not any(r.logprobs for r in results):
         notes.append(f"{config.base_url} returned no logprobs: KL and top-1 were not computed")
     return results, notes
+
+
+def until_next_turn(result: EndpointResult, markers) -> EndpointResult:
+    """A base model's answer cut before the first next-turn marker, text and logprobs (a server that honours `stop`
+    left none; one that does not ran on into the next turn)."""
+    end = answer_end(result.text, markers) if markers else None
+    if end is None:
+        return result
+    kept, length = [], 0
+    for entry in result.logprobs:  # the tokens whose text ends before the marker
+        length += len(entry.get("token") or "")
+        if length > end:
+            break
+        kept.append(entry)
+    return replace(result, text=result.text[:end], logprobs=kept)
 
 
 def request_golden_answers(config: EndpointConfig, tokenizer, samples: list[GoldenSample],
@@ -148,7 +167,7 @@ def compare_endpoint(reference, samples: list[GoldenSample], reference_outputs: 
     if any(st is not None and st.kl for st in stats):
         notes = notes + ["KL is KL(endpoint top-k || reference) along the endpoint's own continuation; top-1 is "
                          "agreement of the endpoint's top token with the reference's argmax there"]
-    result.notes = notes
+    result.notes = [*notes, *result.notes]
     return result
 
 
@@ -243,7 +262,8 @@ class LocalCandidate:
         compositions = {Path(source).name or "(in code)": composition_id(whole)
                         for source, whole in sample_sets_of(samples).items()}
         return {"environment": golden_environment(self.loaded, runs[0].threads if runs else None),
-                "method": golden_method(self.backend.name), "compositions": compositions}
+                "method": golden_method(self.backend.name, self.loaded.record.plain_text_prompts),
+                "compositions": compositions}
 
     def regression(self, samples, current, accepted):
         from pytest_infergate.quality.regression import compare_with_golden

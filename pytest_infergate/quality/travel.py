@@ -1,11 +1,11 @@
-"""Golden verdicts that travel between machines. A quantized precision's tokens do not reproduce on another CPU model
-or kernel path, but its distance from its own reference on the same machine does: the accepted file (schema 3)
-stores per sample its top-1 agreement and KL on the reference's continuation and its task score beside the
-reference's. On another machine this run's figures against its own reference are compared with them, paired by
-sample, and a bootstrap over the samples decides: PASS when every figure's worsening is, with 95% confidence, within
-its margin (`max_top1_drop`, `max_kl_rise`, `max_task_drop`), FAIL when one is beyond it, else inconclusive, naming
-the action that decides. Why, and the spread between machines the margins come from:
-docs/explanation/quality-gates.md, 'What travels decides on another machine'.
+"""The quality decision against accepted outputs. A quantized precision's tokens do not reproduce on another CPU model
+or kernel path, nor across a library upgrade on the same machine, but its distance from its own reference does: the
+accepted file (schema 3) stores per sample its top-1 agreement and KL on the reference's continuation and its task
+score beside the reference's. This run's figures against its reference are compared with them, paired by sample, and
+a bootstrap over the samples decides: PASS when every figure's worsening is, with 95% confidence, within its margin
+(`max_top1_drop`, `max_kl_rise`, `max_task_drop`), FAIL when one is beyond it, else inconclusive, naming the action
+that decides. Why, and the spread between machines the margins come from: docs/explanation/quality-gates.md,
+'Judged by quality against what was accepted'.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_infergate import units
+from pytest_infergate.quality.golden_files import GoldenOutputs
 from pytest_infergate.stats import mean, paired_bootstrap_ci
 from pytest_infergate.status import Status
 
@@ -98,15 +99,20 @@ class TravelFigure:
                 f"({self.samples} samples)")
 
 
+ACCEPTED_ELSEWHERE = "the accepted machine's"
+ACCEPTED_HERE = "those accepted with the outputs"
+
+
 @dataclass
 class TravelDecision:
-    """This machine's figures against the accepted machine's, per figure, with the categories and samples that
-    moved most (for a failure's message)."""
+    """This run's figures against the accepted ones, per figure, with the categories and samples that moved most (for
+    a failure's message)."""
 
     figures: list[TravelFigure]
     worst_categories: list[str] = field(default_factory=list)  # "chat: top1 −0.31" where a category fell most
     worst_samples: list[str] = field(default_factory=list)  # "q3 [chat]: KL 0.02 → 0.9"
     unpaired: int = 0  # samples without figures on one side
+    accepted_as: str = ACCEPTED_ELSEWHERE  # what the figures are compared with, in the messages
 
     @property
     def status(self) -> Status:
@@ -126,21 +132,21 @@ class TravelDecision:
             where += "; categories that fell most: " + ", ".join(self.worst_categories)
         if self.worst_samples:
             where += "; samples: " + ", ".join(self.worst_samples)
-        return [f"quality against the reference fell beyond the margins compared with the accepted machine's: "
+        return [f"quality against the reference fell beyond the margins compared with {self.accepted_as}: "
                 f"{fell}{where}"]
 
     def undecided(self) -> list[str]:
         if self.status != Status.INCONCLUSIVE:
             return []
         straddling = "; ".join(f.describe() for f in self.figures if f.status == Status.INCONCLUSIVE)
-        return [f"quality against the reference neither equivalent nor fallen compared with the accepted machine's "
-                f"({straddling or 'no sample has figures on both machines'})"]
+        return [f"quality against the reference neither equivalent nor fallen compared with {self.accepted_as} "
+                f"({straddling or 'no sample has figures on both sides'})"]
 
 
 def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
-           margins: TravelMargins) -> TravelDecision:
-    """`now` (this machine, sample id -> figures against its reference) against `accepted` (the accepted file's);
-    `categories`: sample id -> category."""
+           margins: TravelMargins, accepted_as: str = ACCEPTED_ELSEWHERE) -> TravelDecision:
+    """`now` (this run, sample id -> figures against its reference) against `accepted` (the accepted file's);
+    `categories`: sample id -> category; `accepted_as`: what the accepted figures are, in the messages."""
     paired = [sample for sample in now if sample in accepted]
     figures = []
     worst_categories: dict[str, list[str]] = {}  # category -> what fell there, in the order first found
@@ -167,7 +173,21 @@ def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], ca
                 worst_categories.setdefault(name, []).append(fell)
     worst_samples = _worst_samples(accepted, now, paired, categories)
     return TravelDecision(figures, [f"{name} ({', '.join(fell)})" for name, fell in worst_categories.items()],
-                          worst_samples, unpaired=len(set(now) ^ set(accepted)))
+                          worst_samples, unpaired=len(set(now) ^ set(accepted)), accepted_as=accepted_as)
+
+
+def decide_against(recorded: GoldenOutputs, source: str, reference: str, now: dict[str, SampleFigures],
+                   categories: dict[str, str], margins: TravelMargins, other_machine: bool
+                   ) -> tuple[TravelDecision | None, str]:
+    """(`now`, this run's figures against `reference`, decided against those `recorded` (an accepted file, named
+    `source`), or None and why they do not compare: figures against another reference precision)."""
+    against = recorded.header.get("figures_against")
+    if against != reference:
+        return None, (f"{source} records figures against {against}, this run measures against {reference}: its "
+                      "tokens decide")
+    accepted = {id_: SampleFigures.from_dict(output.figures)
+                for id_, output in recorded.outputs.items() if output.figures is not None}
+    return decide(accepted, now, categories, margins, ACCEPTED_ELSEWHERE if other_machine else ACCEPTED_HERE), ""
 
 
 def _figure(metric: str, figures: SampleFigures) -> float:

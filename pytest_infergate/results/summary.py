@@ -165,7 +165,7 @@ def quality_line(group: QualityGroup) -> Line:
     if group.is_self_comparison:
         return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference}: the reference "
                     f"against itself, identical by construction{tests}{backend_tag(record)}")
-    return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {group.reference} "
+    return Line(f"  quality {group.status.value.upper():9s} {group.precision} vs {record.result.reference} "
                 f"({record.summary['samples']} samples, {units.number(record.result.seconds)} s{tests})"
                 f"{backend_tag(record)}: "
                 f"{quality_figures(record.summary)}", _color(group.status))

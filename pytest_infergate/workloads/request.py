@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pytest_infergate.errors import InfergateError, check_bool, check_int, check_number, check_str, check_token_ids
+from pytest_infergate.workloads.transcript import has_chat_template, plain_text
 
 
 class RequestError(InfergateError, ValueError):
@@ -154,26 +155,6 @@ def check_messages(messages: Any) -> None:
         if message["content"] is None:  # a chat template would fail on it deep inside jinja2
             raise RequestError(f"Request.messages[{index}]['content'] is None: give the message's text (\"\" for "
                                "an empty one)")
-
-
-# how a base model (a tokenizer without a chat template) is sent chat messages: a plain transcript
-_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": ""}
-
-
-def has_chat_template(tokenizer) -> bool:
-    return getattr(tokenizer, "chat_template", None) is not None
-
-
-def plain_text(messages) -> str:
-    """Chat messages as a base model reads them: the system message as a plain paragraph, each turn as "User: ..."
-    or "Assistant: ...", ending with "Assistant:" for the answer (the same content as the chat prompt, without a
-    template the base model never saw)."""
-    lines = []
-    for message in messages:
-        speaker = _SPEAKERS.get(message["role"], message["role"].capitalize())
-        content = str(message["content"]).strip()
-        lines.append(f"{speaker}: {content}" if speaker else content)
-    return "\n\n".join(lines + ["Assistant:"])
 
 
 def render_prompt(tokenizer, request: Request) -> list[int]:
