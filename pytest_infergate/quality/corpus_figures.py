@@ -139,6 +139,8 @@ class CorpusResult:
             rise = kl_rise(chunks, self.chunks)
             if rise is not None:
                 summary["kl_rise"], summary["kl_rise_ci"] = rise[0], [rise[1], rise[2]]
+            else:
+                accepted += ": its mean KL is 0 (a precision identical to the reference), so no rise is relative to it"
         return CorpusResult(self.precision, self.reference_precision, self.corpus, self.digest, self.chunk_tokens,
                             self.chunks, summary, self.seconds, list(self.notes), accepted)
 

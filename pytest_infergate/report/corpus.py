@@ -48,7 +48,7 @@ def corpus_sections(records: list[CorpusRecord]) -> list[CorpusSection]:
         result, s = record.result, record.result.summary
         out.append(CorpusSection(
             record.test, result.precision, result.reference_precision, record.status.value, result.corpus,
-            f"{units.number(s.get('tokens'))} tokens in {s.get('chunks', 0)} chunks of {result.chunk_tokens}",
+            f"{s.get('tokens', 0):,} tokens in {s.get('chunks', 0)} chunks of {result.chunk_tokens}",
             _with_interval(s, "mean_kl"), _with_interval(s, "top1"),
             _with_interval(s, "delta_ppl_rel", _signed_percent),
             " / ".join(units.number(s.get(k)) for k in ("p99_kl", "p999_kl", "max_kl")),
