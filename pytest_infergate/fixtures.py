@@ -141,7 +141,11 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     `infergate_quality` policy (marker or ini; where neither sets a threshold, the default of the precision's class,
     e.g. int8 min_top1=0.9, max_mean_kl=0.05), each threshold decided on its 95% interval over the samples
     (straddling: inconclusive); `infergate_golden.check_regression()` compares it with its own accepted golden
-    outputs. Both accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the
+    outputs. Both accept `limit=` and `categories=` to use part of the sample sets. `infergate_golden.check_corpus()`
+    reads a text with both precisions instead (prefill only, the built-in public-domain corpus or `corpus=PATH`):
+    mean KL, top-1 and Δ perplexity with 95% intervals over its chunks, KL p99 / p99.9, under the policy's corpus
+    keys (`max_corpus_kl`, `min_corpus_top1`, ...; `max_corpus_kl_rise` over the figures accepted with
+    --infergate-update-golden). With --infergate-endpoint the
     candidate is the server (greedy, temperature 0): `check()` compares it with the local reference precision
     (policy scope `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and
     no local model - and `check_regression()` with its own accepted outputs."""

@@ -33,6 +33,10 @@ def check_corpus(gate, policy: dict | None, corpus, chunk_tokens: int) -> Corpus
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 2:
         ctx.fail(f"check_corpus(chunk_tokens={chunk_tokens!r}): give a whole number of tokens >= 2 (default 512)")
     reference = gate._reference()
+    longest = getattr(reference.model.config, "max_position_embeddings", None)
+    if isinstance(longest, int) and chunk_tokens > longest:
+        ctx.fail(f"check_corpus(chunk_tokens={chunk_tokens}): the model reads at most {longest} positions; give "
+                 "fewer tokens a chunk")
     try:
         name, texts = corpus_texts(corpus)
         chunks = corpus_chunks(reference.tokenizer, texts, chunk_tokens)
