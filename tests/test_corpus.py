@@ -292,3 +292,12 @@ def test_the_built_in_corpus_is_public_domain_text_with_its_source_and_ships_in_
     assert corpus_texts(tmp_path) == (f"{tmp_path}: mine.txt", [("mine.txt", "our own text")])
     with pytest.raises(Exception, match="no such file or folder"):
         corpus_texts(tmp_path / "missing")
+
+
+@pytest.mark.embedded
+def test_the_built_in_corpus_is_over_10000_tokens_of_the_embedded_models_tokenizer(cache_dir):
+    from pytest_infergate.models import load_tokenizer, resolve_model
+
+    chunks = corpus_chunks(load_tokenizer(resolve_model("smollm2-135m", cache_dir)), corpus_texts()[1])
+    predicted = sum(len(ids) - 1 for _, ids in chunks)  # a chunk's first token predicts nothing
+    assert (len(chunks), predicted) == (21, 10_109)
