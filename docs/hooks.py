@@ -52,6 +52,11 @@ def policy_table() -> str:
     for key in policy.REGRESSION_KEYS:
         bound = "0 or 1" if key in policy.FLAG_KEYS else "0 to 1" if key in policy.SHARE_KEYS else "≥ 0"
         rows.append(f"| `{key}` | `check_regression()` against accepted outputs | see the golden gate | {bound} |")
+    for key, (figure, direction) in policy.CORPUS_KEYS.items():
+        bound = "0 to 1" if key in policy.FRACTION_KEYS else "≥ 0"
+        what = ("rise of the mean KL over the accepted corpus figures, relative to them" if figure == "kl_rise"
+                else f"{direction}imum `{figure}` over the corpus")
+        rows.append(f"| `{key}` | `check_corpus()` over a text corpus | {what} | {bound} |")
     for key in policy.BATCH_KEYS:
         rows.append(f"| `{key}` | `check_batch_invariance()` | share of samples that change with the batch | 0 to 1 |")
     return "\n".join(rows)
@@ -60,10 +65,11 @@ def policy_table() -> str:
 def default_policy_table() -> str:
     from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
 
-    rows = ["| class | precisions | thresholds of `check()` |", "| --- | --- | --- |"]
+    rows = ["| class | precisions | thresholds of `check()` | of `check_corpus()` |", "| --- | --- | --- | --- |"]
     for policy in DEFAULT_POLICIES:
         rows.append(f"| {policy.name} | {', '.join(f'`{p}`' for p in policy.precisions)} | "
-                    + ", ".join(f"`{key}={value:g}`" for key, value in policy.rules.items()) + " |")
+                    + ", ".join(f"`{key}={value:g}`" for key, value in policy.rules.items()) + " | "
+                    + ", ".join(f"`{key}={value:g}`" for key, value in policy.corpus_rules.items()) + " |")
     return "\n".join(rows)
 
 

@@ -143,10 +143,14 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     (straddling: inconclusive); `infergate_golden.check_regression()` compares it with its own accepted golden
     outputs (the changes listed; int8 and nf4 judged by their quality against the reference compared with the
     figures accepted with the outputs, the reference precision by its tokens; `exact=1` token for token). Both
-    accept `limit=` and `categories=` to use part of the sample sets. With --infergate-endpoint the candidate is
-    the server (greedy, temperature 0): `check()` compares it with the local reference precision (policy scope
-    `endpoint`) - or, with --infergate-reference-endpoint, with that server's greedy answers and no local model -
-    and `check_regression()` with its own accepted outputs."""
+    accept `limit=` and `categories=` to use part of the sample sets. `infergate_golden.check_corpus()` reads a
+    text with both precisions instead (prefill only, the built-in public-domain corpus or `corpus=PATH`): mean KL,
+    top-1 and Δ perplexity with 95% intervals over its chunks, KL p99 / p99.9, under the policy's corpus keys
+    (`max_corpus_kl`, `min_corpus_top1`, ...; `max_corpus_kl_rise` over the figures accepted with
+    --infergate-update-golden). With --infergate-endpoint the candidate is the server (greedy, temperature 0):
+    `check()` compares it with the local reference precision (policy scope `endpoint`) - or, with
+    --infergate-reference-endpoint, with that server's greedy answers and no local model - and
+    `check_regression()` with its own accepted outputs."""
     from pytest_infergate.gates.golden import GoldenGate
     from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
 

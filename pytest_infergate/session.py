@@ -149,10 +149,11 @@ class InfergateSession:
     def unused_scope_warnings(self) -> list[Finding]:
         """The user's scopes that applied to no measurement of a run that measured something (typos like
         `fp23`, or a test id that no longer exists); scopes naming a precision merely not run are fine."""
-        # every gate a quality policy decides: comparisons with the reference, golden regression, batch invariance
+        # every gate a quality policy decides: comparisons with the reference, golden regression, batch invariance,
+        # the corpus check
         kinds = {"infergate_budgets": self.results.perf,
                  "infergate_quality_policy": [*self.results.quality, *self.results.golden,
-                                              *self.results.batch_invariance]}
+                                              *self.results.batch_invariance, *self.results.corpus]}
         out = []
         for option, scoped in ((o, parse_scoped_lines(self.user_lines(o), o)) for o in SCOPED_OPTIONS):
             if not kinds[option]:

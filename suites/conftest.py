@@ -40,11 +40,16 @@ DEFAULT_QUALITY_POLICY = [
     # a server's outputs against the local reference precision (llama.cpp Q4_1 vs fp32 measured: ROUGE-L 0.69,
     # top-1 0.98, KL 0.002, task ratio 1.03; greedy paths drift apart late, so exact match is not required)
     "endpoint: min_top1=0.9, max_mean_kl=0.1, min_task_ratio=0.9, min_rouge_l=0.4",
+    # the task ratio is decided on its 95% interval over the 48 samples, about ±0.13 wide at int8's 1.0 and ±0.2 at
+    # nf4's 0.9 (docs/measurements.md): a floor the interval can clear, or the gate says it cannot decide
     # per category (suites/test_golden.py says why): a category that loses (nearly) all of its answers fails
-    "int8: min_top1=0.9, max_mean_kl=0.05, min_task_ratio=0.9, min_length_ratio=0.8, max_length_ratio=1.25, "
-    "min_category_task_ratio=0.3",
-    "nf4: min_top1=0.7, max_mean_kl=0.5, min_task_ratio=0.85, min_length_ratio=0.7, max_length_ratio=1.5, "
-    "min_category_task_ratio=0.3",
+    # over the built-in corpus (test_golden.py's test_corpus; measured int8 top-1 0.900, mean KL 0.039, nf4 top-1
+    # 0.651, mean KL 0.58): int8 at the 8-bit default, nf4 a known loss as above; either fails where its mean KL
+    # rises by half over the figures accepted in golden/ (a rerun on the machine that accepted them: 0)
+    "int8: min_top1=0.9, max_mean_kl=0.05, min_task_ratio=0.8, min_length_ratio=0.8, max_length_ratio=1.25, "
+    "min_category_task_ratio=0.3, min_corpus_top1=0.85, max_corpus_kl=0.1, max_corpus_kl_rise=0.5",
+    "nf4: min_top1=0.7, max_mean_kl=0.5, min_task_ratio=0.65, min_length_ratio=0.7, max_length_ratio=1.5, "
+    "min_category_task_ratio=0.3, min_corpus_top1=0.55, max_corpus_kl=1, max_corpus_kl_rise=0.5",
 ]
 # KV cache experiment lengths. The guide uses 64/128/256 new tokens; recomputing without a cache costs
 # quadratically (the no-cache n=128 point alone took 50 s of a 2-core CPU), so on the CPU the suite stops at 64.

@@ -43,10 +43,13 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_ships_the_sample_set_and_the_report_templates(wheel):
+def test_the_wheel_ships_the_sample_set_the_corpus_and_the_report_templates(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "pytest_infergate/quality/samples/default.jsonl" in names
     assert "pytest_infergate/report/templates/report.html" in names
+    assert "pytest_infergate/report/templates/_corpus.html" in names
+    for name in ("constitution.txt", "alice.txt", "README.md"):  # check_corpus()'s text, its source and licence
+        assert f"pytest_infergate/quality/corpus/{name}" in names
 
 
 @pytest.fixture(scope="module")

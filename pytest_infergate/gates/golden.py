@@ -10,6 +10,7 @@ from typing import Protocol
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.quality.corpus_figures import CHUNK_TOKENS
 from pytest_infergate.quality.golden_files import (
     BUILTIN_NOTICE,
     BUILTIN_SAMPLE_SET,
@@ -281,6 +282,17 @@ class GoldenGate:
                                  "--infergate-update-golden (the check then picks the file by machine)",
                                  status=Status.PASS))
         return mismatch
+
+    def check_corpus(self, policy: dict | None = None, corpus=None, chunk_tokens: int = CHUNK_TOKENS):
+        """Candidate vs the reference precision teacher-forced over a text corpus, prefill only (the built-in one,
+        about 10,100 tokens of public-domain text, or `corpus=` a .txt file or a folder of them), in chunks of
+        `chunk_tokens`: mean KL, top-1 agreement and Δ perplexity, each with a 95% interval over the chunks, and KL
+        p99 / p99.9, under the policy's corpus keys (where none is set, the default of the precision's class).
+        With --infergate-update-golden this run's figures are accepted beside the golden outputs; later runs gate
+        their mean KL's rise over them with `max_corpus_kl_rise`. Returns the CorpusResult."""
+        from pytest_infergate.gates.corpus import check_corpus
+
+        return check_corpus(self, policy, corpus, chunk_tokens)
 
     def check_batch_invariance(self, limit: int | None = None, categories=None, policy: dict | None = None,
                                max_new_tokens: int | None = None):

@@ -276,6 +276,12 @@ class LocalCandidate:
 
         return outputs_to_accept(samples, current, self.loaded.model)
 
+    def corpus(self, reference, name: str, chunks: list, chunk_tokens: int):
+        """This precision against `reference` teacher-forced over a corpus's chunks (quality.corpus_scoring)."""
+        from pytest_infergate.quality.corpus_scoring import score_corpus
+
+        return score_corpus(reference, self.loaded, name, chunks, chunk_tokens)
+
     def batch_invariance(self, samples, max_new_tokens: int | None = None):
         from pytest_infergate.quality.golden_generation import check_variants, fixed_outputs
 

@@ -6,7 +6,9 @@ Three gates read the same policy (ini `infergate_quality_policy`, marker `inferg
   on the aggregate's 95% interval (quality.thresholds); where none is set, the default policy of the precision's
   class (quality.policy_defaults) decides, so a check never passes with nothing checked;
 - against the accepted golden outputs (`check_regression()`): `REGRESSION_KEYS`, with per-precision defaults;
-- batch invariance (`check_batch_invariance()`): `max_batch_variant_share`, no gate unless set.
+- batch invariance (`check_batch_invariance()`): `max_batch_variant_share`, no gate unless set;
+- over a text corpus (`check_corpus()`): `CORPUS_KEYS`, each on its interval over the corpus's chunks
+  (quality.corpus_figures); where none is set, the default policy's corpus thresholds.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ AGGREGATE_KEYS = {
 REGRESSION_KEYS = ("exact", "gate_tokens", "max_drift_share", "max_accepted_kl", "near_tie_margin",
                    "same_environment", "gate_other_machine", *TRAVEL_KEYS)
 BATCH_KEYS = ("max_batch_variant_share",)
+# key -> (figure of the corpus comparison's summary, "min" or "max"): thresholds of check_corpus(), teacher-forced
+# over a text corpus (quality.corpus_figures); the rise is relative to the corpus figures accepted for the precision
+CORPUS_KEYS = {"max_corpus_kl": ("mean_kl", "max"), "min_corpus_top1": ("top1", "min"),
+               "max_corpus_delta_ppl": ("delta_ppl_rel", "max"), "max_corpus_p99_kl": ("p99_kl", "max"),
+               "max_corpus_kl_rise": ("kl_rise", "max")}
 # per category of the golden samples: the lowest category's task-score ratio (a category whose answers collapse
 # while the mean over all samples holds)
 CATEGORY_KEYS = ("min_category_task_ratio",)
@@ -48,8 +55,8 @@ FLAG_KEYS = ("exact", "gate_tokens", "same_environment", "gate_other_machine")  
 SHARE_KEYS = ("max_drift_share", "max_batch_variant_share", "max_top1_drop")  # 0..1
 # figures that are fractions of the samples or tokens: a threshold above 1 can never be met (min_) or never
 # be broken (max_), so it is a typo, not a policy
-FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1")
-POLICY_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS, *REGRESSION_KEYS, *BATCH_KEYS)
+FRACTION_KEYS = ("min_rouge_l", "min_rouge_1", "min_rouge_2", "min_exact_match", "min_top1", "min_corpus_top1")
+POLICY_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS, *REGRESSION_KEYS, *BATCH_KEYS, *CORPUS_KEYS)
 REFERENCE_KEYS = (*AGGREGATE_KEYS, *CATEGORY_KEYS)  # check()'s: where none is set, the default policy decides
 
 # Defaults of the regression gate, from the measurements in the README ("Golden regression gate"): a changed sample
@@ -97,7 +104,8 @@ def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> di
         if key in SHARE_KEYS and value > 1:
             raise QualityPolicyError(f"{where}: {key}={value!r} is a share of the samples, between 0 and 1")
         if key in FRACTION_KEYS and value > 1:
-            raise QualityPolicyError(f"{where}: {key}={value!r} can never be met: {AGGREGATE_KEYS[key][0]} is a "
+            figure = AGGREGATE_KEYS[key][0] if key in AGGREGATE_KEYS else CORPUS_KEYS[key][0]
+            raise QualityPolicyError(f"{where}: {key}={value!r} can never be met: {figure} is a "
                                      "fraction, at most 1 (e.g. 0.9 for 90%)")
         policy[key] = float(value)
     return policy
@@ -160,19 +168,28 @@ class ResolvedPolicy:
     def for_reference(self, precision: str) -> ResolvedPolicy:
         """What `check()` decides under: this policy, or, where it sets none of check()'s thresholds, this policy
         with the default of `precision`'s class beside it (quality.policy_defaults)."""
-        if any(key in REFERENCE_KEYS for key in self.thresholds):
+        return self._or_default(precision, REFERENCE_KEYS, "rules")
+
+    def for_corpus(self, precision: str) -> ResolvedPolicy:
+        """What `check_corpus()` decides under: this policy, or, where it sets none of the corpus keys, this policy
+        with the corpus thresholds of the default of `precision`'s class beside it."""
+        return self._or_default(precision, tuple(CORPUS_KEYS), "corpus_rules")
+
+    def _or_default(self, precision: str, keys: tuple[str, ...], rules: str) -> ResolvedPolicy:
+        if any(key in keys for key in self.thresholds):
             return self
         default = default_policy(precision)
         source = f"default policy for {precision}"
         return ResolvedPolicy({**self.thresholds, **{key: Threshold(value, source)
-                                                     for key, value in default.rules.items()}}, self.scopes,
-                              f"{source} ({default.name} class)")
+                                                     for key, value in getattr(default, rules).items()}},
+                              self.scopes, f"{source} ({default.name} class)")
 
-    def decided_by(self) -> str:
-        """Which policy decided check(), in one phrase: `default policy for int8 (8-bit class): min_top1=0.9, ...`, or
-        `policy from marker infergate_quality(min_top1=0.95) and ini infergate_quality_policy scope 'nf4'
-        (max_mean_kl=0.5); min_top1 from marker infergate_quality, over ini ... scope 'nf4': min_top1=0.7`."""
-        keys = {key: threshold for key, threshold in self.thresholds.items() if key in REFERENCE_KEYS}
+    def decided_by(self, keys: tuple[str, ...] = REFERENCE_KEYS) -> str:
+        """Which policy decided check() (or, with `keys`, another gate), in one phrase: `default policy for int8
+        (8-bit class): min_top1=0.9, ...`, or `policy from marker infergate_quality(min_top1=0.95) and ini
+        infergate_quality_policy scope 'nf4' (max_mean_kl=0.5); min_top1 from marker infergate_quality, over ini ...
+        scope 'nf4': min_top1=0.7`."""
+        keys = {key: threshold for key, threshold in self.thresholds.items() if key in keys}
         if self.default:
             return f"{self.default}: " + ", ".join(f"{key}={t.value:g}" for key, t in keys.items())
         by_source: dict[str, list[str]] = {}

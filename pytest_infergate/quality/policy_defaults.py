@@ -19,6 +19,13 @@ So half precision must agree at 0.95 with a KL within 0.01 (10x bf16's), and 8-b
 precision at 0.9 within 0.05 (int8's interval clears both; nf4's misses both, whole). fp32 is in the floating-point
 class with fp16 and bf16: against a half-precision reference (a GPU's fp16) the difference is the reference's
 rounding; against fp32 itself it is identical by construction.
+
+The corpus check (`check_corpus()`: teacher-forced over about 10,100 tokens of public-domain prose, 21 chunks) gates
+the same two figures over text the model did not write, where it is less sure of the next token (fp32 perplexity
+14.1), so quantization shows more: bf16 top-1 0.974 (95% CI 0.970-0.978), mean KL 0.0016; int8 top-1 0.900
+(0.892-0.908), KL 0.039 (0.030-0.051); nf4 top-1 0.651 (0.628-0.672), KL 0.58 (0.44-0.73) (Intel Xeon, 2 vCPUs,
+2026-12-05). So the floating-point class keeps check()'s 0.95 within 0.01, and 8-bit, 4-bit and a server 0.85
+within 0.1: int8's intervals clear both, nf4's miss both, whole.
 """
 
 from __future__ import annotations
@@ -33,13 +40,18 @@ class DefaultPolicy:
     name: str  # the class, as the verdict names it: "8-bit"
     precisions: tuple[str, ...]
     rules: dict[str, float] = field(default_factory=dict)
+    corpus_rules: dict[str, float] = field(default_factory=dict)  # check_corpus()'s, the same figures over a corpus
 
 
-FLOATING_POINT = DefaultPolicy("floating point", ("fp32", "fp16", "bf16"), {"min_top1": 0.95, "max_mean_kl": 0.01})
-EIGHT_BIT = DefaultPolicy("8-bit", ("int8",), {"min_top1": 0.9, "max_mean_kl": 0.05})
-FOUR_BIT = DefaultPolicy("4-bit", ("nf4",), {"min_top1": 0.9, "max_mean_kl": 0.05})
+FLOATING_POINT = DefaultPolicy("floating point", ("fp32", "fp16", "bf16"), {"min_top1": 0.95, "max_mean_kl": 0.01},
+                               {"min_corpus_top1": 0.95, "max_corpus_kl": 0.01})
+EIGHT_BIT = DefaultPolicy("8-bit", ("int8",), {"min_top1": 0.9, "max_mean_kl": 0.05},
+                          {"min_corpus_top1": 0.85, "max_corpus_kl": 0.1})
+FOUR_BIT = DefaultPolicy("4-bit", ("nf4",), {"min_top1": 0.9, "max_mean_kl": 0.05},
+                         {"min_corpus_top1": 0.85, "max_corpus_kl": 0.1})
 # a server's precision is not ours to know (often quantized): the loosest class's thresholds
-SERVED = DefaultPolicy("a served model, precision unknown", ("endpoint",), {"min_top1": 0.9, "max_mean_kl": 0.05})
+SERVED = DefaultPolicy("a served model, precision unknown", ("endpoint",), {"min_top1": 0.9, "max_mean_kl": 0.05},
+                       {"min_corpus_top1": 0.85, "max_corpus_kl": 0.1})
 DEFAULT_POLICIES = (FLOATING_POINT, EIGHT_BIT, FOUR_BIT, SERVED)
 
 

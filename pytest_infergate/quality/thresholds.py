@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_infergate.status import Status
 
-FEWEST_FOR_INTERVAL = 2  # a bootstrap over one sample is that sample: no interval
+FEWEST_FOR_INTERVAL = 2  # a bootstrap over one sample (or chunk) is that sample: no interval
 
 
 @dataclass(frozen=True)
@@ -32,23 +32,27 @@ class ThresholdCheck:
     point: float | None  # None: not measured
     low: float | None = None  # the 95% interval; None where the aggregate has none
     high: float | None = None
-    samples: int = 0
+    samples: int = 0  # how many units the interval resamples (golden samples; a corpus's chunks)
     no_interval: str = ""  # why the point decides ("one sample", "a percentile over tokens")
+    unit: str = "sample"  # what the interval resamples, as the advice names it
+    more: str = "add golden samples or raise `limit=`"  # what gives the interval more of them
 
     @classmethod
     def of(cls, summary: dict[str, Any], key: str, figure: str, direction: str, threshold: float,
-           source: str) -> ThresholdCheck:
+           source: str, unit: str = "sample", more: str = "add golden samples or raise `limit=`") -> ThresholdCheck:
         point = summary.get(figure)
-        samples = int(summary.get("samples", 0) or 0)
+        samples = int(summary.get(unit + "s", 0) or 0)
+        named = {"unit": unit, "more": more}
         if not isinstance(point, (int, float)):  # absent, or undefined (None in a file read back)
-            return cls(key, figure, direction, threshold, source, None, samples=samples)
+            return cls(key, figure, direction, threshold, source, None, samples=samples, **named)
         ci = summary.get(figure + "_ci")
         if samples == 1:
-            return cls(key, figure, direction, threshold, source, point, samples=samples, no_interval="one sample")
+            return cls(key, figure, direction, threshold, source, point, samples=samples, no_interval=f"one {unit}",
+                       **named)
         if not ci or samples < FEWEST_FOR_INTERVAL:
             return cls(key, figure, direction, threshold, source, point, samples=samples,
-                       no_interval=f"{figure} has no interval")
-        return cls(key, figure, direction, threshold, source, point, ci[0], ci[1], samples)
+                       no_interval=f"{figure} has no interval", **named)
+        return cls(key, figure, direction, threshold, source, point, ci[0], ci[1], samples, **named)
 
     @property
     def measured(self) -> bool:
@@ -100,6 +104,6 @@ class ThresholdCheck:
         if status == Status.PASS:
             return f"{self.key}: {ci} lies within {bound} {self.threshold:g} {source}"
         needed = self.samples_needed()
-        decides = (f"about {needed} samples would decide ({self.samples} now): add golden samples or raise `limit=`"
-                   if needed is not None else "the figure sits on the threshold: no number of samples decides")
+        decides = (f"about {needed} {self.unit}s would decide ({self.samples} now): {self.more}"
+                   if needed is not None else f"the figure sits on the threshold: no number of {self.unit}s decides")
         return f"{self.key}: {ci} straddles {self.threshold:g} {source}: {decides}"

@@ -14,6 +14,7 @@ from pytest_infergate import units
 from pytest_infergate.measurement import METRICS
 from pytest_infergate.quality.golden_generation import Divergence
 from pytest_infergate.quality.metrics import SampleQuality
+from pytest_infergate.report.corpus import corpus_sections
 from pytest_infergate.report.diagnosis import diagnose
 from pytest_infergate.report.serving import (
     AB_COLUMNS,
@@ -283,6 +284,7 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "memory_method": methods[0] if methods else "",
         "quality": _quality_sections(groups), "golden": golden_sections(results.golden),
         "batch_invariance": batch_invariance_sections(results.batch_invariance),
+        "corpus": corpus_sections(results.corpus),
         "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
         "servers": server_metric_rows(results.perf), "server_columns": SERVER_COLUMNS,
         "slow_tails": slow_tails(results.perf),

@@ -50,6 +50,9 @@ def undecided_notice(record) -> str | None:
     if isinstance(record, QualityRecord) and record.undecided:
         return (f"{record.test}: quality of {record.precision} vs {record.reference_precision} inconclusive under "
                 f"the {record.decided_by}: " + "; ".join(record.undecided))
+    if record.kind == "corpus" and record.undecided:
+        return (f"{record.test}: corpus quality of {record.precision} vs {record.result.reference_precision} "
+                f"inconclusive under the {record.decided_by}: " + "; ".join(record.undecided))
     return None
 
 

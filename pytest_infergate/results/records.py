@@ -16,12 +16,14 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.perf.verdict import Verdict
+from pytest_infergate.quality.corpus_figures import CorpusResult
 from pytest_infergate.quality.golden_generation import BatchInvariance
 from pytest_infergate.quality.metrics import QualityResult, SampleQuality
 from pytest_infergate.status import Decision, Status
 
 UNDEFINED = "_undefined"  # suffix of the key that says why a figure is null
 QUALITY_FIGURES = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")  # a quality gate's in JUnit XML
+CORPUS_FIGURES = ("mean_kl", "top1", "delta_ppl_rel", "p99_kl", "kl_rise")  # a corpus check's
 RESULT_PROPERTY = "infergate_result"  # the user property that carries a record from a test to the controller
 
 
@@ -290,6 +292,19 @@ class BatchInvarianceRecord(PolicyGateRecord):
         return [("batch_variant_share", round(self.result.variant_share, 4))]
 
 
+@dataclass
+class CorpusRecord(PolicyGateRecord):
+    """A candidate precision against the reference teacher-forced over a text corpus (quality.corpus_figures)."""
+
+    kind: ClassVar[str] = "corpus"
+    result_type: ClassVar[type] = CorpusResult
+    result: CorpusResult
+
+    def key_figures(self) -> list[tuple[str, float]]:
+        return [(f"corpus.{name}", round(self.result.summary[name], 4)) for name in CORPUS_FIGURES
+                if isinstance(self.result.summary.get(name), (int, float))]
+
+
 def backend_dict(record) -> dict:
     """A record's backend and why, as written to JSON."""
     return {"backend": record.backend, "backend_reason": record.backend_reason}
@@ -323,8 +338,9 @@ def undefined_reason(summary: dict, key: str) -> str | None:
     return None
 
 
-Record = PerfRecord | QualityRecord | GoldenRecord | BatchInvarianceRecord
-RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord, BatchInvarianceRecord)}
+Record = PerfRecord | QualityRecord | GoldenRecord | BatchInvarianceRecord | CorpusRecord
+RECORD_TYPES: dict[str, type] = {t.kind: t for t in (PerfRecord, QualityRecord, GoldenRecord, BatchInvarianceRecord,
+                                                     CorpusRecord)}
 
 
 def record_from_dict(data: dict) -> Record:

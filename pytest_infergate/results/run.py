@@ -19,6 +19,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.reasons import EVIDENCE, NO_BASELINE, NOTHING_COMPARED, record_message
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
+    CorpusRecord,
     GoldenRecord,
     PerfRecord,
     QualityRecord,
@@ -108,6 +109,10 @@ class RunResults:
     @property
     def batch_invariance(self) -> list[BatchInvarianceRecord]:
         return self.of_type(BatchInvarianceRecord)
+
+    @property
+    def corpus(self) -> list[CorpusRecord]:
+        return self.of_type(CorpusRecord)
 
     def verdict(self) -> RunVerdict:
         """The run's one verdict from every gate and every pytest outcome (run_verdict)."""
@@ -222,7 +227,7 @@ class RunVerdict:
 
 
 GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
-              "batch_invariance": "batch invariance"}
+              "batch_invariance": "batch invariance", "corpus": "corpus check"}
 
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []

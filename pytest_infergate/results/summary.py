@@ -10,6 +10,7 @@ from pytest_infergate import units
 from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
+    CorpusRecord,
     GoldenRecord,
     PerfRecord,
     QualityRecord,
@@ -185,6 +186,16 @@ def policy_lines(group: QualityGroup) -> list[Line]:
     return lines
 
 
+def corpus_lines(record: CorpusRecord) -> list[Line]:
+    """The corpus check: its figures with their intervals, the policy that decided, what it was compared with."""
+    result, color = record.result, _color(record.status)
+    lines = [Line(f"  corpus {record.status.value.upper():10s} {record.precision} vs {result.reference_precision} "
+                  f"({units.number(result.seconds)} s): {result.line()}", color)]
+    lines += [Line(f"      under the {record.decided_by}", color)] if record.decided_by else []
+    lines += [Line(f"      against accepted: {result.accepted}", color)] if result.accepted else []
+    return lines + [Line(f"      inconclusive: {why}", color) for why in record.undecided[:1]]
+
+
 def golden_lines(record: GoldenRecord) -> list[Line]:
     if record.updated:
         return [Line(f"  golden UPDATED {record.precision}{backend_tag(record)}: {record.path}")] + [
@@ -235,6 +246,8 @@ def summary_lines(results: RunResults) -> list[Line]:
         lines += policy_lines(group)
         # figures the policy does not gate: a note beside their gate, never a reason in the verdict
         lines += [Line(f"      note: {note}") for note in group.records[0].result.notes[:4]]
+    for record in results.corpus:
+        lines += corpus_lines(record)
     for record in results.golden:
         lines += golden_lines(record)
     lines += [batch_invariance_line(record) for record in results.batch_invariance]
