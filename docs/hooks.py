@@ -1,8 +1,12 @@
-"""mkdocs hook: the reference tables are generated from the code at build time, so they cannot drift from it.
+"""The reference tables, generated from the code, written into the pages themselves so that they read in the
+repository as on the site, and kept current: `python docs/hooks.py` rewrites every page's generated blocks;
+tests/test_docs.py (in CI) fails when a committed block differs from what the code generates now, and the mkdocs
+hook renders them again at build time.
 
-A page asks for one with a line `<!-- generated: NAME -->`; NAME is a key of GENERATORS. An unknown NAME fails
-the build (mkdocs build --strict turns the error into a failure). tests/test_docs.py renders every table and
-checks that each option, metric, policy key, marker and CLI command is in it.
+A block is `<!-- generated: NAME -->`, the table, `<!-- end generated: NAME -->`; NAME is a key of GENERATORS. A
+page may ask for a table with the opening line alone (the block is filled in then). An unknown NAME fails the
+build (mkdocs build --strict turns the error into a failure). tests/test_docs.py also checks that each option,
+metric, policy key, marker and CLI command is in its table.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import re
 
 GENERATED = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+# a block: the opening line, the generated text (absent where the page only asks for it), the closing line
+BLOCK = re.compile(r"^<!-- generated: ([a-z-]+) -->(?:\n(?:.*\n)*?<!-- end generated: \1 -->)?$", re.MULTILINE)
 
 
 def _cell(text: object) -> str:
@@ -95,14 +101,38 @@ GENERATORS = {"options": options_table, "metrics": metrics_table, "policy-keys":
 
 
 def render(markdown: str) -> str:
+    """`markdown` with every generated block holding the table the code generates now."""
     def replace(match: re.Match) -> str:
         name = match.group(1)
         if name not in GENERATORS:
             raise ValueError(f"docs: unknown generated table {name!r}; known: {', '.join(GENERATORS)}")
-        return GENERATORS[name]()
+        return f"<!-- generated: {name} -->\n{GENERATORS[name]().rstrip()}\n<!-- end generated: {name} -->"
 
-    return GENERATED.sub(replace, markdown)
+    return BLOCK.sub(replace, markdown)
 
 
 def on_page_markdown(markdown: str, **kwargs) -> str:
     return render(markdown)
+
+
+def write_pages(root) -> list:
+    """Rewrite each page under `root` whose generated blocks are not current; the pages rewritten."""
+    from pathlib import Path
+
+    changed = []
+    for page in sorted(Path(root).rglob("*.md")):
+        text = page.read_text()
+        current = render(text)
+        if current != text:
+            page.write_text(current)
+            changed.append(page)
+    return changed
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    for page in write_pages(Path(__file__).resolve().parent):
+        print(f"rewrote {page}")
