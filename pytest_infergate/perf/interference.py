@@ -24,7 +24,7 @@ LOAD_PENALTY = 4.0
 # How far the load-free estimate of a repetition (process_meters.team_progress_s) can stray from its quiet figure under
 # co-tenant load: measured ×0.79-1.33 per repetition with one busy loop per core and ×1.19-1.58 with one busy loop
 # on two cores (benchmarks/load_evidence.py, docs/measurements.md, AMD EPYC 2026-12-04). A load-free slowdown
-# beyond threshold × this stands as a failure on a busy runner (perf.busy.load_free_failure).
+# beyond threshold × this stands as a failure on a busy runner (perf.stored.load_free_failure).
 LOAD_FREE_RESIDUAL = 1.6
 
 
