@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import threading
@@ -32,7 +33,7 @@ class PeakMemoryResult:
     start_bytes: int
     reserved_peak_bytes: int | None = None
     # On the CPU with glibc: how far the bytes malloc has handed out and not taken back rose above their start
-    # (MallocInUse, sampled): what the work allocated, whatever the allocator kept of earlier frees. None elsewhere.
+    # (malloc_in_use, sampled): what the work allocated, whatever the allocator kept of earlier frees. None elsewhere.
     in_use_rise_bytes: int | None = None
 
     @property
@@ -49,28 +50,26 @@ class _MallInfo2(ctypes.Structure):
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-class MallocInUse:
-    """The bytes glibc's malloc has handed out and not taken back (mallinfo2: in use in every arena plus the
-    mmapped chunks), the torch tensors on the CPU among them. The process's resident set also holds what malloc
-    freed but kept, and how much it keeps depends on the process's history: the int8 model's serving rise of the
-    resident set read 18, 20, 66 and 94 MiB in four identical fresh processes, its allocated bytes' rise within 5%
-    (benchmarks/memory_repro.py). `read()` is None where there is no glibc ≥ 2.33."""
-
-    def __init__(self):
-        try:
-            self._call = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-            self._call.restype = _MallInfo2
-        except (OSError, AttributeError):
-            self._call = None
-
-    def read(self) -> int | None:
-        if self._call is None:
-            return None
-        info = self._call()
-        return int(info.uordblks + info.hblkhd)
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded on first use (finding it runs ldconfig: not at import, which every pytest run pays);
+    None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
-_IN_USE = MallocInUse()
+def malloc_in_use() -> int | None:
+    """The bytes glibc's malloc has handed out and not taken back (mallinfo2: in use in every arena plus the mmapped
+    chunks), the torch tensors on the CPU among them: unlike the resident set, not what malloc freed and kept, which
+    depends on the process's history (docs/explanation/perf-gates.md). None without glibc ≥ 2.33."""
+    call = getattr(_libc(), "mallinfo2", None)
+    if call is None:
+        return None
+    call.restype = _MallInfo2
+    info = call()
+    return int(info.uordblks + info.hblkhd)
 
 
 def _read_hwm() -> int | None:
@@ -86,23 +85,13 @@ def _read_hwm() -> int | None:
 
 def release_free_memory() -> None:
     """Free what only reference cycles hold, then give the C heap's free pages back to the kernel (glibc's
-    malloc_trim), so that the resident set is what is live. Called before a measured repetition's PeakMemory (not
-    inside it: a collection takes a tenth of a second, which no timer of the repetition may see): memory an earlier
-    repetition freed but the allocator kept would otherwise serve this one's allocations without raising the
-    high-water mark, and whether it does depends on what ran before in the process — the int8 model's serving rise
-    read 0 or 37 MiB in identical fresh processes before, 67-84 MiB after (benchmarks/memory_repro.py)."""
-    global _malloc_trim
+    malloc_trim), so that a repetition's allocations are counted from what is live and its resident peak is not
+    served from what an earlier one freed. Called before a measured repetition's PeakMemory, not inside it: a
+    collection takes a tenth of a second, which no timer of the repetition may see."""
     gc.collect()  # tensors held only by reference cycles are freed now, not whenever the collector next runs
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim by
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim = None
+    trim = getattr(_libc(), "malloc_trim", None)  # not glibc (musl, macOS): nothing to trim by
+    if trim is not None:
+        trim(0)
 
 
 def _reset_hwm() -> bool:
@@ -118,7 +107,7 @@ class PeakMemory:
     """Context manager: `with PeakMemory(device) as peak: ...; peak.result`."""
 
     def __init__(self, device: str = "cpu", sample_interval_s: float = 0.002, allocated: bool = True):
-        """`allocated`: on the CPU, also sample the bytes malloc has handed out (MallocInUse) with a thread, whose
+        """`allocated`: on the CPU, also sample the bytes malloc has handed out (malloc_in_use) with a thread, whose
         rise is then the result's delta; off for stretches too short for a thread (perf.lockstep's steps)."""
         self.device = device
         self.allocated = allocated
@@ -138,7 +127,7 @@ class PeakMemory:
             self._method = "cuda.max_memory_allocated"
         else:
             self._start = psutil.Process().memory_info().rss
-            self._in_use_start = _IN_USE.read() if self.allocated else None
+            self._in_use_start = malloc_in_use() if self.allocated else None
             self._in_use_peak = self._in_use_start
             if _reset_hwm() and _read_hwm() is not None:
                 self._method = "VmHWM"
@@ -156,7 +145,7 @@ class PeakMemory:
             if self._method == "rss-sampling":
                 self._sampled_peak = max(self._sampled_peak, process.memory_info().rss)
             if self._in_use_start is not None:
-                self._in_use_peak = max(self._in_use_peak, _IN_USE.read() or 0)
+                self._in_use_peak = max(self._in_use_peak, malloc_in_use() or 0)
 
     def _stop_sampler(self) -> int | None:
         """Stop the sampler; the allocated bytes' rise (one last reading included), or None where not read."""
@@ -165,7 +154,7 @@ class PeakMemory:
             self._sampler.join()
         if self._in_use_start is None:
             return None
-        return max(self._in_use_peak, _IN_USE.read() or 0) - self._in_use_start
+        return max(self._in_use_peak, malloc_in_use() or 0) - self._in_use_start
 
     def __exit__(self, *exc) -> None:
         if self._method.startswith("cuda"):

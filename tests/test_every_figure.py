@@ -160,7 +160,7 @@ def test_the_wait_clock_takes_each_requests_own_waiting_out():
     assert WaitClock.for_this_thread() is not None  # Linux: schedstat is there
 
 
-def with_own_waits(m: Measurement, ttft_ms: float) -> Measurement:
+def with_own_waiting_taken_out(m: Measurement, ttft_ms: float) -> Measurement:
     """`m` with every request's TTFT, its own waiting taken out, at `ttft_ms` (Measurement.load_free_samples)."""
     m.load_free_samples = {"ttft_ms": [ttft_ms * (1 + 0.01 * (i % 3)) for i in range(len(m.samples["ttft_ms"]))]}
     return m
@@ -170,12 +170,12 @@ def test_a_latency_measured_per_request_load_free_fails_a_ttft_slowdown_a_repeti
     """Under a hog during the run the repetition's share (0.6 here) understates a TTFT measured in a quiet moment,
     which hid a ×2 TTFT; each request's own waiting taken out decides it: ×2 fails, unchanged passes, both as the
     one-thread error allows."""
-    baseline = with_own_waits(served(others=0.02, load_free=1.0, seed=1), 100.0)
-    slower = with_own_waits(served(ttft_ms=200.0, others=0.74, load_free=0.6, seed=2), 200.0)
+    baseline = with_own_waiting_taken_out(served(others=0.02, load_free=1.0, seed=1), 100.0)
+    slower = with_own_waiting_taken_out(served(ttft_ms=200.0, others=0.74, load_free=0.6, seed=2), 200.0)
     assert by_metric(gated(slower, baseline))["ttft_ms"] == "fail"
     ttft = next(v for v in gated(slower, baseline).verdicts if v.metric == "ttft_ms")
     assert "load-corrected by run-queue delay" in ttft.note and "×1.15 on the threshold" in ttft.note
-    unchanged = with_own_waits(served(ttft_ms=180.0, others=0.74, load_free=0.6, seed=3), 100.0)
+    unchanged = with_own_waiting_taken_out(served(ttft_ms=180.0, others=0.74, load_free=0.6, seed=3), 100.0)
     assert by_metric(gated(unchanged, baseline))["ttft_ms"] != "fail"
     # without the per-request figures the same run's share would read ×1.2 and decide nothing
     slower.load_free_samples = {}
@@ -196,12 +196,12 @@ def test_one_repetition_without_the_wait_clock_leaves_the_measurement_without_pe
 
 def test_peak_memory_counts_what_the_work_allocated_whatever_the_allocator_kept_of_earlier_frees():
     """64 MiB freed just before the region (glibc may keep it) and 48 MiB allocated inside it: the region's rise
-    is the 48 MiB allocated (MallocInUse), not whatever the resident set did."""
+    is the 48 MiB allocated (malloc_in_use), not whatever the resident set did."""
     import torch
 
-    from pytest_infergate.process_meters import MallocInUse, PeakMemory
+    from pytest_infergate.process_meters import PeakMemory, malloc_in_use
 
-    if MallocInUse().read() is None:
+    if malloc_in_use() is None:
         pytest.skip("no glibc mallinfo2 here")
     freed = torch.ones(16 << 20)  # 64 MiB
     del freed

@@ -277,10 +277,11 @@ def note_load_free_latencies(into: Measurement, ok: list[Result], clock: WaitClo
     if clock is None or any(len(lf.get(metric, [])) != count for metric, count in before.items()):
         lf.clear()
         return
+    def at(instant: float | None) -> float | None:
+        return None if instant is None else clock.load_free(instant)
+
     for r in ok:
         t = r.timings
-        free = replace(t, arrival=clock.load_free(t.arrival), first_token=None if t.first_token is None
-                       else clock.load_free(t.first_token), token_times=[clock.load_free(x) for x in t.token_times],
-                       finished=None if t.finished is None else clock.load_free(t.finished),
-                       first_scheduled=None if t.first_scheduled is None else clock.load_free(t.first_scheduled))
+        free = replace(t, arrival=at(t.arrival), first_token=at(t.first_token), finished=at(t.finished),
+                       first_scheduled=at(t.first_scheduled), token_times=[at(x) for x in t.token_times])
         add_request_latencies(lf, free.ttft_s, free.tpot_s, free.itl_s, free.e2e_s, free.queue_wait_s or 0.0)

@@ -48,14 +48,14 @@ class Side:
     per_request: bool = False  # a percentile of per-request figures (a latency), not a figure of the repetition
     # per repetition, the percentile of the requests' latencies with each request's own waiting taken out
     # (Measurement.load_free_samples: one thread on the CPU); empty: not measured so
-    own_waits: list[float] = field(default_factory=list)
+    per_request_load_free: list[float] = field(default_factory=list)
 
     def load_free_costs(self) -> list[float] | None:
         """Each repetition's cost with the co-tenants' load taken out: a latency by each request's own waiting where
-        measured (own_waits), else the cost × the repetition's load-free share (for a per-request percentile the
-        repetition's share then stands for each request's); None: not measured."""
-        if self.own_waits:
-            return list(self.own_waits)
+        measured (per_request_load_free), else the cost × the repetition's load-free share (for a per-request
+        percentile the repetition's share then stands for each request's); None: not measured."""
+        if self.per_request_load_free:
+            return list(self.per_request_load_free)
         if len(self.load_free) != len(self.costs) or min(self.load_free, default=0.0) <= 0:
             return None
         return [c * f for c, f in zip(self.costs, self.load_free)]
@@ -110,11 +110,12 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     others = list(measurement.others_share) if len(measurement.others_share) == len(reps) else []
     load_free = list(measurement.load_free_share) if len(measurement.load_free_share) == len(reps) else []
     own = measurement.load_free_by_repetition(metric) if per_request else None
-    own_waits = [percentile(v, pct or 50) for v in own] if own and all(own) else []
+    per_request_load_free = [percentile(v, pct or 50) for v in own] if own and all(own) else []
+    if per_request_load_free and min(per_request_load_free) <= 0:
+        per_request_load_free = []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, measurement.load_free_source(), per_request,
-                own_waits if own_waits and min(own_waits) > 0 else [])
+                measurement.cpu_threads, measurement.load_free_source(), per_request, per_request_load_free)
 
 
 def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
@@ -391,11 +392,6 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
     if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
         return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
     point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    # A repetition's share scales its wall time, not each request's latency: a time-sliced co-tenant stretches a
-    # few tokens a lot and most not at all, so a busy baseline's ITL p50 times its share reads below its quiet
-    # figure (unchanged code read ×1.31 [1.11, 1.43] slower, docs/measurements.md), within a team's margin
-    # (LOAD_FREE_RESIDUAL), which such a baseline's latencies keep whatever the threads. Understating a busy
-    # *candidate* the same way can only hide a slowdown, never make one.
     residual = stored_residual(candidate, baseline)
     bound = threshold * residual
     if low <= bound:
@@ -410,9 +406,11 @@ def stored_residual(candidate: Side, baseline: Side) -> float:
     (interference.LOAD_FREE_RESIDUAL_ONE_THREAD) where both ran on one CPU thread and the figure is the repetition's
     own (a throughput), each request's own (WaitClock), or only the candidate was busy; else a team's margin
     (LOAD_FREE_RESIDUAL): a busy baseline's per-request percentile scaled by its repetition's share understates it
-    unevenly, since a time-sliced co-tenant stretches a few requests a lot and most not at all."""
+    unevenly, since a time-sliced co-tenant stretches a few requests a lot and most not at all (unchanged code read
+    ITL ×1.31 [1.11, 1.43] slower that way, docs/measurements.md). Understating a busy *candidate* the same way can
+    only hide a slowdown, never make one: one thread's error is its margin."""
     one_thread = candidate.cpu_threads == 1 and baseline.cpu_threads == 1
-    whole = not candidate.per_request or bool(candidate.own_waits and baseline.own_waits)
+    whole = not candidate.per_request or bool(candidate.per_request_load_free and baseline.per_request_load_free)
     if one_thread and (whole or busy_share(baseline.others) is None):
         return interference.LOAD_FREE_RESIDUAL_ONE_THREAD
     return interference.LOAD_FREE_RESIDUAL

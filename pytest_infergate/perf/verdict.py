@@ -144,9 +144,9 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
                    (len(candidate), len(baseline)))
 
 
-# The same workload's peak memory moves between fresh processes (the allocator's state, what the collector freed
-# when) by up to about this factor (benchmarks/memory_repro.py, docs/measurements.md), which the repetitions of
-# one process, nearly identical, do not show: a stored comparison's interval is widened by it on each side.
+# How far the same workload's peak memory may move between fresh processes, which the repetitions of one process,
+# nearly identical, do not show (benchmarks/memory_repro.py measures it; docs/measurements.md): a stored
+# comparison's interval is widened by it on each side.
 MEMORY_DRIFT = 1.05
 
 

@@ -139,10 +139,8 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
 
 
 def violation_line(v: Violation) -> str:
-    """A budget check in one line: the key, measured against the limit, by how much (and why undecided)."""
-    bound = "<" if v.higher_is_better else ">"
-    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
-            f"({v.shortfall()})" + (f": inconclusive, {v.undecided}" if v.undecided else ""))
+    """A budget check in one line: its sentence (violation_sentence), and why it is undecided."""
+    return violation_sentence(v) + (f": inconclusive, {v.undecided}" if v.undecided else "")
 
 
 def verdict_line(v: Verdict) -> str:

@@ -184,13 +184,12 @@ class Reason:
     @property
     def lead(self) -> str:
         """What a reviewer acts on: the message up to its evidence (results.reasons.EVIDENCE)."""
-        return self.message.split(EVIDENCE, 1)[0]
+        return self.message.partition(EVIDENCE)[0]
 
     @property
     def evidence(self) -> str:
         """How it was decided (load correction, probe, repetitions): one click away in the report."""
-        parts = self.message.split(EVIDENCE, 1)
-        return parts[1] if len(parts) > 1 else ""
+        return self.message.partition(EVIDENCE)[2]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "status": self.status.value, "lead": self.lead}
