@@ -97,6 +97,10 @@ class Measurement:
     # a steadier reading of the machine's level than the probes during it, which compete with the workload for
     # the cores. Empty in baselines saved before it was recorded.
     probe_quiet_s: list[float] = field(default_factory=list)
+    # The engine thread's own speed probe (perf.thread_speed): its name (with the Python version) and per repetition
+    # its seconds right before and after (geometric mean). Empty off the CPU and in older baselines.
+    thread_probe: str = ""
+    thread_probe_s: list[float] = field(default_factory=list)
     # Per repetition, the share of the machine's CPU time other processes took while it ran (perf.interference):
     # the direct evidence of a busy runner. Empty where not measured (not Linux, older baselines, endpoints).
     others_share: list[float] = field(default_factory=list)

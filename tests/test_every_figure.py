@@ -211,3 +211,59 @@ def test_peak_memory_counts_what_the_work_allocated_whatever_the_allocator_kept_
     del held
     assert "malloc in use" in peak.result.method
     assert peak.result.delta_bytes / 2**20 == pytest.approx(48, abs=2)
+
+
+# --- the engine thread's speed: the drift between processes, normalized ---------------------------------------------
+
+
+def drifted(speed: float, regression: float = 1.0, seed: int = 0, others=None, load_free=None,
+            probed: bool = True, probe_speed: float | None = None) -> Measurement:
+    """A run on a host `speed` times slower than the baseline's (the drift between two processes of one VM: every
+    cost and the engine thread's speed probe move alike), of code `regression` times slower than the baseline's."""
+    m = served(ttft_ms=100.0 * speed * regression, tokens_per_s=50.0 / (speed * regression), seed=seed,
+               others=others, load_free=load_free)
+    if probed:
+        rng = random.Random(seed + 100)
+        m.thread_probe = "python-dict-loop/1 CPython 3.11.7"
+        m.thread_probe_s = [0.0035 * (probe_speed or speed) * (1 + rng.gauss(0, 0.01)) for _ in range(m.repetitions)]
+    return m
+
+
+@pytest.mark.parametrize("others, load_free", [(None, None), (0.5, 0.98)])
+def test_unchanged_code_on_a_host_that_drifted_passes_at_the_threads_speed_and_a_regression_still_fails(
+        others, load_free):
+    """Issue #54 point 3: the host ran ×1.14 slower in the run's process than in the save's (beyond the threshold,
+    within the runs' drift). Quiet or beside a steady co-tenant on both sides, unchanged code passes at the save's
+    thread speed, saying so; without the probe it stays inconclusive; a ×1.3 regression on the same drifted host
+    fails: the probe decides only a pass that the drift left undecided, never over a failure."""
+    baseline = drifted(1.0, seed=1, others=others, load_free=load_free)
+    unchanged = gated(drifted(1.14, seed=2, others=others, load_free=load_free), baseline)
+    assert by_metric(unchanged) == {"peak_mem_mb": "pass", "tokens_per_s": "pass", "ttft_ms": "pass"}, \
+        unchanged.message()
+    tokens = next(v for v in unchanged.verdicts if v.metric == "tokens_per_s")
+    assert "the engine's thread ran ×1.1" in tokens.note and "slower than at the save" in tokens.note
+    unprobed = gated(drifted(1.14, seed=2, others=others, load_free=load_free, probed=False), baseline)
+    assert by_metric(unprobed)["tokens_per_s"] == "inconclusive", unprobed.message()
+    slower = gated(drifted(1.14, regression=1.3, seed=3, others=others, load_free=load_free), baseline)
+    assert by_metric(slower)["tokens_per_s"] == "fail", slower.message()
+    assert by_metric(slower)["ttft_ms"] == "fail", slower.message()
+
+
+def test_the_speed_probe_passes_nothing_beyond_its_checked_move_nor_against_another_interpreter():
+    baseline = drifted(1.0, seed=1)
+    far = drifted(1.14, seed=2, probe_speed=1.4)  # the probe moved ×1.4: not the drift it was checked against
+    assert by_metric(gated(far, baseline))["tokens_per_s"] == "inconclusive"
+    other_python = drifted(1.14, seed=2)
+    other_python.thread_probe = "python-dict-loop/1 CPython 3.12.1"
+    assert by_metric(gated(other_python, baseline))["tokens_per_s"] == "inconclusive"
+
+
+def test_speed_normalized_never_passes_a_regression_the_probe_did_not_see():
+    from pytest_infergate.perf.speed_normalized import normalized_pass
+
+    costs = [1.0 + 0.01 * (i % 3) for i in range(8)]
+    probe = [0.0035] * 8
+    assert normalized_pass([c * 1.25 for c in costs], probe, costs, probe, 1.1) is None
+    at_speed = normalized_pass([c * 1.15 for c in costs], [p * 1.15 for p in probe], costs, probe, 1.1)
+    assert at_speed is not None and abs(at_speed.ratio - 1.0) < 0.02 and abs(at_speed.speed_move - 1.15) < 1e-9
+    assert normalized_pass([c * 1.15 for c in costs], probe[:7], costs, probe, 1.1) is None  # a repetition unprobed

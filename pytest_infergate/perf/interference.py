@@ -44,7 +44,7 @@ def load_corrected(by: str) -> str:
 
 
 def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool = False) -> float:
-    """How far a load-free estimate can be off for these measurements (Measurement or perf.stored.Side, by their
+    """How far a load-free estimate can be off for these measurements (Measurement or perf.sides.Side, by their
     cpu_threads). Against a stored baseline or a budget: a team's LOAD_FREE_RESIDUAL, on one thread too, unless
     only the candidate was busy (below). A repetition's load-free share stands for each of its requests'
     latencies there, and a time-sliced co-tenant does not stretch them evenly: with a baseline saved under one busy

@@ -16,7 +16,7 @@ from pytest_infergate.engine import EngineConfig
 from pytest_infergate.engine.backends import choice_for
 from pytest_infergate.engine.sequence import Limits, Result
 from pytest_infergate.measurement import LATENCY_METRICS, Measurement, add_request_latencies, note_per_repetition
-from pytest_infergate.perf import calibration, interference
+from pytest_infergate.perf import calibration, interference, thread_speed
 from pytest_infergate.perf.conversations import (
     PREFIX_CACHE_KEY,
     PrefixCacheUse,
@@ -106,6 +106,7 @@ class Bench:
         engine, workload = self.begin_repetition(requests, config, warmup)
         first = sampler.probe_now() if sampler is not None else None
         ours = [os.getpid()] + ([sampler.pid] if sampler is not None and sampler.pid else [])
+        speed_before = thread_speed.probe_seconds() if self.device == "cpu" else None
         process_meters.release_free_memory()  # the peak below rises from what is live (before any timer starts)
         before = interference.snapshot(ours)
         # each request's own waiting for a CPU, where one thread computes on the CPU (wait_clock.WaitClock)
@@ -121,6 +122,10 @@ class Bench:
             wall = time.perf_counter() - start
             seconds = load_free.seconds(wall)
         self._others_after(before, ours, into)
+        speed = thread_speed.repetition_speed(speed_before, thread_speed.probe_seconds()) \
+            if speed_before is not None else None
+        note_per_repetition(into.thread_probe_s, speed, into.repetitions)
+        into.thread_probe = thread_speed.THREAD_PROBE if into.thread_probe_s else ""
         note_per_repetition(into.load_free_share, seconds / wall if seconds is not None and wall > 0 else None,
                             into.repetitions)
         into.load_free_by = load_free.by

@@ -9,20 +9,20 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
-from pytest_infergate.perf import interference
+from pytest_infergate.perf import busy, speed_normalized
+from pytest_infergate.perf.sides import Comparison, MachineChange, Side
 from pytest_infergate.stats import (
     bootstrap_ratio_ci,
     harrell_davis,
-    interval_status,
+    least_disturbed,
     paired_bootstrap_ci,
     percentile,
 )
 from pytest_infergate.status import Status
 
-FAST_QUANTILE = 0.10  # which repetitions summarize a side: the least disturbed tenth, smoothed over all of them
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
 # How many repetitions a side of a stored comparison takes (a save, and the run compared with it): at least
 # LEAST_REPETITIONS, then more until the side's own least-disturbed summary resolves a change of SETTLED_SHARE of
@@ -32,71 +32,12 @@ LEAST_REPETITIONS, MOST_REPETITIONS = 5, 12
 SETTLED_SHARE = 1 / 3
 
 
-@dataclass(frozen=True)
-class Side:
-    """One measurement's repetitions of one metric, oriented so that larger is worse (throughputs inverted)."""
-
-    costs: list[float]
-    during: list[float]  # the probe's time during each repetition (empty: not calibrated)
-    quiet: list[float]  # before and after each repetition, no workload running (empty: not recorded)
-    others: list[float] = field(default_factory=list)  # per repetition, the machine's share other processes took
-    # per repetition, the share of its wall time the work would have taken with the CPUs to itself (Measurement.
-    # load_free_share); empty: not measured
-    load_free: list[float] = field(default_factory=list)
-    cpu_threads: int = 0  # Measurement.cpu_threads: how exact load_free is (interference.load_free_residual)
-    load_free_by: str = ""  # Measurement.load_free_by: what measured load_free
-    per_request: bool = False  # a percentile of per-request figures (a latency), not a figure of the repetition
-    # per repetition, the percentile of the requests' latencies with each request's own waiting taken out
-    # (Measurement.load_free_samples: one thread on the CPU); empty: not measured so
-    per_request_load_free: list[float] = field(default_factory=list)
-
-    def load_free_costs(self) -> list[float] | None:
-        """Each repetition's cost with the co-tenants' load taken out: a latency by each request's own waiting where
-        measured (per_request_load_free), else the cost × the repetition's load-free share (for a per-request
-        percentile the repetition's share then stands for each request's); None: not measured."""
-        if self.per_request_load_free:
-            return list(self.per_request_load_free)
-        if len(self.load_free) != len(self.costs) or min(self.load_free, default=0.0) <= 0:
-            return None
-        return [c * f for c, f in zip(self.costs, self.load_free)]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Candidate/baseline cost ratio with its bootstrap interval, and the two sides' summaries in cost units."""
-
-    ratio: float
-    low: float
-    high: float
-    candidate_cost: float
-    baseline_cost: float
-    normalization: str  # "as measured", "by level" or "per repetition"
-
-    def status(self, threshold: float) -> Status:
-        return interval_status(self.low, self.high, threshold)
-
-
-@dataclass(frozen=True)
-class MachineChange:
-    """How much slower the machine is now than at the baseline, by the calibration probe (1.2: 20% slower)."""
-
-    ratio: float
-    low: float
-    high: float
-
-    def beyond(self, threshold: float) -> bool:
-        """The whole interval lies outside [1/threshold, threshold]: the machine changed more than the gate allows."""
-        return self.low > threshold or self.high < 1.0 / threshold
-
-
-def least_disturbed(values: list[float]) -> float:
-    return harrell_davis(values, FAST_QUANTILE)
-
-
-def side(measurement: Measurement, metric: str, pct: float | None, probed: bool) -> Side | None:
+def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
+         thread_probed: bool = False) -> Side | None:
     """`metric` per repetition as a cost, with the repetitions' probes where `probed` (both sides ran the same
-    probe); None when the measurement did not keep the split by repetition, has too few repetitions or a value
-    that cannot be a cost (zero throughput)."""
+    calibration probe) and the engine thread's speed probe where `thread_probed`; None when the measurement did not
+    keep the split by repetition, has too few repetitions or a value that
+    cannot be a cost (zero throughput)."""
     reps = measurement.by_repetition(metric)
     if not reps or len(reps) < MIN_REPETITIONS or not all(reps):
         return None
@@ -113,9 +54,12 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool)
     per_request_load_free = [percentile(v, pct or 50) for v in own] if own and all(own) else []
     if per_request_load_free and min(per_request_load_free) <= 0:
         per_request_load_free = []
+    thread_probe = list(measurement.thread_probe_s) if thread_probed and len(measurement.thread_probe_s) == len(reps) \
+        else []
     return Side(costs, list(measurement.probe_s) if calibrated else [],
                 list(measurement.probe_quiet_s) if calibrated and quiet else [], others, load_free,
-                measurement.cpu_threads, measurement.load_free_source(), per_request, per_request_load_free)
+                measurement.cpu_threads, measurement.load_free_source(), per_request, per_request_load_free,
+                thread_probe)
 
 
 def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
@@ -248,7 +192,29 @@ class StoredVerdict:
 
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
-    module's docstring. The normalized comparison is reported, never decisive."""
+    module's docstring. The calibration probe's normalized comparison is reported, never decisive; where the two
+    sides were quiet and the verdict as measured was left undecided by the drift between processes (or read
+    faster than that drift allows), the engine thread's own speed probe decides a pass (perf.speed_normalized)."""
+    verdict = _decide_as_measured(candidate, baseline, max_regression)
+    threshold = 1.0 + max_regression
+    measured = verdict.measured
+    undecided = verdict.status == Status.INCONCLUSIVE and measured.status(threshold) != Status.PASS
+    too_fast = verdict.status == Status.PASS and measured.high < 1.0 / (threshold * RUN_DRIFT)
+    quiet = busy_share(candidate.others) is None and busy_share(baseline.others) is None
+    if not quiet or verdict.baseline_at_fault or not (undecided or too_fast):
+        return verdict
+    rescued = speed_normalized.normalized_pass(candidate.costs, candidate.thread_probe, baseline.costs,
+                                               baseline.thread_probe, threshold)
+    if rescued is None:
+        return verdict
+    at_speed = Comparison(rescued.ratio, rescued.low, rescued.high, rescued.ratio * measured.baseline_cost,
+                          measured.baseline_cost, "by the engine thread's speed")
+    return StoredVerdict(Status.PASS, at_speed, verdict.machine,
+                         f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured; "
+                         f"{rescued.sentence(threshold)}")
+
+
+def _decide_as_measured(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
     status = measured.status(threshold)
@@ -256,9 +222,11 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     drift = within_drift(measured, status, threshold)
     if drift:  # no failure as measured, whatever the evidence below (the load-corrected figures decide apart)
         status = Status.INCONCLUSIVE
-    busy = busy_sides(candidate, baseline, measured, status, threshold)
-    if busy is not None:
-        return StoredVerdict(busy.status, measured, change, busy.why, busy.baseline_at_fault, busy.load_corrected)
+    loaded = busy.busy_sides(candidate, baseline, measured, status, threshold) \
+        if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None else None
+    if loaded is not None:
+        return StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
+                             loaded.load_corrected)
     if drift:
         return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT)
     adjusted = normalized(candidate, baseline) if change is not None else None
@@ -302,118 +270,6 @@ def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
             f"beyond ×{bound:.2f} (the threshold × {RUN_DRIFT}, the most an unchanged run drifted from a stored "
             "baseline on these machines): the two runs cannot tell it from the machine's own drift; compare in one "
             "process (infergate_bench.ab) or set a max_regression above the drift")
-
-
-@dataclass(frozen=True)
-class BusyVerdict:
-    status: Status
-    why: str
-    baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
-    load_corrected: bool = False
-
-
-def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
-               threshold: float) -> BusyVerdict | None:
-    """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
-    direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
-    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
-    now, then = busy_share(candidate.others), busy_share(baseline.others)
-    if now is None and then is None:
-        return None
-    failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
-    if failed is not None:
-        return BusyVerdict(Status.FAIL, failed, load_corrected=True)
-    if now is not None and then is None:
-        if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
-            return BusyVerdict(status, "")  # passed despite the load, or slower than the load can explain
-        return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy: {interference.describe(now)} during this run, "
-                                                f"so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                                                "from the machine's load; rerun on a quiet runner")
-    if then is not None and now is None:
-        if status == Status.FAIL:
-            return BusyVerdict(status, "")
-        return BusyVerdict(Status.INCONCLUSIVE, f"the baseline was saved on a busy runner: "
-                                                f"{interference.describe(then)} while it was measured, so this run "
-                                                f"being no slower (×{measured.ratio:.3f}) says nothing; re-save the "
-                                                "baseline on a quiet runner", baseline_at_fault=True)
-    steady = steady_co_tenant(candidate, baseline, threshold, now, then)
-    if steady is not None:
-        return steady
-    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides, unevenly: "
-                                            f"{interference.describe(now)} during this run and "
-                                            f"{interference.taken(then)} while the baseline was saved; re-save the "
-                                            "baseline and rerun on a quiet runner", baseline_at_fault=True)
-
-
-# Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE
-# and our threads' load-free shares (the share of wall time they would have needed alone) by at most a factor
-# SAME_LOAD_FACTOR: one busy loop beside the run at the save and at the compare, as a steady neighbour on a shared
-# runner keeps.
-SAME_LOAD_SHARE = 0.15
-SAME_LOAD_FACTOR = 1.25
-
-
-def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: float,
-                     then: float) -> BusyVerdict | None:
-    """Both sides ran beside the same co-tenant (SAME_LOAD_SHARE, SAME_LOAD_FACTOR): the load hit them alike, so
-    their load-free costs (Side.load_free_costs) compare like a quiet pair's and decide both ways — a pass where the
-    whole interval lies within the threshold, a failure beyond the threshold times the correction's per-repetition
-    error (interference.load_free_residual: a steady load stretches both sides' latencies alike, so a team's or one
-    thread's error applies, not the uneven-load margin). None: the loads differ, or were not measured alike."""
-    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
-    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
-        return None
-    free_now, free_then = harrell_davis(candidate.load_free, 0.5), harrell_davis(baseline.load_free, 0.5)
-    if abs(now - then) > SAME_LOAD_SHARE or max(free_now, free_then) > SAME_LOAD_FACTOR * min(free_now, free_then):
-        return None
-    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    residual = interference.load_free_residual(candidate, baseline, baseline_quiet=True)
-    how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
-           f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
-           f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
-           f"resolves slowdowns above ×{math.sqrt(high / low) if low > 0 else math.inf:.3f}")
-    if high <= threshold:
-        return BusyVerdict(Status.PASS, how, load_corrected=True)
-    if low > threshold * residual:
-        return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
-                                        f"correction's error ×{residual})", load_corrected=True)
-    return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
-                                            "can be off, nor within the threshold")
-
-
-def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
-                      share: float) -> str | None:
-    """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
-    taken out (Side.load_free_costs) compared, failing only when the whole interval lies above the threshold
-    times the estimate's measured residual (interference.load_free_residual: measured between runs, so the runs'
-    own drift, RUN_DRIFT, is in it). Returns the reason, naming the load
-    and the evidence, or None (not measured on both sides, or not beyond the bound)."""
-    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
-    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
-        return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
-    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    residual = stored_residual(candidate, baseline)
-    bound = threshold * residual
-    if low <= bound:
-        return None
-    return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
-            f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
-            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
-
-
-def stored_residual(candidate: Side, baseline: Side) -> float:
-    """How far two load-corrected sides of a stored comparison can be off: one thread's per-repetition error
-    (interference.LOAD_FREE_RESIDUAL_ONE_THREAD) where both ran on one CPU thread and the figure is the repetition's
-    own (a throughput), each request's own (WaitClock), or only the candidate was busy; else a team's margin
-    (LOAD_FREE_RESIDUAL): a busy baseline's per-request percentile scaled by its repetition's share understates it
-    unevenly, since a time-sliced co-tenant stretches a few requests a lot and most not at all (unchanged code read
-    ITL ×1.31 [1.11, 1.43] slower that way, docs/measurements.md). Understating a busy *candidate* the same way can
-    only hide a slowdown, never make one: one thread's error is its margin."""
-    one_thread = candidate.cpu_threads == 1 and baseline.cpu_threads == 1
-    whole = not candidate.per_request or bool(candidate.per_request_load_free and baseline.per_request_load_free)
-    if one_thread and (whole or busy_share(baseline.others) is None):
-        return interference.LOAD_FREE_RESIDUAL_ONE_THREAD
-    return interference.LOAD_FREE_RESIDUAL
 
 
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:

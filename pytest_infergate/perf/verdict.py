@@ -12,7 +12,14 @@ from dataclasses import asdict, dataclass, replace
 from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import interference, stored
-from pytest_infergate.stats import bootstrap_ratio_ci, interval_status, median_interval, min_rounds, percentile
+from pytest_infergate.stats import (
+    FAST_QUANTILE,
+    bootstrap_ratio_ci,
+    interval_status,
+    median_interval,
+    min_rounds,
+    percentile,
+)
 from pytest_infergate.status import Status
 
 
@@ -58,7 +65,7 @@ class Verdict:
         where = f"p{self.percentile} " if self.percentile else ""
         how = ", paired by round" if self.paired else ""
         if self.repetitions:
-            how += (f", least-disturbed repetitions (p{stored.FAST_QUANTILE * 100:g} of per-repetition values), "
+            how += (f", least-disturbed repetitions (p{FAST_QUANTILE * 100:g} of per-repetition values), "
                     f"resolves slowdowns above ×{self.resolution:.3f}")
         if self.machine_slowdown is not None:
             how += f"; calibration probe ×{self.machine_slowdown:.3f} of the baseline's"
@@ -85,7 +92,7 @@ class Verdict:
         repetitions of a throughput, the percentile over all requests of a latency); "" where they are."""
         if self.repetitions:  # perf.stored: each side by its least-disturbed repetitions
             of = f"per-repetition p{self.percentile}s" if self.percentile else "per-repetition values"
-            return f"least-disturbed repetitions: p{stored.FAST_QUANTILE * 100:g} of {of}"
+            return f"least-disturbed repetitions: p{FAST_QUANTILE * 100:g} of {of}"
         if self.paired and self.load_corrected:
             return "median of per-round values, load-corrected"
         return ""
@@ -272,7 +279,9 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     if not scales_with_speed(metric):
         return None
     probed = bool(candidate.probe) and candidate.probe == baseline.probe
-    cand, base = stored.side(candidate, metric, pct, probed), stored.side(baseline, metric, pct, probed)
+    same_thread_probe = bool(candidate.thread_probe) and candidate.thread_probe == baseline.thread_probe
+    cand = stored.side(candidate, metric, pct, probed, same_thread_probe)
+    base = stored.side(baseline, metric, pct, probed, same_thread_probe)
     if cand is None or base is None:
         return None
     decided = stored.decide(cand, base, max_regression)

@@ -1,0 +1,133 @@
+"""A stored comparison where the kernel saw other processes keep a side's runner busy (perf.interference): the
+direct evidence of load, read before the calibration probe's indirect one. Busy now: only a pass as measured stands,
+or a slowdown beyond what the load can explain; busy at the save: only a failure; busy on both sides alike (a steady
+co-tenant): the load-corrected figures decide both ways; unevenly: nothing does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pytest_infergate.measurement import busy_share
+from pytest_infergate.perf import interference, speed_normalized
+from pytest_infergate.perf.sides import Comparison, Side
+from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed
+from pytest_infergate.status import Status
+
+
+@dataclass(frozen=True)
+class BusyVerdict:
+    status: Status
+    why: str
+    baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
+    load_corrected: bool = False
+
+
+def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
+               threshold: float) -> BusyVerdict | None:
+    """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
+    direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
+    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
+    now, then = busy_share(candidate.others), busy_share(baseline.others)
+    if now is None and then is None:
+        return None
+    failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
+    if failed is not None:
+        return BusyVerdict(Status.FAIL, failed, load_corrected=True)
+    if now is not None and then is None:
+        if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
+            return BusyVerdict(status, "")  # passed despite the load, or slower than the load can explain
+        return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy: {interference.describe(now)} during this run, "
+                                                f"so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
+                                                "from the machine's load; rerun on a quiet runner")
+    if then is not None and now is None:
+        if status == Status.FAIL:
+            return BusyVerdict(status, "")
+        return BusyVerdict(Status.INCONCLUSIVE, f"the baseline was saved on a busy runner: "
+                                                f"{interference.describe(then)} while it was measured, so this run "
+                                                f"being no slower (×{measured.ratio:.3f}) says nothing; re-save the "
+                                                "baseline on a quiet runner", baseline_at_fault=True)
+    steady = steady_co_tenant(candidate, baseline, threshold, now, then)
+    if steady is not None:
+        return steady
+    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides, unevenly: "
+                                            f"{interference.describe(now)} during this run and "
+                                            f"{interference.taken(then)} while the baseline was saved; re-save the "
+                                            "baseline and rerun on a quiet runner", baseline_at_fault=True)
+
+
+# Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE
+# and our threads' load-free shares (the share of wall time they would have needed alone) by at most a factor
+# SAME_LOAD_FACTOR: one busy loop beside the run at the save and at the compare, as a steady neighbour on a shared
+# runner keeps.
+SAME_LOAD_SHARE = 0.15
+SAME_LOAD_FACTOR = 1.25
+
+
+def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: float,
+                     then: float) -> BusyVerdict | None:
+    """Both sides ran beside the same co-tenant (SAME_LOAD_SHARE, SAME_LOAD_FACTOR): the load hit them alike, so
+    their load-free costs (Side.load_free_costs) compare like a quiet pair's and decide both ways — a pass where the
+    whole interval lies within the threshold, a failure beyond the threshold times the correction's per-repetition
+    error (interference.load_free_residual: a steady load stretches both sides' latencies alike, so a team's or one
+    thread's error applies, not the uneven-load margin). None: the loads differ, or were not measured alike."""
+    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
+    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
+        return None
+    free_now, free_then = harrell_davis(candidate.load_free, 0.5), harrell_davis(baseline.load_free, 0.5)
+    if abs(now - then) > SAME_LOAD_SHARE or max(free_now, free_then) > SAME_LOAD_FACTOR * min(free_now, free_then):
+        return None
+    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
+    residual = interference.load_free_residual(candidate, baseline, baseline_quiet=True)
+    how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
+           f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
+           f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
+           f"resolves slowdowns above ×{math.sqrt(high / low) if low > 0 else math.inf:.3f}")
+    if high <= threshold:
+        return BusyVerdict(Status.PASS, how, load_corrected=True)
+    if low > threshold * residual:
+        return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
+                                        f"correction's error ×{residual})", load_corrected=True)
+    # the drift between the save's process and this one is the host's, which the load correction does not see and
+    # the engine thread's speed probe does (perf.speed_normalized)
+    at_speed = speed_normalized.normalized_pass(cand, candidate.thread_probe, base, baseline.thread_probe, threshold)
+    if at_speed is not None:
+        return BusyVerdict(Status.PASS, f"{how}; {at_speed.sentence(threshold)}", load_corrected=True)
+    return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
+                                            "can be off, nor within the threshold")
+
+
+def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
+                      share: float) -> str | None:
+    """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
+    taken out (Side.load_free_costs) compared, failing only when the whole interval lies above the threshold
+    times the estimate's measured residual (interference.load_free_residual: measured between runs, so the runs'
+    own drift, RUN_DRIFT, is in it). Returns the reason, naming the load
+    and the evidence, or None (not measured on both sides, or not beyond the bound)."""
+    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
+    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
+        return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
+    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
+    residual = stored_residual(candidate, baseline)
+    bound = threshold * residual
+    if low <= bound:
+        return None
+    return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
+            f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
+            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold)")
+
+
+def stored_residual(candidate: Side, baseline: Side) -> float:
+    """How far two load-corrected sides of a stored comparison can be off: one thread's per-repetition error
+    (interference.LOAD_FREE_RESIDUAL_ONE_THREAD) where both ran on one CPU thread and the figure is the repetition's
+    own (a throughput), each request's own (WaitClock), or only the candidate was busy; else a team's margin
+    (LOAD_FREE_RESIDUAL): a busy baseline's per-request percentile scaled by its repetition's share understates it
+    unevenly, since a time-sliced co-tenant stretches a few requests a lot and most not at all (unchanged code read
+    ITL ×1.31 [1.11, 1.43] slower that way, docs/measurements.md). Understating a busy *candidate* the same way can
+    only hide a slowdown, never make one: one thread's error is its margin."""
+    one_thread = candidate.cpu_threads == 1 and baseline.cpu_threads == 1
+    whole = not candidate.per_request or bool(candidate.per_request_load_free and baseline.per_request_load_free)
+    if one_thread and (whole or busy_share(baseline.others) is None):
+        return interference.LOAD_FREE_RESIDUAL_ONE_THREAD
+    return interference.LOAD_FREE_RESIDUAL

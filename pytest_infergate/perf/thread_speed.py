@@ -1,0 +1,40 @@
+"""The engine thread's own speed, read right before and right after each repetition on the thread that runs it.
+
+Two fresh processes of the same code on the same VM run a workload at speeds that differ by several percent — the
+host's clock and neighbours move between them, invisibly to the guest — and a stored baseline is always another
+process. perf.calibration's probe runs in a child process on numpy's BLAS, on whichever CPU is free, and does not
+follow that move; a short pure-Python loop on the engine's own thread does (docs/measurements.md, "the engine
+thread's speed"). It uses no library a gate is gating, so an upgrade under test cannot move it; only the Python
+version can, and the probe's name carries it. perf.stored normalizes a comparison by it to decide a pass that the
+drift between processes alone left undecided; it never makes a failure.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+
+# The probe's name: readings compare only between measurements that name the same probe on the same interpreter.
+THREAD_PROBE = f"python-dict-loop/1 {platform.python_implementation()} {platform.python_version()}"
+ROUNDS = 3  # the least of these runs is the thread's speed: a run the scheduler interrupted reads slow
+LOOP = 40_000  # about 3-4 ms a run on one core of the CI VMs: short beside a repetition, long beside a time slice
+
+
+def _one_run() -> float:
+    counts: dict[int, int] = {}
+    start = time.thread_time()  # the thread's CPU time: a wait for a CPU is not the thread's speed
+    for i in range(LOOP):
+        counts[i % 97] = counts.get(i % 97, 0) + i
+    return time.thread_time() - start
+
+
+def probe_seconds() -> float:
+    """The least of ROUNDS runs of the loop, in seconds of the thread's CPU time: a co-tenant that takes the
+    thread's CPU for a while does not count, a host that runs the vCPU slower does."""
+    return min(_one_run() for _ in range(ROUNDS))
+
+
+def repetition_speed(before_s: float, after_s: float) -> float:
+    """One repetition's reading: the geometric mean of the probes right before and right after it."""
+    return math.sqrt(before_s * after_s)
