@@ -259,7 +259,7 @@ def test_the_speed_probe_passes_nothing_beyond_its_checked_move_nor_against_anot
 
 
 def test_speed_normalized_never_passes_a_regression_the_probe_did_not_see():
-    from pytest_infergate.perf.speed_normalized import normalized_pass
+    from pytest_infergate.perf.stored import normalized_pass
 
     costs = [1.0 + 0.01 * (i % 3) for i in range(8)]
     probe = [0.0035] * 8

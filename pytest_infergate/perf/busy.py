@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from pytest_infergate.measurement import busy_share
-from pytest_infergate.perf import interference, speed_normalized
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.sides import Comparison, Side
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed
 from pytest_infergate.status import Status
@@ -22,6 +22,9 @@ class BusyVerdict:
     why: str
     baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
     load_corrected: bool = False
+    # undecided beside the same co-tenant on both sides, the load-corrected comparison in words: those costs compare
+    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.stored.at_thread_speed)
+    steady: str = ""
 
 
 def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
@@ -89,13 +92,8 @@ def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: flo
     if low > threshold * residual:
         return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
                                         f"correction's error ×{residual})", load_corrected=True)
-    # the drift between the save's process and this one is the host's, which the load correction does not see and
-    # the engine thread's speed probe does (perf.speed_normalized)
-    at_speed = speed_normalized.normalized_pass(cand, candidate.thread_probe, base, baseline.thread_probe, threshold)
-    if at_speed is not None:
-        return BusyVerdict(Status.PASS, f"{how}; {at_speed.sentence(threshold)}", load_corrected=True)
     return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
-                                            "can be off, nor within the threshold")
+                                            "can be off, nor within the threshold", load_corrected=True, steady=how)
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,

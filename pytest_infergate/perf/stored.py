@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
-from pytest_infergate.perf import busy, speed_normalized
+from pytest_infergate.perf import busy
 from pytest_infergate.perf.sides import Comparison, MachineChange, Side
 from pytest_infergate.stats import (
     bootstrap_ratio_ci,
     harrell_davis,
+    interval_status,
     least_disturbed,
     paired_bootstrap_ci,
     percentile,
@@ -192,41 +193,37 @@ class StoredVerdict:
 
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
-    module's docstring. The calibration probe's normalized comparison is reported, never decisive; where the two
-    sides were quiet and the verdict as measured was left undecided by the drift between processes (or read
-    faster than that drift allows), the engine thread's own speed probe decides a pass (perf.speed_normalized)."""
-    verdict = _decide_as_measured(candidate, baseline, max_regression)
-    threshold = 1.0 + max_regression
-    measured = verdict.measured
-    undecided = verdict.status == Status.INCONCLUSIVE and measured.status(threshold) != Status.PASS
-    too_fast = verdict.status == Status.PASS and measured.high < 1.0 / (threshold * RUN_DRIFT)
-    quiet = busy_share(candidate.others) is None and busy_share(baseline.others) is None
-    if not quiet or verdict.baseline_at_fault or not (undecided or too_fast):
-        return verdict
-    rescued = speed_normalized.normalized_pass(candidate.costs, candidate.thread_probe, baseline.costs,
-                                               baseline.thread_probe, threshold)
-    if rescued is None:
-        return verdict
-    at_speed = Comparison(rescued.ratio, rescued.low, rescued.high, rescued.ratio * measured.baseline_cost,
-                          measured.baseline_cost, "by the engine thread's speed")
-    return StoredVerdict(Status.PASS, at_speed, verdict.machine,
-                         f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured; "
-                         f"{rescued.sentence(threshold)}")
-
-
-def _decide_as_measured(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
+    module's docstring. The calibration probe's normalized comparison is reported, never decisive. Where the two
+    sides were quiet, or beside the same co-tenant, and the verdict was left undecided by the drift between
+    processes (or read faster than that drift allows), the engine thread's own speed probe decides a pass
+    (at_thread_speed)."""
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
-    status = measured.status(threshold)
+    status = interval_status(measured.low, measured.high, threshold)
     change = machine_change(candidate, baseline)
     drift = within_drift(measured, status, threshold)
     if drift:  # no failure as measured, whatever the evidence below (the load-corrected figures decide apart)
         status = Status.INCONCLUSIVE
-    loaded = busy.busy_sides(candidate, baseline, measured, status, threshold) \
-        if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None else None
-    if loaded is not None:
-        return StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
-                             loaded.load_corrected)
+    if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None:
+        loaded = busy.busy_sides(candidate, baseline, measured, status, threshold)
+        verdict = StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
+                                loaded.load_corrected)
+        if not loaded.steady:
+            return verdict
+        return at_thread_speed(verdict, candidate.load_free_costs() or [], baseline.load_free_costs() or [],
+                               candidate, baseline, threshold, loaded.steady)
+    verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
+    undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
+        and interval_status(measured.low, measured.high, threshold) != Status.PASS
+    too_fast = verdict.status == Status.PASS and measured.high < 1.0 / (threshold * RUN_DRIFT)
+    if verdict.baseline_at_fault or not (undecided or too_fast):
+        return verdict
+    return at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
+
+
+def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
+                 drift: str, threshold: float) -> StoredVerdict:
+    """Neither side measured busy: the verdict as measured, the runs' drift and the calibration probe's move."""
     if drift:
         return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT)
     adjusted = normalized(candidate, baseline) if change is not None else None
@@ -252,7 +249,7 @@ def _decide_as_measured(candidate: Side, baseline: Side, max_regression: float) 
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
                              f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
                              "the baseline on a quiet runner", baseline_at_fault=True)
-    other = adjusted.status(threshold) if adjusted is not None else Status.INCONCLUSIVE
+    other = interval_status(adjusted.low, adjusted.high, threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
@@ -275,10 +272,76 @@ def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
 def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
     if adjusted is None:
         return ""
-    return (f" (normalized by the probe it would read ×{adjusted.ratio:.3f}, "
-            f"{adjusted.status(threshold)}, but the probe does not slow as the engine does)")
+    status = interval_status(adjusted.low, adjusted.high, threshold)
+    return (f" (normalized by the probe it would read ×{adjusted.ratio:.3f}, {status}, but the probe does not slow "
+            "as the engine does)")
 
 
 def in_metric_units(metric: str, cost: float) -> float:
     """A cost back in the metric's own unit (throughputs were inverted)."""
     return 1.0 / cost if METRICS[metric][1] and cost > 0 else cost
+
+
+# --- a pass at the save's thread speed --------------------------------------------------------------------------------
+# Each side's least-disturbed cost over its least-disturbed reading of the engine thread's speed probe
+# (perf.thread_speed), the repetitions resampled with their probes: it decides a pass that the drift between two
+# processes left undecided as measured; it never makes a failure and never overrules one. Why it is trusted that far,
+# with the measurements: docs/explanation/perf-gates.md.
+#
+# The most the thread's speed may have moved between the save and the run for the normalization to stand: the
+# largest move between fresh processes seen with nothing of ours changed (docs/measurements.md). A larger move is
+# not the host's drift, and a normalization by it would lean on the probe more than it was ever checked.
+MAX_SPEED_MOVE = 1.3
+
+
+@dataclass(frozen=True)
+class SpeedNormalized:
+    """Candidate/baseline cost ratio at the baseline's thread speed, with its bootstrap interval."""
+
+    ratio: float
+    low: float
+    high: float
+    speed_move: float  # the thread's probe now over at the save (1.1: the thread ran 10% slower now)
+
+    def sentence(self, threshold: float) -> str:
+        way = "slower" if self.speed_move >= 1 else "faster"
+        move = self.speed_move if self.speed_move >= 1 else 1 / self.speed_move
+        return (f"the engine's thread ran ×{move:.3f} {way} than at the save (its speed probe, read before and after "
+                f"each repetition); at the save's speed ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}], "
+                f"within ×{threshold:.2f}")
+
+
+def _at_probe_speed(pairs: list[tuple[float, float]]) -> float:
+    return least_disturbed([cost for cost, _ in pairs]) / least_disturbed([probe for _, probe in pairs])
+
+
+def normalized_pass(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+                    baseline_probe: list[float], threshold: float) -> SpeedNormalized | None:
+    """The comparison at the save's thread speed where its whole interval lies within `threshold`; None where a
+    side has no probe for each repetition, the speed moved beyond MAX_SPEED_MOVE, or the interval does not pass."""
+    if len(candidate_probe) != len(candidate_costs) or len(baseline_probe) != len(baseline_costs) \
+            or min(candidate_probe + baseline_probe, default=0.0) <= 0:
+        return None
+    move = least_disturbed(candidate_probe) / least_disturbed(baseline_probe)
+    if not 1 / MAX_SPEED_MOVE <= move <= MAX_SPEED_MOVE:
+        return None
+    point, low, high = bootstrap_ratio_ci(list(zip(candidate_costs, candidate_probe)),
+                                          list(zip(baseline_costs, baseline_probe)), _at_probe_speed)
+    return SpeedNormalized(point, low, high, move) if high <= threshold else None
+
+
+def at_thread_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
+                    candidate: Side, baseline: Side, threshold: float, steady_evidence: str = "") -> StoredVerdict:
+    """`verdict`, or a pass where the costs (as measured, or load-corrected beside a steady co-tenant) pass at the
+    save's thread speed (normalized_pass); the pass rests on that comparison, and says both."""
+    at_speed = normalized_pass(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe,
+                               threshold)
+    if at_speed is None:
+        return verdict
+    measured = verdict.measured
+    before = steady_evidence or f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
+    return StoredVerdict(Status.PASS, Comparison(at_speed.ratio, at_speed.low, at_speed.high,
+                                                 at_speed.ratio * measured.baseline_cost, measured.baseline_cost,
+                                                 "at the save's thread speed"),
+                         verdict.machine, f"{before}; {at_speed.sentence(threshold)}",
+                         load_corrected=verdict.load_corrected)
