@@ -5,10 +5,11 @@ and beside a steady co-tenant? The stored-baseline gate's power per figure (issu
     python benchmarks/figure_power.py --arm hog-run --trials 10     # one busy loop per core during the trials
     python benchmarks/figure_power.py --arm co-tenant               # one busy loop during the save and the trials
 
-A child process saves the baseline as `pytest --infergate-save-baseline` does (the `infergate_bench` fixture's
-object, `infergate_budget(max_regression=0.1)` and nothing else: the starter's test, which compares tokens/s,
-TTFT and peak memory); this process then measures every trial through a fresh PerfBench under the same marker,
-the injections taking turns:
+Each trial is two fresh processes, as two CI runs are: one saves the baseline as `pytest --infergate-save-baseline`
+does (the `infergate_bench` fixture's object, `infergate_budget(max_regression=0.1)` and nothing else: the starter's
+test, which compares tokens/s, TTFT and peak memory), the next measures every injection against it through a fresh
+PerfBench under the same marker, the injections taking turns (each trial draws the host's speed in two processes
+anew, so the counts are independent trials):
 - `unchanged`;
 - `ttft2`: every prefill forward (16 input tokens or more) followed by a sleep as long as its quiet time: time to
   first token ×2, decode steps untouched (perf.injections.injected_prefill_slowdown);
@@ -24,7 +25,7 @@ quiet); `co-tenant` (one busy loop in all, during the save and the trials: a ste
 from __future__ import annotations
 
 import argparse
-import atexit
+import json
 import signal
 import subprocess
 import sys
@@ -106,17 +107,8 @@ def statuses(record: PerfRecord, accepted: PerfRecord, max_regression: float) ->
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-random-llama")
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--max-regression", type=float, default=0.10)
-    parser.add_argument("--arm", choices=tuple(ARMS), default="quiet")
-    parser.add_argument("--injections", default=",".join(INJECTIONS))
-    parser.add_argument("--notes", action="store_true", help="print each verdict's note (why it decided so)")
-    parser.add_argument("--save-baseline", type=Path, help=argparse.SUPPRESS)  # the child's job
-    args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+def prepared(args):
+    """This process's model, workload and engine config, warmed up, with each forward's quiet time recorded."""
     import torch
 
     torch.set_num_threads(DEFAULT_CPU_THREADS)
@@ -129,54 +121,89 @@ def main() -> int:
     with args.quiet_times.recording(loaded.model):
         warm.measure(requests, config, warmup=1, repeats=1)
     warm.close()
-    if args.save_baseline is not None:
-        record = measure(args, loaded, requests, config, None, save=args.save_baseline)
-        save_run_as_baseline(args.save_baseline, RunResults(records=[record]))
-        return 0
-    run_loops, at_save = ARMS[args.arm]
-    path = Path(tempfile.mkdtemp()) / "baseline.json"
-    with CpuHog(at_save, run_loops):
-        subprocess.run([sys.executable, __file__, "--model", args.model, "--max-regression", str(args.max_regression),
-                        "--save-baseline", str(path)], check=True)
-    baseline = load_baseline(path, baseline_entries)
+    return loaded, requests, config
+
+
+def run_trial(args) -> None:
+    """The run's process of one trial: every injection measured against the baseline at args.run_against, one
+    JSON line each (the figures' verdicts, the ratios, why)."""
+    loaded, requests, config = prepared(args)
+    baseline = load_baseline(args.run_against, baseline_entries)
     accepted = PerfRecord(test=TEST_ID, label="", precision="fp32", measurement=baseline[TEST_ID].measurement,
                           budget={}, fingerprint=baseline[TEST_ID].fingerprint)
     peak = accepted.measurement.value("peak_mem_mb")
-    m = accepted.measurement
-    print(f"arm {args.arm}; baseline: {m.repetitions} repetitions, {m.value('tokens_per_s'):.0f} tok/s, TTFT p50 "
-          f"{m.value('ttft_ms', 50):.1f} ms, peak {peak:.1f} MiB; torch threads {torch.get_num_threads()}", flush=True)
-    injections = args.injections.split(",")
+    for injection in args.injections.split(","):
+        record = measure(args, loaded, requests, config, baseline, injection, baseline_peak_mb=peak)
+        print(json.dumps({"injection": injection, "figures": statuses(record, accepted, args.max_regression),
+                          "ratios": {v.metric: [round(v.ratio, 3), round(v.low, 3), round(v.high, 3)]
+                                     for v in record.verdicts},
+                          "notes": {v.metric: v.note for v in record.verdicts}}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-random-llama")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--max-regression", type=float, default=0.10)
+    parser.add_argument("--arm", choices=tuple(ARMS), default="quiet")
+    parser.add_argument("--injections", default=",".join(INJECTIONS))
+    parser.add_argument("--notes", action="store_true", help="print each verdict's note (why it decided so)")
+    parser.add_argument("--save-baseline", type=Path, help=argparse.SUPPRESS)  # a trial's save process
+    parser.add_argument("--run-against", type=Path, help=argparse.SUPPRESS)  # a trial's run process
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.save_baseline is not None:
+        loaded, requests, config = prepared(args)
+        record = measure(args, loaded, requests, config, None, save=args.save_baseline)
+        save_run_as_baseline(args.save_baseline, RunResults(records=[record]))
+        return 0
+    if args.run_against is not None:
+        run_trial(args)
+        return 0
+    run_loops, at_save = ARMS[args.arm]
+    common = ["--model", args.model, "--max-regression", str(args.max_regression), "--injections", args.injections]
     counts: dict[tuple[str, str], Counter] = {}
-    hog = CpuHog(run_loops != 0, run_loops).__enter__()
-    atexit.register(hog.__exit__, None, None, None)
+    at_speed: Counter = Counter()  # per injection, the figures that passed only at the save's thread speed
     durations = []
+    print(f"arm {args.arm}: each trial a fresh process saving the baseline, then a fresh process measuring "
+          f"{args.injections} against it", flush=True)
     for trial in range(args.trials):
-        for injection in injections:
-            start = time.perf_counter()
-            record = measure(args, loaded, requests, config, baseline, injection, baseline_peak_mb=peak)
-            durations.append(time.perf_counter() - start)
-            figures = statuses(record, accepted, args.max_regression)
-            for figure, status in figures.items():
-                counts.setdefault((injection, figure), Counter())[status] += 1
-            ratios = ", ".join(f"{v.metric} ×{v.ratio:.2f} [{v.low:.2f}, {v.high:.2f}] {v.status.value}"
-                               for v in record.verdicts)
-            print(f"  {injection:9s} trial {trial + 1:2d}: {record.status.value:12s} {ratios}; ttft p95 "
-                  f"{figures.get('ttft_ms p95', '-')} ({durations[-1]:.0f} s)", flush=True)
+        start = time.perf_counter()
+        path = Path(tempfile.mkdtemp()) / "baseline.json"
+        with CpuHog(at_save, run_loops):
+            subprocess.run([sys.executable, __file__, *common, "--save-baseline", str(path)], check=True)
+        with CpuHog(run_loops != 0, run_loops):
+            done = subprocess.run([sys.executable, __file__, *common, "--run-against", str(path)], check=True,
+                                  capture_output=True, text=True)
+        durations.append(time.perf_counter() - start)
+        for line in done.stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            for figure, status in row["figures"].items():
+                counts.setdefault((row["injection"], figure), Counter())[status] += 1
+            ratios = ", ".join(f"{metric} ×{r[0]:.2f} [{r[1]:.2f}, {r[2]:.2f}] "
+                               f"{row['figures'].get(metric) or row['figures'].get(metric + ' p50', '')}"
+                               for metric, r in row["ratios"].items())
+            for note in row["notes"].values():
+                if "the engine's thread ran" in (note or ""):
+                    at_speed[row["injection"]] += 1
+            print(f"  trial {trial + 1:2d} {row['injection']:9s}: {ratios}; ttft p95 "
+                  f"{row['figures'].get('ttft_ms p95', '-')}", flush=True)
             if args.notes:
-                m = record.measurement
-                print(f"      others {[round(x, 2) for x in m.others_share]}, load-free "
-                      f"{[round(x, 2) for x in m.load_free_share]}", flush=True)
-                for v in record.verdicts:
-                    print(f"      {v.metric}: {v.note or '-'}", flush=True)
-    hog.__exit__(None, None, None)
-    print(f"\npass / inconclusive / fail per figure, arm {args.arm}, {args.trials} trials, max_regression "
-          f"{args.max_regression:.0%}:")
+                for metric, note in row["notes"].items():
+                    print(f"      {metric}: {note or '-'}", flush=True)
+    print(f"\npass / inconclusive / fail per figure, arm {args.arm}, {args.trials} trials (each a fresh save and a "
+          f"fresh run), max_regression {args.max_regression:.0%}:")
     print(f"  {'injection':10s} " + " ".join(f"{f:>14s}" for f in FIGURES))
-    for injection in injections:
+    for injection in args.injections.split(","):
         cells = [counts.get((injection, figure), Counter()) for figure in FIGURES]
         print(f"  {injection:10s} " + " ".join(f"{c['pass']:>4d}/{c['inconclusive']:d}/{c['fail']:<d}".rjust(14)
                                                for c in cells))
-    print(f"time per trial: median {sorted(durations)[len(durations) // 2]:.1f} s")
+    print("passes decided at the save's thread speed (perf.stored.at_thread_speed), figures over all trials: "
+          + (", ".join(f"{injection} {n}" for injection, n in at_speed.items()) or "none"))
+    median = sorted(durations)[len(durations) // 2]
+    print(f"time per trial (a save and a run of every injection): median {median:.1f} s")
     return 0
 
 
