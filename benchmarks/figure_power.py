@@ -15,7 +15,9 @@ anew, so the counts are independent trials):
   first token ×2, decode steps untouched (perf.injections.injected_prefill_slowdown);
 - `mem30`: an allocation of 30% of the baseline's peak memory held through each repetition
   (perf.injections.held_allocation);
-- `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower.
+- `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower;
+- `tps125` (not in the default set): the same sleep a quarter as long: ×1.25 slower, beyond the threshold by more
+  than the runs' drift — does a pass at the save's thread speed ever let it through?
 The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
 the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
 pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during the trials, the save
@@ -85,6 +87,8 @@ def measure(args, loaded, requests, config, baseline: dict | None, injection: st
             stack.enter_context(injected_prefill_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
         elif injection == "tps2":
             stack.enter_context(injected_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
+        elif injection == "tps125":
+            stack.enter_context(injected_slowdown(loaded.model, 0.25, quiet=args.quiet_times))
         elif injection == "mem30":
             stack.enter_context(held_allocation(bench.bench, 0.3 * baseline_peak_mb))
         try:
