@@ -52,7 +52,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     results = _load_results(args.results)
     history, href = None, None
     if args.history:
-        from pytest_infergate.history.page import HISTORY_PAGE, history_with, page_href
+        from pytest_infergate.report.history_page import HISTORY_PAGE, history_with, page_href
 
         history = history_with(Path(args.history), results)
         href = page_href(Path(args.history), Path(args.output)) if (Path(args.history) / HISTORY_PAGE).exists() \
@@ -76,8 +76,8 @@ def _metrics(values: list[str] | None) -> tuple[str, ...]:
 def _cmd_history(args: argparse.Namespace) -> int:
     """Trends of many runs: change points and creep per test and metric, as a table and an HTML page."""
     from pytest_infergate.history import build_history, load_runs
-    from pytest_infergate.history.page import text_table, write_history
     from pytest_infergate.options import check_output_path
+    from pytest_infergate.report.history_page import text_table, write_history
 
     metrics = _metrics(args.metric)
     if args.window < 4:

@@ -64,7 +64,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
                          f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})")
 
     def record_history(folder: Path) -> None:
-        from pytest_infergate.history.page import record_run
+        from pytest_infergate.report.history_page import record_run
 
         nonlocal history
         history = record_run(folder, results, options.history_keep, options.report)
@@ -74,7 +74,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
 
         href = None
         if history is not None:
-            from pytest_infergate.history.page import keep_report, page_href
+            from pytest_infergate.report.history_page import keep_report, page_href
 
             href = page_href(options.history, path)
         write_report(results, path, results.commit, history, href)

@@ -376,7 +376,7 @@ class InfergateSession:
             terminalreporter.write_line(f"report: {self.options.report}")
         if self.written.history is not None:
             runs = len(self.written.history.runs)
-            from pytest_infergate.history.page import HISTORY_PAGE
+            from pytest_infergate.report.history_page import HISTORY_PAGE
 
             terminalreporter.write_line(f"history: {self.options.history / HISTORY_PAGE} "
                                         f"({runs} run{'s' if runs != 1 else ''})")

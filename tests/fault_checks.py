@@ -17,7 +17,6 @@ from openai_servers import FaultyServer
 from pytest_infergate import atomic
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, run_load
 from pytest_infergate.errors import ModelLoadError
-from pytest_infergate.history.page import write_history
 from pytest_infergate.history.series import build_history
 from pytest_infergate.history.store import append_run, load_runs
 from pytest_infergate.measurement import Measurement
@@ -26,6 +25,7 @@ from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf.baseline import BaselineEntry, load_baseline
 from pytest_infergate.quality.golden_files import GoldenOutput, read_outputs, update_outputs, write_outputs
 from pytest_infergate.report import write_report
+from pytest_infergate.report.history_page import write_history
 from pytest_infergate.results.run import RunResults
 
 WRITERS = 6  # processes writing one output at once; unlocked, the read-merge-write of 6 loses entries every time

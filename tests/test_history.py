@@ -12,11 +12,11 @@ from browser import needs_chromium, open_page
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.history import build_history, findings, load_runs
 from pytest_infergate.history.changepoint import change_points, creep
-from pytest_infergate.history.page import record_run, render_history, text_table
 from pytest_infergate.history.store import append_run
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.outcome import PerfOutcome, Violation
 from pytest_infergate.report import render as render_report
+from pytest_infergate.report.history_page import record_run, render_history, text_table
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 

@@ -1,5 +1,5 @@
 """The HTML regression report: one self-contained file (no external assets), rendered with jinja2 and
-autoescaping, since model outputs are untrusted text. The history page (history/page.py) uses the same
+autoescaping, since model outputs are untrusted text. The history page (report/history_page.py) uses the same
 environment, filters and style."""
 
 from __future__ import annotations
