@@ -152,7 +152,7 @@ def _install_and_check(model, runner_factory, dtype: torch.dtype, patterns: Decl
     return specs, report
 
 
-# the long probe through every layer (as before 2026-12-04): benchmarks/self_check.py compares the two
+# the long probe through every layer instead of the short one: benchmarks/self_check.py compares the two
 FULL_LONG_PROBE = False
 
 

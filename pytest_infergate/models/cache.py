@@ -62,7 +62,7 @@ def read_meta(entry: Path) -> dict:
         if stat.st_size != info["size"]:
             raise CacheCorrupted(f"{path} is {stat.st_size} bytes, expected {info['size']}")
         # every file's contents, once per process: a change in place that kept size and time (bit rot, `cp -p`
-        # over it) is caught too; 1.5 s for the embedded model's 538 MB on the CI VM (sha256, 2026-12-03)
+        # over it) is caught too, for a second or two of sha256 on the embedded model (docs/measurements.md)
         _check_digest(path, stat, info["sha256"])
     return meta
 

@@ -22,14 +22,14 @@ from pytest_infergate import process_meters
 # than this bound is more than the load can explain, and stands as a failure on a busy runner too.
 LOAD_PENALTY = 4.0
 # How far the load-free estimate of a repetition (process_meters.team_progress_s) can stray from its quiet figure under
-# co-tenant load: measured ×0.79-1.33 per repetition with one busy loop per core and ×1.19-1.58 with one busy loop
-# on two cores (benchmarks/load_evidence.py, docs/measurements.md, AMD EPYC 2026-12-04). A load-free slowdown
+# co-tenant load, as benchmarks/load_evidence.py measures it per repetition under one busy loop per core and one on
+# two cores (docs/measurements.md, "What co-tenant load distorts"). A load-free slowdown
 # beyond threshold × this stands as a failure on a busy runner (perf.stored.load_free_failure).
 LOAD_FREE_RESIDUAL = 1.6
 
 
-# One computing thread's per-repetition error (busy/quiet ×0.94-1.11 under one busy loop per core,
-# benchmarks/load_evidence.py --threads 1, AMD EPYC 2026-12-04)
+# One computing thread's per-repetition error under one busy loop per core (benchmarks/load_evidence.py --threads 1;
+# docs/measurements.md, "One torch thread against two under a CPU hog")
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 
