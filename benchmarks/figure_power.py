@@ -16,8 +16,8 @@ anew, so the counts are independent trials):
 - `mem30`: an allocation of 30% of the baseline's peak memory held through each repetition
   (perf.injections.held_allocation);
 - `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower;
-- `tps125` (not in the default set): the same sleep a quarter as long: ×1.25 slower, beyond the threshold by more
-  than the runs' drift — does a pass at the save's thread speed ever let it through?
+- `tps115`, `tps125` (not in the default set): the same sleep 15% or a quarter as long: ×1.15 (within the runs'
+  drift beyond the threshold: a pass at the save's thread speed would let it through most easily) and ×1.25.
 The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
 the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
 pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during the trials, the save
@@ -87,8 +87,8 @@ def measure(args, loaded, requests, config, baseline: dict | None, injection: st
             stack.enter_context(injected_prefill_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
         elif injection == "tps2":
             stack.enter_context(injected_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
-        elif injection == "tps125":
-            stack.enter_context(injected_slowdown(loaded.model, 0.25, quiet=args.quiet_times))
+        elif injection in ("tps115", "tps125"):
+            stack.enter_context(injected_slowdown(loaded.model, int(injection[3:]) / 100 - 1, quiet=args.quiet_times))
         elif injection == "mem30":
             stack.enter_context(held_allocation(bench.bench, 0.3 * baseline_peak_mb))
         try:

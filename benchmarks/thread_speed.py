@@ -4,10 +4,11 @@
 
 Runs figure_power's workload (tiny-random-llama, fp32, 6 chat requests, max_batch_size 8, one torch thread) in
 `--processes` fresh processes one after another; each process measures `--repetitions` repetitions, the probe
-right before and after each (as Bench records it), and prints its best tokens/s, its least probe reading and their
-product. Then, over the processes: the spread of tokens/s as measured and of tokens/s × probe (what perf.stored.
-at_thread_speed compares), as max/min and coefficient of variation. The smaller the second beside the first, the
-more of the drift between processes the probe takes out. --co-tenant: one busy loop beside every process.
+right before and after each (as Bench records it), and prints its best tokens/s and TTFT p50 over repetitions, its
+least probe reading, and both figures at the probe's speed. Then, over the processes, the spread of each figure as
+measured and at the probe's speed (what perf.stored.at_thread_speed compares), as max/min and coefficient of
+variation: the smaller the second beside the first, the more of the drift between processes the probe takes out.
+--co-tenant: one busy loop beside every process.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def one_process(repetitions: int) -> dict:
     bench.measure(requests, config, warmup=2, repeats=1)
     measured = bench.measure(requests, config, warmup=0, repeats=repetitions)
     bench.close()
-    return {"tokens_per_s": max(measured.samples["tokens_per_s"]), "probe_s": min(measured.thread_probe_s)}
+    from pytest_infergate.stats import percentile
+
+    ttft_p50 = [percentile(rep, 50) for rep in measured.by_repetition("ttft_ms")]
+    return {"tokens_per_s": max(measured.samples["tokens_per_s"]), "ttft_ms": min(ttft_p50),
+            "probe_s": min(measured.thread_probe_s)}
 
 
 def main() -> int:
@@ -65,11 +70,14 @@ def main() -> int:
                                   check=True, capture_output=True, text=True)
             row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append(row)
-            print(f"  tokens/s {row['tokens_per_s']:7.0f}   probe {row['probe_s'] * 1e3:6.3f} ms   "
-                  f"tokens/s × probe {row['tokens_per_s'] * row['probe_s']:6.3f}", flush=True)
+            print(f"  tokens/s {row['tokens_per_s']:7.0f}   TTFT p50 {row['ttft_ms']:6.2f} ms   probe "
+                  f"{row['probe_s'] * 1e3:6.3f} ms   tokens/s × probe {row['tokens_per_s'] * row['probe_s']:6.3f}   "
+                  f"TTFT / probe {row['ttft_ms'] / row['probe_s'] / 1e3:6.3f}", flush=True)
     print(f"{cpu_model()}, {args.processes} fresh processes{', one busy loop beside them' if args.co_tenant else ''}:")
     for name, values in (("tokens/s as measured", [r["tokens_per_s"] for r in rows]),
-                         ("tokens/s × thread probe", [r["tokens_per_s"] * r["probe_s"] for r in rows])):
+                         ("tokens/s × thread probe", [r["tokens_per_s"] * r["probe_s"] for r in rows]),
+                         ("TTFT p50 as measured", [r["ttft_ms"] for r in rows]),
+                         ("TTFT p50 / thread probe", [r["ttft_ms"] / r["probe_s"] for r in rows])):
         print(f"  {name:24s} max/min ×{max(values) / min(values):.3f}, "
               f"c.v. {100 * statistics.stdev(values) / statistics.mean(values):.1f}%")
     return 0

@@ -267,3 +267,47 @@ def test_speed_normalized_never_passes_a_regression_the_probe_did_not_see():
     at_speed = normalized_pass([c * 1.15 for c in costs], [p * 1.15 for p in probe], costs, probe, 1.1)
     assert at_speed is not None and abs(at_speed.ratio - 1.0) < 0.02 and abs(at_speed.speed_move - 1.15) < 1e-9
     assert normalized_pass([c * 1.15 for c in costs], probe[:7], costs, probe, 1.1) is None  # a repetition unprobed
+
+
+def test_a_regression_just_beyond_the_threshold_is_not_passed_at_the_threads_speed():
+    """×1.15 slower code on a host that did not move (the probe unmoved): within the runs' drift as measured, so
+    undecided — and not passed at the thread's speed, which must lie within the threshold by the probe's own
+    spread (SPEED_RESIDUAL)."""
+    baseline = drifted(1.0, seed=1)
+    slower = gated(drifted(1.0, regression=1.15, seed=2), baseline)
+    assert by_metric(slower)["tokens_per_s"] == "inconclusive", slower.message()
+    tokens = next(v for v in slower.verdicts if v.metric == "tokens_per_s")
+    assert not tokens.at_thread_speed and "engine's thread" not in tokens.note
+
+
+def test_a_busy_run_beside_a_quiet_save_is_never_passed_at_the_threads_speed():
+    """Busy now, quiet at the save: only a pass as measured stands; the thread's speed does not decide there."""
+    baseline = drifted(1.0, seed=1, others=0.02, load_free=1.0)
+    busy = gated(drifted(1.14, seed=2, others=0.5, load_free=0.9), baseline)
+    tokens = next(v for v in busy.verdicts if v.metric == "tokens_per_s")
+    assert tokens.status == "inconclusive" and not tokens.at_thread_speed, busy.message()
+
+
+def test_a_pass_at_the_threads_speed_says_so_and_keeps_the_measured_figure():
+    baseline = drifted(1.0, seed=1)
+    candidate = drifted(1.14, seed=2)
+    tokens = next(v for v in gated(candidate, baseline).verdicts if v.metric == "tokens_per_s")
+    assert tokens.status == "pass" and tokens.at_thread_speed
+    assert tokens.evidence() == "least-disturbed repetitions at the save's thread speed"
+    assert tokens.ratio < 1.05 and tokens.candidate < 50.0 / 1.1  # the ratio normalized, the figure as measured
+
+
+def test_the_bench_reads_the_engine_threads_speed_around_each_repetition(tiny_fp32):
+    from pytest_infergate.engine import EngineConfig
+    from pytest_infergate.perf.local_bench import Bench
+    from pytest_infergate.perf.thread_speed import THREAD_PROBE
+    from pytest_infergate.workloads import chat_workload
+
+    bench = Bench(tiny_fp32, calibrate=False)
+    requests = chat_workload(tiny_fp32.tokenizer, 3, prompt_tokens=(8, 16), max_new_tokens=(4, 6), seed=1)
+    try:
+        measured = bench.measure(requests, EngineConfig(max_batch_size=4), warmup=0, repeats=3)
+    finally:
+        bench.close()
+    assert measured.thread_probe == THREAD_PROBE
+    assert len(measured.thread_probe_s) == measured.repetitions == 3 and min(measured.thread_probe_s) > 0

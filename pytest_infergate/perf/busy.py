@@ -93,7 +93,7 @@ def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: flo
         return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
                                         f"correction's error ×{residual})", load_corrected=True)
     return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
-                                            "can be off, nor within the threshold", load_corrected=True, steady=how)
+                                            "can be off, nor within the threshold", steady=how)
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,

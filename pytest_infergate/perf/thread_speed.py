@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
+import sysconfig
 import time
 
-# The probe's name: readings compare only between measurements that name the same probe on the same interpreter.
-THREAD_PROBE = f"python-dict-loop/1 {platform.python_implementation()} {platform.python_version()}"
+# The probe's name: readings compare only between measurements that name the same probe on the same interpreter
+# build (its version and build string, ABI flags, a free-threaded build apart): another build runs the loop at
+# another speed, and is a change under test.
+THREAD_PROBE = (f"python-dict-loop/1 {platform.python_implementation()} {sys.version.replace(chr(10), ' ')} "
+                f"abi{sys.abiflags or '-'}{' nogil' if sysconfig.get_config_var('Py_GIL_DISABLED') else ''}")
 ROUNDS = 3  # the least of these runs is the thread's speed: a run the scheduler interrupted reads slow
 LOOP = 40_000  # about 3-4 ms a run on one core of the CI VMs: short beside a repetition, long beside a time slice
 

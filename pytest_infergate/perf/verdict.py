@@ -52,6 +52,9 @@ class Verdict:
     # stored comparison: perf.stored.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
     load_corrected: bool = False
     load_free_by: str = ""
+    # the ratio and its interval are not as measured but at the save's thread speed (perf.stored.at_thread_speed):
+    # a pass the drift between processes left undecided; the candidate's figure stays as measured
+    at_thread_speed: bool = False
 
     @property
     def resolution(self) -> float:
@@ -79,8 +82,12 @@ class Verdict:
         """Which evidence decided the verdict (or failed to), in one short phrase for the report and the terminal:
         the figures as measured (paired by A/B round, or each side's least-disturbed repetitions), or load-corrected
         by the kernel's run-queue delays where a busy side's figures could not decide (perf.stored)."""
+        speed = ", at the save's thread speed" if self.at_thread_speed else ""
         if self.load_corrected:
-            return interference.load_corrected(self.load_free_by) + (", paired by round" if self.paired else "")
+            return interference.load_corrected(self.load_free_by) + (", paired by round" if self.paired else "") \
+                + speed
+        if self.at_thread_speed:
+            return "least-disturbed repetitions at the save's thread speed"
         if self.paired:
             return "as measured, paired by round"
         if self.repetitions:
@@ -274,8 +281,8 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
 def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
                    pct: int | None = 50) -> Verdict | None:
     """A time-like metric against a stored baseline, repetition by repetition (perf.stored: each side summarized
-    by its least-disturbed repetitions, normalized for machine speed where the calibration probe shows it changed
-    by more than max_regression). None: not a time-like metric, or a side without the split by repetition."""
+    by its least-disturbed repetitions; the calibration probe's move said, a pass the drift left undecided decided
+    at the save's thread speed). None: not a time-like metric, or a side without the split by repetition."""
     if not scales_with_speed(metric):
         return None
     probed = bool(candidate.probe) and candidate.probe == baseline.probe
@@ -292,7 +299,7 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
                    baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
                    load_free_by=cand.load_free_by if decided.load_corrected else "",
-                   unresolvable=decided.within_drift)
+                   unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
             f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
