@@ -1,8 +1,9 @@
 """Verdicts against a stored baseline: the run and the baseline were measured apart (another process, maybe hours
 later), so nothing cancels the machine's noise as an interleaved A/B does. Each side is summarized by its
 least-disturbed repetitions (interference only slows); a failure stands only beyond the runs' own drift
-(RUN_DRIFT); the calibration probe (perf.calibration) and the kernel's load evidence (perf.interference) only say
-which way the machine moved, and keep the verdicts that hold whatever the size of the move. Why, with the
+(RUN_DRIFT); the calibration probe (perf.calibration) and the kernel's load evidence (perf.interference, perf.busy)
+only say which way the machine moved, and keep the verdicts that hold whatever the size of the move; a pass the
+drift left undecided may stand at the save's speed of the engine's own thread (at_thread_speed). Why, with the
 measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 """
 
