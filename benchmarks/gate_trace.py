@@ -6,7 +6,8 @@
 Traces the call of the issue: `infergate_bench(...)` under `@pytest.mark.infergate_budget(max_regression=0.1)`
 with `--infergate-baseline` (saved by a first run). A conftest profiles every call into the pytest_infergate
 package from the moment the measurement returns until the test's call ends, leaving out the re-measurements
-(measuring more is measurement, not the gate). Prints the files and how many calls each took, and their count.
+(measuring more is measurement, not the gate). The runner reads as quiet (the kernel's load evidence off): the
+busy-runner decision is another path. Prints the files and how many calls each took, and their count.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import sys
 import pytest
 
 import pytest_infergate
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.local_bench import Bench
 
 PACKAGE = os.path.dirname(pytest_infergate.__file__)
@@ -65,6 +67,9 @@ def measuring(original, after):
 
 Bench.measure = measuring(Bench.measure, after=True)
 Bench.extend = measuring(Bench.extend, after=True)
+# the path of a quiet runner, on a busy one too: the kernel's load evidence would take the busy-runner decision
+# (perf.busy), another path with its own files
+interference.snapshot = lambda pids: None
 
 
 @pytest.hookimpl(hookwrapper=True)
