@@ -197,7 +197,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
     for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel):
         print(written.line())
     print(f"next: pytest {args.tests} --infergate-model=YOUR_MODEL (the embedded model without it); put traffic "
-          "files in workloads/*.jsonl; commit perf/baseline.json from the CI job's first run")
+          "files in workloads/*.jsonl; the CI job's first run on your default branch commits perf/baseline.json "
+          "(docs/guides/ci.md)")
     if wheel is not None:
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif args.ci != "none" and args.install == DEFAULT_INSTALL:
