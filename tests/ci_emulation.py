@@ -8,7 +8,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
+import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -16,6 +20,7 @@ import yaml
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]+?)\s*\}\}")
 COMPARISON = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
 HASH_FILES = re.compile(r"^hashFiles\('([^']+)'\)$")
+PREINSTALLED = sysconfig.get_paths()["purelib"]  # this venv's packages: torch & co. as a runner has them
 
 
 @dataclass(frozen=True)
@@ -136,3 +141,152 @@ class CacheStore:
         shutil.rmtree(self.root / path, ignore_errors=True)
         shutil.copytree(source, self.root / path)
         return True
+
+
+@dataclass
+class Runner:
+    """A fresh CI machine for each run: its Python (setup-python, or GitLab's python image) a venv whose
+    pre-installed packages are this test venv's (torch & co.: nothing downloaded), after its own, so that what the
+    recipe installs (the wheel, a base-env venv's libraries) wins as it would; the model cache a CI cache restores."""
+
+    root: Path
+    cache_dir: Path
+    store: CacheStore
+
+    def __post_init__(self):
+        self.home = self.root / "home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.preinstalled = self.root / "preinstalled"  # a sitecustomize on PYTHONPATH: every Python of the run
+        self.preinstalled.mkdir(exist_ok=True)
+        # right after a venv's own packages, before the base Python's (a base-env venv sees them as the runner's)
+        (self.preinstalled / "sitecustomize.py").write_text(
+            "import site\nimport sys\n\nown = site.getsitepackages()[0]\n"
+            f"sys.path.insert(sys.path.index(own) + 1 if own in sys.path else len(sys.path), {PREINSTALLED!r})\n")
+
+    def python(self, run: str) -> Path:
+        venv = self.root / f"python-{run}"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        for name in ("pip", "pytest"):  # the console scripts of the pre-installed pip and pytest, as pip writes them
+            (entry,) = metadata.entry_points(group="console_scripts", name=name)
+            script = venv / "bin" / name
+            script.write_text(f"#!{venv}/bin/python\nimport sys\nfrom {entry.module} import {entry.attr}\n"
+                              f"sys.exit({entry.attr}())\n")
+            script.chmod(0o755)
+        return venv
+
+    def env(self, venv: Path, **extra: str) -> dict[str, str]:
+        return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "CI": "true",
+                "PYTHONPATH": str(self.preinstalled), "LANG": "C.UTF-8", **extra}
+
+    def model_cache(self, path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            path.symlink_to(self.cache_dir)
+        return f"{path}: the CI cache of the models, restored (this session's model cache)"
+
+
+@dataclass
+class Run:
+    outcomes: list[Outcome]
+    workspace: Path
+    summary: str  # what the run wrote to $GITHUB_STEP_SUMMARY
+
+    def step(self, name: str) -> Outcome:
+        return next(o for o in self.outcomes if o.step.name == name)
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{o.step.name}: exit {o.returncode}\n{o.output[-3000:]}" for o in self.outcomes if o.returncode]
+
+    @property
+    def verdict(self) -> str:
+        gate = "\n".join(o.output for o in self.outcomes)
+        return next((line for line in gate.splitlines() if line.startswith("infergate verdict:")), "no verdict line")
+
+
+def clone(origin: Path, ref: str, workspace: Path) -> None:
+    subprocess.run(["git", "clone", "-q", "--branch", ref, str(origin), str(workspace)], check=True, timeout=60)
+
+
+def run_github(runner: Runner, origin: Path, job: Job, run_id: int, event: str, ref: str) -> Run:
+    workspace, venv = runner.root / f"run{run_id}", runner.python(f"run{run_id}")
+    summary = runner.root / f"summary{run_id}.md"
+    context = {"github.event_name": event, "github.ref_name": "1/merge" if event == "pull_request" else ref,
+               "github.event.repository.default_branch": "main", "github.run_id": str(run_id)}
+    env = runner.env(venv, GITHUB_ACTIONS="true", GITHUB_EVENT_NAME=event, GITHUB_REF_NAME=context["github.ref_name"],
+                     GITHUB_BASE_REF="main" if event == "pull_request" else "", GITHUB_STEP_SUMMARY=str(summary),
+                     GITHUB_WORKSPACE=str(workspace), GITHUB_OUTPUT=str(runner.root / f"output{run_id}"), **job.env)
+    outcomes, failed = [], False
+    for step in job.steps:
+        if not evaluate(step.condition, context, workspace, failed):
+            outcomes.append(Outcome(step, ran=False))
+            continue
+        if step.uses:
+            outcomes.append(Outcome(step, ran=True, emulated=github_action(step, runner, origin, ref, workspace,
+                                                                           venv, context)))
+            continue
+        start = time.monotonic()
+        done = run_shell(expand(step.run, context), workspace, {**env, **step.env})
+        outcomes.append(Outcome(step, ran=True, returncode=done.returncode, output=done.stdout + done.stderr,
+                                seconds=time.monotonic() - start))
+        failed |= done.returncode != 0
+    return Run(outcomes, workspace, summary.read_text() if summary.exists() else "")
+
+
+def github_action(step, runner: Runner, origin: Path, ref: str, workspace: Path, venv: Path, context) -> str:
+    """What GitHub does for each action the recipes use; another action fails the test."""
+    action, inputs = step.uses.split("@")[0], {k: expand(v, context) for k, v in step.inputs.items()}
+    if action == "actions/checkout":  # a pull request's merge commit: its head here, a branch on top of main
+        clone(origin, ref, workspace)
+        return f"a fresh clone of origin at {ref}"
+    if action == "actions/setup-python":
+        version = subprocess.run([venv / "bin/python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        return f"Python {version} (the recipe asks for {inputs['python-version']}) with pre-installed packages"
+    if action == "actions/cache" and inputs["path"] == "~/.cache/infergate":
+        return runner.model_cache(runner.home / ".cache/infergate")
+    if action == "actions/cache/restore":
+        return f"{inputs['path']} restored: {runner.store.restore(inputs['path'], workspace / inputs['path'])}"
+    if action == "actions/cache/save":
+        return f"{inputs['path']} saved: {runner.store.save(inputs['path'], workspace / inputs['path'])}"
+    if action == "actions/upload-artifact":
+        return "artifact: " + " ".join(p for p in inputs["path"].split() if (workspace / p).is_file())
+    raise AssertionError(f"the recipe uses {step.uses}, which this test does not emulate: emulate or skip it")
+
+
+def run_gitlab(runner: Runner, origin: Path, job: Job, run_id: int, branch: str) -> Run:
+    """A branch pipeline of `branch`: the runner's clone, the job's caches restored, the script lines until one
+    fails, the after_script whatever happened, the caches saved (`when: always`), the artifacts."""
+    workspace, venv = runner.root / f"run{run_id}", runner.python(f"run{run_id}")
+    clone(origin, branch, workspace)
+    env = runner.env(venv, GITLAB_CI="true", CI_PROJECT_DIR=str(workspace), CI_DEFAULT_BRANCH="main",
+                     CI_COMMIT_BRANCH=branch, CI_COMMIT_REF_NAME=branch, CI_SERVER_HOST="gitlab.test",
+                     CI_PROJECT_PATH="group/project", INFERGATE_PUSH_TOKEN="test-token")
+    for key, value in job.env.items():
+        env[key] = expand_variables(value, env)
+    outcomes: list[Outcome] = []
+    for path in job.cache_paths:
+        if path == ".cache/infergate":
+            assert env["INFERGATE_CACHE_DIR"] == str(workspace / path)
+            runner.model_cache(workspace / path)
+        else:
+            runner.store.restore(path, workspace / path)
+    failed = False
+    for step in job.steps:
+        if failed and step.condition != "always()":
+            outcomes.append(Outcome(step, ran=False))
+            continue
+        start = time.monotonic()
+        done = run_shell(step.run, workspace, env)
+        outcomes.append(Outcome(step, ran=True, returncode=done.returncode, output=done.stdout + done.stderr,
+                                seconds=time.monotonic() - start))
+        failed |= done.returncode != 0 and step.condition != "always()"
+    for path in job.cache_paths:
+        if path != ".cache/infergate":
+            runner.store.save(path, workspace / path)
+    return Run(outcomes, workspace, "")
+
+
+def expand_variables(text: str, env: dict[str, str]) -> str:
+    """A GitLab variable's value, its $NAME and ${NAME} expanded from the variables before it."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], text)

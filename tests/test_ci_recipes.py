@@ -2,24 +2,21 @@
 `infergate init --wheel` (the wheel built from this checkout) is pushed to a bare origin; the job's steps, read from
 the recipe init wrote (tests/ci_emulation.py), run in order in a fresh clone per run, as the CI runs them: a first
 run on the default branch (it saves the baseline and commits it to origin), then a compare (the GitHub job: a pull
-request that changes perf/requirements.txt, gated A/B in a second venv of the base branch's libraries; the GitLab
-job: the next push, against the committed baseline). The project picks the tiny model through its own pytest.ini,
-as a user picks theirs; the recipes' commands are unchanged."""
+request that changes perf/requirements.txt, gated A/B in a second venv of the base branch's libraries, then the next
+push, against the committed baseline; the GitLab job: a branch that changes perf/requirements.txt, A/B). The project
+picks the tiny model through its own pytest.ini, as a user picks theirs; the recipes' commands are unchanged."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import sysconfig
-import time
-from dataclasses import dataclass
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from ci_emulation import CacheStore, Job, Outcome, evaluate, expand, github_job, gitlab_job, run_shell
+from ci_emulation import CacheStore, Run, Runner, github_job, gitlab_job, run_github, run_gitlab
 
 from pytest_infergate.cli import main
 
@@ -29,7 +26,6 @@ PYTEST_INI = "[pytest]\ninfergate_model = tiny-random-llama\ninfergate_precision
 TRAFFIC = "\n".join(f'{{"prompt": "Request {i}: say something about the sea.", "max_tokens": 8}}' for i in range(3))
 # a pull request that pins one more library: a change of perf/requirements.txt that this machine's packages satisfy
 PIN = f"huggingface_hub=={metadata.version('huggingface_hub')}\n"
-PREINSTALLED = sysconfig.get_paths()["purelib"]  # this venv's packages: torch & co. as a runner has them
 GITLAB_URL = "https://oauth2:test-token@gitlab.test/group/project.git"  # the push URL the GitLab job builds
 
 
@@ -41,155 +37,6 @@ def wheel(tmp_path_factory) -> Path:
                     "-w", str(out)], check=True, capture_output=True, timeout=300)
     (built,) = out.glob("pytest_infergate-*.whl")
     return built
-
-
-@dataclass
-class Runner:
-    """A fresh CI machine for each run: its Python (setup-python, or GitLab's python image) a venv whose
-    pre-installed packages are this test venv's (torch & co.: nothing downloaded), after its own, so that what the
-    recipe installs (the wheel, a base-env venv's libraries) wins as it would; the model cache a CI cache restores."""
-
-    root: Path
-    cache_dir: Path
-    store: CacheStore
-
-    def __post_init__(self):
-        self.home = self.root / "home"
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.preinstalled = self.root / "preinstalled"  # a sitecustomize on PYTHONPATH: every Python of the run
-        self.preinstalled.mkdir(exist_ok=True)
-        # right after a venv's own packages, before the base Python's (a base-env venv sees them as the runner's)
-        (self.preinstalled / "sitecustomize.py").write_text(
-            "import site\nimport sys\n\nown = site.getsitepackages()[0]\n"
-            f"sys.path.insert(sys.path.index(own) + 1 if own in sys.path else len(sys.path), {PREINSTALLED!r})\n")
-
-    def python(self, run: str) -> Path:
-        venv = self.root / f"python-{run}"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-        for name in ("pip", "pytest"):  # the console scripts of the pre-installed pip and pytest, as pip writes them
-            (entry,) = metadata.entry_points(group="console_scripts", name=name)
-            script = venv / "bin" / name
-            script.write_text(f"#!{venv}/bin/python\nimport sys\nfrom {entry.module} import {entry.attr}\n"
-                              f"sys.exit({entry.attr}())\n")
-            script.chmod(0o755)
-        return venv
-
-    def env(self, venv: Path, **extra: str) -> dict[str, str]:
-        return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "CI": "true",
-                "PYTHONPATH": str(self.preinstalled), "LANG": "C.UTF-8", **extra}
-
-    def model_cache(self, path: Path) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            path.symlink_to(self.cache_dir)
-        return f"{path}: the CI cache of the models, restored (this session's model cache)"
-
-
-@dataclass
-class Run:
-    outcomes: list[Outcome]
-    workspace: Path
-    summary: str  # what the run wrote to $GITHUB_STEP_SUMMARY
-
-    def step(self, name: str) -> Outcome:
-        return next(o for o in self.outcomes if o.step.name == name)
-
-    @property
-    def failed(self) -> list[str]:
-        return [f"{o.step.name}: exit {o.returncode}\n{o.output[-3000:]}" for o in self.outcomes if o.returncode]
-
-    @property
-    def verdict(self) -> str:
-        gate = "\n".join(o.output for o in self.outcomes)
-        return next(line for line in gate.splitlines() if line.startswith("infergate verdict:"))
-
-
-def clone(origin: Path, ref: str, workspace: Path) -> None:
-    subprocess.run(["git", "clone", "-q", "--branch", ref, str(origin), str(workspace)], check=True, timeout=60)
-
-
-def run_github(runner: Runner, origin: Path, job: Job, run_id: int, event: str, ref: str) -> Run:
-    workspace, venv = runner.root / f"run{run_id}", runner.python(f"run{run_id}")
-    summary = runner.root / f"summary{run_id}.md"
-    context = {"github.event_name": event, "github.ref_name": "1/merge" if event == "pull_request" else ref,
-               "github.event.repository.default_branch": "main", "github.run_id": str(run_id)}
-    env = runner.env(venv, GITHUB_ACTIONS="true", GITHUB_EVENT_NAME=event, GITHUB_REF_NAME=context["github.ref_name"],
-                     GITHUB_BASE_REF="main" if event == "pull_request" else "", GITHUB_STEP_SUMMARY=str(summary),
-                     GITHUB_WORKSPACE=str(workspace), GITHUB_OUTPUT=str(runner.root / f"output{run_id}"), **job.env)
-    outcomes, failed = [], False
-    for step in job.steps:
-        if not evaluate(step.condition, context, workspace, failed):
-            outcomes.append(Outcome(step, ran=False))
-            continue
-        if step.uses:
-            outcomes.append(Outcome(step, ran=True, emulated=github_action(step, runner, origin, ref, workspace,
-                                                                           venv, context)))
-            continue
-        start = time.monotonic()
-        done = run_shell(expand(step.run, context), workspace, {**env, **step.env})
-        outcomes.append(Outcome(step, ran=True, returncode=done.returncode, output=done.stdout + done.stderr,
-                                seconds=time.monotonic() - start))
-        failed |= done.returncode != 0
-    return Run(outcomes, workspace, summary.read_text() if summary.exists() else "")
-
-
-def github_action(step, runner: Runner, origin: Path, ref: str, workspace: Path, venv: Path, context) -> str:
-    """What GitHub does for each action the recipes use; another action fails the test."""
-    action, inputs = step.uses.split("@")[0], {k: expand(v, context) for k, v in step.inputs.items()}
-    if action == "actions/checkout":
-        clone(origin, ref, workspace)
-        return f"a fresh clone of origin at {ref}"
-    if action == "actions/setup-python":
-        version = subprocess.run([venv / "bin/python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        return f"Python {version} (the recipe asks for {inputs['python-version']}) with pre-installed packages"
-    if action == "actions/cache" and inputs["path"] == "~/.cache/infergate":
-        return runner.model_cache(runner.home / ".cache/infergate")
-    if action == "actions/cache/restore":
-        return f"{inputs['path']} restored: {runner.store.restore(inputs['path'], workspace / inputs['path'])}"
-    if action == "actions/cache/save":
-        return f"{inputs['path']} saved: {runner.store.save(inputs['path'], workspace / inputs['path'])}"
-    if action == "actions/upload-artifact":
-        return "artifact: " + " ".join(p for p in inputs["path"].split() if (workspace / p).is_file())
-    raise AssertionError(f"the recipe uses {step.uses}, which this test does not emulate: emulate or skip it")
-
-
-def run_gitlab(runner: Runner, origin: Path, job: Job, run_id: int, branch: str) -> Run:
-    """A branch pipeline of `branch`: the runner's clone, the job's caches restored, the script lines until one
-    fails, the after_script whatever happened, the caches saved (`when: always`), the artifacts."""
-    workspace, venv = runner.root / f"run{run_id}", runner.python(f"run{run_id}")
-    clone(origin, branch, workspace)
-    env = runner.env(venv, GITLAB_CI="true", CI_PROJECT_DIR=str(workspace), CI_DEFAULT_BRANCH="main",
-                     CI_COMMIT_BRANCH=branch, CI_COMMIT_REF_NAME=branch, CI_SERVER_HOST="gitlab.test",
-                     CI_PROJECT_PATH="group/project", INFERGATE_PUSH_TOKEN="test-token")
-    for key, value in job.env.items():
-        env[key] = expand_variables(value, env)
-    outcomes: list[Outcome] = []
-    for path in job.cache_paths:
-        if path == ".cache/infergate":
-            assert env["INFERGATE_CACHE_DIR"] == str(workspace / path)
-            runner.model_cache(workspace / path)
-        else:
-            runner.store.restore(path, workspace / path)
-    failed = False
-    for step in job.steps:
-        if failed and step.condition != "always()":
-            outcomes.append(Outcome(step, ran=False))
-            continue
-        start = time.monotonic()
-        done = run_shell(step.run, workspace, env)
-        outcomes.append(Outcome(step, ran=True, returncode=done.returncode, output=done.stdout + done.stderr,
-                                seconds=time.monotonic() - start))
-        failed |= done.returncode != 0 and step.condition != "always()"
-    for path in job.cache_paths:
-        if path != ".cache/infergate":
-            runner.store.save(path, workspace / path)
-    return Run(outcomes, workspace, "")
-
-
-def expand_variables(text: str, env: dict[str, str]) -> str:
-    """A GitLab variable's value, its $NAME and ${NAME} expanded from the variables before it."""
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], text)
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -212,11 +59,41 @@ def scratch_project(tmp_path: Path, kind: str, wheel: Path) -> Path:
     return origin
 
 
+def push_a_library_pin(project: Path, origin: Path) -> str:
+    """A branch `pin-libraries` that changes perf/requirements.txt, pushed; the default branch's head."""
+    git("pull", "-q", str(origin), "main", cwd=project)
+    git("checkout", "-q", "-b", "pin-libraries", cwd=project)
+    with (project / "perf/requirements.txt").open("a") as out:
+        out.write(PIN)
+    git("commit", "-q", "-am", "pin huggingface_hub", cwd=project)
+    git("push", "-q", str(origin), "pin-libraries", cwd=project)
+    return git("rev-parse", "main", cwd=origin)
+
+
+def check_ab_run(run: Run, gate: str, origin: Path, head: str) -> None:
+    """A change of perf/requirements.txt: gated A/B in a base-env venv of the base branch's libraries; nothing
+    committed."""
+    assert not run.failed, run.failed
+    assert (run.workspace / "base-env/bin/python").is_file()
+    assert "starting the baseline environment's worker (base-env/bin/python" in gate, gate[-3000:]
+    assert perf_routes(run) == ["environment"]
+    assert "nothing compared" not in run.verdict, run.verdict
+    assert git("rev-parse", "main", cwd=origin) == head
+    assert len(list((run.workspace / "infergate-history").glob("*.json"))) == 2  # the history cache came back
+
+
+def perf_routes(run: Run) -> list[str]:
+    """What each perf gate of the run compared with (perf.outcome.Route), from the results file the job kept."""
+    results = json.loads((run.workspace / "infergate-results.json").read_text())
+    return [record["route"] for record in results["records"] if record["kind"] == "perf"]
+
+
 def check_first_run(run: Run, origin: Path) -> None:
     """Exit 0 everywhere; the baseline saved and committed to the default branch; the verdict says nothing was
     compared; the results, report and history written."""
     assert not run.failed, run.failed
     assert "on budgets only, nothing compared with a baseline" in run.verdict, run.verdict
+    assert perf_routes(run) == ["budget"]
     saved = run.workspace / "perf/baseline.json"
     assert json.loads(saved.read_text())["records"]
     assert git("show", "main:perf/baseline.json", cwd=origin) == saved.read_text()
@@ -227,7 +104,7 @@ def check_first_run(run: Run, origin: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_github_cpu_recipe_saves_and_commits_the_baseline_then_gates_a_library_change_ab(
+def test_the_github_cpu_recipe_saves_and_commits_the_baseline_gates_a_library_change_ab_then_compares(
         tmp_path, wheel, cache_dir):
     origin = scratch_project(tmp_path, "github", wheel)
     job = github_job(tmp_path / "project/.github/workflows/infergate.yml")
@@ -242,28 +119,22 @@ def test_the_github_cpu_recipe_saves_and_commits_the_baseline_then_gates_a_libra
         capture_output=True, text=True, env=runner.env(runner.root / "python-run1"), cwd=first.workspace).stdout
     assert "perf/baseline.json" in first.step("actions/upload-artifact@v4").emulated
 
-    project = tmp_path / "project"  # a pull request that changes the libraries the model runs on
-    git("pull", "-q", str(origin), "main", cwd=project)
-    git("checkout", "-q", "-b", "pin-libraries", cwd=project)
-    with (project / "perf/requirements.txt").open("a") as out:
-        out.write(PIN)
-    git("commit", "-q", "-am", "pin huggingface_hub", cwd=project)
-    git("push", "-q", str(origin), "pin-libraries", cwd=project)
-    head = git("rev-parse", "main", cwd=origin)
-
+    head = push_a_library_pin(tmp_path / "project", origin)
     second = run_github(runner, origin, job, 2, "pull_request", "pin-libraries")
-    assert not second.failed, second.failed
-    assert second.step("baseline environment").ran and (second.workspace / "base-env/bin/python").is_file()
-    gate = second.step("gate").output
-    assert "starting the baseline environment's worker" in gate, gate[-3000:]
-    assert "nothing compared" not in second.verdict, second.verdict
-    assert not second.step("commit the first baseline").ran and git("rev-parse", "main", cwd=origin) == head
+    assert second.step("baseline environment").ran and not second.step("commit the first baseline").ran
+    check_ab_run(second, second.step("gate").output, origin, head)
     assert second.summary.count("## pytest-infergate") == 1, second.summary
-    assert len(list((second.workspace / "infergate-history").glob("*.json"))) == 2  # the history cache came back
+
+    third = run_github(runner, origin, job, 3, "push", "main")  # the next push: the committed baseline compared
+    assert not third.failed, third.failed
+    assert perf_routes(third) == ["stored"], third.step("gate").output[-3000:]
+    assert "nothing compared" not in third.verdict, third.verdict
+    assert git("rev-parse", "main", cwd=origin) == head  # nothing new to commit
+    assert len(list((third.workspace / "infergate-history").glob("*.json"))) == 3
 
 
 @pytest.mark.slow
-def test_the_gitlab_recipe_saves_and_commits_the_baseline_then_compares_with_it(tmp_path, wheel, cache_dir):
+def test_the_gitlab_recipe_saves_and_commits_the_baseline_then_gates_a_library_change_ab(tmp_path, wheel, cache_dir):
     origin = scratch_project(tmp_path, "gitlab", wheel)
     job = gitlab_job(tmp_path / "project/.gitlab-ci.yml")
     runner = Runner(tmp_path / "ci", cache_dir, CacheStore(tmp_path / "ci-cache"))
@@ -273,15 +144,33 @@ def test_the_gitlab_recipe_saves_and_commits_the_baseline_then_compares_with_it(
     first = run_gitlab(runner, origin, job, 1, "main")
     check_first_run(first, origin)
     assert first.verdict in first.step("after_script[0]").output  # the summary, in the job's log
-    head = git("rev-parse", "main", cwd=origin)
 
-    second = run_gitlab(runner, origin, job, 2, "main")  # the next push: the committed baseline is compared
-    assert not second.failed, second.failed
-    gate = second.step("script[2]").output
-    assert "regression against the baseline (" in gate and not (second.workspace / "base-env").exists(), gate[-3000:]
-    assert "nothing compared" not in second.verdict, second.verdict
-    assert git("rev-parse", "main", cwd=origin) == head  # nothing new to commit
-    assert (second.workspace / "perf/baseline.json").read_text() == git("show", "main:perf/baseline.json",
-                                                                        cwd=origin)
-    assert len(list((second.workspace / "infergate-history").glob("*.json"))) == 2  # the history cache came back
+    head = push_a_library_pin(tmp_path / "project", origin)
+
+    second = run_gitlab(runner, origin, job, 2, "pin-libraries")  # a branch pipeline: gated A/B
+    check_ab_run(second, second.step("script[2]").output, origin, head)
     assert (second.workspace / "junit.xml").is_file()
+
+
+@pytest.mark.gpu
+def test_the_github_gpu_recipe_saves_without_strict_then_compares_strictly(tmp_path, wheel, cache_dir):
+    """On a CUDA machine only (benchmarks/gpu_check.sh; skipped elsewhere, `--infergate-gpu` being a usage error
+    without CUDA). The job's env holds the runner's own paths: set here as a user sets them for their runner."""
+    origin = scratch_project(tmp_path, "github-gpu", wheel)
+    job = github_job(tmp_path / "project/.github/workflows/infergate-gpu.yml")
+    assert set(job.env) == {"INFERGATE_CACHE_DIR", "INFERGATE_HISTORY", "MODEL"}
+    job = replace(job, env={"INFERGATE_CACHE_DIR": str(cache_dir), "INFERGATE_HISTORY": str(tmp_path / "history"),
+                            "MODEL": "tiny-random-llama"})
+    runner = Runner(tmp_path / "ci", cache_dir, CacheStore(tmp_path / "ci-cache"))
+
+    first = run_github(runner, origin, job, 1, "push", "main")  # the first save: not strict, whatever the runner
+    assert not first.failed, first.failed
+    assert "nothing compared with a baseline" in first.verdict
+    assert git("show", "main:perf/baseline-gpu.json", cwd=origin)
+    assert first.summary.count("## pytest-infergate") == 1, first.summary
+
+    second = run_github(runner, origin, job, 2, "push", "main")  # the compare: strict, against the committed file
+    gate = second.step("gate")
+    assert set(perf_routes(second)) == {"stored"} and "nothing compared" not in second.verdict, gate.output[-3000:]
+    # strict: exit 0 where the verdict decided, 1 only where it is INCONCLUSIVE (what strict is for)
+    assert gate.returncode == 0 or (gate.returncode == 1 and "INCONCLUSIVE" in second.verdict), gate.output[-3000:]
