@@ -53,8 +53,25 @@ class Outcome:
     seconds: float = 0.0
 
 
+# what these recipes may hold: a key or an action this emulation does not know fails the parse (the recipe grew
+# something the test must learn to run, emulate or skip by name)
+WORKFLOW_KEYS = {"name", "on", "permissions", "jobs"}
+GITHUB_JOB_KEYS = {"runs-on", "env", "steps"}
+STEP_KEYS = {"name", "uses", "with", "run", "if", "env"}
+EMULATED_ACTIONS = {"actions/checkout", "actions/setup-python", "actions/cache", "actions/cache/restore",
+                    "actions/cache/save", "actions/upload-artifact"}
+GITLAB_JOB_KEYS = {"image", "variables", "cache", "script", "after_script", "artifacts"}
+
+
 def github_job(path: Path) -> Job:
-    job = yaml.safe_load(path.read_text())["jobs"]["gate"]
+    workflow = yaml.safe_load(path.read_text())
+    workflow.setdefault("on", workflow.pop(True, None))  # YAML 1.1 reads the key `on` as True
+    assert set(workflow) <= WORKFLOW_KEYS and list(workflow["jobs"]) == ["gate"], sorted(map(str, workflow))
+    job = workflow["jobs"]["gate"]
+    assert set(job) <= GITHUB_JOB_KEYS, sorted(job)
+    for raw in job["steps"]:
+        assert set(raw) <= STEP_KEYS, raw
+        assert "uses" not in raw or raw["uses"].split("@")[0] in EMULATED_ACTIONS, raw["uses"]
     steps = [Step(name=raw.get("name") or raw.get("uses") or raw["run"].split("\n")[0], run=raw.get("run"),
                   uses=raw.get("uses"), condition=raw.get("if", "success()"),
                   env={k: str(v) for k, v in raw.get("env", {}).items()},
@@ -66,7 +83,10 @@ def gitlab_job(path: Path, name: str = "infergate") -> Job:
     """A GitLab job: each `script` line a step, failing the job where it fails; `after_script` runs whatever the
     outcome (GitLab runs the lines of a script in one shell; none of these recipes carries a shell variable from one
     line to the next, so one shell a line is the same)."""
-    job = yaml.safe_load(path.read_text())[name]
+    jobs = yaml.safe_load(path.read_text())
+    assert list(jobs) == [name], sorted(jobs)
+    job = jobs[name]
+    assert set(job) <= GITLAB_JOB_KEYS, sorted(job)
     steps = [Step(f"script[{i}]", run=line) for i, line in enumerate(job["script"])]
     steps += [Step(f"after_script[{i}]", run=line, condition="always()") for i, line in
               enumerate(job.get("after_script", []))]

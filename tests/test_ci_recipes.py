@@ -3,8 +3,9 @@
 the recipe init wrote (tests/ci_emulation.py), run in order in a fresh clone per run, as the CI runs them: a first
 run on the default branch (it saves the baseline and commits it to origin), then a compare (the GitHub job: a pull
 request that changes perf/requirements.txt, gated A/B in a second venv of the base branch's libraries, then the next
-push, against the committed baseline; the GitLab job: a branch that changes perf/requirements.txt, A/B). The project
-picks the tiny model through its own pytest.ini, as a user picks theirs; the recipes' commands are unchanged."""
+push, against the committed baseline; the GitLab job: a branch that changes perf/requirements.txt, A/B, then the
+next push). The project picks the tiny model through its own pytest.ini, as a user picks theirs; the recipes'
+commands are unchanged."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from ci_emulation import CacheStore, Run, Runner, github_job, gitlab_job, run_github, run_gitlab
+from ci_emulation import CacheStore, Run, Runner, evaluate, github_job, gitlab_job, run_github, run_gitlab
 
 from pytest_infergate.cli import main
+from pytest_infergate.project_files import init_project
 
 REPO = Path(__file__).resolve().parents[1]
 # the project's choice of model (the tiny one: each run in seconds) and of precisions, in its own ini
@@ -103,6 +105,27 @@ def check_first_run(run: Run, origin: Path) -> None:
     assert len(list((run.workspace / "infergate-history").glob("*.json"))) == 1
 
 
+@pytest.mark.parametrize("kind", ["github", "github-gpu", "gitlab"])
+def test_every_step_of_every_recipe_is_one_the_ci_test_runs_or_emulates(tmp_path, kind):
+    """The fast tier's share: each recipe parses into steps the slow tests below can run (the GPU job's too, which
+    runs only on CUDA), every key and action known, every condition evaluated for a push and a pull request."""
+    init_project(tmp_path, ci=kind)
+    if kind == "gitlab":
+        job = gitlab_job(tmp_path / ".gitlab-ci.yml")
+        assert [s.name for s in job.steps] == ["script[0]", "script[1]", "script[2]", "script[3]", "after_script[0]"]
+        assert ".cache/infergate" in job.cache_paths and "perf/baseline.json" in job.artifact_paths
+        return
+    job = github_job(next((tmp_path / ".github/workflows").glob("*.yml")))
+    for event in ("push", "pull_request"):
+        context = {"github.event_name": event, "github.ref_name": "main",
+                   "github.event.repository.default_branch": "main"}
+        ran = [s.name for s in job.steps if evaluate(s.condition, context, tmp_path, failed=False)]
+        assert ("commit the first baseline" in ran) == (event == "push")
+        assert ("baseline environment" in ran) == (event == "pull_request" and kind == "github")
+    with pytest.raises(ValueError, match="not one this emulation knows"):
+        evaluate("contains(github.ref, 'main')", context, tmp_path, failed=False)
+
+
 @pytest.mark.slow
 def test_the_github_cpu_recipe_saves_and_commits_the_baseline_gates_a_library_change_ab_then_compares(
         tmp_path, wheel, cache_dir):
@@ -134,7 +157,8 @@ def test_the_github_cpu_recipe_saves_and_commits_the_baseline_gates_a_library_ch
 
 
 @pytest.mark.slow
-def test_the_gitlab_recipe_saves_and_commits_the_baseline_then_gates_a_library_change_ab(tmp_path, wheel, cache_dir):
+def test_the_gitlab_recipe_saves_and_commits_the_baseline_gates_a_library_change_ab_then_compares(
+        tmp_path, wheel, cache_dir):
     origin = scratch_project(tmp_path, "gitlab", wheel)
     job = gitlab_job(tmp_path / "project/.gitlab-ci.yml")
     runner = Runner(tmp_path / "ci", cache_dir, CacheStore(tmp_path / "ci-cache"))
@@ -150,6 +174,11 @@ def test_the_gitlab_recipe_saves_and_commits_the_baseline_then_gates_a_library_c
     second = run_gitlab(runner, origin, job, 2, "pin-libraries")  # a branch pipeline: gated A/B
     check_ab_run(second, second.step("script[2]").output, origin, head)
     assert (second.workspace / "junit.xml").is_file()
+
+    third = run_gitlab(runner, origin, job, 3, "main")  # the next push: the committed baseline compared
+    assert not third.failed, third.failed
+    assert perf_routes(third) == ["stored"], third.step("script[2]").output[-3000:]
+    assert "nothing compared" not in third.verdict and git("rev-parse", "main", cwd=origin) == head
 
 
 @pytest.mark.gpu
