@@ -267,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     init_golden.add_argument("folder", nargs="?", default="golden")
     init_golden.set_defaults(func=_cmd_init_golden)
     init = sub.add_parser("init", help="write a project's first gate into FOLDER (default .): a starter gate test "
-                          "and conftest under tests/, golden/ with the built-in samples, a CI job; existing files "
-                          "are left as they are")
+                          "and conftest under tests/, golden/ with the built-in samples, a CI job (a CPU job with "
+                          "perf/requirements.txt, the libraries it installs); existing files are left as they are")
     init.add_argument("folder", nargs="?", default=".")
     init.add_argument("--ci", choices=("github", "github-gpu", "gitlab", "none"), default="github",
                       help="the CI job to write (default github: .github/workflows/infergate.yml on a hosted CPU "
