@@ -5,6 +5,7 @@ test, each by name, and a step this module does not know fails the test rather t
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +21,11 @@ import yaml
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]+?)\s*\}\}")
 COMPARISON = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
 HASH_FILES = re.compile(r"^hashFiles\('([^']+)'\)$")
-PREINSTALLED = sysconfig.get_paths()["purelib"]  # this venv's packages: torch & co. as a runner has them
+CHECKOUT = Path(__file__).resolve().parents[1]
+# this Python's packages (torch & co.) as a runner has them installed: its site-packages and the folders on
+# PYTHONPATH (benchmarks/gpu_check.sh installs into one), but not this checkout, which the recipe's wheel replaces
+PREINSTALLED = [sysconfig.get_paths()["purelib"]] + [
+    p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != CHECKOUT]
 
 
 @dataclass(frozen=True)
@@ -180,8 +185,8 @@ class Runner:
         self.preinstalled.mkdir(exist_ok=True)
         # right after a venv's own packages, before the base Python's (a base-env venv sees them as the runner's)
         (self.preinstalled / "sitecustomize.py").write_text(
-            "import site\nimport sys\n\nown = site.getsitepackages()[0]\n"
-            f"sys.path.insert(sys.path.index(own) + 1 if own in sys.path else len(sys.path), {PREINSTALLED!r})\n")
+            "import site\nimport sys\n\nown = site.getsitepackages()[0]\nat = sys.path.index(own) + 1\n"
+            f"sys.path[at:at] = {PREINSTALLED!r}\n")
 
     def python(self, run: str) -> Path:
         venv = self.root / f"python-{run}"
