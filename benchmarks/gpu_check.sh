@@ -11,6 +11,7 @@
 #   4. benchmarks/load_evidence.py on CUDA: does a CPU hog (one busy loop per core) move the device time by CUDA
 #      events that the gate compares on a busy runner, and does that time still see a ×2 slowdown?
 #   5. with ENGINE_BENCHMARK=1, benchmarks/engine.py on CUDA (engine vs HF generate; measured on the first run),
+#      with CI_RECIPE=1, the GPU CI recipe's steps (tests/test_ci_recipes.py -m gpu),
 # and writes the log, the JSON results, the HTML reports and nvidia-smi's memory trace into OUT_DIR; the figures
 # the README needs are printed at the end.
 set -uo pipefail
@@ -52,6 +53,11 @@ smi=$!
 pytest=("$python" -m pytest -p no:cacheprovider -q -rfE)
 step gpu-tests 90 "${pytest[@]}" tests/test_gpu.py tests/test_gpu_paths.py
 step load-evidence 90 "$python" benchmarks/load_evidence.py --device cuda --model random-llama-0.5b --rounds 3
+# with CI_RECIPE=1, the GPU CI recipe's steps as written (tests/test_ci_recipes.py: a save, then a strict compare),
+# outside the ~8 min budget above
+if [ "${CI_RECIPE:-0}" = 1 ]; then
+  step ci-recipe 180 "${pytest[@]}" tests/test_ci_recipes.py -m gpu
+fi
 if [ "${ENGINE_BENCHMARK:-0}" = 1 ]; then
   step engine-benchmark 150 "$python" benchmarks/engine.py --model random-llama-0.5b --device cuda --skip sequential
 fi

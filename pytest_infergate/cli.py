@@ -197,7 +197,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
     for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel):
         print(written.line())
     print(f"next: pytest {args.tests} --infergate-model=YOUR_MODEL (the embedded model without it); put traffic "
-          "files in workloads/*.jsonl; commit perf/baseline.json from the CI job's first run")
+          "files in workloads/*.jsonl; the CI job's first run on your default branch commits perf/baseline.json "
+          "(docs/guides/ci.md)")
     if wheel is not None:
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif args.ci != "none" and args.install == DEFAULT_INSTALL:
@@ -266,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     init_golden.add_argument("folder", nargs="?", default="golden")
     init_golden.set_defaults(func=_cmd_init_golden)
     init = sub.add_parser("init", help="write a project's first gate into FOLDER (default .): a starter gate test "
-                          "and conftest under tests/, golden/ with the built-in samples, a CI job; existing files "
-                          "are left as they are")
+                          "and conftest under tests/, golden/ with the built-in samples, a CI job (a CPU job with "
+                          "perf/requirements.txt, the libraries it installs); existing files are left as they are")
     init.add_argument("folder", nargs="?", default=".")
     init.add_argument("--ci", choices=("github", "github-gpu", "gitlab", "none"), default="github",
                       help="the CI job to write (default github: .github/workflows/infergate.yml on a hosted CPU "

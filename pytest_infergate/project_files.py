@@ -1,11 +1,12 @@
-"""What `infergate` writes into a project. `infergate init DIR`: its first gate in one command (a starter gate test,
-a conftest whose `workload` fixture reads the project's own traffic files, the golden sample set to make its own, and
-a CI job whose first run saves the baseline to commit and whose later runs compare against it); nothing that exists
-is overwritten. `infergate migrate PATH...`: accepted results of an older version rewritten, each file whole under its
-lock (atomic.exclusive, the one a concurrent save takes), so a save meanwhile loses nothing: a perf baseline file
-(kind "baseline") as a results file, the run it accepted (a baseline is a saved run); accepted golden outputs in the
-current schema, where every entry carries its environment.AcceptedKey; a file already current is left untouched.
-Results files and history folders need no migration (every version of them is read)."""
+"""What `infergate` writes into a project. `infergate init DIR`: its first gate in one command (a starter gate test, a
+conftest whose `workload` fixture reads the project's own traffic files, the golden sample set to make its own, and a
+CI job of pytest_infergate.ci_jobs whose first run saves and commits the baseline and whose later runs compare
+against it, with the libraries file the CPU jobs install); nothing that exists is overwritten. `infergate migrate
+PATH...`: accepted results of an older version rewritten, each file whole under its lock (atomic.exclusive, the one a
+concurrent save takes), so a save meanwhile loses nothing: a perf baseline file (kind "baseline") as a results file,
+the run it accepted (a baseline is a saved run); accepted golden outputs in the current schema, where every entry
+carries its environment.AcceptedKey; a file already current is left untouched. Results files and history folders need
+no migration (every version of them is read)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_infergate import ci_jobs
 from pytest_infergate.atomic import exclusive, write_json_atomic
+from pytest_infergate.ci_jobs import CI_FILES, DEFAULT_INSTALL, ci_job
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.outputs import run_of_baseline
 from pytest_infergate.perf import baseline
@@ -73,130 +76,6 @@ def workload(infergate_bench):
     return [item for path in files for item in from_file(path, max_new_tokens=64)]
 '''
 
-# Each job's first run saves the baseline (an artifact to commit); every later run compares with the committed file.
-# Results, the report and the history are kept whatever the outcome (the history cache is saved on failing runs
-# too), and the summary runs only where the results file was written (a usage error leaves none: one failure, not
-# two). docs/ci/ holds the same files (tests/test_init_project.py checks they are identical).
-GITHUB_CPU = '''# GitHub Actions on a hosted CPU runner (written by `infergate init --ci github`): the gate tests on the
-# embedded model (or --infergate-model). Strict is off: hosted runners change CPU model between runs, which makes
-# timing verdicts inconclusive, and strict would fail them.
-name: infergate
-on: [pull_request, push]
-jobs:
-  gate:
-    runs-on: ubuntu-latest
-    steps:
-      - uses: actions/checkout@v4
-      - uses: actions/setup-python@v5
-        with:
-          python-version: "3.11"
-      - uses: actions/cache@v4
-        with:
-          path: ~/.cache/infergate
-          key: infergate-models-v1
-      - uses: actions/cache/restore@v4
-        with:
-          path: infergate-history
-          key: infergate-history-${{ github.run_id }}
-          restore-keys: infergate-history-
-      - run: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install INSTALL_SPEC
-      - name: gate
-        run: |
-          if [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
-          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
-          pytest TESTS_DIR $baseline --infergate-json=infergate-results.json \\
-            --infergate-report=infergate-report.html --infergate-history=infergate-history
-      - name: summary
-        if: always() && hashFiles('infergate-results.json') != ''
-        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
-      - uses: actions/cache/save@v4
-        if: always() && hashFiles('infergate-history/**') != ''
-        with:
-          path: infergate-history
-          key: infergate-history-${{ github.run_id }}
-      - uses: actions/upload-artifact@v4
-        if: always()
-        with:
-          name: infergate
-          path: |
-            infergate-report.html
-            infergate-results.json
-            perf/baseline.json
-          if-no-files-found: ignore
-'''
-
-GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16,
-# int8 and nf4 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay
-# on the runner's disk. Strict is on where a baseline is compared: one runner class, so an inconclusive verdict is
-# worth a look before merging; the first run, which saves the baseline, is not strict (it has nothing to compare).
-name: infergate-gpu
-on: [pull_request, push]
-jobs:
-  gate:
-    runs-on: [self-hosted, gpu]
-    env:
-      INFERGATE_CACHE_DIR: /data/infergate-cache
-      MODEL: /data/models/production
-    steps:
-      - uses: actions/checkout@v4
-      - run: pip install INSTALL_SPEC
-      - name: gate
-        run: |
-          if [ -f perf/baseline-gpu.json ]; then
-            baseline="--infergate-baseline=perf/baseline-gpu.json --infergate-strict"
-          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline-gpu.json; fi
-          pytest TESTS_DIR $baseline --infergate-gpu --infergate-model="$MODEL" \\
-            --infergate-precisions=fp16,int8,nf4 --infergate-json=infergate-results.json \\
-            --infergate-report=infergate-report.html --infergate-history=/data/infergate-history
-      - name: summary
-        if: always() && hashFiles('infergate-results.json') != ''
-        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
-      - uses: actions/upload-artifact@v4
-        if: always()
-        with:
-          name: infergate-gpu
-          path: |
-            infergate-report.html
-            infergate-results.json
-            perf/baseline-gpu.json
-          if-no-files-found: ignore
-'''
-
-GITLAB = '''# GitLab CI on a CPU runner (written by `infergate init --ci gitlab`): the gate tests, the report and the
-# results as artifacts, the JUnit properties in the merge request, the history cached even when the job fails.
-infergate:
-  image: python:3.11
-  variables:
-    INFERGATE_CACHE_DIR: "$CI_PROJECT_DIR/.cache/infergate"
-  cache:
-    - key: infergate-models
-      paths: [.cache/infergate]
-    - key: infergate-history
-      paths: [infergate-history]
-      when: always
-  script:
-    - pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install INSTALL_SPEC
-    - |
-      if [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
-      else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
-      pytest TESTS_DIR $baseline --infergate-json=infergate-results.json --junitxml=junit.xml \\
-        --infergate-report=infergate-report.html --infergate-history=infergate-history
-  after_script:
-    - if [ -f infergate-results.json ]; then infergate summary infergate-results.json; fi
-  artifacts:
-    when: always
-    paths: [infergate-report.html, infergate-results.json, perf/baseline.json]
-    reports:
-      junit: junit.xml
-'''
-
-CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB_CPU),
-            "github-gpu": (".github/workflows/infergate-gpu.yml", GITHUB_GPU), "gitlab": (".gitlab-ci.yml", GITLAB)}
-# what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to
-# the project (./wheels/pytest_infergate-….whl) or "git+URL" of this repository (the CLI says so)
-DEFAULT_INSTALL = "pytest-infergate"
-
-
 @dataclass(frozen=True)
 class Written:
     path: Path
@@ -217,10 +96,10 @@ def gate_test() -> str:
 
 def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL,
                  wheel: Path | None = None) -> list[Written]:
-    """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`,
-    `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job (`ci`: a key of CI_FILES, or
-    none). `wheel`: a built pytest-infergate wheel, copied into `wheels/` (to commit) and installed by the job from
-    there (until the package is on PyPI)."""
+    """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`, `tests/conftest.py`,
+    `golden/` with the built-in sample set, and the CI job (`ci`: a key of CI_FILES, or none) with, for a CPU job,
+    `perf/requirements.txt`. `wheel`: a built pytest-infergate wheel, copied into `wheels/` (to commit) and
+    installed by the job from there (until the package is on PyPI)."""
     if ci not in (*CI_FILES, "none"):
         raise OptionError(f"--ci {ci!r} is not known: choose {', '.join(CI_FILES)} or none")
     root = Path(folder)
@@ -242,8 +121,9 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
     files = {Path(tests) / "test_inference_gate.py": gate_test(), Path(tests) / "conftest.py": CONFTEST,
              Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
     if ci != "none":
-        name, text = CI_FILES[ci]
-        files[Path(name)] = ci_job(ci, tests, install)
+        files[Path(CI_FILES[ci][0])] = ci_job(ci, tests, install)
+    if ci in ci_jobs.USES_REQUIREMENTS:
+        files[Path(ci_jobs.REQUIREMENTS_PATH)] = ci_jobs.requirements_text()
     written = []
     for relative, text in files.items():
         path = root / relative
@@ -254,12 +134,6 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
         path.write_text(text)
         written.append(Written(path, kept=False))
     return copied + written
-
-
-def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:
-    """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`."""
-    return CI_FILES[ci][1].replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)
-
 
 
 def migrate(path: Path) -> list[str]:

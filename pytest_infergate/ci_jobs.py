@@ -1,0 +1,219 @@
+"""The CI jobs `infergate init --ci KIND` writes (docs/ci/ holds the same files; tests/test_init_project.py checks
+they are identical, tests/test_ci_recipes.py runs their steps in order in a scratch project), and the libraries file
+the CPU jobs install, `perf/requirements.txt`.
+
+Every job: the first run on the default branch saves the baseline and a step commits it back (a run without one
+compares nothing and its verdict says so); later runs compare with the committed file. The CPU jobs gate a change
+of perf/requirements.txt A/B: the base branch's libraries in a second venv, measured in turn with the change's in
+the same job (--infergate-baseline-python), which needs no baseline from another machine; hosted runners change
+CPU model between runs, so a timing verdict against the stored file decides only on the same CPU model. Results,
+the report and the history are kept whatever the outcome (the history cache is saved on failing runs too), and the
+summary runs only where the results file was written (a usage error leaves none: one failure, not two)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+# The first baseline goes back to the default branch from the job itself; GITHUB_TOKEN needs `contents: write`
+# for it, and its pushes start no workflow (no second run).
+GITHUB_COMMIT_STEP = '''      - name: commit the first baseline
+        if: github.event_name == 'push' && github.ref_name == github.event.repository.default_branch
+        run: |
+          if [ -n "$(git status --porcelain -- BASELINE)" ]; then
+            git config user.name "github-actions[bot]"
+            git config user.email "41898282+github-actions[bot]@users.noreply.github.com"
+            git add BASELINE && git commit -m "BASELINE: the gate's first baseline, saved by infergate"
+            git push origin HEAD:"$GITHUB_REF_NAME"
+          fi
+'''
+
+GITHUB_CPU = '''# GitHub Actions on a hosted CPU runner (written by `infergate init --ci github`): the gate tests on the
+# embedded model (or the ini's infergate_model) with the libraries of perf/requirements.txt. A pull request that
+# changes that file is gated A/B against its base branch's libraries, both measured in this job, so a slowdown
+# fails on any runner; other runs compare with the committed perf/baseline.json, which decides timing only on the
+# CPU model it was saved on (strict is off: elsewhere the verdict is inconclusive, not a failure).
+name: infergate
+on: [pull_request, push]
+permissions:
+  contents: write   # the first run on the default branch commits perf/baseline.json
+jobs:
+  gate:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "3.11"
+      - uses: actions/cache@v4
+        with:
+          path: ~/.cache/infergate
+          key: infergate-models-v1
+      - uses: actions/cache/restore@v4
+        with:
+          path: infergate-history
+          key: infergate-history-${{ github.run_id }}
+          restore-keys: infergate-history-
+      - name: install
+        run: pip install -r perf/requirements.txt INSTALL_SPEC
+      - name: baseline environment
+        if: github.event_name == 'pull_request'
+        run: |   # the base branch's libraries, where this pull request changes them: the A side of an A/B
+          git fetch --depth=1 origin "$GITHUB_BASE_REF"
+          if git cat-file -e FETCH_HEAD:perf/requirements.txt && ! git diff --quiet FETCH_HEAD -- perf/requirements.txt
+          then git show FETCH_HEAD:perf/requirements.txt > base-requirements.txt
+            python -m venv --system-site-packages --without-pip base-env   # the runner's pip and libraries seen
+            base-env/bin/python -m pip install -r base-requirements.txt INSTALL_SPEC   # what differs installed
+          fi
+      - name: gate
+        run: |
+          if [ -x base-env/bin/python ]; then baseline=--infergate-baseline-python=base-env/bin/python
+          elif [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
+          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
+          pytest TESTS_DIR $baseline --infergate-json=infergate-results.json \\
+            --infergate-report=infergate-report.html --infergate-history=infergate-history
+      - name: summary
+        if: always() && hashFiles('infergate-results.json') != ''
+        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
+''' + GITHUB_COMMIT_STEP.replace("BASELINE", "perf/baseline.json") + '''      - uses: actions/cache/save@v4
+        if: always() && hashFiles('infergate-history/**') != ''
+        with:
+          path: infergate-history
+          key: infergate-history-${{ github.run_id }}
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: infergate
+          path: |
+            infergate-report.html
+            infergate-results.json
+            perf/baseline.json
+          if-no-files-found: ignore
+'''
+
+GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16,
+# int8 and nf4 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay
+# on the runner's disk. Strict is on where a baseline is compared: one runner class, so an inconclusive verdict is
+# worth a look before merging; the first run, which saves the baseline, is not strict (it has nothing to compare).
+name: infergate-gpu
+on: [pull_request, push]
+permissions:
+  contents: write   # the first run on the default branch commits perf/baseline-gpu.json
+jobs:
+  gate:
+    runs-on: [self-hosted, gpu]
+    env:   # the runner's own paths: the model cache, the history and the model to gate
+      INFERGATE_CACHE_DIR: /data/infergate-cache
+      INFERGATE_HISTORY: /data/infergate-history
+      MODEL: /data/models/production
+    steps:
+      - uses: actions/checkout@v4
+      - name: install
+        run: pip install INSTALL_SPEC
+      - name: gate
+        run: |
+          if [ -f perf/baseline-gpu.json ]; then
+            baseline="--infergate-baseline=perf/baseline-gpu.json --infergate-strict"
+          else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline-gpu.json; fi
+          pytest TESTS_DIR $baseline --infergate-gpu --infergate-model="$MODEL" \\
+            --infergate-precisions=fp16,int8,nf4 --infergate-json=infergate-results.json \\
+            --infergate-report=infergate-report.html --infergate-history="$INFERGATE_HISTORY"
+      - name: summary
+        if: always() && hashFiles('infergate-results.json') != ''
+        run: infergate summary infergate-results.json --markdown   # appends to $GITHUB_STEP_SUMMARY itself
+''' + GITHUB_COMMIT_STEP.replace("BASELINE", "perf/baseline-gpu.json") + '''      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: infergate-gpu
+          path: |
+            infergate-report.html
+            infergate-results.json
+            perf/baseline-gpu.json
+          if-no-files-found: ignore
+'''
+
+GITLAB = '''# GitLab CI on a CPU runner (written by `infergate init --ci gitlab`): the gate tests with the libraries of
+# perf/requirements.txt, the report and the results as artifacts, the JUnit properties in the merge request, the
+# history cached even when the job fails. A branch that changes perf/requirements.txt is gated A/B against its
+# target branch's libraries, both measured in this job; other runs compare with the committed perf/baseline.json.
+# The first run on the default branch commits it when the CI variable INFERGATE_PUSH_TOKEN holds a project access
+# token with write_repository (without it the job says so: commit the artifact's file).
+infergate:
+  image: python:3.11
+  variables:
+    INFERGATE_CACHE_DIR: "$CI_PROJECT_DIR/.cache/infergate"
+  cache:
+    - key: infergate-models
+      paths: [.cache/infergate]
+    - key: infergate-history
+      paths: [infergate-history]
+      when: always
+  script:
+    - pip install -r perf/requirements.txt INSTALL_SPEC
+    - |   # the target branch's libraries, where this branch changes them: the A side of an A/B
+      base_branch=${CI_MERGE_REQUEST_TARGET_BRANCH_NAME:-$CI_DEFAULT_BRANCH}
+      if [ "$CI_COMMIT_BRANCH" != "$CI_DEFAULT_BRANCH" ] && git fetch --depth=1 origin "$base_branch" &&
+        git cat-file -e FETCH_HEAD:perf/requirements.txt && ! git diff --quiet FETCH_HEAD -- perf/requirements.txt
+      then git show FETCH_HEAD:perf/requirements.txt > base-requirements.txt
+        python -m venv --system-site-packages --without-pip base-env   # the image's pip and libraries seen
+        base-env/bin/python -m pip install -r base-requirements.txt INSTALL_SPEC   # what differs installed
+      fi
+    - |
+      if [ -x base-env/bin/python ]; then baseline=--infergate-baseline-python=base-env/bin/python
+      elif [ -f perf/baseline.json ]; then baseline=--infergate-baseline=perf/baseline.json
+      else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline.json; fi
+      pytest TESTS_DIR $baseline --infergate-json=infergate-results.json --junitxml=junit.xml \\
+        --infergate-report=infergate-report.html --infergate-history=infergate-history
+    - |   # the first run on the default branch commits its baseline ([skip ci]: no pipeline for that commit)
+      if [ "$CI_COMMIT_BRANCH" = "$CI_DEFAULT_BRANCH" ] && [ -n "$(git status --porcelain -- perf/baseline.json)" ]
+      then if [ -z "$INFERGATE_PUSH_TOKEN" ]; then
+          echo "perf/baseline.json not committed: set INFERGATE_PUSH_TOKEN, or commit the artifact's file"
+        else git add perf/baseline.json
+          git -c user.name=infergate -c user.email=infergate@noreply.invalid commit \\
+            -m "perf/baseline.json: the gate's first baseline, saved by infergate [skip ci]"
+          git push "https://oauth2:${INFERGATE_PUSH_TOKEN}@${CI_SERVER_HOST}/${CI_PROJECT_PATH}.git" \\
+            HEAD:"$CI_DEFAULT_BRANCH"
+        fi
+      fi
+  after_script:
+    - if [ -f infergate-results.json ]; then infergate summary infergate-results.json; fi
+  artifacts:
+    when: always
+    paths: [infergate-report.html, infergate-results.json, perf/baseline.json]
+    reports:
+      junit: junit.xml
+'''
+
+CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB_CPU),
+            "github-gpu": (".github/workflows/infergate-gpu.yml", GITHUB_GPU), "gitlab": (".gitlab-ci.yml", GITLAB)}
+# the jobs that install perf/requirements.txt (a GPU runner has its CUDA build of torch already)
+USES_REQUIREMENTS = frozenset({"github", "gitlab"})
+# what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to
+# the project (./wheels/pytest_infergate-….whl) or "git+URL" of this repository (the CLI says so)
+DEFAULT_INSTALL = "pytest-infergate"
+REQUIREMENTS_PATH = "perf/requirements.txt"
+# the libraries a model runs on in the gate, pinned in perf/requirements.txt: a change of one is what the A/B gates
+PINNED = ("torch", "transformers", "accelerate")
+
+REQUIREMENTS_HEAD = '''# The libraries the gate runs your model on (written by `infergate init`, pinned to those it
+# ran beside): the CI job installs them, and a pull request that changes this file is gated A/B
+# against its base branch's libraries, both measured in the same job (docs/guides/ci.md).
+# The CPU build of torch: its index, whose +cpu builds win.
+--extra-index-url https://download.pytorch.org/whl/cpu
+'''
+
+
+def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:
+    """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`."""
+    return CI_FILES[ci][1].replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)
+
+
+def requirements_text() -> str:
+    """perf/requirements.txt: each of PINNED at the version installed here (its local label, such as +cpu, left to
+    the index), or unpinned where it is not installed."""
+    lines = []
+    for name in PINNED:
+        try:
+            lines.append(f"{name}=={metadata.version(name).split('+')[0]}")
+        except metadata.PackageNotFoundError:
+            lines.append(name)
+    return REQUIREMENTS_HEAD + "\n".join(lines) + "\n"
