@@ -182,3 +182,16 @@ def own_llama_server(cache_dir, tmp_path):
                            binary=_llama_binary(), **{"n_parallel": 2, "n_ctx": 1024, **kwargs})
 
     return start
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel a user builds in a checkout (`pip wheel --no-deps -w dist .`), once for the session."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(Path(__file__).resolve().parents[1]), "--no-deps",
+                    "--no-build-isolation", "-q", "-w", str(out)], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("pytest_infergate-*.whl")
+    return built

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -29,16 +28,6 @@ TRAFFIC = "\n".join(f'{{"prompt": "Request {i}: say something about the sea.", "
 # a pull request that pins one more library: a change of perf/requirements.txt that this machine's packages satisfy
 PIN = f"huggingface_hub=={metadata.version('huggingface_hub')}\n"
 GITLAB_URL = "https://oauth2:test-token@gitlab.test/group/project.git"  # the push URL the GitLab job builds
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel a user builds in a checkout (`pip wheel --no-deps -w dist .`), once for the module."""
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out)], check=True, capture_output=True, timeout=300)
-    (built,) = out.glob("pytest_infergate-*.whl")
-    return built
 
 
 def git(*args: str, cwd: Path) -> str:

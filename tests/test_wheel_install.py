@@ -34,15 +34,6 @@ def test_quality(infergate_golden):
 """
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out)], check=True, capture_output=True, timeout=300)
-    (built,) = out.glob("pytest_infergate-*.whl")
-    return built
-
-
 def test_the_wheel_ships_the_sample_set_the_corpus_and_the_report_templates(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "pytest_infergate/quality/samples/default.jsonl" in names
