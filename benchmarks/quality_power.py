@@ -317,6 +317,8 @@ def main() -> None:
     parser.add_argument("--only", default="norms,layer,window", help="which changes to run")
     parser.add_argument("--rise", type=float, default=0.5, help="max_corpus_kl_rise of the corpus rise gate")
     parser.add_argument("--precision", default="int8")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a shared "
+                        "machine 1 spares the run the stalls of a second thread waiting on a busy core")
     parser.add_argument("--json", help="write every trial here too")
     args = parser.parse_args()
 
@@ -326,6 +328,8 @@ def main() -> None:
     from pytest_infergate.environment import cpu_model
     from pytest_infergate.quality.corpus_scoring import corpus_chunks, corpus_texts
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
