@@ -59,6 +59,14 @@ class GateSkipped(Exception):
     pass
 
 
+class Undecided:
+    """What a gate that stopped before deciding left: no record, the reason as its status."""
+
+    def __init__(self, why: str):
+        self.status = type("Why", (), {"value": "error"})()
+        self.why, self.problems, self.undecided, self.decided_by, self.result = why, [why], [], why, None
+
+
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
@@ -222,10 +230,10 @@ class Trials:
         returned = None
         try:
             returned = getattr(self.gate(records, update), method)(**kwargs)
-        except GateFailed:
-            pass
-        if not records:
-            raise RuntimeError(f"{method}({kwargs}) recorded nothing")
+        except (GateFailed, GateSkipped) as exc:
+            if not records:  # failed before deciding (an error of the run, not a verdict): said, kept apart
+                print(f"  {method}({kwargs}) stopped before deciding: {exc}", flush=True)
+                return Undecided(f"error: {exc}"), None
         return records[-1], returned
 
     def accept(self) -> None:
@@ -243,7 +251,8 @@ class Trials:
         corpus_default, corpus = self.call("check_corpus")
         corpus_rise, _ = self.call("check_corpus", policy={"max_corpus_kl_rise": self.rise})
         self.forget_candidate()
-        s, c = result.summary, corpus_rise.result.summary
+        s = result.summary if result is not None else {}
+        c = corpus_rise.result.summary if corpus_rise.result is not None else {}
         travel = {f.metric: {"accepted": f.accepted, "now": f.now, "worsening": f.worsening, "low": f.low,
                              "high": f.high, "margin": f.margin} for f in (regression.travel.figures
                                                                           if regression and regression.travel else [])}
@@ -268,6 +277,8 @@ class Trials:
 # ---- reporting --------------------------------------------------------------------------------------------------
 def trial_line(name: str, trial: dict) -> str:
     g, c, t = trial["golden"], trial["corpus"], trial["travel"].get("mean_kl")
+    if g["top1"] is None or c["mean_kl"] is None:
+        return f"{name}: {trial['verdicts']} {trial['problems']}"
     verdicts = " ".join(v[:4].upper() for v in trial["verdicts"].values())
     rise = (f"{c['kl_rise']:+.1%} [{c['kl_rise_ci'][0]:+.1%}, {c['kl_rise_ci'][1]:+.1%}]"
             if c.get("kl_rise") is not None else "-")
@@ -281,7 +292,8 @@ def trial_line(name: str, trial: dict) -> str:
 
 def counts(trials: list[dict], gate: str) -> str:
     tally = Counter(t["verdicts"][gate] for t in trials)
-    return "/".join(str(tally[s]) for s in ("pass", "inconclusive", "fail"))
+    errors = f" ({tally['error']} stopped before deciding)" if tally["error"] else ""
+    return "/".join(str(tally[s]) for s in ("pass", "inconclusive", "fail")) + errors
 
 
 def spread(values: list[float], form: str) -> str:
@@ -294,7 +306,7 @@ def table(rows: list[tuple[str, str, list[dict]]]) -> str:
             + " | ".join(GATES) + " |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for change, level, trials in rows:
-        c = [t["corpus"] for t in trials]
+        c = [t["corpus"] for t in trials if t["corpus"]["mean_kl"] is not None]
         golden = [t["travel"]["mean_kl"]["worsening"] / t["travel"]["mean_kl"]["accepted"] for t in trials
                   if t["travel"].get("mean_kl") and t["travel"]["mean_kl"]["accepted"]]
         rises = [x["kl_rise"] for x in c if x.get("kl_rise") is not None]
