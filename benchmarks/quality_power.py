@@ -277,6 +277,7 @@ class Trials:
 # ---- reporting --------------------------------------------------------------------------------------------------
 def trial_line(name: str, trial: dict) -> str:
     g, c, t = trial["golden"], trial["corpus"], trial["travel"].get("mean_kl")
+    name += f" ({trial['backend']})"
     if g["top1"] is None or c["mean_kl"] is None:
         return f"{name}: {trial['verdicts']} {trial['problems']}"
     verdicts = " ".join(v[:4].upper() for v in trial["verdicts"].values())
@@ -336,7 +337,7 @@ def main() -> None:
 
     import torch
 
-    from pytest_infergate.engine.backends import choice_for
+    from pytest_infergate.engine.backends import choice_for, choose_backend
     from pytest_infergate.environment import cpu_model
     from pytest_infergate.quality.corpus_scoring import corpus_chunks, corpus_texts
 
@@ -374,8 +375,11 @@ def main() -> None:
             plan += [("window", f"W={w}", 0, window_changed(model, int(w))) for w in args.windows.split(",") if w]
         for change, level, seed, context in plan:
             with context:
+                # as a session chooses for a freshly loaded candidate: the engine, or HF generate where the
+                # engine's self-check refuses the changed model (int8's outlier columns move with the change)
+                candidate.use_backend(choose_backend(candidate.model, candidate.tokenizer))
                 trial = trials.trial()
-            trial.update(change=change, level=level, seed=seed)
+            trial.update(change=change, level=level, seed=seed, backend=candidate.backend.name)
             out["trials"].append(trial)
             print(trial_line(f"{change} {level} seed {seed}", trial), flush=True)
             if args.json:  # after every trial: a run cut short keeps what it measured
