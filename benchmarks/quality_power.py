@@ -302,6 +302,17 @@ def spread(values: list[float], form: str) -> str:
     return form.format(values[0]) if len(values) == 1 else f"{form.format(values[0])}–{form.format(values[-1])}"
 
 
+def rows_of(trials: list[dict]) -> list[tuple[str, str, list[dict]]]:
+    """(change, level, its trials) in the order first run."""
+    rows: list[tuple[str, str, list[dict]]] = []
+    for trial in trials:
+        row = next((r for r in rows if r[:2] == (trial["change"], trial["level"])), None)
+        if row is None:
+            rows.append(row := (trial["change"], trial["level"], []))
+        row[2].append(trial)
+    return rows
+
+
 def table(rows: list[tuple[str, str, list[dict]]]) -> str:
     head = ("| change | level | trials | corpus mean KL | corpus top-1 | corpus KL vs s=0 | golden KL vs accepted | "
             + " | ".join(GATES) + " |")
@@ -333,7 +344,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a shared "
                         "machine 1 spares the run the stalls of a second thread waiting on a busy core")
     parser.add_argument("--json", help="write every trial here too")
+    parser.add_argument("--table-from", metavar="JSON", help="print the table of an earlier run's --json file (one cut "
+                        "short too: it is written after every trial) and exit")
     args = parser.parse_args()
+    if args.table_from:
+        print(table(rows_of(json.loads(Path(args.table_from).read_text())["trials"])))
+        return
 
     import torch
 
@@ -359,7 +375,6 @@ def main() -> None:
     out: dict = {"machine": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "argv": sys.argv[1:], "backend": backend.name, "trials": []}
-    rows: list[tuple[str, str, list[dict]]] = []
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="quality-power-") as golden_dir:
         trials = Trials(reference, candidate, Path(golden_dir), reference.source.name, args.samples, args.rise)
@@ -384,12 +399,10 @@ def main() -> None:
             print(trial_line(f"{change} {level} seed {seed}", trial), flush=True)
             if args.json:  # after every trial: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-            if not rows or rows[-1][:2] != (change, level):
-                rows.append((change, level, []))
-            rows[-1][2].append(trial)
     out["wall_s"] = round(time.perf_counter() - started)
     print(f"\nper gate: pass/inconclusive/fail over the trials; corpus and golden rises against the s = 0 figures "
-          f"(the accepted ones); corpus rise gate max_corpus_kl_rise={args.rise:g}\n" + table(rows), flush=True)
+          f"(the accepted ones); corpus rise gate max_corpus_kl_rise={args.rise:g}\n" + table(rows_of(out["trials"])),
+          flush=True)
     print(f"wall time {out['wall_s']} s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
