@@ -244,14 +244,14 @@ class Trials:
 
     def trial(self) -> dict:
         started = time.perf_counter()
-        example, result = self.call("check", limit=self.limit, policy=dict(EXAMPLE_POLICY))
+        example, _ = self.call("check", limit=self.limit, policy=dict(EXAMPLE_POLICY))
         default, _ = self.call("check", limit=self.limit)
         accepted, _ = self.call("check_regression", limit=self.limit)
         regression = self.regression
-        corpus_default, corpus = self.call("check_corpus")
+        corpus_default, _ = self.call("check_corpus")
         corpus_rise, _ = self.call("check_corpus", policy={"max_corpus_kl_rise": self.rise})
         self.forget_candidate()
-        s = result.summary if result is not None else {}
+        s = example.result.summary if example.result is not None else {}  # the record's: a failed check returns none
         c = corpus_rise.result.summary if corpus_rise.result is not None else {}
         travel = {f.metric: {"accepted": f.accepted, "now": f.now, "worsening": f.worsening, "low": f.low,
                              "high": f.high, "margin": f.margin} for f in (regression.travel.figures
