@@ -38,8 +38,7 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
          thread_probed: bool = False) -> Side | None:
     """`metric` per repetition as a cost, with the repetitions' probes where `probed` (both sides ran the same
     calibration probe) and the engine thread's speed probe where `thread_probed`; None when the measurement did not
-    keep the split by repetition, has too few repetitions or a value that
-    cannot be a cost (zero throughput)."""
+    keep the split by repetition, has too few repetitions or a value that cannot be a cost (zero throughput)."""
     reps = measurement.by_repetition(metric)
     if not reps or len(reps) < MIN_REPETITIONS or not all(reps):
         return None
@@ -201,7 +200,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     (at_thread_speed)."""
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
-    status = interval_status(measured.low, measured.high, threshold)
+    status = as_measured_status = interval_status(measured.low, measured.high, threshold)
     change = machine_change(candidate, baseline)
     drift = within_drift(measured, status, threshold)
     if drift:  # no failure as measured, whatever the evidence below (the load-corrected figures decide apart)
@@ -216,7 +215,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
                                candidate, baseline, threshold, steady_evidence=loaded.steady)
     verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
     undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
-        and interval_status(measured.low, measured.high, threshold) != Status.PASS
+        and as_measured_status != Status.PASS
     too_fast = verdict.status == Status.PASS and measured.high < 1.0 / (threshold * RUN_DRIFT)
     if verdict.baseline_at_fault or not (undecided or too_fast):
         return verdict
