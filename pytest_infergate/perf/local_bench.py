@@ -122,7 +122,9 @@ class Bench:
             wall = time.perf_counter() - start
             seconds = load_free.seconds(wall)
         self._others_after(before, ours, into)
-        speed = thread_speed.repetition_speed(speed_before, thread_speed.probe_seconds()) \
+        # the repetition's reading: the geometric mean of the probes right before and right after, as the
+        # calibration probe's
+        speed = calibration.repetition_probe([speed_before, thread_speed.probe_seconds()]) \
             if speed_before is not None else None
         note_per_repetition(into.thread_probe_s, speed, into.repetitions)
         into.thread_probe = thread_speed.THREAD_PROBE if into.thread_probe_s else ""

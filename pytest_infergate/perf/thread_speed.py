@@ -4,14 +4,14 @@ Two fresh processes of the same code on the same VM run a workload at speeds tha
 host's clock and neighbours move between them, invisibly to the guest — and a stored baseline is always another
 process. perf.calibration's probe runs in a child process on numpy's BLAS, on whichever CPU is free, and does not
 follow that move; a short pure-Python loop on the engine's own thread does (docs/measurements.md, "the engine
-thread's speed"). It uses no library a gate is gating, so an upgrade under test cannot move it; only the Python
-version can, and the probe's name carries it. perf.stored normalizes a comparison by it to decide a pass that the
+thread's speed"). It runs no library a gate is gating, so a torch or bitsandbytes upgrade does not run in it; a
+Python build does (the probe's name carries it), and so does whatever slows the thread's own CPU in the process (a
+tracer a dependency installs, a clock drop). perf.stored normalizes a comparison by it to decide a pass that the
 drift between processes alone left undecided; it never makes a failure.
 """
 
 from __future__ import annotations
 
-import math
 import platform
 import sys
 import sysconfig
@@ -38,8 +38,3 @@ def probe_seconds() -> float:
     """The least of ROUNDS runs of the loop, in seconds of the thread's CPU time: a co-tenant that takes the
     thread's CPU for a while does not count, a host that runs the vCPU slower does."""
     return min(_one_run() for _ in range(ROUNDS))
-
-
-def repetition_speed(before_s: float, after_s: float) -> float:
-    """One repetition's reading: the geometric mean of the probes right before and right after it."""
-    return math.sqrt(before_s * after_s)

@@ -49,7 +49,7 @@ class Verdict:
     # inconclusive by the two sides' own spread, which re-measuring cannot narrow below the threshold: said at once
     unresolvable: bool = False
     # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: load_aware_paired; a
-    # stored comparison: perf.stored.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
+    # stored comparison: perf.busy.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
     load_corrected: bool = False
     load_free_by: str = ""
     # the ratio and its interval are not as measured but at the save's thread speed (perf.stored.at_thread_speed):
