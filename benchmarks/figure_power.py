@@ -204,7 +204,7 @@ def main() -> int:
         cells = [counts.get((injection, figure), Counter()) for figure in FIGURES]
         print(f"  {injection:10s} " + " ".join(f"{c['pass']:>4d}/{c['inconclusive']:d}/{c['fail']:<d}".rjust(14)
                                                for c in cells))
-    print("passes decided at the save's thread speed (perf.stored.at_thread_speed), figures over all trials: "
+    print("passes decided at the save's thread speed (perf.speed_pass.at_thread_speed), figures over all trials: "
           + (", ".join(f"{injection} {n}" for injection, n in at_speed.items()) or "none"))
     median = sorted(durations)[len(durations) // 2]
     print(f"time per trial (a save and a run of every injection): median {median:.1f} s")

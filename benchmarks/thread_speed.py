@@ -6,7 +6,7 @@ Runs figure_power's workload (tiny-random-llama, fp32, 6 chat requests, max_batc
 `--processes` fresh processes one after another; each process measures `--repetitions` repetitions, the probe
 right before and after each (as Bench records it), and prints its best tokens/s and TTFT p50 over repetitions, its
 least probe reading, and both figures at the probe's speed. Then, over the processes, the spread of each figure as
-measured and at the probe's speed (what perf.stored.at_thread_speed compares), as max/min and coefficient of
+measured and at the probe's speed (what perf.speed_pass.at_thread_speed compares), as max/min and coefficient of
 variation: the smaller the second beside the first, the more of the drift between processes the probe takes out.
 --co-tenant: one busy loop beside every process.
 """

@@ -23,7 +23,7 @@ class BusyVerdict:
     baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
     load_corrected: bool = False
     # undecided beside the same co-tenant on both sides, the load-corrected comparison in words: those costs compare
-    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.stored.at_thread_speed)
+    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.speed_pass.at_thread_speed)
     steady: str = ""
 
 

@@ -1,6 +1,7 @@
 """The records a stored comparison is made of: one side's repetitions of a metric as costs with the evidence beside
 them (probes, the co-tenants' share, the load-free figures), a ratio with its interval, and how far the machine
-moved between the two sides (perf.stored decides with them; perf.busy where the runner was busy).
+moved between the two sides, and the verdict made of them (perf.stored decides with them; perf.busy where the
+runner was busy; perf.speed_pass at the save's thread speed).
 """
 
 from __future__ import annotations
@@ -68,3 +69,17 @@ class MachineChange:
     def beyond(self, threshold: float) -> bool:
         """The whole interval lies outside [1/threshold, threshold]: the machine changed more than the gate allows."""
         return self.low > threshold or self.high < 1.0 / threshold
+
+
+@dataclass(frozen=True)
+class StoredVerdict:
+    """What verdict.compare_stored turns into a Verdict."""
+
+    status: Status
+    measured: Comparison
+    machine: MachineChange | None
+    disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
+    baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help
+    load_corrected: bool = False  # decided on the figures with the co-tenants' load taken out (load_free_failure)
+    within_drift: bool = False  # slower, but no more than the runs' own drift (RUN_DRIFT): more repetitions cannot help
+    at_thread_speed: bool = False  # `measured` is the comparison at the save's thread speed (perf.speed_pass)

@@ -3,7 +3,7 @@ later), so nothing cancels the machine's noise as an interleaved A/B does. Each 
 least-disturbed repetitions (interference only slows); a failure stands only beyond the runs' own drift
 (RUN_DRIFT); the calibration probe (perf.calibration) and the kernel's load evidence (perf.interference, perf.busy)
 only say which way the machine moved, and keep the verdicts that hold whatever the size of the move; a pass the
-drift left undecided may stand at the save's speed of the engine's own thread (at_thread_speed). Why, with the
+drift left undecided may stand at the save's speed of the engine's own thread (perf.speed_pass). Why, with the
 measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import busy
-from pytest_infergate.perf.sides import Comparison, MachineChange, Side
+from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
+from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
 from pytest_infergate.stats import (
     bootstrap_ratio_ci,
     harrell_davis,
@@ -178,26 +179,12 @@ def normalized(candidate: Side, baseline: Side) -> Comparison | None:
     return best
 
 
-@dataclass(frozen=True)
-class StoredVerdict:
-    """What verdict.compare_stored turns into a Verdict."""
-
-    status: Status
-    measured: Comparison
-    machine: MachineChange | None
-    disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
-    baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help
-    load_corrected: bool = False  # decided on the figures with the co-tenants' load taken out (load_free_failure)
-    within_drift: bool = False  # slower, but no more than the runs' own drift (RUN_DRIFT): more repetitions cannot help
-    at_thread_speed: bool = False  # `measured` is the comparison at the save's thread speed (at_thread_speed)
-
-
 def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
     module's docstring. The calibration probe's normalized comparison is reported, never decisive. Where the two
     sides were quiet, or beside the same co-tenant, and the verdict was left undecided by the drift between
-    processes (or read faster than that drift allows), the engine thread's own speed probe decides a pass
-    (at_thread_speed)."""
+    processes, the engine thread's own speed probe decides a pass (perf.speed_pass.at_thread_speed); a pass where
+    the save's thread ran slower stands only at the save's speed (perf.speed_pass.held_to_save_speed)."""
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
     status = as_measured_status = interval_status(measured.low, measured.high, threshold)
@@ -209,17 +196,17 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
         loaded = busy.busy_sides(candidate, baseline, measured, status, threshold)
         verdict = StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
                                 loaded.load_corrected)
-        if not loaded.steady:
-            return verdict
-        return at_thread_speed(verdict, candidate.load_free_costs() or [], baseline.load_free_costs() or [],
-                               candidate, baseline, threshold, steady_evidence=loaded.steady)
+        corrected = (candidate.load_free_costs() or [], baseline.load_free_costs() or [])
+        if loaded.steady:
+            return at_thread_speed(verdict, *corrected, candidate, baseline, threshold, steady_evidence=loaded.steady)
+        costs = corrected if loaded.load_corrected else (candidate.costs, baseline.costs)
+        return held_to_save_speed(verdict, *costs, candidate, baseline, threshold, evidence=loaded.why)
     verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
     undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
         and as_measured_status != Status.PASS
-    too_fast = verdict.status == Status.PASS and measured.high < 1.0 / (threshold * RUN_DRIFT)
-    if verdict.baseline_at_fault or not (undecided or too_fast):
-        return verdict
-    return at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
+    if undecided and not verdict.baseline_at_fault:
+        verdict = at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
+    return held_to_save_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
 
 
 def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
@@ -281,75 +268,3 @@ def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
 def in_metric_units(metric: str, cost: float) -> float:
     """A cost back in the metric's own unit (throughputs were inverted)."""
     return 1.0 / cost if METRICS[metric][1] and cost > 0 else cost
-
-
-# --- a pass at the save's thread speed --------------------------------------------------------------------------------
-# Each side's least-disturbed cost over its least-disturbed reading of the engine thread's speed probe
-# (perf.thread_speed), the repetitions resampled with their probes: it decides a pass that the drift between two
-# processes left undecided as measured; it never makes a failure and never overrules one. Why it is trusted that far,
-# with the measurements: docs/explanation/perf-gates.md.
-#
-# The most the thread's speed may have moved between the save and the run for the normalization to stand: the probe
-# read up to ×1.13 apart over ten quiet fresh processes, ×1.34 beside a co-tenant (one slow process of ten, whose
-# tokens/s it followed) (docs/measurements.md). A larger move is more than the host's drift the probe was checked
-# against, and a normalization by it would lean on the probe further than that.
-MAX_SPEED_MOVE = 1.25
-# The normalized figure of unchanged code still varies between fresh processes (tokens/s × probe: c.v. 3%, quiet and
-# beside a co-tenant, docs/measurements.md), and the interval of one pair of processes does not hold that: a pass at
-# the save's thread speed must lie within the threshold by this factor as well, as a failure against a stored
-# baseline must lie beyond it by the runs' drift (RUN_DRIFT).
-SPEED_RESIDUAL = 1.03
-
-
-@dataclass(frozen=True)
-class SpeedNormalized:
-    """Candidate/baseline cost ratio at the baseline's thread speed, with its bootstrap interval."""
-
-    ratio: float
-    low: float
-    high: float
-    speed_move: float  # the thread's probe now over at the save (1.1: the thread ran 10% slower now)
-
-    def sentence(self, threshold: float) -> str:
-        way = "slower" if self.speed_move >= 1 else "faster"
-        move = self.speed_move if self.speed_move >= 1 else 1 / self.speed_move
-        return (f"the engine's thread ran ×{move:.3f} {way} than at the save (its speed probe, read before and after "
-                f"each repetition); at the save's speed ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}], "
-                f"within ×{threshold / SPEED_RESIDUAL:.3f} (the threshold ÷ the probe's own spread ×{SPEED_RESIDUAL})")
-
-
-def _at_probe_speed(pairs: list[tuple[float, float]]) -> float:
-    return least_disturbed([cost for cost, _ in pairs]) / least_disturbed([probe for _, probe in pairs])
-
-
-def normalized_pass(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
-                    baseline_probe: list[float], threshold: float) -> SpeedNormalized | None:
-    """The comparison at the save's thread speed where its whole interval lies within `threshold` / SPEED_RESIDUAL;
-    None where a side has no probe for each repetition, the speed moved beyond MAX_SPEED_MOVE, or the interval does
-    not pass."""
-    if len(candidate_probe) != len(candidate_costs) or len(baseline_probe) != len(baseline_costs) \
-            or min(candidate_probe + baseline_probe, default=0.0) <= 0:
-        return None
-    move = least_disturbed(candidate_probe) / least_disturbed(baseline_probe)
-    if not 1 / MAX_SPEED_MOVE <= move <= MAX_SPEED_MOVE:
-        return None
-    point, low, high = bootstrap_ratio_ci(list(zip(candidate_costs, candidate_probe)),
-                                          list(zip(baseline_costs, baseline_probe)), _at_probe_speed)
-    return SpeedNormalized(point, low, high, move) if high <= threshold / SPEED_RESIDUAL else None
-
-
-def at_thread_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
-                    candidate: Side, baseline: Side, threshold: float, steady_evidence: str = "") -> StoredVerdict:
-    """`verdict`, or a pass where the costs (as measured, or load-corrected beside a steady co-tenant) pass at the
-    save's thread speed (normalized_pass); the pass rests on that comparison, and says both."""
-    at_speed = normalized_pass(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe,
-                               threshold)
-    if at_speed is None:
-        return verdict
-    measured = verdict.measured
-    before = steady_evidence or f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
-    # the ratio is the normalized one; the two figures stay each side's own (the candidate's as it was measured)
-    return StoredVerdict(Status.PASS, Comparison(at_speed.ratio, at_speed.low, at_speed.high, measured.candidate_cost,
-                                                 measured.baseline_cost, "at the save's thread speed"),
-                         verdict.machine, f"{before}; {at_speed.sentence(threshold)}",
-                         load_corrected=bool(steady_evidence), at_thread_speed=True)

@@ -52,7 +52,7 @@ class Verdict:
     # stored comparison: perf.busy.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
     load_corrected: bool = False
     load_free_by: str = ""
-    # the ratio and its interval are not as measured but at the save's thread speed (perf.stored.at_thread_speed):
+    # the ratio and its interval are not as measured but at the save's thread speed (perf.speed_pass.at_thread_speed):
     # a pass the drift between processes left undecided; the candidate's figure stays as measured
     at_thread_speed: bool = False
 

@@ -1,0 +1,121 @@
+"""A stored comparison at the save's speed of the engine's own thread (perf.thread_speed's probe, read before and
+after each repetition): each side's least-disturbed cost over its least-disturbed probe reading, the repetitions
+resampled with their probes. It decides a pass that the drift between two processes left undecided as measured; it
+never makes a failure and never overrules one. Where the save's thread ran slower than the run's, it also holds a
+pass as measured to that speed: a save on a host that slowed its process makes every later run read fast, and would
+let a regression of the same size through as measured. Why it is trusted that far, with the measurements:
+docs/explanation/perf-gates.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_infergate.perf.sides import Comparison, Side, StoredVerdict
+from pytest_infergate.stats import bootstrap_ratio_ci, least_disturbed
+from pytest_infergate.status import Status
+
+# The most the thread may have run slower now than at the save for the normalization to stand: the probe read up to
+# ×1.13 apart over ten quiet fresh processes, ×1.34 beside a co-tenant (docs/measurements.md), and what else slows
+# the run's own thread (a tracer a dependency installs) would be normalized away within this move. Where the thread
+# ran *faster* now there is no such limit: the normalization then only raises the ratio (the baseline's costs are
+# scaled down by its slower thread), so it can confirm a pass as measured, never make one — which is what a save on a
+# host that slowed that process (beside a co-tenant its probe read ×1.5–1.6 slower, docs/measurements.md) needs
+# before the runs compared with it can pass.
+MAX_SPEED_MOVE = 1.25
+# The normalized figure of unchanged code still varies between fresh processes (tokens/s × probe: c.v. 3%, quiet and
+# beside a co-tenant, docs/measurements.md), and the interval of one pair of processes does not hold that: a pass at
+# the save's thread speed must lie within the threshold by this factor as well, as a failure against a stored
+# baseline must lie beyond it by the runs' drift (perf.stored.RUN_DRIFT).
+SPEED_RESIDUAL = 1.03
+# The save's thread ran slower than the run's by more than this (the probe's own spread between quiet processes,
+# ×1.13 at most over ten): a pass as measured must also pass at the save's speed (held_to_save_speed).
+SLOWER_SAVE = 1.08
+
+
+@dataclass(frozen=True)
+class SpeedNormalized:
+    """Candidate/baseline cost ratio at the baseline's thread speed, with its bootstrap interval."""
+
+    ratio: float
+    low: float
+    high: float
+    speed_move: float  # the thread's probe now over at the save (1.1: the thread ran 10% slower now)
+
+    def passes(self, threshold: float) -> bool:
+        return self.high <= threshold / SPEED_RESIDUAL
+
+    def sentence(self, threshold: float) -> str:
+        way = "slower" if self.speed_move >= 1 else "faster"
+        move = self.speed_move if self.speed_move >= 1 else 1 / self.speed_move
+        within = "within" if self.passes(threshold) else "not within"
+        return (f"the engine's thread ran ×{move:.3f} {way} than at the save (its speed probe, read before and after "
+                f"each repetition); at the save's speed ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}], {within} "
+                f"×{threshold / SPEED_RESIDUAL:.3f} (the threshold ÷ the probe's own spread ×{SPEED_RESIDUAL})")
+
+
+def _at_probe_speed(pairs: list[tuple[float, float]]) -> float:
+    return least_disturbed([cost for cost, _ in pairs]) / least_disturbed([probe for _, probe in pairs])
+
+
+def speed_normalized(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+                     baseline_probe: list[float]) -> SpeedNormalized | None:
+    """The comparison at the save's thread speed; None where a side has no probe for each repetition."""
+    if len(candidate_probe) != len(candidate_costs) or len(baseline_probe) != len(baseline_costs) \
+            or min(candidate_probe + baseline_probe, default=0.0) <= 0:
+        return None
+    move = least_disturbed(candidate_probe) / least_disturbed(baseline_probe)
+    point, low, high = bootstrap_ratio_ci(list(zip(candidate_costs, candidate_probe)),
+                                          list(zip(baseline_costs, baseline_probe)), _at_probe_speed)
+    return SpeedNormalized(point, low, high, move)
+
+
+def normalized_pass(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+                    baseline_probe: list[float], threshold: float) -> SpeedNormalized | None:
+    """The comparison at the save's thread speed where its whole interval lies within `threshold` / SPEED_RESIDUAL;
+    None where a side has no probe for each repetition, the thread ran slower now by more than MAX_SPEED_MOVE, or
+    the interval does not pass."""
+    at_speed = speed_normalized(candidate_costs, candidate_probe, baseline_costs, baseline_probe)
+    if at_speed is None or at_speed.speed_move > MAX_SPEED_MOVE or not at_speed.passes(threshold):
+        return None
+    return at_speed
+
+
+def _passed_at_speed(verdict: StoredVerdict, at_speed: SpeedNormalized, threshold: float, evidence: str,
+                     load_corrected: bool) -> StoredVerdict:
+    measured = verdict.measured
+    before = evidence or f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
+    # the ratio is the normalized one; the two figures stay each side's own (the candidate's as it was measured)
+    return StoredVerdict(Status.PASS, Comparison(at_speed.ratio, at_speed.low, at_speed.high, measured.candidate_cost,
+                                                 measured.baseline_cost, "at the save's thread speed"),
+                         verdict.machine, f"{before}; {at_speed.sentence(threshold)}", load_corrected=load_corrected,
+                         at_thread_speed=True)
+
+
+def at_thread_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
+                    candidate: Side, baseline: Side, threshold: float, steady_evidence: str = "") -> StoredVerdict:
+    """`verdict`, or a pass where the costs (as measured, or load-corrected beside a steady co-tenant) pass at the
+    save's thread speed (normalized_pass); the pass rests on that comparison, and says both."""
+    at_speed = normalized_pass(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe,
+                               threshold)
+    if at_speed is None:
+        return verdict
+    return _passed_at_speed(verdict, at_speed, threshold, steady_evidence, bool(steady_evidence))
+
+
+def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
+                       candidate: Side, baseline: Side, threshold: float, evidence: str = "") -> StoredVerdict:
+    """A pass where the save's thread ran slower than this run's by more than SLOWER_SAVE: it stands only at the
+    save's thread speed (said so), else it is inconclusive, blaming the save — the baseline's figures are slower than
+    the code it measured, and a regression as large would pass against them as measured."""
+    if verdict.status != Status.PASS or verdict.at_thread_speed:
+        return verdict
+    at_speed = speed_normalized(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
+    if at_speed is None or at_speed.speed_move * SLOWER_SAVE >= 1.0:
+        return verdict
+    if at_speed.passes(threshold):
+        return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
+    return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
+                         f"{at_speed.sentence(threshold)}: the host slowed the save's process, so its figures are "
+                         "no yardstick; re-save the baseline", baseline_at_fault=True,
+                         load_corrected=verdict.load_corrected)
