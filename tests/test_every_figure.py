@@ -270,6 +270,26 @@ def test_a_save_on_a_host_that_slowed_its_process_is_passed_at_its_threads_speed
     assert by_metric(slower)["tokens_per_s"] != "pass", slower.message()
 
 
+@pytest.mark.parametrize("others, load_free", [(None, None), (0.5, 0.97)])
+def test_a_run_on_a_host_that_slowed_its_process_fails_only_what_is_slower_at_the_saves_thread_speed(
+        others, load_free):
+    """The host slowed the run's process ×1.5, its thread's probe with it (seen beside a co-tenant, nothing in the
+    kernel's counters): unchanged code is not failed (inconclusive, saying why); ×2 slower code on the same slowed
+    host still fails, as it does on a host that did not move."""
+    baseline = drifted(1.0, seed=1, others=others, load_free=load_free)
+    unchanged = gated(drifted(1.5, seed=2, others=others, load_free=load_free), baseline)
+    assert "fail" not in by_metric(unchanged).values(), unchanged.message()
+    tokens = next(v for v in unchanged.verdicts if v.metric == "tokens_per_s")
+    assert "the host slowed this run's process" in tokens.note, tokens.note
+    unprobed = gated(drifted(1.5, seed=2, others=others, load_free=load_free, probed=False),
+                     drifted(1.0, seed=1, others=others, load_free=load_free, probed=False))
+    assert by_metric(unprobed)["tokens_per_s"] == "fail", unprobed.message()  # without the probe, as before
+    for host in (1.0, 1.5):
+        slower = gated(drifted(host, regression=2.0, seed=3, others=others, load_free=load_free), baseline)
+        assert by_metric(slower)["tokens_per_s"] == "fail" and by_metric(slower)["ttft_ms"] == "fail", \
+            slower.message()
+
+
 def test_the_speed_probe_passes_nothing_beyond_its_checked_move_nor_against_another_interpreter():
     baseline = drifted(1.0, seed=1)
     far = drifted(1.14, seed=2, probe_speed=1.4)  # the probe moved ×1.4: not the drift it was checked against

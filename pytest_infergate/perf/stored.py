@@ -183,8 +183,8 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
     module's docstring. The calibration probe's normalized comparison is reported, never decisive. Where the two
     sides were quiet, or beside the same co-tenant, and the verdict was left undecided by the drift between
-    processes, the engine thread's own speed probe decides a pass (perf.speed_pass.at_thread_speed); a pass where
-    the save's thread ran slower stands only at the save's speed (perf.speed_pass.held_to_save_speed)."""
+    processes, the engine thread's own speed probe decides a pass (perf.speed_pass.at_thread_speed); where the
+    thread's speed moved, a decided verdict must hold at the save's speed too (perf.speed_pass.held_to_save_speed)."""
     threshold = 1.0 + max_regression
     measured = as_measured(candidate, baseline)
     status = as_measured_status = interval_status(measured.low, measured.high, threshold)
@@ -200,13 +200,15 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
         if loaded.steady:
             return at_thread_speed(verdict, *corrected, candidate, baseline, threshold, steady_evidence=loaded.steady)
         costs = corrected if loaded.load_corrected else (candidate.costs, baseline.costs)
-        return held_to_save_speed(verdict, *costs, candidate, baseline, threshold, evidence=loaded.why)
+        return held_to_save_speed(verdict, *costs, candidate, baseline, threshold, threshold * RUN_DRIFT,
+                                  evidence=loaded.why)
     verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
     undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
         and as_measured_status != Status.PASS
     if undecided and not verdict.baseline_at_fault:
         verdict = at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
-    return held_to_save_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
+    return held_to_save_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold,
+                              threshold * RUN_DRIFT)
 
 
 def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
