@@ -1,13 +1,17 @@
-"""Which project files does one perf gate run after its measurement? (#42: the traced call should touch few.)
+"""Which project files does one perf gate run after its measurement? (#42, #57: the traced call should touch few.)
 
-    python benchmarks/gate_trace.py              # tiny-random-llama, fp32
+    python benchmarks/gate_trace.py              # tiny-random-llama, fp32: a pass, a failure, an undecided one
     python benchmarks/gate_trace.py --functions  # each function's calls, not only each file's
 
 Traces the call of the issue: `infergate_bench(...)` under `@pytest.mark.infergate_budget(max_regression=0.1)`
-with `--infergate-baseline` (saved by a first run). A conftest profiles every call into the pytest_infergate
-package from the moment the measurement returns until the test's call ends, leaving out the re-measurements
-(measuring more is measurement, not the gate). The runner reads as quiet (the kernel's load evidence off): the
-busy-runner decision is another path. Prints the files and how many calls each took, and their count.
+with `--infergate-baseline` (saved by a first run), along three paths: **pass** (unchanged code), **fail** (every
+forward made ×3 as long) and **inconclusive under --infergate-strict** (the baseline's header rewritten to claim
+another machine, so its timings are no yardstick and strict fails the test). A conftest profiles every call into the
+pytest_infergate package from the moment the measurement returns until the session has taken the test's call report
+(`pytest_runtest_logreport`, after the record was delivered into the report and strict applied), leaving out the
+re-measurements (measuring more is measurement, not the gate). The runner reads as quiet (the kernel's load evidence
+off): the busy-runner decision is another path. Prints, per path, the files and how many calls each took, and
+their count.
 """
 
 from __future__ import annotations
@@ -20,18 +24,26 @@ import tempfile
 from pathlib import Path
 
 TEST = """\
+import os
+
 import pytest
 from pytest_infergate.engine import EngineConfig, Request
+from pytest_infergate.perf.injections import injected_slowdown
 
 REQS = [Request(prompt_token_ids=[5 + i] * (8 + i), max_new_tokens=6, ignore_eos=True) for i in range(4)]
 
 @pytest.mark.infergate_budget(max_regression=0.1)
-def test_speed(infergate_bench):
-    infergate_bench(REQS, EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20), repeats=2, warmup=1)
+def test_speed(infergate_bench, infergate_model):
+    config = EngineConfig(max_model_len=256, kv_budget_bytes=8 << 20)
+    if os.environ.get("TRACE_SLOWER"):
+        with injected_slowdown(infergate_model.model, 2.0):
+            infergate_bench(REQS, config, repeats=2, warmup=1)
+    else:
+        infergate_bench(REQS, config, repeats=2, warmup=1)
 """
 
 CONFTEST = """\
-# counts the pytest_infergate files that run after the measurement, until the test's call ends
+# counts the pytest_infergate files that run after the measurement, until the session took the call's report
 import json
 import os
 import sys
@@ -72,15 +84,66 @@ Bench.extend = measuring(Bench.extend, after=True)
 interference.snapshot = lambda pids: None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    yield
-    sys.setprofile(None)
-    with open("traced.json", "w") as out:
-        json.dump(seen, out, indent=1)
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    # after the session's own (tryfirst) took the record out of the call's report: the test's outcome is settled
+    if report.when == "call":
+        sys.setprofile(None)
+        with open("traced.json", "w") as out:
+            json.dump(seen, out, indent=1)
 """
 
 OPTIONS = ["-q", "-p", "no:cacheprovider", "--infergate-model=tiny-random-llama", "--infergate-precisions=fp32"]
+
+
+PATHS = {  # path: (the run's options, its environment, the exit code it must end with)
+    "pass": ([], {}, 0),
+    "fail": ([], {"TRACE_SLOWER": "1"}, 1),
+    "inconclusive under --infergate-strict": (["--infergate-strict"], {"TRACE_OTHER_MACHINE": "1"}, 1),
+}
+
+
+def claim_another_machine(path: Path) -> None:
+    """The saved baseline's every entry recorded on another CPU: its timings are no yardstick here."""
+    data = json.loads(path.read_text())
+    text = json.dumps(data).replace(json.dumps(_this_cpu(data))[1:-1], "Imaginary RISC-V Processor")
+    path.write_text(text)
+
+
+def _this_cpu(data) -> str:
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("cpu"), str):
+                found.append(node["cpu"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(data)
+    if not found:
+        raise SystemExit("gate_trace: the saved baseline names no CPU to rewrite")
+    return found[0]
+
+
+def trace(where: Path, name: str, env: dict) -> dict[str, int] | None:
+    options, extra, code = PATHS[name]
+    baseline = where / "base.json"
+    if extra.get("TRACE_OTHER_MACHINE"):
+        other = where / "other.json"
+        other.write_text(baseline.read_text())
+        claim_another_machine(other)
+        baseline = other
+    (where / "traced.json").unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pytest", *OPTIONS, *options, f"--infergate-baseline={baseline}"],
+                          cwd=where, env={**env, **extra}, capture_output=True, text=True)
+    if done.returncode != code:
+        print(f"{name}: exit {done.returncode}, not {code}")
+        print(done.stdout[-3000:], done.stderr[-3000:])
+        return None
+    return json.loads((where / "traced.json").read_text())
 
 
 def main() -> int:
@@ -89,17 +152,20 @@ def main() -> int:
         where = Path(folder)
         (where / "test_speed.py").write_text(TEST)
         (where / "conftest.py").write_text(CONFTEST)
-        for option in ("--infergate-save-baseline=base.json", "--infergate-baseline=base.json"):
-            done = subprocess.run([sys.executable, "-m", "pytest", *OPTIONS, option], cwd=where, env=env,
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                print(done.stdout[-3000:], done.stderr[-3000:])
+        saved = subprocess.run([sys.executable, "-m", "pytest", *OPTIONS, "--infergate-save-baseline=base.json"],
+                               cwd=where, env=env, capture_output=True, text=True)
+        if saved.returncode != 0:
+            print(saved.stdout[-3000:], saved.stderr[-3000:])
+            return 1
+        for name in PATHS:
+            traced = trace(where, name, env)
+            if traced is None:
                 return 1
-        traced = json.loads((where / "traced.json").read_text())
-    for name, calls in sorted(traced.items(), key=lambda item: -item[1]):
-        print(f"  {name:32} {calls:8} calls")
-    files = {name.split(":")[0] for name in traced}
-    print(f"{len(files)} project files run after the measurement (target of #42: <= 8)")
+            print(f"{name}:")
+            for item, calls in sorted(traced.items(), key=lambda entry: -entry[1]):
+                print(f"  {item:32} {calls:8} calls")
+            files = {item.split(":")[0] for item in traced}
+            print(f"{len(files)} project files run after the measurement on the {name} path (target: <= 8)")
     return 0
 
 

@@ -61,13 +61,22 @@ def _at_probe_speed(pairs: list[tuple[float, float]]) -> float:
     return least_disturbed([cost for cost, _ in pairs]) / least_disturbed([probe for _, probe in pairs])
 
 
-def speed_normalized(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
-                     baseline_probe: list[float]) -> SpeedNormalized | None:
-    """The comparison at the save's thread speed; None where a side has no probe for each repetition."""
+def speed_move(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+               baseline_probe: list[float]) -> float | None:
+    """How much slower the engine's thread ran now than at the save (its least-disturbed probe readings); None where
+    a side has no probe for each repetition."""
     if len(candidate_probe) != len(candidate_costs) or len(baseline_probe) != len(baseline_costs) \
             or min(candidate_probe + baseline_probe, default=0.0) <= 0:
         return None
-    move = least_disturbed(candidate_probe) / least_disturbed(baseline_probe)
+    return least_disturbed(candidate_probe) / least_disturbed(baseline_probe)
+
+
+def speed_normalized(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+                     baseline_probe: list[float]) -> SpeedNormalized | None:
+    """The comparison at the save's thread speed; None where a side has no probe for each repetition."""
+    move = speed_move(candidate_costs, candidate_probe, baseline_costs, baseline_probe)
+    if move is None:
+        return None
     point, low, high = bootstrap_ratio_ci(list(zip(candidate_costs, candidate_probe)),
                                           list(zip(baseline_costs, baseline_probe)), _at_probe_speed)
     return SpeedNormalized(point, low, high, move)
@@ -119,6 +128,9 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
     then left undecided, never passed."""
     if verdict.at_thread_speed or verdict.status == Status.INCONCLUSIVE:
         return verdict
+    move = speed_move(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
+    if move is None or 1.0 / SLOWER_SAVE <= move <= SLOWER_SAVE:
+        return verdict  # the thread ran at the save's speed, within the probe's own spread: nothing to hold
     at_speed = speed_normalized(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
     if at_speed is None:
         return verdict
