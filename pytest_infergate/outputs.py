@@ -54,7 +54,12 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         if interrupted:
             raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
                                  "was: save the baseline from a run that completes")
-        kept = save_run_as_baseline(path, results)
+        results.saved_baseline = str(path)  # in the file it writes too (a baseline is a saved run)
+        try:
+            kept = save_run_as_baseline(path, results)
+        except BaseException:  # not saved: the verdict must not say it was
+            results.saved_baseline = None
+            raise
         measured = len({record.test for record in results.perf if record.fingerprint})
         saved.append(f"baseline: this run saved to {path}, {measured} perf measurement{'' if measured == 1 else 's'} "
                      f"to compare with (later runs compare with --infergate-baseline {path})")

@@ -34,6 +34,12 @@ NOTHING_COMPARED = "nothing compared"
 NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
                "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
 
+
+def saved_baseline_message(path: str) -> str:
+    """NO_BASELINE of the run that saved the baseline: what it did instead of advising the save it made."""
+    return (f"this run saved the baseline to {path}; nothing was compared this run, only its budgets were checked: "
+            f"later runs compare with --infergate-baseline {path}")
+
 def undecided_notice(record) -> str | None:
     """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
     and JUnit; the terminal says why beside the test), or None for a record that decided."""
