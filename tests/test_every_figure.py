@@ -221,6 +221,34 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
     assert "- **perf**: 1 fail\n" in summary_markdown(strict)
 
 
+def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines():
+    """Issue #56 trial: the tokens/s chart's "best run" was not the figure the gate decided on (a stored baseline:
+    the least-disturbed repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart
+    shows the verdict's two figures, labelled as the gate's; TTFT p50 (the percentile gated) likewise."""
+    from pytest_infergate.report import charts
+
+    compared = record(served(tokens_per_s=40.0, ttft_ms=130.0, seed=2))
+    compared.outcome = gated(compared.measurement, served(seed=1))
+    verdicts = {v.metric: v for v in compared.verdicts}
+    tps, ttft = verdicts["tokens_per_s"], verdicts["ttft_ms"]
+    assert tps.repetitions and tps.candidate != compared.summary["tokens_per_s"]  # two figures that differ
+
+    def bars(svg: str, unit: str, shown: dict[str, float]) -> None:
+        divisor, unit = charts.scaled(list(shown.values()), unit)
+        for name, value in shown.items():
+            assert f"<title>{name} fp32: {charts.value_text(value / divisor, unit)}</title>" in svg, (name, svg)
+
+    chart = charts.throughput([compared], ["fp32"])
+    assert "Tokens/s by precision, as the gate decided (least-disturbed repetitions: p" in chart
+    assert "best run" not in chart
+    bars(chart, "tok/s", {"baseline": tps.baseline, "now": tps.candidate})
+    chart = charts.ttft_compared([compared], ["fp32"])
+    assert ttft.percentile == 50
+    shown = {"baseline p50 as gated": ttft.baseline, "now p50 as gated": ttft.candidate,
+             "baseline p95": compared.compared_with["ttft_ms_p95"], "now p95": compared.summary["ttft_ms_p95"]}
+    bars(chart, "ms", shown)
+
+
 def test_the_wait_clock_takes_each_requests_own_waiting_out():
     """Readings at 0, 1, 2, 3 s with the thread's run-queue wait at 0, 0, 0.5, 0.5 s: a request from 0.5 s to 2.5 s
     waited 0.5 s of its 2 s; one from 2 s to 3 s did not wait."""
