@@ -34,10 +34,13 @@ PER_TOKEN = frozenset({"itl_ms"})
 
 def for_baseline(measurement: Measurement, compared: Iterable[str]) -> Measurement:
     """What a later run reads of a saved measurement: its samples with their split by repetition, probes and load
-    evidence, which decide; the per-token samples only of `compared` (the metrics its gate compares); not this run's
-    detail that only its own report draws (the engine's step timeline, an endpoint's per-request records). A later
-    gate that compares a metric the baseline dropped says so (perf.decide.stored_comparison): re-save it."""
+    evidence, which decide; the per-token samples only of `compared` (the metrics its gate compares) or where they
+    are all it has; not this run's detail that only its own report draws (the engine's step timeline, an endpoint's
+    per-request records). A later gate that compares a metric the baseline dropped says so
+    (perf.decide.stored_comparison): re-save it."""
     dropped = PER_TOKEN - set(compared)
+    if not any(values for metric, values in measurement.samples.items() if metric not in dropped):
+        dropped = frozenset()  # per-token samples alone: all it measured, and what a later run compares
 
     def kept(by_metric: dict) -> dict:
         return {metric: values for metric, values in by_metric.items() if metric not in dropped}
