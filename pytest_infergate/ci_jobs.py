@@ -90,10 +90,12 @@ jobs:
           if-no-files-found: ignore
 '''
 
-GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16,
-# int8 and nf4 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay
-# on the runner's disk. Strict is on where a baseline is compared: one runner class, so an inconclusive verdict is
-# worth a look before merging; the first run, which saves the baseline, is not strict (it has nothing to compare).
+GITHUB_GPU = '''# GitHub Actions, a self-hosted GPU runner (`infergate init --ci github-gpu`): your model in fp16 and
+# int8 on one runner class, whose CUDA build of torch is installed; the model cache and the history stay on the
+# runner's disk. To gate nf4 too, add it to --infergate-precisions and state the quality loss you accept for it in
+# pytest.ini (`infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35`): most models fail the 4-bit default.
+# Strict is on where a baseline is compared: one runner class, so an inconclusive verdict is worth a look before
+# merging; the first run, which saves the baseline, is not strict (it has nothing to compare).
 name: infergate-gpu
 on: [pull_request, push]
 permissions:
@@ -115,7 +117,7 @@ jobs:
             baseline="--infergate-baseline=perf/baseline-gpu.json --infergate-strict"
           else mkdir -p perf; baseline=--infergate-save-baseline=perf/baseline-gpu.json; fi
           pytest TESTS_DIR $baseline --infergate-gpu --infergate-model="$MODEL" \\
-            --infergate-precisions=fp16,int8,nf4 --infergate-json=infergate-results.json \\
+            --infergate-precisions=fp16,int8 --infergate-json=infergate-results.json \\
             --infergate-report=infergate-report.html --infergate-history="$INFERGATE_HISTORY"
       - name: summary
         if: always() && hashFiles('infergate-results.json') != ''

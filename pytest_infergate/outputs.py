@@ -25,7 +25,8 @@ from _pytest.junitxml import xml_key
 from pytest_infergate.atomic import plain_file_mode
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.options import Options
-from pytest_infergate.perf.baseline import BaselineEntry, BaselineError
+from pytest_infergate.perf.baseline import BaselineEntry, BaselineError, for_baseline
+from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.results.records import PerfRecord, Record
 from pytest_infergate.results.run import KIND, RunResults, new_run_id
 
@@ -54,7 +55,12 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         if interrupted:
             raise InfergateError("the run was interrupted, so it is no accepted measurement; the file is left as it "
                                  "was: save the baseline from a run that completes")
-        kept = save_run_as_baseline(path, results)
+        results.saved_baseline = str(path)  # in the file it writes too (a baseline is a saved run)
+        try:
+            kept = save_run_as_baseline(path, results)
+        except BaseException:  # not saved: the verdict must not say it was
+            results.saved_baseline = None
+            raise
         measured = len({record.test for record in results.perf if record.fingerprint})
         saved.append(f"baseline: this run saved to {path}, {measured} perf measurement{'' if measured == 1 else 's'} "
                      f"to compare with (later runs compare with --infergate-baseline {path})")
@@ -187,9 +193,18 @@ def save_run_as_baseline(path: Path, results: RunResults) -> list[str]:
     measured = {record.test for record in results.perf}
     with exclusive(path):
         kept = [record for record in _saved_since(Path(path), results.started) if record.test not in measured]
-        saved = replace(results, records=[*results.records, *kept]) if kept else results
+        saved = replace(results, records=[*map(baseline_record, results.records), *kept])
         write_json_atomic(path, saved.to_dict())
     return sorted({record.test for record in kept})
+
+
+def baseline_record(record: Record) -> Record:
+    """A record as a baseline keeps it: a perf measurement trimmed to what a later run's decision and report read
+    (perf.baseline.for_baseline); other records whole."""
+    if not isinstance(record, PerfRecord):
+        return record
+    budget = parse_budget(record.budget) if record.budget.get("max_regression") is not None else None
+    return replace(record, measurement=for_baseline(record.measurement, budget.relative_metrics() if budget else ()))
 
 
 def _saved_since(path: Path, since: float) -> list[PerfRecord]:

@@ -1,7 +1,8 @@
 """What `infergate` writes into a project. `infergate init DIR`: its first gate in one command (a starter gate test, a
-conftest whose `workload` fixture reads the project's own traffic files, the golden sample set to make its own, and a
-CI job of pytest_infergate.ci_jobs whose first run saves and commits the baseline and whose later runs compare
-against it, with the libraries file the CPU jobs install); nothing that exists is overwritten. `infergate migrate
+conftest whose `workload` fixture reads the project's own traffic files, a pytest.ini with the precisions that pass
+their default quality policies, the golden sample set to make its own, and a CI job of pytest_infergate.ci_jobs
+whose first run saves and commits the baseline and whose later runs compare against it, with the libraries file the
+CPU jobs install); nothing that exists is overwritten. `infergate migrate
 PATH...`: accepted results of an older version rewritten, each file whole under its lock (atomic.exclusive, the one a
 concurrent save takes), so a save meanwhile loses nothing: a perf baseline file (kind "baseline") as a results file,
 the run it accepted (a baseline is a saved run); accepted golden outputs in the current schema, where every entry
@@ -28,7 +29,10 @@ from pytest_infergate.requirements import QUANTIZED
 
 GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
 
-    pytest --infergate-model=PATH_OR_GGUF --infergate-precisions=fp32,int8
+    pytest --infergate-model=PATH_OR_GGUF
+
+in the precisions of pytest.ini's infergate_precisions (fp32,int8 as written: each passes its class's default
+quality policy; to gate nf4 too, add it there with the policy its loss is accepted under, as the ini says).
 
 - test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
   a saved baseline (--infergate-baseline perf/baseline.json) a slowdown beyond 10% fails;
@@ -51,7 +55,8 @@ def test_quantized_outputs(infergate_golden):
     # class decides, each figure on its 95% interval over the samples (the verdict names the policy):
 DEFAULT_POLICIES_TEXT
     # Set your own with @pytest.mark.infergate_quality(min_top1=..., max_mean_kl=...) on this test, or per precision
-    # in the ini: infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35
+    # in the ini: infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35 (nf4 fails the 4-bit default on
+    # most models: state what you accept before adding it to infergate_precisions)
     infergate_golden.check(limit=16)
 '''
 
@@ -76,14 +81,52 @@ def workload(infergate_bench):
     return [item for path in files for item in from_file(path, max_new_tokens=64)]
 '''
 
+# The project's default precisions, in the ini where every command (the CI job's too) picks them up: the reference
+# and int8, which pass their classes' default quality policies. The plugin's own default adds nf4, which fails the
+# 4-bit default on most models (issue #55: rightly), so a first CI run would fail before its baseline is committed.
+PRECISIONS = "fp32,int8"
+PYTEST_INI = f"""[pytest]
+# Written by `infergate init`. The precisions every run of the gate tests measures (the CI job's too): each passes
+# the default quality policy of its class. nf4 (4-bit) loses more: to gate it as well, state the loss you accept
+# and add it, e.g.
+#   infergate_precisions = {PRECISIONS},nf4
+#   infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35
+infergate_precisions = {PRECISIONS}
+"""
+# where pytest reads its settings from, in its order: a project that has one keeps it (a pytest.ini written beside
+# it would replace it: pytest reads the first it finds), and init says which line to add where it lacks it
+PYTEST_CONFIGS = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", "[tool.pytest.ini_options]"),
+                  ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
+
+
+def pytest_config(root: Path) -> Path | None:
+    """The project's own pytest settings file (None: it has none, and init writes pytest.ini)."""
+    for name, section in PYTEST_CONFIGS:
+        path = root / name
+        if path.is_file() and section in path.read_text(encoding="utf-8", errors="replace"):
+            return path
+    return None
+
+
+def kept_config(path: Path) -> Written:
+    """The project's pytest settings, left as they are; the line to add where they name no precisions."""
+    named = "infergate_precisions" in path.read_text(encoding="utf-8", errors="replace")
+    value = f'"{PRECISIONS}"' if path.suffix == ".toml" else PRECISIONS
+    return Written(path, kept=True, note="" if named else f"add `infergate_precisions = {value}` to its pytest "
+                   "settings: without it every run adds nf4, which fails the 4-bit default quality policy on most "
+                   "models (pytest.ini of `infergate init` in an empty folder shows how to add nf4)")
+
+
 @dataclass(frozen=True)
 class Written:
     path: Path
     kept: bool  # it existed: left as it was
+    note: str = ""  # what the user should do with it
 
     def line(self) -> str:
-        return f"{'kept   ' if self.kept else 'wrote  '} {self.path}" + (" (exists: left as it is)" if self.kept
-                                                                          else "")
+        return (f"{'kept   ' if self.kept else 'wrote  '} {self.path}" + (" (exists: left as it is)" if self.kept
+                                                                           else "")
+                + (f": {self.note}" if self.note else ""))
 
 
 def gate_test() -> str:
@@ -96,10 +139,12 @@ def gate_test() -> str:
 
 def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL,
                  wheel: Path | None = None) -> list[Written]:
-    """Write the starter files into `folder` (the project's root): `tests/test_inference_gate.py`, `tests/conftest.py`,
-    `golden/` with the built-in sample set, and the CI job (`ci`: a key of CI_FILES, or none) with, for a CPU job,
-    `perf/requirements.txt`. `wheel`: a built pytest-infergate wheel, copied into `wheels/` (to commit) and
-    installed by the job from there (until the package is on PyPI)."""
+    """Write the starter files into `folder` (the project's root): `pytest.ini` with the default precisions (where
+    the project keeps its pytest settings elsewhere: that file, kept, and `infergate_precisions` to add to it),
+    `tests/test_inference_gate.py`, `tests/conftest.py`, `golden/` with the built-in sample set, and the CI job
+    (`ci`: a key of CI_FILES, or none) with, for a CPU job, `perf/requirements.txt`. `wheel`: a built
+    pytest-infergate wheel, copied into `wheels/` (to commit) and installed by the job from there (until the package
+    is on PyPI)."""
     if ci not in (*CI_FILES, "none"):
         raise OptionError(f"--ci {ci!r} is not known: choose {', '.join(CI_FILES)} or none")
     root = Path(folder)
@@ -125,6 +170,11 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
     if ci in ci_jobs.USES_REQUIREMENTS:
         files[Path(ci_jobs.REQUIREMENTS_PATH)] = ci_jobs.requirements_text()
     written = []
+    own = pytest_config(root)
+    if own is None:
+        files = {Path("pytest.ini"): PYTEST_INI, **files}
+    else:
+        written.append(kept_config(own))
     for relative, text in files.items():
         path = root / relative
         if path.exists():

@@ -174,8 +174,8 @@ def test_the_gitlab_recipe_saves_and_commits_the_baseline_gates_a_library_change
 def test_the_github_gpu_recipe_saves_without_strict_then_compares_strictly(tmp_path, wheel, cache_dir):
     """On a CUDA machine only (benchmarks/gpu_check.sh; skipped elsewhere, `--infergate-gpu` being a usage error
     without CUDA). The job's env holds the runner's own paths: set here as a user sets them for their runner."""
-    # the job's precisions are its own (fp16, int8, nf4); the tiny model's random weights agree with fp16 far less
-    # than a real model's, so the project's ini sets the quality policy a user of such a model would
+    # the job's precisions are its own (fp16, int8); the tiny model's random weights agree with fp16 far less than a
+    # real model's, so the project's ini sets the quality policy a user of such a model would
     origin = scratch_project(tmp_path, "github-gpu", wheel, PYTEST_INI + "infergate_quality_policy =\n"
                              "    int8: min_top1=0.5, max_mean_kl=0.5\n    nf4: min_top1=0.1, max_mean_kl=5\n")
     job = github_job(tmp_path / "project/.github/workflows/infergate-gpu.yml")

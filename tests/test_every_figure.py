@@ -148,6 +148,107 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     assert compared.verdict().headline() == "infergate verdict: PASS"
 
 
+def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_was_compared(tmp_path):
+    """Issue #56 trial: the saving run's verdict advised "accept a run with --infergate-save-baseline", the save it
+    had just made. Every output of it (terminal, JSON, the file it saved, the step summary) names the path instead;
+    a save that was not made (an interrupted run) keeps the advice."""
+    import json
+
+    from pytest_infergate.options import Options
+    from pytest_infergate.outputs import write_outputs
+    from pytest_infergate.results.summary import summary_markdown
+
+    def first_run() -> RunResults:
+        run = RunResults()
+        first = record(served(seed=1), test="test_gate.py::test_serving[fp32]")
+        first.outcome = evaluate_perf(first.measurement, parse_budget(STARTER), {}, None, baseline_given=False)
+        run.add(first)
+        return run
+
+    saved, results = tmp_path / "baseline.json", tmp_path / "results.json"
+    run = first_run()
+    assert not write_outputs(run, Options(save_baseline=saved, json=results)).errors
+    headline = ("infergate verdict: PASS — 1 perf gate on budgets only, nothing compared with a baseline: this run "
+                f"saved the baseline to {saved}")
+    message = (f"this run saved the baseline to {saved}; nothing was compared this run, only its budgets were "
+               f"checked: later runs compare with --infergate-baseline {saved}")
+    terminal = [line.text for line in summary_lines(run)]
+    assert terminal[-1] == headline
+    assert f"  PASS nothing compared test_gate.py::test_serving[fp32]: {message}" in terminal
+    assert not any("--infergate-save-baseline" in line for line in terminal)
+    for path in (results, saved):  # what `infergate summary` reads back, and the saved run itself
+        data = json.loads(path.read_text())
+        assert data["verdict_line"] == headline and data["saved_baseline"] == str(saved)
+        assert RunResults.from_dict(data).verdict().headline() == headline
+    assert f"**{headline}**" in summary_markdown(RunResults.from_dict(json.loads(results.read_text())))
+
+    interrupted = first_run()
+    assert write_outputs(interrupted, Options(save_baseline=tmp_path / "not-saved.json"), interrupted=True).errors
+    assert interrupted.saved_baseline is None
+    assert "accept a run with --infergate-save-baseline PATH" in interrupted.verdict().reasons[0].message
+
+
+def test_the_counts_beside_the_verdict_are_the_verdicts_own():
+    """Issue #56 trial: the step summary said "perf: 3 pass" beside "INCONCLUSIVE (3 inconclusive)", the three
+    being checks not run as asked (a baseline saved on a busy runner). Every count shown (the step summary, the
+    terminal, the JSON's gate_counts) is the verdict's, and they add up to its headline; under --infergate-strict
+    an undecided gate counts as the failure it is."""
+    from pytest_infergate.results.summary import summary_markdown
+    from pytest_infergate.status import Finding
+
+    run = RunResults()
+    for precision in ("fp32", "int8", "nf4"):
+        test = f"test_gate.py::test_serving[{precision}]"
+        compared = record(served(seed=2), test=test)
+        compared.outcome = gated(served(seed=2), served(seed=1))
+        run.add(compared)
+        run.findings.append(Finding("baseline", test, "this baseline entry was measured on a busy runner"))
+    verdict = run.verdict()
+    assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive)"
+    markdown = summary_markdown(run)
+    assert "- **perf**: 3 pass\n" in markdown and "- **not as asked**: 3 inconclusive\n" in markdown
+    assert [line.text for line in summary_lines(run) if line.text.startswith("gates: ")] == [
+        "gates: perf: 3 pass; not as asked: 3 inconclusive"]
+    shown = sum(c["inconclusive"] for c in verdict.counts.values())
+    assert shown == 3 and run.to_dict()["gate_counts"] == {"perf": {"pass": 3, "fail": 0, "inconclusive": 0}}
+
+    strict = RunResults(strict=True)
+    undecided = record(served(seed=1))
+    undecided.outcome = gated(served(seed=2), served(seed=1))
+    undecided.outcome.verdicts[0].status = Status.INCONCLUSIVE
+    strict.add(undecided)
+    assert strict.verdict().headline() == "infergate verdict: FAIL (1 fail)"
+    assert "- **perf**: 1 fail\n" in summary_markdown(strict)
+
+
+def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines():
+    """Issue #56 trial: the tokens/s chart's "best run" was not the figure the gate decided on (a stored baseline:
+    the least-disturbed repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart
+    shows the verdict's two figures, labelled as the gate's; TTFT p50 (the percentile gated) likewise."""
+    from pytest_infergate.report import charts
+
+    compared = record(served(tokens_per_s=40.0, ttft_ms=130.0, seed=2))
+    compared.outcome = gated(compared.measurement, served(seed=1))
+    verdicts = {v.metric: v for v in compared.verdicts}
+    tps, ttft = verdicts["tokens_per_s"], verdicts["ttft_ms"]
+    assert tps.repetitions and tps.candidate != compared.summary["tokens_per_s"]  # two figures that differ
+
+    def bars(svg: str, unit: str, shown: dict[str, float]) -> None:
+        divisor, unit = charts.scaled(list(shown.values()), unit)
+        for name, value in shown.items():
+            assert f"<title>{name} fp32: {charts.value_text(value / divisor, unit)}</title>" in svg, (name, svg)
+
+    chart = charts.throughput([compared], ["fp32"])
+    assert "Tokens/s by precision, as the gate decided (least-disturbed repetitions: p" in chart
+    assert "best run" not in chart
+    bars(chart, "tok/s", {"baseline": tps.baseline, "now": tps.candidate})
+    chart = charts.ttft_compared([compared], ["fp32"])
+    assert ttft.percentile == 50
+    shown = {"baseline p50 as gated": ttft.baseline, "now p50 as gated": ttft.candidate,
+             "baseline p95": compared.compared_with["ttft_ms_p95"], "now p95": compared.summary["ttft_ms_p95"]}
+    bars(chart, "ms", shown)
+
+
 def test_the_wait_clock_takes_each_requests_own_waiting_out():
     """Readings at 0, 1, 2, 3 s with the thread's run-queue wait at 0, 0, 0.5, 0.5 s: a request from 0.5 s to 2.5 s
     waited 0.5 s of its 2 s; one from 2 s to 3 s did not wait."""

@@ -17,7 +17,7 @@ from pytest_infergate.project_files import init_project
 def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, capsys):
     assert main(["init", str(tmp_path)]) == 0
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
-    assert written == {"tests/test_inference_gate.py", "tests/conftest.py", "golden/default.jsonl",
+    assert written == {"pytest.ini", "tests/test_inference_gate.py", "tests/conftest.py", "golden/default.jsonl",
                        ".github/workflows/infergate.yml", "perf/requirements.txt"}
     out = capsys.readouterr().out
     assert "note: the CI job runs `pip install pytest-infergate`; until it is on PyPI" in out
@@ -38,7 +38,7 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert "infergate_quality(" not in starter[:starter.index("def test_quantized_outputs")]
     (tmp_path / "tests/conftest.py").write_text("# the project's own\n")
     again = init_project(tmp_path)
-    assert [w.kept for w in again] == [True] * 5
+    assert [w.kept for w in again] == [True] * 6
     assert (tmp_path / "tests/conftest.py").read_text() == "# the project's own\n"
 
     gitlab = tmp_path / "gl"
@@ -51,6 +51,41 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_init_sets_precisions_that_pass_their_default_policies_and_says_how_to_add_nf4(tmp_path):
+    """Issue #56 trial: without an ini, every run (the CI job's first) adds nf4, which fails the 4-bit default
+    policy on most models, so the first run failed and its baseline was never committed. init writes the precisions
+    into pytest.ini, where the job's command picks them up; nf4 with a stated policy is shown, not set."""
+    import configparser
+
+    from pytest_infergate.options import Options
+
+    init_project(tmp_path)
+    ini = configparser.ConfigParser()
+    ini.read(tmp_path / "pytest.ini")
+
+    def resolved(ini_value):
+        return Options.from_sources(lambda name: None, lambda name: ini_value if name == "precisions" else None)
+
+    assert "nf4" in resolved(None).precisions  # the plugin's own default, which the first CI run would take
+    assert resolved(ini["pytest"]["infergate_precisions"]).precisions == ("fp32", "int8")
+    text = (tmp_path / "pytest.ini").read_text()
+    assert "#   infergate_precisions = fp32,int8,nf4\n#   infergate_quality_policy = nf4: min_top1=" in text
+    assert "--infergate-precisions" not in (tmp_path / ".github/workflows/infergate.yml").read_text()
+    gpu = tmp_path / "gpu"
+    init_project(gpu, ci="github-gpu")
+    assert "--infergate-precisions=fp16,int8 " in (gpu / ".github/workflows/infergate-gpu.yml").read_text()
+
+    # a project whose pytest settings live elsewhere keeps them (a pytest.ini beside them would replace them): init
+    # names the line to add
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-q'\n")
+    written = init_project(own)
+    assert not (own / "pytest.ini").exists()
+    assert written[0].path == own / "pyproject.toml" and written[0].kept
+    assert 'add `infergate_precisions = "fp32,int8"`' in written[0].line()
 
 
 @pytest.mark.parametrize("recipe,kind", [("github-cpu.yml", "github"), ("github-gpu.yml", "github-gpu"),

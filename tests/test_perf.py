@@ -445,7 +445,9 @@ def test_harrell_davis_quantiles_and_the_beta_function_they_rest_on():
 def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     m = machine(BASELINE_SPEEDS)
     path = tmp_path / "b.json"
-    save_run_as_baseline(path, saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)}))
+    run = saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)})
+    run.records[0].budget = {"max_regression": 0.10, "itl_ms": 1e12}  # its gate compares itl_ms: kept
+    save_run_as_baseline(path, run)
     data = json.loads(path.read_text())
     assert data["schema_version"] == 4 and data["kind"] == "results"  # a baseline is a saved run
     (record,) = data["records"]
@@ -453,6 +455,42 @@ def test_baseline_round_trip_keeps_the_calibration(tmp_path):
     assert stored["probe"] == calibration.PROBE and len(stored["probe_s"]) == 5
     assert stored["repetition_ends"]["itl_ms"] == [20, 40, 60, 80, 100]
     assert load_baseline(path, baseline_entries)["t::x"].measurement == m
+
+
+def test_a_saved_baseline_keeps_what_a_later_decision_reads_and_drops_the_rest(tmp_path):
+    """Issue #56 trial: the starter's baseline was 596 KB, 3/4 of it per-token ITL samples no gate of it compared,
+    and the engine's step timeline only its own report draws. The baseline keeps every sample a later decision reads
+    (per repetition, with the probes and the load evidence) and ITL only where its gate compares it; a later gate
+    that compares a dropped metric says the baseline lacks it (a check not run as asked), never skips it in silence;
+    a file saved whole (an older one, a run's results) is read as before."""
+    m = machine(BASELINE_SPEEDS)
+    m.steps = [{"index": i, "batch_size": 8, "step_s": 0.01 * i} for i in range(500)]
+    starter = saved_run({"t::x": BaselineEntry({"cpu": "x"}, m)})
+    starter.records[0].budget = {"max_regression": 0.10}  # `infergate init`'s test_serving
+    path = tmp_path / "b.json"
+    save_run_as_baseline(path, starter)
+    whole = len(json.dumps(starter.to_dict(), indent=1, sort_keys=True))
+    assert path.stat().st_size < whole / 2
+    stored = load_baseline(path, baseline_entries)["t::x"].measurement
+    assert "itl_ms" not in stored.samples and "itl_ms" not in stored.repetition_ends and stored.steps == []
+    kept = {metric: values for metric, values in m.samples.items() if metric != "itl_ms"}
+    assert stored.samples == kept and stored.probe_s == m.probe_s and stored.load_free_share == m.load_free_share
+    assert stored.by_repetition("ttft_ms") == m.by_repetition("ttft_ms")
+    # the same run decides against it as against the whole measurement, on every figure the gate compares
+    gate = parse_budget({"max_regression": 0.10})
+    candidate = machine(BASELINE_SPEEDS, seed=3)
+    trimmed = evaluate_perf(candidate, gate, {}, BaselineEntry({}, stored))
+    full = evaluate_perf(candidate, gate, {}, BaselineEntry({}, m))
+    assert [(v.metric, v.status, v.ratio) for v in trimmed.verdicts] == [(v.metric, v.status, v.ratio)
+                                                                         for v in full.verdicts]
+    assert not trimmed.relative_check_missing
+    # a limit on ITL added since: said, not skipped
+    later = evaluate_perf(candidate, parse_budget({"max_regression": 0.10, "itl_ms": 1e12}), {},
+                          BaselineEntry({}, stored))
+    assert later.relative_check_missing == ("the baseline has no itl_ms samples (saved when no gate compared them): "
+                                            "re-save it with --infergate-save-baseline")
+    assert not evaluate_perf(candidate, parse_budget({"max_regression": 0.10, "itl_ms": 1e12}), {},
+                             BaselineEntry({}, replace(m))).relative_check_missing
 
 
 def test_version_2_baseline_is_read_and_compared_without_normalization(tmp_path):

@@ -40,6 +40,11 @@ def test_a_check_without_marker_or_ini_policy_is_decided_by_the_default_policy_i
                                  "*min_top1: top1 = * (95% CI *) lies wholly below 0.9 (default policy for nf4)*"])
     result.stdout.fnmatch_lines(["*quality FAIL*nf4 vs fp32 (4 samples*", f"*under the {default}*"])
     result.stdout.fnmatch_lines(["*FAIL quality gate *test_quality?nf4?: min_top1: top1 = *(default policy for nf4)*"])
+    # issue #56 trial: a failure under a bar nobody chose says what to do, in the verdict's reason and the failure
+    advice = ("Accept the loss with a policy for nf4 (ini infergate_quality_policy or an infergate_quality marker), "
+              "or drop nf4 from the precisions.")
+    result.stdout.fnmatch_lines([f"*FAIL quality gate *test_quality?nf4?: *(default policy for nf4). {advice}"])
+    result.stdout.fnmatch_lines(["*max_mean_kl: mean_kl = *", advice, "worst samples:"])
     nf4, fp32 = records["nf4"], records["fp32"]
     assert nf4["status"] == "fail" and nf4["decided_by"] == default
     assert nf4["policy"] == {"min_top1": 0.9, "max_mean_kl": 0.05} and len(nf4["problems"]) == 2
@@ -75,6 +80,7 @@ def test_where_an_ini_scope_and_a_marker_set_the_same_key_the_verdict_names_the_
     result, records = run("@pytest.mark.infergate_quality(min_top1=0.99)")
     result.assert_outcomes(passed=1, failed=1)
     over = "marker infergate_quality, over ini infergate_quality_policy scope 'nf4': min_top1=0.01"
+    assert "Accept the loss" not in result.stdout.str()  # a stated policy: the loss was chosen, no advice
     result.stdout.fnmatch_lines([f"*min_top1: top1 = * lies wholly below 0.99 ({over})*",
                                  "*max_mean_kl: mean_kl = * lies wholly above 0.01 (ini infergate_quality_policy "
                                  "scope 'nf4')*"])

@@ -11,7 +11,7 @@ from pytest_infergate.environment import cpu_model
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.quality.corpus_accepted import AcceptedCorpus, corpus_path, read_accepted, write_accepted
 from pytest_infergate.quality.corpus_figures import ChunkFigures, CorpusResult, decide_corpus
-from pytest_infergate.quality.policy import CORPUS_KEYS
+from pytest_infergate.quality.policy import CORPUS_KEYS, default_failure_advice
 from pytest_infergate.results.records import CorpusRecord
 from pytest_infergate.status import QUALITY_CHECK, Finding, Status
 
@@ -57,8 +57,10 @@ def check_corpus(gate, policy: dict | None, corpus, chunk_tokens: int) -> Corpus
     ctx.record(CorpusRecord(ctx.test_id, decision.status, result, rules, decision.problems,
                             undecided=decision.undecided, decided_by=decided_by))
     if decision.problems:
+        advice = default_failure_advice(result.precision, decided_by)
         ctx.fail(f"corpus quality of {result.precision} vs {result.reference_precision} breaks the policy "
-                 f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\n  {result.line()}")
+                 f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\n  {result.line()}"
+                 + (f"\n{advice}" if advice else ""))
     return result
 
 

@@ -39,6 +39,7 @@ from pytest_infergate.quality.policy import (
     RegressionPolicy,
     ResolvedPolicy,
     decide_batch_invariance,
+    default_failure_advice,
     parse_policy,
     resolve_policy,
 )
@@ -127,8 +128,10 @@ class GoldenGate:
                                       *self.backend(), undecided=decision.undecided, decided_by=decided_by))
         if decision.problems:
             worst = "\n".join("  " + describe_sample(s) for s in worst_samples(result.samples))
+            advice = default_failure_advice(result.precision, decided_by)
             self.ctx.fail(f"quality of {result.precision} vs {result.reference} breaks the policy "
-                          f"({decided_by}):\n  " + "\n  ".join(decision.problems) + f"\nworst samples:\n{worst}")
+                          f"({decided_by}):\n  " + "\n  ".join(decision.problems) + (f"\n{advice}" if advice else "")
+                          + f"\nworst samples:\n{worst}")
         return result
 
     def _comparison(self, samples: list[GoldenSample]) -> QualityResult:

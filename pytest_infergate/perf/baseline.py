@@ -12,8 +12,8 @@ import difflib
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_infergate.environment import AcceptedKey
@@ -25,6 +25,29 @@ KIND = "baseline"  # the older format's kind; a baseline is now saved as a resul
 SCHEMA_VERSION = 4  # its last version
 # version 1 had no `kind`; 3 added the calibration probe per repetition; 4 the entry's `key` for its `fingerprint`
 READABLE_VERSIONS = (1, 2, 3, 4)
+
+
+# Samples of one value per generated token: the bulk of a saved run (the starter's: about 2,800 a repetition block
+# of 96 requests, 3/4 of its file), kept in a baseline only where its gate compares them (a limit names them).
+PER_TOKEN = frozenset({"itl_ms"})
+
+
+def for_baseline(measurement: Measurement, compared: Iterable[str]) -> Measurement:
+    """What a later run reads of a saved measurement: its samples with their split by repetition, probes and load
+    evidence, which decide; the per-token samples only of `compared` (the metrics its gate compares) or where they
+    are all it has; not this run's detail that only its own report draws (the engine's step timeline, an endpoint's
+    per-request records). A later gate that compares a metric the baseline dropped says so
+    (perf.decide.stored_comparison): re-save it."""
+    dropped = PER_TOKEN - set(compared)
+    if not any(values for metric, values in measurement.samples.items() if metric not in dropped):
+        dropped = frozenset()  # per-token samples alone: all it measured, and what a later run compares
+
+    def kept(by_metric: dict) -> dict:
+        return {metric: values for metric, values in by_metric.items() if metric not in dropped}
+
+    return replace(measurement, samples=kept(measurement.samples),
+                   load_free_samples=kept(measurement.load_free_samples),
+                   repetition_ends=kept(measurement.repetition_ends), steps=[], requests=[])
 
 
 class BaselineError(InfergateError):

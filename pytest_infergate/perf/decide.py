@@ -121,9 +121,15 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
     baseline from another machine making timings inconclusive (evidence.diff)."""
     diff = evidence.diff or diff_fingerprints({}, {})
     verdicts = judged(compare_measurements(candidate, baseline, budget, stored_baseline=True), diff)
+    # a metric the candidate has and the baseline lacks: a baseline saved when no gate compared it (its per-token
+    # samples are dropped then: perf.baseline.for_baseline), or of an older version; said, never skipped in silence
+    lacking = [metric for metric in budget.relative_metrics() if metric != "load_s"
+               and candidate.samples.get(metric) and not baseline.samples.get(metric)]
+    missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
+               "--infergate-save-baseline" if lacking else "")
     return Comparison(verdicts, [calibration_note(candidate, baseline, verdicts)],
                       [change.describe() for change in diff.machine], [change.describe() for change in diff.under_test],
-                      provenance)
+                      provenance, missing)
 
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:

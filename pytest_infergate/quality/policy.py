@@ -119,6 +119,7 @@ def parse_ini_policies(lines: list[str]) -> dict[str, dict[str, float]]:
 
 MARKER = "marker infergate_quality"
 ARGUMENT = "check(policy=...)"
+DEFAULT_SOURCE = "default policy for"  # how a default that decided is named (ResolvedPolicy.decided_by leads with it)
 
 
 def ini_source(scope: str) -> str:
@@ -179,7 +180,7 @@ class ResolvedPolicy:
         if any(key in keys for key in self.thresholds):
             return self
         default = default_policy(precision)
-        source = f"default policy for {precision}"
+        source = f"{DEFAULT_SOURCE} {precision}"
         return ResolvedPolicy({**self.thresholds, **{key: Threshold(value, source)
                                                      for key, value in getattr(default, rules).items()}},
                               self.scopes, f"{source} ({default.name} class)")
@@ -199,6 +200,16 @@ class ResolvedPolicy:
                  f"{source} ({', '.join(values)})" for source, values in by_source.items()]
         overridden = [f"{key} from {t.named()}" for key, t in keys.items() if t.over]
         return "policy from " + " and ".join(parts) + "".join(f"; {line}" for line in overridden)
+
+
+def default_failure_advice(precision: str, decided_by: str) -> str:
+    """What to do about a quality failure decided by the default of `precision`'s class ("" where a stated policy
+    decided): nobody chose that bar, so the loss is either accepted in a policy of one's own or the precision not
+    gated (nf4 fails the 4-bit default on most models)."""
+    if not decided_by.startswith(DEFAULT_SOURCE):
+        return ""
+    return (f"Accept the loss with a policy for {precision} (ini infergate_quality_policy or an infergate_quality "
+            f"marker), or drop {precision} from the precisions.")
 
 
 def resolve_policy(ini_lines: list[str], marker_kwargs: list[dict[str, Any]], precision: str, key: str

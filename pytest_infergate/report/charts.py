@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from pytest_infergate import units
+from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 
@@ -258,12 +259,36 @@ def _baseline(records: list[PerfRecord], precision: str, key: str) -> float | No
     return _best(records, precision, lambda r: (r.compared_with or {}).get(key))
 
 
+def _gated(records: list[PerfRecord], precision: str, metric: str, pct: float | None = None) -> Verdict | None:
+    """The verdict a gate decided a precision's `metric` (at percentile `pct`) by, None where none compared it: its
+    figures are the ones the gate used (a stored baseline's: the least-disturbed repetitions), not the run's best."""
+    return next((v for r in records if r.precision == precision for v in r.verdicts
+                 if v.metric == metric and (pct is None or v.percentile == pct)), None)
+
+
+def _gated_series(records: list[PerfRecord], precisions: list[str], metric: str, pct: float | None = None
+                  ) -> tuple[list[float | None], list[float | None], str] | None:
+    """(baseline, now, which statistic) by precision as the gates decided them, None where no gate compared
+    `metric`."""
+    verdicts = [_gated(records, p, metric, pct) for p in precisions]
+    decided = [v for v in verdicts if v is not None]
+    if not decided:
+        return None
+    return ([v.baseline if v else None for v in verdicts], [v.candidate if v else None for v in verdicts],
+            decided[0].statistic())
+
+
 def throughput(records: list[PerfRecord], precisions: list[str]) -> str:
-    """Tokens/s by precision, and beside it the baseline's where a gate compared with one."""
+    """Tokens/s by precision; where a gate compared it, the figures the gate decided on, the baseline's beside."""
     tps = [_best(records, p, lambda r: r.summary.get("tokens_per_s")) for p in precisions]
+    gated = _gated_series(records, precisions, "tokens_per_s")
+    if gated is not None:
+        baseline, now, statistic = gated
+        title = "Tokens/s by precision, as the gate decided" + (f" ({statistic})" if statistic else "")
+        return bar_chart(title, precisions, {"baseline": baseline, "now": now}, "tok/s")
     series = {"tokens/s": tps}
     baseline = [_baseline(records, p, "tokens_per_s") for p in precisions]
-    if any(baseline):
+    if any(baseline):  # compared, but not on tokens/s: the two runs' own figures
         series = {"baseline": baseline, "now": tps}
     return bar_chart("Tokens/s by precision (best run)", precisions, series, "tok/s") if any(tps) else ""
 
@@ -307,9 +332,14 @@ def ttft(records: list[PerfRecord]) -> str:
 
 
 def ttft_compared(records: list[PerfRecord], precisions: list[str]) -> str:
-    """TTFT p50 and p95 by precision beside the baseline's, where a gate compared with one."""
+    """TTFT p50 and p95 by precision beside the baseline's, where a gate compared with one; the percentile a gate
+    decided on shows the figures it used (a stored baseline's: the least-disturbed repetitions), labelled so."""
     series = {}
     for pct in ("p50", "p95"):
+        gated = _gated_series(records, precisions, "ttft_ms", int(pct[1:]))
+        if gated is not None:
+            series[f"baseline {pct} as gated"], series[f"now {pct} as gated"] = gated[0], gated[1]
+            continue
         baseline = [_baseline(records, p, f"ttft_ms_{pct}") for p in precisions]
         if any(baseline):
             series[f"baseline {pct}"] = baseline

@@ -1,4 +1,6 @@
-"""Diagnosis notes drawn from the guide's list of pitfalls, each computed from the run's own data."""
+"""Diagnosis notes drawn from the guide's list of pitfalls, each computed from the run's own data; where a perf gate
+failed against a baseline that names what changed since it (engine config, model, precision, libraries), the note
+is about that change alone: a pitfall's generic advice (KV cache, quantization, batching) would point elsewhere."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ from dataclasses import dataclass
 from pytest_infergate import units
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.requirements import QUANTIZED
+from pytest_infergate.results.reasons import changes_phrase, verdict_sentence, violation_sentence
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.stats import bootstrap_ratio_ci, percentile
+from pytest_infergate.status import Status
 
 MIN_REPETITIONS = 3  # tokens/s per repetition: fewer, and the per-request TPOT decides
 MIN_REQUESTS = 5
@@ -279,7 +283,25 @@ def slow_creep(history) -> list[Note]:
     return notes
 
 
+def named_change(results: RunResults) -> list[Note]:
+    """Perf gates that failed against a baseline naming what changed since it: one note on those changes."""
+    failed = [r for r in results.perf if r.status == Status.FAIL and (r.changes or r.model_change)]
+    if not failed:
+        return []
+    changes = list(dict.fromkeys(c for r in failed for c in (r.changes or [r.model_change])))
+    first = failed[0]
+    figures = "; ".join([verdict_sentence(v) for v in first.verdicts if v.status == Status.FAIL]
+                        + [violation_sentence(v) for v in first.violations if v.status == Status.FAIL])
+    return [Note("warn", "what changed since the baseline",
+                 f"{len(failed)} perf gate{'s' if len(failed) != 1 else ''} failed{changes_phrase(changes)} (e.g. "
+                 f"{first.test}: {figures}). Look at that change first: it is what the baseline records as different; "
+                 "if the new figures are intended, accept them with --infergate-save-baseline.")]
+
+
 def diagnose(results: RunResults, reference: str, history=None) -> list[Note]:
+    changed = named_change(results)
+    if changed:  # the failure's own cause is named: the pitfalls' generic advice would send a reviewer elsewhere
+        return changed
     return (kv_cache_gain(results) + quantized_slower(results, reference) + dynamic_ttft(results)
             + padding_waste(results) + kv_pressure(results) + phase_balance(results) + endpoint_errors(results)
             + endpoint_goodput(results) + slow_creep(history))

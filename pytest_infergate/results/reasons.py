@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_infergate import units
+from pytest_infergate.quality.policy import default_failure_advice
 from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
 
@@ -32,6 +33,12 @@ UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or com
 NOTHING_COMPARED = "nothing compared"
 NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
                "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
+
+
+def saved_baseline_message(path: str) -> str:
+    """NO_BASELINE of the run that saved the baseline: what it did instead of advising the save it made."""
+    return (f"this run saved the baseline to {path}; nothing was compared this run, only its budgets were checked: "
+            f"later runs compare with --infergate-baseline {path}")
 
 def undecided_notice(record) -> str | None:
     """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
@@ -59,12 +66,16 @@ def undecided_notice(record) -> str | None:
 def record_message(record) -> str:
     """Why a gate's record did not pass, as a reviewer reads it: one sentence of what changed by how much (at most
     three checks) and since what, the advice that fits the verdict, then the evidence after EVIDENCE."""
-    from pytest_infergate.results.records import PerfRecord
+    from pytest_infergate.results.records import CorpusRecord, PerfRecord, QualityRecord
 
     if isinstance(record, PerfRecord):
         return perf_message(record)
     decision = record.decision()
-    return "; ".join((decision.problems + decision.undecided)[:3]) or record.status.value
+    message = "; ".join((decision.problems + decision.undecided)[:3]) or record.status.value
+    if record.status == Status.FAIL and isinstance(record, (QualityRecord, CorpusRecord)):
+        advice = default_failure_advice(record.precision, record.decided_by)
+        message += f". {advice}" if advice else ""
+    return message
 
 
 def perf_message(record: PerfRecord) -> str:

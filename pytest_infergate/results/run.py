@@ -16,7 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.results.reasons import EVIDENCE, NO_BASELINE, NOTHING_COMPARED, record_message
+from pytest_infergate.results.reasons import (
+    EVIDENCE,
+    NO_BASELINE,
+    NOTHING_COMPARED,
+    record_message,
+    saved_baseline_message,
+)
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     CorpusRecord,
@@ -76,6 +82,9 @@ class RunResults:
     skipped_findings: dict[str, Finding] = field(default_factory=dict)
     run_id: str = ""  # new_run_id(started) when written; "" in files before version 3
     commit: str | None = None  # git commit of the rootdir, when it is a git checkout
+    # where this run saved itself as the baseline (--infergate-save-baseline, once written): its relative checks had
+    # nothing to compare with, and its verdict says so with the path rather than advising a save it has just made
+    saved_baseline: str | None = None
     # not in the file: this run's report kept beside its results file in a history folder, when read from one
     report_copy: str | None = field(default=None, compare=False, repr=False)
 
@@ -119,18 +128,15 @@ class RunResults:
         return run_verdict(self)
 
     def gate_counts(self) -> dict[str, dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {}
-        for record in self.records:
-            gate = counts.setdefault(record.kind, {status.value: 0 for status in Status})
-            gate[record.status.value] += 1
-        return counts
+        """Per gate kind, its records by the status the verdict counts them with (RunVerdict.counts)."""
+        return {kind: c for kind, c in self.verdict().counts.items() if kind not in (FAILED_TESTS, NOT_AS_ASKED)}
 
     def to_dict(self) -> dict:
         if not self.run_id:
             self.run_id = new_run_id(self.started)
         return finite_json({
             "kind": KIND, "schema_version": SCHEMA_VERSION, **self.verdict().to_dict(), "strict": self.strict,
-            "run_id": self.run_id, "commit": self.commit,
+            "run_id": self.run_id, "commit": self.commit, "saved_baseline": self.saved_baseline,
             "fingerprint": self.fingerprint, "started": self.started,
             "finished": self.finished if self.finished is not None else time.time(),
             "environment": self.environment, "models": self.models, "records": [r.to_dict() for r in self.records],
@@ -166,7 +172,8 @@ class RunResults:
                                      for test, f in (data.get("skipped_findings") or {}).items()},
                    failures=dict(data.get("failures", {})), skips=dict(data.get("skips", {})),
                    strict=bool(data.get("strict", False)),
-                   run_id=str(data.get("run_id") or ""), commit=data.get("commit"))
+                   run_id=str(data.get("run_id") or ""), commit=data.get("commit"),
+                   saved_baseline=data.get("saved_baseline"))
 
 
 @dataclass(frozen=True)
@@ -195,14 +202,23 @@ class Reason:
         return {**asdict(self), "status": self.status.value, "lead": self.lead}
 
 
+# what the verdict counts besides each gate kind's records (RunVerdict.counts), as the summaries name them
+FAILED_TESTS, NOT_AS_ASKED = "test", "not as asked"
+
+
 @dataclass(frozen=True)
 class RunVerdict:
     status: Status
     reasons: list[Reason]
+    saved_baseline: str | None = None  # RunResults.saved_baseline
+    # what the verdict was made of, by group (a gate kind's records; FAILED_TESTS: tests that failed outside a gate;
+    # NOT_AS_ASKED: checks that did not run as asked), status -> how many: the one source of every count shown
+    # beside the verdict, so that the headline's "3 inconclusive" is found in the lines below it
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def headline(self) -> str:
-        counts = {status: sum(1 for r in self.reasons if r.status == status) for status in (Status.FAIL,
-                                                                                             Status.INCONCLUSIVE)}
+        counts = {status: sum(c.get(status.value, 0) for c in self.counts.values())
+                  for status in (Status.FAIL, Status.INCONCLUSIVE)}
         parts = [f"{n} {status.value}" for status, n in counts.items() if n]
         return f"infergate verdict: {self.status.upper()}{self.qualifier()}" + (f" ({', '.join(parts)})"
                                                                                   if parts else "")
@@ -218,7 +234,8 @@ class RunVerdict:
         if not self.compared_nothing:  # said whatever the status: a warning may make a first run inconclusive
             return ""
         n = self.compared_nothing
-        return f" — {n} perf gate{'s' if n != 1 else ''} on budgets only, nothing compared with a baseline"
+        saved = f": this run saved the baseline to {self.saved_baseline}" if self.saved_baseline else ""
+        return f" — {n} perf gate{'s' if n != 1 else ''} on budgets only, nothing compared with a baseline{saved}"
 
     def to_dict(self) -> dict:
         return {"verdict": self.status.value, "verdict_line": self.headline(),
@@ -228,8 +245,19 @@ class RunVerdict:
 GATE_NAMES = {"perf": "perf gate", "quality": "quality gate", "golden": "golden gate",
               "batch_invariance": "batch invariance", "corpus": "corpus check"}
 
+
+def count_name(group: str) -> str:
+    """A group of RunVerdict.counts as the summaries name it: a gate kind ("perf"), "failed tests", "not as
+    asked"."""
+    return "failed tests" if group == FAILED_TESTS else group
+
+
 def run_verdict(results: RunResults) -> RunVerdict:
     reasons = []
+    counts: dict[str, dict[str, int]] = {}
+
+    def count(group: str, status: Status) -> None:
+        counts.setdefault(group, {s.value: 0 for s in Status})[status.value] += 1
     # a test failed by its own gate is said once, as the gate with its reasons (not again as a failed test)
     # (under --infergate-strict a gate that did not decide failed its test: said as that gate, failed)
     gated = {record.test for record in results.records if under_strict(record.status, results.strict) == Status.FAIL}
@@ -240,16 +268,23 @@ def run_verdict(results: RunResults) -> RunVerdict:
             message = results.failures.get(nodeid, "")
             reasons.append(Reason(Status.FAIL, "test" if outcome == "failed" else "test error", nodeid,
                                   message or outcome))
+            count(FAILED_TESTS, Status.FAIL)
     for record in results.records:
+        count(record.kind, under_strict(record.status, results.strict))
         if record.status != Status.PASS:
             reasons.append(Reason(under_strict(record.status, results.strict), GATE_NAMES.get(record.kind, record.kind),
                                   record.test, record_message(record)))
         elif getattr(record, "compared_nothing", False):  # a pass of the budgets alone: said, never a bare pass
-            reasons.append(Reason(Status.PASS, NOTHING_COMPARED, record.test, NO_BASELINE))
+            reasons.append(Reason(Status.PASS, NOTHING_COMPARED, record.test,
+                                  saved_baseline_message(results.saved_baseline) if results.saved_baseline
+                                  else NO_BASELINE))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
-    reasons += [Reason(Status.INCONCLUSIVE, "not as asked", "", warning) for warning in results.warnings]
+    reasons += [Reason(Status.INCONCLUSIVE, NOT_AS_ASKED, "", warning) for warning in results.warnings]
+    for _ in results.warnings:
+        count(NOT_AS_ASKED, Status.INCONCLUSIVE)
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
-    return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)))
+    return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)), results.saved_baseline,
+                      counts)

@@ -16,7 +16,7 @@ from pytest_infergate.results.records import (
     QualityRecord,
     undefined_reason,
 )
-from pytest_infergate.results.run import RunResults
+from pytest_infergate.results.run import RunResults, count_name
 from pytest_infergate.status import Finding, Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
@@ -229,11 +229,14 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
 
 
 def gate_counts_line(results: RunResults) -> Line | None:
-    counts = results.gate_counts()
+    """What the verdict was made of, counted as the verdict counts it (RunVerdict.counts): "gates: perf: 3 pass; not
+    as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive)"."""
+    counts = results.verdict().counts
     if not counts:
         return None
-    return Line("gates: " + "; ".join(f"{kind}: " + ", ".join(f"{n} {status}" for status, n in c.items() if n)
-                                      for kind, c in counts.items()))
+    return Line("gates: " + "; ".join(f"{count_name(group)}: " + ", ".join(f"{n} {status}" for status, n in c.items()
+                                                                          if n)
+                                      for group, c in counts.items()))
 
 
 def summary_lines(results: RunResults) -> list[Line]:
@@ -281,9 +284,8 @@ def summary_markdown(results: RunResults) -> str:
     verdict = results.verdict()
     lines = ["## pytest-infergate", "", f"**{verdict.headline()}**", ""]
     lines += [f"- {reason.text()}" for reason in verdict.reasons] + ([""] if verdict.reasons else [])
-    for gate, c in results.gate_counts().items():
-        lines.append(f"- **{gate}**: {c.get('pass', 0)} pass, {c.get('fail', 0)} fail, "
-                     f"{c.get('inconclusive', 0)} inconclusive")
+    for group, c in verdict.counts.items():  # the verdict's own counts: they add up to its headline's
+        lines.append(f"- **{count_name(group)}**: " + ", ".join(f"{n} {status}" for status, n in c.items() if n))
     for warning in results.warnings:
         lines.append(f"- ⚠ {warning}")
     if results.perf:
