@@ -235,10 +235,10 @@ class Options:
     def torch_threads(self) -> int | None:
         """The threads torch runs a model with in this session; None: torch's own default (one per core).
         On the CPU one by default: with one computing thread the time a co-tenant took is exactly the thread's
-        run-queue wait, which process_meters.team_progress_s takes out (busy/quiet ×1.01 [0.94, 1.11], a ×2 slowdown
-        still ×2.00 under one busy loop per core); a team of two stalls at every barrier a co-tenant lands on (the
-        same workload ×5.3 slower busy, a ×2 slowdown unseen). Quiet, one thread cost ×1.14-1.24 on 2 cores
-        (benchmarks/load_evidence.py, docs/measurements.md). On a GPU the host threads matter little: torch's."""
+        run-queue wait, which process_meters.team_progress_s takes out, a slowdown kept whole under a co-tenant; a
+        team of two stalls at every barrier a co-tenant lands on, which hides a slowdown. One thread costs some speed
+        on a quiet machine (the figures: benchmarks/load_evidence.py, docs/measurements.md). On a GPU the host
+        threads matter little: torch's."""
         if self.cpu_threads is None:
             return None if self.gpu else DEFAULT_CPU_THREADS
         return self.cpu_threads or None

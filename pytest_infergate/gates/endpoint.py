@@ -152,7 +152,7 @@ class EndpointPerfBench:
     def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
         """Answered requests per second with one request at a time (measured once a session per workload and
         server): a suite's request rates sized from it pass on a small server and stress a big one (a fixed
-        4 req/s answered 12.5% of requests on a server whose capacity was 0.77 req/s). Fails the test when the
+        rate answers few requests on a server slower than it, docs/guides/endpoint.md). Fails the test when the
         server answered none."""
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         try:

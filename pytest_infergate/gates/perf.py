@@ -53,8 +53,8 @@ def uses_stored_baseline(ctx: TestContext) -> bool:
 def probe_wanted(ctx: TestContext) -> bool:
     """Whether this run's measurements take the calibration probe: a save does (a later run reads it), a
     comparison does where the baseline has it. Against an accepted run measured without it (a results file, an
-    older baseline), measuring with it would measure differently: the probe's sampler takes a share of the cores
-    (on tiny-random-llama's ms steps the same workload read ×1.8 slower with it)."""
+    older baseline), measuring with it would measure differently: the probe's sampler takes a share of the cores,
+    which a workload of millisecond steps feels (docs/measurements.md)."""
     if ctx.options.save_baseline is not None:
         return True
     return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())

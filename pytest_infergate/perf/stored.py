@@ -74,18 +74,18 @@ def side_resolution(measurement: Measurement, metric: str, pct: float | None) ->
 
 
 # A failure's fresh block (perf.gate.StoredReference.confirm) stops early once EARLY_CONFIRM fresh repetitions are
-# each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: the largest whole-run
-# slowdown this VM kind showed with nothing else of ours running was ×1.27-1.3 (docs/measurements.md), so no spell
-# reaches that, while a ×2 regression passes it on every repetition and need not take the whole block.
+# each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: SPELL lies at the
+# largest whole-run slowdown a shared VM shows with nothing else of ours running (docs/measurements.md), so no spell
+# reaches it, while a ×2 regression passes it on every repetition and need not take the whole block.
 EARLY_CONFIRM = 3
 SPELL = 1.3
 # A failure against a stored baseline stands only where its interval's low end lies beyond threshold × RUN_DRIFT.
 # The two sides ran in different processes, minutes apart, and the fastest repetitions of one process do not
-# cancel the VM's own drift: with nothing else running, unchanged tiny-random-llama runs compared with a baseline
-# saved a minute earlier read up to x1.20 slower (interval low ends up to x1.144; the CPU time per token moved with
-# the wall time, no steal and no run-queue wait: the host's, invisible to the guest; the calibration probe moved
-# x1.005-1.05), and would fail a 10% gate about 1 compare in 8 (docs/measurements.md). A slowdown within the drift
-# is inconclusive and says to compare in one process, where the drift cancels.
+# cancel the VM's own drift: with nothing else running, unchanged code compared with a baseline saved a minute
+# earlier can read slower beyond a 10% threshold (the CPU time per token moves with the wall time, with no steal and
+# no run-queue wait: the host's drift, invisible to the guest, which the calibration probe barely sees; the figures:
+# docs/measurements.md). A slowdown within the drift is inconclusive and says to compare in one process, where the
+# drift cancels.
 RUN_DRIFT = 1.08
 
 
@@ -289,13 +289,13 @@ def in_metric_units(metric: str, cost: float) -> float:
 # processes left undecided as measured; it never makes a failure and never overrules one. Why it is trusted that far,
 # with the measurements: docs/explanation/perf-gates.md.
 #
-# The most the thread's speed may have moved between the save and the run for the normalization to stand: the probe
-# read up to ×1.13 apart over ten quiet fresh processes, ×1.34 beside a co-tenant (one slow process of ten, whose
-# tokens/s it followed) (docs/measurements.md). A larger move is more than the host's drift the probe was checked
-# against, and a normalization by it would lean on the probe further than that.
+# The most the thread's speed may have moved between the save and the run for the normalization to stand: between
+# the probe's spread over quiet fresh processes and its move beside a co-tenant (docs/measurements.md). A larger move
+# is more than the host's drift the probe was checked against, and a normalization by it would lean on the probe
+# further than that.
 MAX_SPEED_MOVE = 1.25
-# The normalized figure of unchanged code still varies between fresh processes (tokens/s × probe: c.v. 3%, quiet and
-# beside a co-tenant, docs/measurements.md), and the interval of one pair of processes does not hold that: a pass at
+# The normalized figure of unchanged code still varies between fresh processes (tokens/s × probe, quiet and beside a
+# co-tenant: docs/measurements.md), and the interval of one pair of processes does not hold that: a pass at
 # the save's thread speed must lie within the threshold by this factor as well, as a failure against a stored
 # baseline must lie beyond it by the runs' drift (RUN_DRIFT).
 SPEED_RESIDUAL = 1.03
