@@ -16,12 +16,11 @@ from pytest_infergate.gates.perf import (
     finish_ab,
     gate_measurement,
     prepare_gate,
-    repetition_plan,
-    until_settled,
 )
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.perf.repetitions import repetition_plan, until_settled
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
