@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_ID, TestContext
-from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
-from pytest_infergate.endpoint.loadgen import LoadPattern, Slo, sweep_patterns
+from pytest_infergate.endpoint.capacity import search_capacity
+from pytest_infergate.endpoint.capacity_records import CapacityResult, CapacitySpec, capacity_measurement
+from pytest_infergate.endpoint.load_run import LoadPattern, Slo
+from pytest_infergate.endpoint.loadgen import sweep_patterns
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.gates.perf import (
