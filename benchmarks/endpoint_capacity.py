@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from openai_servers import LlamaServer  # noqa: E402
 
 from pytest_infergate.endpoint import EndpointConfig, Slo  # noqa: E402
-from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity  # noqa: E402
+from pytest_infergate.endpoint.capacity import search_capacity  # noqa: E402
+from pytest_infergate.endpoint.capacity_records import CapacitySpec  # noqa: E402
 from pytest_infergate.models import resolve_model  # noqa: E402
 from pytest_infergate.models.load import load_tokenizer  # noqa: E402
 from pytest_infergate.models.sources import ensure_smollm2_gguf  # noqa: E402

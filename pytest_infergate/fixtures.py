@@ -8,7 +8,8 @@ import pytest
 
 from pytest_infergate.context import Target
 from pytest_infergate.options import Options
-from pytest_infergate.session import needs, session_of, skip
+from pytest_infergate.outbox import needs, skip
+from pytest_infergate.session import session_of
 from pytest_infergate.status import ENDPOINT_CHECK, Finding
 
 # an endpoint test in a run without --infergate-endpoint: skipped by design (a suite of a served model, collected

@@ -117,7 +117,7 @@ class Measurement:
     # torch's threads while the workload ran on the CPU (0: not recorded, or not on the CPU). One thread makes the
     # load-free share exact up to cache effects; a team's is an estimate (perf.interference.load_free_residual).
     cpu_threads: int = 0
-    # Endpoint load runs: one record per request (endpoint.loadgen.request_record: when it left, its first token and
+    # Endpoint load runs: one record per request (endpoint.load_run.request_record: when it left, its first token and
     # each chunk's arrival in seconds from the run's start, tokens, HTTP status, error class), at most
     # MAX_REQUEST_RECORDS per measurement, for the slow tail a percentile hides.
     requests: list[dict[str, Any]] = field(default_factory=list)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from pytest_infergate.endpoint.exchange import check_endpoint_settings
+from pytest_infergate.engine.config import BACKENDS
 from pytest_infergate.errors import OptionError
 from pytest_infergate.requirements import check_precision, default_reference, parse_precisions
 
@@ -37,10 +38,8 @@ class OptionSpec:
         return "infergate_" + self.name
 
 
-ENDPOINT_APIS = ("chat", "completions")
 BASELINE_PYTHON_FLAG = "--infergate-baseline-python"
 DEFAULT_CPU_THREADS = 1  # Options.torch_threads says why
-BACKENDS = ("auto", "engine", "hf")  # engine.backends.choose_backend's choices
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("gpu", "bool", "run models on CUDA (without CUDA this is a usage error, never a CPU fallback); "
@@ -236,10 +235,10 @@ class Options:
     def torch_threads(self) -> int | None:
         """The threads torch runs a model with in this session; None: torch's own default (one per core).
         On the CPU one by default: with one computing thread the time a co-tenant took is exactly the thread's
-        run-queue wait, which process_meters.team_progress_s takes out (busy/quiet ×1.01 [0.94, 1.11], a ×2 slowdown
-        still ×2.00 under one busy loop per core); a team of two stalls at every barrier a co-tenant lands on (the
-        same workload ×5.3 slower busy, a ×2 slowdown unseen). Quiet, one thread cost ×1.14-1.24 on 2 cores
-        (benchmarks/load_evidence.py, docs/measurements.md). On a GPU the host threads matter little: torch's."""
+        run-queue wait, which process_meters.team_progress_s takes out, a slowdown kept whole under a co-tenant; a
+        team of two stalls at every barrier a co-tenant lands on, which hides a slowdown. One thread costs some speed
+        on a quiet machine (the figures: benchmarks/load_evidence.py, docs/measurements.md). On a GPU the host
+        threads matter little: torch's."""
         if self.cpu_threads is None:
             return None if self.gpu else DEFAULT_CPU_THREADS
         return self.cpu_threads or None
@@ -274,23 +273,6 @@ class Options:
             values["precisions"] = parse_precisions(values["precisions"])
             values["precisions_given"] = True
         return cls(**values)
-
-
-def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, api: str,
-                            flag: str = "--infergate-endpoint") -> None:
-    """The endpoint options (also EndpointConfig's fields), each with the option that sets it (`flag`: the
-    option that gave `url`)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise OptionError(f"{flag} {url!r} is not an http(s) URL; give the server's base URL, e.g. "
-                          "http://127.0.0.1:8000/v1")
-    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise OptionError("--infergate-endpoint-timeout must be positive (a finite number of seconds), got "
-                          f"{timeout_s}")
-    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-        raise OptionError(f"--infergate-endpoint-concurrency must be at least 1 (an integer), got {max_concurrency}")
-    if api not in ENDPOINT_APIS:
-        raise OptionError(f"--infergate-endpoint-api {api!r} is not one of {', '.join(ENDPOINT_APIS)}")
 
 
 def check_distinct_outputs(options: Options) -> None:

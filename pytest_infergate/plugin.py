@@ -155,7 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from pytest_infergate.quality.policy import QualityPolicyError, parse_policy
 
     def parse_slo(values: dict, where: str) -> None:
-        from pytest_infergate.endpoint.loadgen import Slo  # the endpoint package loads httpx: only when asked
+        from pytest_infergate.endpoint.load_run import Slo  # the endpoint package loads httpx: only when asked
 
         try:
             Slo.parse(values)

@@ -226,8 +226,8 @@ def team_progress_s(wall_s: float, times: dict[int, ThreadTimes], main: int, com
     pool) progresses only while all are on a CPU, and spinning keeps each runnable, so neither "wall less our
     run-queue wait" nor CPU time removes the load: both keep the time one thread spun while another waited. Each
     other thread was on a CPU for cpu / (cpu + wait) of the time it was runnable; the estimate takes those shares
-    as independent. Measured with a CPU hog (benchmarks/load_evidence.py, docs/measurements.md): one busy loop per
-    core reads ×0.92 its quiet figure, one busy loop on two cores ×1.34 (the shares are then anticorrelated)."""
+    as independent. Under a CPU hog it is not exact, and it errs most where one busy loop shares two cores (the
+    shares are then anticorrelated): benchmarks/load_evidence.py, docs/measurements.md."""
     own = times.get(main)
     if own is None:
         return wall_s

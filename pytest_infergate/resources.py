@@ -5,10 +5,12 @@ ResourceError saying why (the fixture fails the test with it), so a REPL or a un
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_infergate.errors import InfergateError, ModelLoadError
+from pytest_infergate.endpoint.exchange import EndpointConfig
+from pytest_infergate.errors import InfergateError, ModelLoadError, OptionError
 from pytest_infergate.models import ModelPool
 from pytest_infergate.options import Options
 from pytest_infergate.quality.scoring import ScoreCache
@@ -43,13 +45,12 @@ class SessionResources:
         """With --infergate-endpoint: ask each server for its model once (raises InfergateError where one is down)."""
         if self.options.endpoint is None:
             return
-        from pytest_infergate.endpoint.exchange import EndpointConfig
         from pytest_infergate.endpoint.loadgen import EndpointBench
 
-        bench = EndpointBench(EndpointConfig.from_options(self.options))
+        bench = EndpointBench(endpoint_config(self.options))
         bench.model  # noqa: B018 - GET /v1/models once; the served name is reused by every test
         if self.options.reference_endpoint is not None:
-            reference = EndpointBench(EndpointConfig.from_options(self.options, reference=True))
+            reference = EndpointBench(endpoint_config(self.options, reference=True))
             reference.model  # noqa: B018
             self.reference_endpoint = reference
         self.endpoint = bench
@@ -116,3 +117,23 @@ def _loaded(load, what: str):
     except ModelLoadError as exc:
         message = f"{what}: {exc}"
     raise ResourceError(message)
+
+
+def endpoint_config(options: Options, reference: bool = False) -> EndpointConfig:
+    """The EndpointConfig of --infergate-endpoint (or, `reference`, of --infergate-reference-endpoint) and its
+    companion options (the API key read from the named environment variable, never from the command line)."""
+    api_key = None
+    key_env, flag = options.api_key_env, "--infergate-api-key-env"
+    if reference and options.reference_api_key_env:
+        key_env, flag = options.reference_api_key_env, "--infergate-reference-api-key-env"
+    if key_env:
+        api_key = os.environ.get(key_env)
+        if not api_key:
+            raise OptionError(f"{flag} names {key_env!r}, but that environment variable is not set or empty: "
+                              "export it, or drop the option for a server without authentication")
+    if reference:
+        return EndpointConfig(options.reference_endpoint, options.reference_endpoint_model, api_key,
+                              options.endpoint_timeout, options.endpoint_concurrency, options.endpoint_api,
+                              option="--infergate-reference-endpoint")
+    return EndpointConfig(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
+                          options.endpoint_concurrency, options.endpoint_api, options.endpoint_metrics_url)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, NoReturn
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -20,8 +19,17 @@ from pytest_infergate.context import ENDPOINT_ID, IniScopes, TestContext
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.models import PRECISIONS
 from pytest_infergate.options import Options
+from pytest_infergate.outbox import (
+    NOT_RUN_PROPERTY,
+    SKIP_FINDING_PROPERTY,
+    Outbox,
+    fail,
+    failure_message,
+    skip,
+    skip_reason,
+)
 from pytest_infergate.outputs import TerminateAsInterrupt, Written
-from pytest_infergate.resources import ResourceError, SessionResources
+from pytest_infergate.resources import SessionResources
 from pytest_infergate.results.reasons import record_message, undecided_notice
 from pytest_infergate.results.records import RESULT_PROPERTY, record_from_dict
 from pytest_infergate.results.run import RunResults
@@ -29,44 +37,12 @@ from pytest_infergate.scopes import WILDCARD, parse_scoped_lines
 from pytest_infergate.status import INI_SCOPE_CHECK, Finding, Status, under_strict
 
 SCOPED_OPTIONS = ("infergate_budgets", "infergate_quality_policy")
-PACKAGE_DIR = Path(__file__).resolve().parent
 _DEFAULTS = pytest.StashKey[dict]()
 PLUGIN_NAME = "infergate-session"
 WORKER_OUTPUT = "infergate"
 
 
-# a report's property carrying the Finding of a test skipped with what would make it run (skip)
-SKIP_FINDING_PROPERTY = "infergate.skipped_finding"
-NOT_RUN_PROPERTY = "infergate.not_run"  # JUnit XML: a check of the test that did not run or decide as asked
-
-
-@dataclass
-class Outbox:
-    """What a test's fixture objects recorded and said, until its report is made."""
-
-    records: list = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    contexts: list[TestContext] = field(default_factory=list)  # their key figures (TestContext.properties)
-    undecided: list[str] = field(default_factory=list)  # what did not decide: a failure under --infergate-strict
-
-
 _OUTBOX = pytest.StashKey[Outbox]()
-
-
-def fail(message: str) -> NoReturn:
-    """TestContext.fail: the test fails with `message` (`from None`: a failure raised while handling an error shows
-    its message once, not the chain)."""
-    raise pytest.fail.Exception(message, pytrace=False) from None
-
-
-def skip(reason: str | Finding) -> NoReturn:
-    """TestContext.skip: a Finding skips saying what would make the test run (the not-run table lists it; the
-    skip carries it to the report: pytest_runtest_makereport), a plain reason skips by design."""
-    if not isinstance(reason, Finding):
-        pytest.skip(reason)
-    skipped = pytest.skip.Exception(reason.reason())
-    skipped.infergate_finding = reason  # a plain skip to pytest (its summary line), the finding to us
-    raise skipped
 
 
 class InfergateWarning(pytest.PytestWarning):
@@ -80,29 +56,6 @@ def add_defaults(config: pytest.Config, budgets: list[str] = (), quality_policy:
     defaults = config.stash.setdefault(_DEFAULTS, {option: [] for option in SCOPED_OPTIONS})
     defaults["infergate_budgets"] += list(budgets)
     defaults["infergate_quality_policy"] += list(quality_policy)
-
-
-def failure_message(report: pytest.TestReport) -> str:
-    """A failed test's short message and where it failed: `AssertionError: ... (suites/test_x.py:42)`. A gate's
-    failure is raised inside this plugin: its place is the user's test, not the plugin's line (issue #45)."""
-    crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None:
-        first = (crash.message or "").strip().splitlines()
-        where = f"{crash.path}:{crash.lineno}"
-        if Path(str(crash.path)).resolve().is_relative_to(PACKAGE_DIR):
-            path, lineno, _ = report.location
-            where = f"{path}:{(lineno or 0) + 1}"
-        return f"{first[0] if first else 'failed'} ({where})"
-    text = str(report.longrepr or "").strip().splitlines()
-    return text[-1] if text else f"failed in {report.when}"
-
-
-def skip_reason(report: pytest.TestReport) -> str:
-    """Why a test was skipped, as pytest -rs prints it."""
-    longrepr = report.longrepr
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(longrepr or "skipped")
 
 
 class InfergateSession:
@@ -386,16 +339,6 @@ class InfergateSession:
             terminalreporter.write_line(note, yellow=True)
         for error in self.written.errors:
             terminalreporter.write_line(f"ERROR {error}", red=True)
-
-
-def needs(get):
-    """`get()` (a resource a test needs: resources.SessionResources), or the test fails with why it could not be had
-    (raised outside the except block, so the error is not printed twice with a "During handling" chain)."""
-    try:
-        return get()
-    except ResourceError as exc:
-        message = str(exc)
-    pytest.fail(message, pytrace=False)
 
 
 def session_of(config: pytest.Config) -> InfergateSession:

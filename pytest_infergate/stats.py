@@ -67,9 +67,9 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     """(median, low, high): the distribution-free interval of the median from order statistics. The k-th smallest
     and k-th largest of n values bound the median with probability 1 - 2 P(Binomial(n, 1/2) < k), whatever the
     distribution, so k is the largest that keeps that at `confidence`. A bootstrap of the median of a handful of
-    values under-covers (with 4 A/B rounds it claimed 95% and was right less often: a false failure of unchanged
-    code under a CPU hog, docs/measurements.md). Below `min_rounds(confidence)` values no interval reaches the
-    confidence: (median, 0, inf), which decides nothing."""
+    values under-covers (with a few A/B rounds it claims 95% and is right less often: docs/measurements.md).
+    Below `min_rounds(confidence)` values no interval reaches the confidence: (median, 0, inf), which decides
+    nothing."""
     if not values:
         raise ValueError("median interval of an empty sample")
     ordered, n = sorted(values), len(values)

@@ -9,7 +9,7 @@ import os
 import pytest
 from baseline_files import older_baseline_of, perf_records, saved_run
 
-from pytest_infergate.perf.stored import LEAST_REPETITIONS
+from pytest_infergate.perf.repetitions import LEAST_REPETITIONS
 
 BENCH = """
 import pytest

@@ -11,7 +11,7 @@ import pytest
 from openai_servers import FaultyServer, free_port
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
-from pytest_infergate.endpoint.loadgen import LoadRun
+from pytest_infergate.endpoint.load_run import LoadRun
 from pytest_infergate.engine import Request
 from pytest_infergate.errors import OptionError
 from pytest_infergate.workloads.transcript import plain_text
@@ -108,7 +108,7 @@ def test_unmet_slo_counts_against_goodput_only():
 
 def test_warmup_and_cooldown_seconds_keep_the_load_but_count_only_the_steady_state():
     # issue #35 point 6: time-based warmup and cooldown, as guidellm's --warmup / --cooldown
-    from pytest_infergate.endpoint.loadgen import add_to_measurement
+    from pytest_infergate.endpoint.load_run import add_to_measurement
     from pytest_infergate.measurement import Measurement
 
     pattern = LoadPattern(rate_per_s=20, seed=4, warmup_s=0.3, cooldown_s=0.3)
@@ -404,7 +404,7 @@ def test_a_load_run_takes_only_requests():
 
 def test_every_request_is_recorded_and_the_report_shows_the_slow_tail():
     # issue #35 point 5: per-request records in the JSON, and the report's slow-tail view built from them
-    from pytest_infergate.endpoint.loadgen import add_to_measurement
+    from pytest_infergate.endpoint.load_run import add_to_measurement
     from pytest_infergate.measurement import Measurement
     from pytest_infergate.report import render
     from pytest_infergate.results.records import PerfRecord

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
-from pytest_infergate.endpoint.capacity import CapacitySpec, search_capacity
+from pytest_infergate.endpoint.capacity import search_capacity
+from pytest_infergate.endpoint.capacity_records import CapacitySpec
 from pytest_infergate.endpoint.exchange import EndpointError
-from pytest_infergate.endpoint.loadgen import add_to_measurement
+from pytest_infergate.endpoint.load_run import add_to_measurement
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.workloads import from_file
 

@@ -11,7 +11,8 @@ import pytest
 from openai_servers import FaultyServer
 
 from pytest_infergate.endpoint import EndpointConfig, EndpointRequest, LoadPattern, Slo, run_load
-from pytest_infergate.endpoint.capacity import CapacitySpec, capacity_measurement, search_capacity, wilson
+from pytest_infergate.endpoint.capacity import search_capacity, wilson
+from pytest_infergate.endpoint.capacity_records import CapacitySpec, capacity_measurement
 from pytest_infergate.endpoint.exchange import EndpointResult
 from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metrics, to_vocabulary
 from pytest_infergate.errors import OptionError

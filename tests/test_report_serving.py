@@ -7,8 +7,8 @@ import re
 import pytest
 from browser import needs_chromium, open_page
 
-from pytest_infergate.endpoint.capacity import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
-from pytest_infergate.endpoint.loadgen import Slo
+from pytest_infergate.endpoint.capacity_records import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
+from pytest_infergate.endpoint.load_run import Slo
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.conversations import PREFIX_CACHE_KEY, PrefixCacheUse

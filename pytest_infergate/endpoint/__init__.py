@@ -1,7 +1,8 @@
 """The endpoint backend: gates a live OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp) instead of the
 reference engine - load runs, capacity under an SLO, a second deployment side by side, the server's /metrics."""
 
-from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, search_capacity
+from pytest_infergate.endpoint.capacity import search_capacity
+from pytest_infergate.endpoint.capacity_records import CapacityResult, CapacitySpec
 from pytest_infergate.endpoint.client import (
     EndpointClient,
     EndpointConfig,
@@ -9,7 +10,8 @@ from pytest_infergate.endpoint.client import (
     EndpointRequest,
     EndpointResult,
 )
-from pytest_infergate.endpoint.loadgen import LoadPattern, LoadRun, Slo, run_load, sweep_patterns
+from pytest_infergate.endpoint.load_run import LoadPattern, LoadRun, Slo
+from pytest_infergate.endpoint.loadgen import run_load, sweep_patterns
 from pytest_infergate.endpoint.server_metrics import ServerMetrics, parse_metrics
 
 __all__ = ["CapacityResult", "CapacitySpec", "EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest",

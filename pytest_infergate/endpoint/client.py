@@ -122,8 +122,8 @@ class EndpointClient:
     @staticmethod
     def _on_the_wire(result: EndpointResult):
         """httpcore's trace hook: the request's clock starts when its headers start to leave (the body encoded,
-        the connection taken), not when send() began building it (5-12 ms earlier, measured against a server's
-        own log). A retried attempt keeps the first attempt's instant: the lost attempt is client-side latency."""
+        the connection taken), not when send() began building it (milliseconds earlier: docs/measurements.md).
+        A retried attempt keeps the first attempt's instant: the lost attempt is client-side latency."""
         async def trace(event: str, info: dict) -> None:
             if event.endswith("send_request_headers.started") and not result.sent_on_wire:
                 result.sent, result.sent_on_wire = time.perf_counter(), True

@@ -7,7 +7,7 @@ reads exactly the number of tokens asked for; a server without `/tokenize` is a 
 from __future__ import annotations
 
 import json
-import os
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from pytest_infergate.errors import InfergateError, OptionError
-from pytest_infergate.options import Options, check_endpoint_settings
 from pytest_infergate.workloads.request import RequestLatencies
 from pytest_infergate.workloads.transcript import plain_text
 
@@ -33,6 +32,26 @@ def check_extra_body(fields: dict, where: str) -> None:
         json.dumps(fields, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OptionError(f"{where}: every field must be a JSON value ({exc})") from None
+
+
+ENDPOINT_APIS = ("chat", "completions")
+
+
+def check_endpoint_settings(url: str, timeout_s: float, max_concurrency: int, api: str,
+                            flag: str = "--infergate-endpoint") -> None:
+    """The endpoint options (also EndpointConfig's fields), each with the option that sets it (`flag`: the
+    option that gave `url`)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise OptionError(f"{flag} {url!r} is not an http(s) URL; give the server's base URL, e.g. "
+                          "http://127.0.0.1:8000/v1")
+    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise OptionError("--infergate-endpoint-timeout must be positive (a finite number of seconds), got "
+                          f"{timeout_s}")
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise OptionError(f"--infergate-endpoint-concurrency must be at least 1 (an integer), got {max_concurrency}")
+    if api not in ENDPOINT_APIS:
+        raise OptionError(f"--infergate-endpoint-api {api!r} is not one of {', '.join(ENDPOINT_APIS)}")
 
 
 class EndpointError(InfergateError):
@@ -55,26 +74,6 @@ class EndpointConfig:
         if self.metrics_url is not None:
             check_endpoint_settings(self.metrics_url, self.timeout_s, self.max_concurrency, self.api,
                                     flag="--infergate-endpoint-metrics-url")
-
-    @classmethod
-    def from_options(cls, options: Options, reference: bool = False) -> EndpointConfig:
-        """The configuration of --infergate-endpoint (or, `reference`, of --infergate-reference-endpoint) and its
-        companion options (the API key read from the named environment variable, never from the command line)."""
-        api_key = None
-        key_env, flag = options.api_key_env, "--infergate-api-key-env"
-        if reference and options.reference_api_key_env:
-            key_env, flag = options.reference_api_key_env, "--infergate-reference-api-key-env"
-        if key_env:
-            api_key = os.environ.get(key_env)
-            if not api_key:
-                raise OptionError(f"{flag} names {key_env!r}, but that environment variable is not set or empty: "
-                                  "export it, or drop the option for a server without authentication")
-        if reference:
-            return cls(options.reference_endpoint, options.reference_endpoint_model, api_key,
-                       options.endpoint_timeout, options.endpoint_concurrency, options.endpoint_api,
-                       option="--infergate-reference-endpoint")
-        return cls(options.endpoint, options.endpoint_model, api_key, options.endpoint_timeout,
-                   options.endpoint_concurrency, options.endpoint_api, options.endpoint_metrics_url)
 
     @property
     def base_url(self) -> str:

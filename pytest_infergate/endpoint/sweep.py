@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_infergate.endpoint.loadgen import LoadPattern
+from pytest_infergate.endpoint.load_run import LoadPattern
 from pytest_infergate.errors import OptionError
 from pytest_infergate.stats import percentile
 

@@ -14,11 +14,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate.engine.attention import UnsupportedModelError
-from pytest_infergate.engine.config import EngineConfig
+from pytest_infergate.engine.config import BACKENDS, EngineConfig
 from pytest_infergate.engine.engine import Engine
 from pytest_infergate.engine.hf_backend import HFGenerateBackend
 from pytest_infergate.errors import OptionError
-from pytest_infergate.options import BACKENDS
 
 ENGINE, HF_GENERATE = Engine.name, HFGenerateBackend.name
 ASKED_FOR_HF = "asked for (--infergate-backend hf)"

@@ -15,6 +15,8 @@ from pytest_infergate.errors import OptionError, check_bool, check_int, check_nu
 
 CACHE_MODES = ("paged", "contiguous", "none")
 BATCHING_MODES = ("sequential", "static", "dynamic", "continuous")
+# what runs a model's workloads (engine.backends.choose_backend): the engine's names, which --infergate-backend offers
+BACKENDS = ("auto", "engine", "hf")
 
 
 @dataclass

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pytest_infergate.engine import graph_build
+from pytest_infergate.engine import arrivals, graph_build
 from pytest_infergate.engine.attention import UnsupportedModelError, uninstall
 from pytest_infergate.engine.block_manager import BlockManager
 from pytest_infergate.engine.config import EngineConfig
@@ -296,46 +296,9 @@ class Engine:
     # ---- driving ------------------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> list[Result]:
         """Run `requests` to completion and return their results in order. A request's `arrival_s` is replayed:
-        it is submitted that many seconds after the call starts (0 = all at once)."""
-        requests = list(requests)
-        self._check_all(requests)
-        start = self.now()
-        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
-        ids: list[str | None] = [None] * len(requests)
-        cursor = 0
-        while True:
-            now = self.now()
-            while cursor < len(order) and start + requests[order[cursor]].arrival_s <= now:
-                index = order[cursor]
-                ids[index] = self.submit(requests[index], arrival=start + requests[index].arrival_s)
-                cursor += 1
-            more = cursor < len(order)
-            if self.scheduler.num_unfinished == 0:
-                if not more:
-                    break
-                time.sleep(max(0.0, start + requests[order[cursor]].arrival_s - self.now()))
-                continue
-            self.step(more_arrivals=more)
-            if not self.scheduler.running:
-                # a static/dynamic batch is still forming: wait a little for arrivals or the window to close
-                time.sleep(0.001)
-        return [self._results[i] for i in ids]
-
-    def _check_all(self, requests: list[Request]) -> None:
-        """Every request a generate() call would submit, checked before the first is queued: a bad one raises
-        RequestError naming it and the engine is left as it was (nothing queued, no id taken)."""
-        seen: set[str] = set()
-        for index, request in enumerate(requests):
-            try:
-                self.limits.check(request, render_prompt(self.tokenizer, request))
-            except RequestError as exc:
-                raise RequestError(f"request {index}: {exc}; nothing of this generate() call was queued") from None
-            rid = request.request_id
-            if rid is not None and (rid in self._sequences or rid in seen):
-                raise RequestError(f"request {index}: request id {rid!r} is already in use; nothing of this "
-                                   "generate() call was queued")
-            if rid is not None:
-                seen.add(rid)
+        it is submitted that many seconds after the call starts (0 = all at once). A bad request raises
+        RequestError naming it before any is queued (engine.arrivals)."""
+        return arrivals.generate(self, requests)
 
     def run_until_done(self) -> None:
         while self.scheduler.num_unfinished:

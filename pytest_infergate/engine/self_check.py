@@ -99,7 +99,7 @@ def probe_reach(model, patterns: DeclaredPatterns, max_model_len: int | None) ->
 def probe_threads(device: torch.device):
     """One intra-op thread for the probe on a CPU. Its forwards are a few dozen tokens, thousands of small ops
     that gain little from a second thread; on a busy machine every extra thread waits for a core at each of them
-    (measured, embedded model on 2 shared cores at load average 7.5: 2 threads median 5.5 s, 1 thread 0.64 s)."""
+    (the cost of each: docs/explanation/engine.md)."""
     if device.type != "cpu":
         yield
         return

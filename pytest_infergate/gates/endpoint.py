@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pytest_infergate.context import ENDPOINT_ID, TestContext
-from pytest_infergate.endpoint.capacity import CapacityResult, CapacitySpec, capacity_measurement, search_capacity
-from pytest_infergate.endpoint.loadgen import LoadPattern, Slo, sweep_patterns
+from pytest_infergate.endpoint.capacity import search_capacity
+from pytest_infergate.endpoint.capacity_records import CapacityResult, CapacitySpec, capacity_measurement
+from pytest_infergate.endpoint.load_run import LoadPattern, Slo
+from pytest_infergate.endpoint.loadgen import sweep_patterns
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.gates.perf import (
@@ -16,12 +18,11 @@ from pytest_infergate.gates.perf import (
     finish_ab,
     gate_measurement,
     prepare_gate,
-    repetition_plan,
-    until_settled,
 )
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.perf.repetitions import repetition_plan, until_settled
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.stats import percentile
@@ -152,7 +153,7 @@ class EndpointPerfBench:
     def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
         """Answered requests per second with one request at a time (measured once a session per workload and
         server): a suite's request rates sized from it pass on a small server and stress a big one (a fixed
-        4 req/s answered 12.5% of requests on a server whose capacity was 0.77 req/s). Fails the test when the
+        rate answers few requests on a server slower than it, docs/guides/endpoint.md). Fails the test when the
         server answered none."""
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         try:

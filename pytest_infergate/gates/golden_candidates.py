@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_infergate.endpoint.client import EndpointConfig, EndpointRequest, EndpointResult
-from pytest_infergate.endpoint.loadgen import LoadPattern, run_load
+from pytest_infergate.endpoint.load_run import LoadPattern
+from pytest_infergate.endpoint.loadgen import run_load
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.quality.golden_files import GoldenSample, endpoint_outputs_path, outputs_path
 from pytest_infergate.quality.metrics import TokenStats

@@ -3,11 +3,9 @@ through (budgets, baseline, record). No pytest here: the test is reached through
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from pytest_infergate import context
 from pytest_infergate.context import TestContext
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
@@ -18,17 +16,14 @@ from pytest_infergate.perf.gate import (
     NoReference,
     PerfGate,
     PerfOutcome,
-    Route,
     StoredReference,
-    by_repetition,
     evaluate_ab,
 )
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.outcome import Budget
-from pytest_infergate.perf.stored import RepetitionPlan
+from pytest_infergate.perf.repetitions import probe_wanted, repetition_plan, until_settled
 from pytest_infergate.requirements import import_torch
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.stats import percentile
 from pytest_infergate.status import (
     BASELINE_CHECK,
     BUDGET_KEY_CHECK,
@@ -43,46 +38,6 @@ DEFAULT_AB_REGRESSION = 0.10
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
 # comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
 ENV_MIN_ROUNDS = AB_ROUNDS
-
-
-def uses_stored_baseline(ctx: TestContext) -> bool:
-    """Whether this run saves (--infergate-save-baseline) or compares with (--infergate-baseline) a stored one."""
-    return ctx.options.save_baseline is not None or ctx.baseline is not None
-
-
-def probe_wanted(ctx: TestContext) -> bool:
-    """Whether this run's measurements take the calibration probe: a save does (a later run reads it), a
-    comparison does where the baseline has it. Against an accepted run measured without it (a results file, an
-    older baseline), measuring with it would measure differently: the probe's sampler takes a share of the cores
-    (on tiny-random-llama's ms steps the same workload read ×1.8 slower with it)."""
-    if ctx.options.save_baseline is not None:
-        return True
-    return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
-
-
-def repetition_plan(budget: Budget, ctx: TestContext, repeats: int) -> RepetitionPlan | None:
-    """How many repetitions a measurement gated by `budget` takes when this run saves or compares a stored
-    baseline: a stored baseline is the yardstick of every later run and the run compared with it is resampled
-    against it, so each side repeats until its own spread is tight enough for the budget's max_regression
-    (perf.stored.RepetitionPlan). None: as the test asked (budgets alone)."""
-    if not uses_stored_baseline(ctx):
-        return None
-    return RepetitionPlan.of(repeats, budget.max_regression,
-                             [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()])
-
-
-def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
-    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost."""
-    if plan is None:
-        return None
-    started = time.monotonic()
-
-    def settled(measurement: Measurement) -> bool:
-        if measurement.repetitions == 1:
-            context.report(f"{what}: {plan.describe(time.monotonic() - started)}")
-        return plan.settled(measurement)
-
-    return settled
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -185,12 +140,6 @@ def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -
     names what was measured."""
     record.outcome = outcome
     ctx.record(record)
-
-
-def per_round(measurement: Measurement, metric: str) -> list[float]:
-    """One value of `metric` per repetition: a per-request metric's median within each, else its samples."""
-    split = measurement.by_repetition(metric) if METRICS[metric][2] else None
-    return [percentile(xs, 50) for xs in split] if split else measurement.samples[metric]
 
 
 class PerfBench:
@@ -299,16 +248,7 @@ class PerfBench:
                             warmup)
         measurement_id = f"{key}#{id(self)}"
         try:
-            theirs = env.prepare(workload)
-            refused = lockstep.refusal(requests, {"A": theirs, "B": self.bench.engine(config).name})
-            if refused:
-                run_round = by_repetition(lambda m: env.repetition(measurement_id, workload, m),
-                                          lambda m: self.bench.run_once(requests, config, warmup, m, probe=False))
-            else:
-                run_round = lockstep.rounds(env.side(measurement_id, workload),
-                                            lockstep.LocalSide(self.bench, requests, config, warmup))
-            b, outcome = evaluate_ab(run_round, budget, rounds, route=Route.ENVIRONMENT)
-            env.forget(measurement_id)
+            b, outcome, theirs, refused = env.ab(measurement_id, workload, self.bench, budget, rounds)
         except BaselineEnvError as exc:
             self.ctx.fail(f"infergate perf gate for {key}: {exc}")
         b.label = label
@@ -325,22 +265,6 @@ class PerfBench:
             self.ctx.fail(f"infergate perf gate failed for {key} against the baseline environment:\n"
                           f"{outcome.message()}")
         return b
-
-    def _interleaved(self, other_bench, other_config, config, requests, warmup: int):
-        """The rounds of an A/B (A: `other_bench` on `other_config`, B: this model on `config`): step-locked where
-        both sides can step, else a whole repetition per side and turn. Returns the RoundRunner and why it is not
-        step-locked ("" if it is)."""
-        # no calibration probe: the interleaving itself cancels drift of the machine
-        # the same model on both sides: side A gets an engine of its own (asked for its name here, so that no
-        # engine is built that the rounds do not use)
-        a_instance = 1 if other_bench is self.bench else 0
-        refused = lockstep.refusal(requests, {"A": other_bench.engine(other_config, a_instance).name,
-                                              "B": self.bench.engine(config).name})
-        if refused:
-            return by_repetition(lambda m: other_bench.run_once(requests, other_config, warmup, m, probe=False),
-                                 lambda m: self.bench.run_once(requests, config, warmup, m, probe=False)), refused
-        return lockstep.rounds(lockstep.LocalSide(other_bench, requests, other_config, warmup, instance=a_instance),
-                               lockstep.LocalSide(self.bench, requests, config, warmup)), refused
 
     def ab(self, requests=None, config=None, *, baseline_model=None, baseline_config=None, rounds: int = AB_ROUNDS,
            warmup: int = 1, label: str = "ab"):
@@ -363,7 +287,7 @@ class PerfBench:
         if budget.max_regression is None:
             budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
         try:
-            run_round, refused = self._interleaved(other_bench, other_config, config, requests, warmup)
+            run_round, refused = lockstep.interleaved(other_bench, other_config, self.bench, config, requests, warmup)
             b, outcome = evaluate_ab(run_round, budget, rounds)
         finally:
             if other_bench is not self.bench:
@@ -386,11 +310,12 @@ class PerfBench:
         <label>"). Deciding what the speedup shows is the test's, through `conclude()`."""
         for each in (config, slower_config):
             self._skip_unless_runnable(self.loaded, each)
-        run_round, refused = self._interleaved(self.bench, slower_config, config, requests, warmup)
+        run_round, refused = lockstep.interleaved(self.bench, slower_config, self.bench, config, requests, warmup)
         slow, fast = Measurement(label=labels[1]), Measurement(label=labels[0])
         for index in range(rounds):
             run_round(slow, fast, index)
-        result = speedup(name or f"{labels[0]} over {labels[1]}", per_round(fast, metric), per_round(slow, metric),
+        result = speedup(name or f"{labels[0]} over {labels[1]}", lockstep.per_round(fast, metric),
+                         lockstep.per_round(slow, metric),
                          higher_is_better=METRICS[metric][1])
         note = (f"one side of a speed experiment, {lockstep.how(refused)}, {rounds} rounds: {result.describe()}; "
                 "compared with the other side, not with a stored baseline")

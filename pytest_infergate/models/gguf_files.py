@@ -61,8 +61,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
 def read_gguf_once() -> Iterator[None]:
     """Within it, each GGUF file is parsed once and each gguf-py tensor-name map built once. transformers' GGUF
     loader parses the metadata once for the config, once for the tokenizer and once for the weights, and builds the
-    name map once per module (397 times for SmolLM2-135M): measured here, 14 of the 22 s the embedded model's
-    conversion took. Both are read-only, so sharing them changes nothing loaded (the converted weights are
+    name map once per module (hundreds of times for a small model: most of a conversion's time,
+    docs/measurements.md). Both are read-only, so sharing them changes nothing loaded (the converted weights are
     byte-identical); where gguf-py lacks either name, nothing is patched and the conversion only takes longer."""
     import gguf
 

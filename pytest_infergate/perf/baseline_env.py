@@ -23,7 +23,10 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.options import BASELINE_PYTHON_FLAG as FLAG
 from pytest_infergate.options import resolve_python
+from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.env_worker import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
+from pytest_infergate.perf.gate import by_repetition, evaluate_ab
+from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
 
 STDERR_TAIL = 2000  # characters of the worker's stderr quoted in an error
 
@@ -160,6 +163,24 @@ class BaselineEnv:
     def side(self, measurement_id: str, workload: Workload) -> EnvSide:
         """The baseline environment as one side of a step-locked A/B (perf.lockstep)."""
         return EnvSide(self, measurement_id, workload)
+
+    def ab(self, measurement_id: str, workload: Workload, bench, budget: Budget, rounds: int
+           ) -> tuple[Measurement, PerfOutcome, str, str]:
+        """The workload here on `bench` (perf.local_bench.Bench: B) against this environment (A), alternately
+        (step-locked where both sides can step), gated as an interleaved A/B on `budget` (perf.gate.evaluate_ab).
+        Returns B's Measurement, the outcome, the backend A ran on, and why it is not step-locked ("" if it is)."""
+        requests, config, warmup = workload.requests, workload.config, workload.warmup
+        theirs = self.prepare(workload)
+        refused = lockstep.refusal(requests, {"A": theirs, "B": bench.engine(config).name})
+        if refused:
+            run_round = by_repetition(lambda m: self.repetition(measurement_id, workload, m),
+                                      lambda m: bench.run_once(requests, config, warmup, m, probe=False))
+        else:
+            run_round = lockstep.rounds(self.side(measurement_id, workload),
+                                        lockstep.LocalSide(bench, requests, config, warmup))
+        b, outcome = evaluate_ab(run_round, budget, rounds, route=Route.ENVIRONMENT)
+        self.forget(measurement_id)
+        return b, outcome, theirs, refused
 
     def forget(self, measurement_id: str) -> None:
         self.ask({"op": "forget", "id": measurement_id}, "forgetting a finished measurement")

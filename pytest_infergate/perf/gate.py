@@ -100,8 +100,8 @@ class StoredReference:
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int:
         """A failure against a stored baseline is decided again after a fresh block of repetitions (returns how
         many). The least-disturbed repetitions' interval is narrow and takes the repetitions as independent, but
-        interference on a shared machine comes in spells that can cover a whole run (docs/measurements.md: one
-        unchanged run of 8 repetitions had even its fastest 27% slower than the baseline's). A real regression
+        interference on a shared machine comes in spells that can cover a whole run, its fastest repetitions
+        included (docs/measurements.md). A real regression
         slows the fresh block as well and the failure stands; after a spell the fresh block decides. A failure far
         beyond what a spell can do ends the block early (stored.fresh_repetitions_confirm)."""
         failing = [v for v in outcome.verdicts if v.status == Status.FAIL and v.repetitions]

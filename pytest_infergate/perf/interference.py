@@ -17,9 +17,9 @@ from pytest_infergate import process_meters
 
 # How much slower other processes can make a measurement, at most, given the share of the machine they took: our
 # threads get the rest (1 / (1 - share)), and the engine's threads, which wait on each other at every step, lose
-# more than their share. Measured on the 2-vCPU VM with one busy-loop process per core (about half the machine):
-# x4.1 on the engine's ITL, twice the share's x2; LOAD_PENALTY keeps twice that again as margin. A time worse
-# than this bound is more than the load can explain, and stands as a failure on a busy runner too.
+# more than their share: one busy-loop process per core (about half the machine) slows the engine's ITL about twice
+# as much as the share's x2 (docs/explanation/perf-gates.md); LOAD_PENALTY keeps twice that again as margin. A time
+# worse than this bound is more than the load can explain, and stands as a failure on a busy runner too.
 LOAD_PENALTY = 4.0
 # How far the load-free estimate of a repetition (process_meters.team_progress_s) can stray from its quiet figure under
 # co-tenant load, as benchmarks/load_evidence.py measures it per repetition under one busy loop per core and one on
@@ -47,9 +47,9 @@ def load_free_residual(*measurements, paired: bool = False, baseline_quiet: bool
     """How far a load-free estimate can be off for these measurements (Measurement or perf.sides.Side, by their
     cpu_threads). Against a stored baseline or a budget: a team's LOAD_FREE_RESIDUAL, on one thread too, unless
     only the candidate was busy (below). A repetition's load-free share stands for each of its requests'
-    latencies there, and a time-sliced co-tenant does not stretch them evenly: with a baseline saved under one busy
-    loop per core, unchanged code on one thread read ITL ×1.31 [1.11, 1.43] slower load-corrected (tiny-random-
-    llama, docs/measurements.md), beyond one thread's per-repetition error. `paired` (an A/B: the sides measured
+    latencies there, and a time-sliced co-tenant does not stretch them evenly: against a baseline saved under a
+    co-tenant, unchanged code on one thread can read slower load-corrected beyond one thread's per-repetition error
+    (docs/measurements.md). `paired` (an A/B: the sides measured
     round by round under the same load) with every side on one CPU thread (Measurement.cpu_threads): the load's
     unevenness hits both sides of a round alike and the interval over the rounds bounds the rest, so no margin is
     added (a team's stalls differ between the sides: its residual stays). `baseline_quiet` (a stored baseline

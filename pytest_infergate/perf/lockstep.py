@@ -15,8 +15,9 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 from typing import Protocol
 
-from pytest_infergate.measurement import Measurement, note_per_repetition
+from pytest_infergate.measurement import METRICS, Measurement, note_per_repetition
 from pytest_infergate.perf import interference
+from pytest_infergate.perf.gate import by_repetition
 from pytest_infergate.process_meters import LoadFreeTimer, PeakMemory, PeakMemoryResult
 from pytest_infergate.stats import paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
@@ -179,6 +180,22 @@ def rounds(a: StepSide, b: StepSide):
     return run_round
 
 
+def interleaved(a_bench, a_config, b_bench, b_config, requests, warmup: int):
+    """The rounds of an A/B of two local benches (perf.local_bench.Bench; A: `a_bench` on `a_config`, B: `b_bench`
+    on `b_config`): step-locked where both sides can step, else a whole repetition per side and turn. Returns the
+    RoundRunner and why it is not step-locked ("" if it is)."""
+    # no calibration probe: the interleaving itself cancels drift of the machine
+    # the same model on both sides: side A gets an engine of its own (asked for its name here, so that no
+    # engine is built that the rounds do not use)
+    a_instance = 1 if a_bench is b_bench else 0
+    refused = refusal(requests, {"A": a_bench.engine(a_config, a_instance).name, "B": b_bench.engine(b_config).name})
+    if refused:
+        return by_repetition(lambda m: a_bench.run_once(requests, a_config, warmup, m, probe=False),
+                             lambda m: b_bench.run_once(requests, b_config, warmup, m, probe=False)), refused
+    return rounds(LocalSide(a_bench, requests, a_config, warmup, instance=a_instance),
+                  LocalSide(b_bench, requests, b_config, warmup)), refused
+
+
 def how(refused: str) -> str:
     """How an A/B was interleaved, for its record's note."""
     if refused:
@@ -260,3 +277,9 @@ def conclusion(experiment: str, claims: Sequence[Claim]) -> tuple[Status, str]:
     if status == Status.INCONCLUSIVE:
         lines.append(f"  the intervals overlap their threshold: too noisy to decide here; {QUIET_RUNNER}")
     return status, "\n".join(lines)
+
+
+def per_round(measurement: Measurement, metric: str) -> list[float]:
+    """One value of `metric` per repetition: a per-request metric's median within each, else its samples."""
+    split = measurement.by_repetition(metric) if METRICS[metric][2] else None
+    return [percentile(xs, 50) for xs in split] if split else measurement.samples[metric]

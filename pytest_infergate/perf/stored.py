@@ -9,10 +9,7 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
+from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import busy
 from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
 from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
@@ -21,18 +18,11 @@ from pytest_infergate.stats import (
     harrell_davis,
     interval_status,
     least_disturbed,
-    paired_bootstrap_ci,
     percentile,
 )
 from pytest_infergate.status import Status
 
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
-# How many repetitions a side of a stored comparison takes (a save, and the run compared with it): at least
-# LEAST_REPETITIONS, then more until the side's own least-disturbed summary resolves a change of SETTLED_SHARE of
-# max_regression (its 95% interval as a factor), at most MOST_REPETITIONS. Two such sides give the comparison an
-# interval about half the threshold wide (√2/3 of it), so an unchanged run passes and a ×1.25 one fails at 10%.
-LEAST_REPETITIONS, MOST_REPETITIONS = 5, 12
-SETTLED_SHARE = 1 / 3
 
 
 def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
@@ -64,29 +54,19 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
                 thread_probe)
 
 
-def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
-    """The smallest change this side alone resolves, as a factor: √(high/low) of the bootstrap interval of its
-    least-disturbed summary of `metric` (inf: too few repetitions to summarize)."""
-    one = side(measurement, metric, pct, probed=False)
-    if one is None:
-        return math.inf
-    _, low, high = paired_bootstrap_ci(one.costs, least_disturbed, resamples=500)
-    return math.sqrt(high / low) if low > 0 else math.inf
-
-
 # A failure's fresh block (perf.gate.StoredReference.confirm) stops early once EARLY_CONFIRM fresh repetitions are
-# each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: the largest whole-run
-# slowdown this VM kind showed with nothing else of ours running was ×1.27-1.3 (docs/measurements.md), so no spell
-# reaches that, while a ×2 regression passes it on every repetition and need not take the whole block.
+# each slower than the baseline's least-disturbed figure by more than the threshold × SPELL: SPELL lies at the
+# largest whole-run slowdown a shared VM shows with nothing else of ours running (docs/measurements.md), so no spell
+# reaches it, while a ×2 regression passes it on every repetition and need not take the whole block.
 EARLY_CONFIRM = 3
 SPELL = 1.3
 # A failure against a stored baseline stands only where its interval's low end lies beyond threshold × RUN_DRIFT.
 # The two sides ran in different processes, minutes apart, and the fastest repetitions of one process do not
-# cancel the VM's own drift: with nothing else running, unchanged tiny-random-llama runs compared with a baseline
-# saved a minute earlier read up to x1.20 slower (interval low ends up to x1.144; the CPU time per token moved with
-# the wall time, no steal and no run-queue wait: the host's, invisible to the guest; the calibration probe moved
-# x1.005-1.05), and would fail a 10% gate about 1 compare in 8 (docs/measurements.md). A slowdown within the drift
-# is inconclusive and says to compare in one process, where the drift cancels.
+# cancel the VM's own drift: with nothing else running, unchanged code compared with a baseline saved a minute
+# earlier can read slower beyond a 10% threshold (the CPU time per token moves with the wall time, with no steal and
+# no run-queue wait: the host's drift, invisible to the guest, which the calibration probe barely sees; the figures:
+# docs/measurements.md). A slowdown within the drift is inconclusive and says to compare in one process, where the
+# drift cancels.
 RUN_DRIFT = 1.08
 
 
@@ -99,41 +79,6 @@ def fresh_repetitions_confirm(candidate: Measurement, baseline: Measurement, fre
         return False
     costs = now.load_free_costs() or now.costs
     return min(costs[-fresh:]) > least_disturbed(then.costs) * threshold * SPELL
-
-
-@dataclass(frozen=True)
-class RepetitionPlan:
-    """The repetitions of a measurement that saves a baseline or is compared with one: at least `least`, then
-    more while a gated metric's side is wider than `target` (side_resolution), at most `most`."""
-
-    least: int
-    most: int
-    max_regression: float
-    metrics: tuple[tuple[str, float | None], ...]  # (metric, the percentile its budget gates)
-
-    @classmethod
-    def of(cls, repeats: int, max_regression: float | None, metrics: list[tuple[str, float | None]]
-           ) -> RepetitionPlan:
-        least = max(repeats, LEAST_REPETITIONS)
-        return cls(least, max(least, MOST_REPETITIONS), max_regression or 0.10,
-                   tuple((metric, pct) for metric, pct in metrics if scales_with_speed(metric)))
-
-    @property
-    def target(self) -> float:
-        return 1.0 + self.max_regression * SETTLED_SHARE
-
-    def widest(self, measurement: Measurement) -> float:
-        """The widest gated metric's side_resolution (1.0 where nothing time-like is measured)."""
-        return max((side_resolution(measurement, metric, pct) for metric, pct in self.metrics
-                    if measurement.samples.get(metric)), default=1.0)
-
-    def settled(self, measurement: Measurement) -> bool:
-        return measurement.repetitions >= self.least and self.widest(measurement) <= self.target
-
-    def describe(self, first_s: float) -> str:
-        """What the plan will cost, from the first repetition's time."""
-        return (f"{self.least}–{self.most} repetitions of about {first_s:.1f} s (until each gated figure's spread "
-                f"resolves ×{self.target:.3f}): {self.least * first_s:.0f}–{self.most * first_s:.0f} s")
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:

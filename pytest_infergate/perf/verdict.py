@@ -231,8 +231,8 @@ def per_round(metric: str, measurement: Measurement, pct: int | None, load_free:
 def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measurement,
                       max_regression: float) -> Verdict:
     """An A/B's verdict on a busy runner. The co-tenants' load hits both sides of a round alike, but it stretches
-    what computes and not what waits (a forward that sleeps 25% longer reads ×1.08 under one busy loop per core),
-    and it spreads the rounds. So each side's own steps are load-corrected (process_meters.team_progress_s: the side's
+    what computes and not what waits (a slowdown that sleeps reads smaller under a co-tenant), and it spreads the
+    rounds. So each side's own steps are load-corrected (process_meters.team_progress_s: the side's
     load-free share per round) and compared round by round. A failure as measured stands (the load slows both
     sides of a round alike: it cannot make B slower than A); a pass as measured does not (the load could have
     hidden a slowdown that waits). So a load-corrected pass decides (unless as measured it fails: inconclusive),
@@ -255,8 +255,8 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     bound = corrected.threshold * interference.load_free_residual(candidate, baseline, paired=True)
     if corrected.status == Status.FAIL and corrected.low <= bound:
         # the estimate keeps a side's waits whole and shrinks its compute by its own error: a slowdown that waits
-        # reads larger load-corrected than it is (×1.59 for a 25% one under one busy loop per core): a failure
-        # stands only beyond the estimate's measured error
+        # reads larger load-corrected than it is (docs/measurements.md): a failure stands only beyond the
+        # estimate's own error
         corrected = replace(corrected, status=Status.INCONCLUSIVE, note=(
             f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
             f"threshold but not beyond ×{bound:.2f}, the most the correction can be off"))

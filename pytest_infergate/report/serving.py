@@ -2,7 +2,7 @@
 server's /metrics beside the client figures of each load run, the capacity search drawn (goodput and latency p99
 against the load, the SLO and the knee marked), and A/B runs with both sides named. A server that exposed no
 metrics gets a note, never an error. And each load run's slow tail, from its per-request records
-(endpoint.loadgen.request_record): the requests a p99 summarizes away, each with when it left, its first token,
+(endpoint.load_run.request_record): the requests a p99 summarizes away, each with when it left, its first token,
 its end, tokens and status."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from markupsafe import Markup
 
 from pytest_infergate import units
-from pytest_infergate.endpoint.capacity import CapacityResult
+from pytest_infergate.endpoint.capacity_records import CapacityResult
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
 from pytest_infergate.perf.conversations import prefix_cache_use
 from pytest_infergate.report import charts

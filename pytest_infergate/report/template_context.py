@@ -268,7 +268,7 @@ def batch_invariance_sections(records: list[BatchInvarianceRecord]) -> list[Batc
 
 def build_context(results: RunResults, commit: str | None = None, history=None,
                   history_href: str | None = None) -> dict:
-    from pytest_infergate.report.charts import figures
+    from pytest_infergate.report.run_charts import figures
 
     env = results.environment
     reference = env.get("reference_precision", "fp32")

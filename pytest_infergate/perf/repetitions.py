@@ -1,0 +1,109 @@
+"""How many repetitions a measurement takes where a stored baseline is its yardstick (a save, and a run compared with
+one): at least LEAST_REPETITIONS, then more until each gated figure's side resolves a third of max_regression, at
+most MOST_REPETITIONS; and whether it takes the calibration probe. The comparison itself: perf.stored."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pytest_infergate import context
+from pytest_infergate.context import TestContext
+from pytest_infergate.measurement import Measurement, scales_with_speed
+from pytest_infergate.perf.outcome import Budget
+from pytest_infergate.perf.stored import side
+from pytest_infergate.stats import least_disturbed, paired_bootstrap_ci
+
+# How many repetitions a side of a stored comparison takes (a save, and the run compared with it): at least
+# LEAST_REPETITIONS, then more until the side's own least-disturbed summary resolves a change of SETTLED_SHARE of
+# max_regression (its 95% interval as a factor), at most MOST_REPETITIONS. Two such sides give the comparison an
+# interval about half the threshold wide (√2/3 of it), so an unchanged run passes and a ×1.25 one fails at 10%.
+LEAST_REPETITIONS, MOST_REPETITIONS = 5, 12
+SETTLED_SHARE = 1 / 3
+
+
+def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
+    """The smallest change this side alone resolves, as a factor: √(high/low) of the bootstrap interval of its
+    least-disturbed summary of `metric` (inf: too few repetitions to summarize)."""
+    one = side(measurement, metric, pct, probed=False)
+    if one is None:
+        return math.inf
+    _, low, high = paired_bootstrap_ci(one.costs, least_disturbed, resamples=500)
+    return math.sqrt(high / low) if low > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class RepetitionPlan:
+    """The repetitions of a measurement that saves a baseline or is compared with one: at least `least`, then
+    more while a gated metric's side is wider than `target` (side_resolution), at most `most`."""
+
+    least: int
+    most: int
+    max_regression: float
+    metrics: tuple[tuple[str, float | None], ...]  # (metric, the percentile its budget gates)
+
+    @classmethod
+    def of(cls, repeats: int, max_regression: float | None, metrics: list[tuple[str, float | None]]
+           ) -> RepetitionPlan:
+        least = max(repeats, LEAST_REPETITIONS)
+        return cls(least, max(least, MOST_REPETITIONS), max_regression or 0.10,
+                   tuple((metric, pct) for metric, pct in metrics if scales_with_speed(metric)))
+
+    @property
+    def target(self) -> float:
+        return 1.0 + self.max_regression * SETTLED_SHARE
+
+    def widest(self, measurement: Measurement) -> float:
+        """The widest gated metric's side_resolution (1.0 where nothing time-like is measured)."""
+        return max((side_resolution(measurement, metric, pct) for metric, pct in self.metrics
+                    if measurement.samples.get(metric)), default=1.0)
+
+    def settled(self, measurement: Measurement) -> bool:
+        return measurement.repetitions >= self.least and self.widest(measurement) <= self.target
+
+    def describe(self, first_s: float) -> str:
+        """What the plan will cost, from the first repetition's time."""
+        return (f"{self.least}–{self.most} repetitions of about {first_s:.1f} s (until each gated figure's spread "
+                f"resolves ×{self.target:.3f}): {self.least * first_s:.0f}–{self.most * first_s:.0f} s")
+
+
+def uses_stored_baseline(ctx: TestContext) -> bool:
+    """Whether this run saves (--infergate-save-baseline) or compares with (--infergate-baseline) a stored one."""
+    return ctx.options.save_baseline is not None or ctx.baseline is not None
+
+
+def probe_wanted(ctx: TestContext) -> bool:
+    """Whether this run's measurements take the calibration probe: a save does (a later run reads it), a
+    comparison does where the baseline has it. Against an accepted run measured without it (a results file, an
+    older baseline), measuring with it would measure differently: the probe's sampler takes a share of the cores,
+    which a workload of millisecond steps feels (docs/measurements.md)."""
+    if ctx.options.save_baseline is not None:
+        return True
+    return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
+
+
+def repetition_plan(budget: Budget, ctx: TestContext, repeats: int) -> RepetitionPlan | None:
+    """How many repetitions a measurement gated by `budget` takes when this run saves or compares a stored
+    baseline: a stored baseline is the yardstick of every later run and the run compared with it is resampled
+    against it, so each side repeats until its own spread is tight enough for the budget's max_regression
+    (RepetitionPlan). None: as the test asked (budgets alone)."""
+    if not uses_stored_baseline(ctx):
+        return None
+    return RepetitionPlan.of(repeats, budget.max_regression,
+                             [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()])
+
+
+def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
+    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost."""
+    if plan is None:
+        return None
+    started = time.monotonic()
+
+    def settled(measurement: Measurement) -> bool:
+        if measurement.repetitions == 1:
+            context.report(f"{what}: {plan.describe(time.monotonic() - started)}")
+        return plan.settled(measurement)
+
+    return settled
