@@ -225,7 +225,7 @@ def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines(
     """Issue #56 trial: the tokens/s chart's "best run" was not the figure the gate decided on (a stored baseline:
     the least-disturbed repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart
     shows the verdict's two figures, labelled as the gate's; TTFT p50 (the percentile gated) likewise."""
-    from pytest_infergate.report import charts
+    from pytest_infergate.report import charts, run_charts
 
     compared = record(served(tokens_per_s=40.0, ttft_ms=130.0, seed=2))
     compared.outcome = gated(compared.measurement, served(seed=1))
@@ -238,11 +238,11 @@ def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines(
         for name, value in shown.items():
             assert f"<title>{name} fp32: {charts.value_text(value / divisor, unit)}</title>" in svg, (name, svg)
 
-    chart = charts.throughput([compared], ["fp32"])
+    chart = run_charts.throughput([compared], ["fp32"])
     assert "Tokens/s by precision, as the gate decided (least-disturbed repetitions: p" in chart
     assert "best run" not in chart
     bars(chart, "tok/s", {"baseline": tps.baseline, "now": tps.candidate})
-    chart = charts.ttft_compared([compared], ["fp32"])
+    chart = run_charts.ttft_compared([compared], ["fp32"])
     assert ttft.percentile == 50
     shown = {"baseline p50 as gated": ttft.baseline, "now p50 as gated": ttft.candidate,
              "baseline p95": compared.compared_with["ttft_ms_p95"], "now p95": compared.summary["ttft_ms_p95"]}
