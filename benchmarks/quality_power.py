@@ -3,9 +3,9 @@ levels over several seeds, the fp32 reference untouched, and each gate's verdict
 itself (a GoldenGate with a plain TestContext, as benchmarks/gate_power.py drives a PerfBench), beside the true
 change on the built-in corpus.
 
-    python benchmarks/quality_power.py [--seeds 5] [--levels 0.001,0.01,0.05,0.2] [--samples 48]
-        [--layer-levels 0.1,0.3] [--layer-seeds 2] [--layer 15] [--windows 128,32] [--only norms,layer,window]
-        [--rise 0.5] [--json PATH]
+    python benchmarks/quality_power.py [--seeds 5] [--levels 0.001,0.01,0.05,0.2] [--norm-trials 0.001:2,0.2:3]
+        [--samples 48] [--layer-levels 0.1,0.3] [--layer-seeds 2] [--layer 15] [--windows 128,32]
+        [--only norms,layer,window] [--rise 0.5] [--json PATH]
 
 The changes (to the int8 model after loading; restored after each trial):
 - norms: every layer's `input_layernorm.weight` multiplied by (1 + s·N(0, 1)), seeded per trial;
@@ -69,6 +69,11 @@ class Undecided:
 
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
+
+
+def level_seeds(text: str) -> list[tuple[float, int]]:
+    """"0.001:2,0.2:3" -> [(0.001, 2), (0.2, 3)]."""
+    return [(float(level), int(seed)) for level, seed in (pair.split(":") for pair in text.split(",") if pair)]
 
 
 # ---- the changes ------------------------------------------------------------------------------------------------
@@ -333,6 +338,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5, help="trials per level of the norms change")
     parser.add_argument("--levels", type=floats, default=floats("0.001,0.01,0.05,0.2"))
+    parser.add_argument("--norm-trials", type=level_seeds, metavar="LEVEL:SEED,...", help="the norms trials to run "
+                        "instead of --levels x --seeds (to rerun some trials of an earlier run)")
     parser.add_argument("--samples", type=int, default=None, help="golden samples gated (default: all 48)")
     parser.add_argument("--layer", type=int, default=15)
     parser.add_argument("--layer-levels", type=floats, default=floats("0.1,0.3"))
@@ -381,8 +388,8 @@ def main() -> None:
         trials.accept()
         plan = [("none", "0", 0, unchanged(model))]
         if "norms" in only:
-            plan += [("norms", f"{s:g}", seed, norms_changed(model, s, seed))
-                     for s in args.levels for seed in range(1, args.seeds + 1)]
+            trials_run = args.norm_trials or [(s, seed) for s in args.levels for seed in range(1, args.seeds + 1)]
+            plan += [("norms", f"{s:g}", seed, norms_changed(model, s, seed)) for s, seed in trials_run]
         if "layer" in only:
             plan += [(f"layer {args.layer}", f"{s:g}", seed, layer_changed(model, s, seed, args.layer))
                      for s in args.layer_levels for seed in range(1, args.layer_seeds + 1)]
@@ -391,7 +398,7 @@ def main() -> None:
         for change, level, seed, context in plan:
             with context:
                 # as a session chooses for a freshly loaded candidate: the engine, or HF generate where the
-                # engine's self-check refuses the changed model (int8's outlier columns move with the change)
+                # engine's self-check refuses the changed model
                 candidate.use_backend(choose_backend(candidate.model, candidate.tokenizer))
                 trial = trials.trial()
             trial.update(change=change, level=level, seed=seed, backend=candidate.backend.name)

@@ -49,3 +49,24 @@ def test_embedded_int8_quality_against_fp32(smollm2_fp32):
     assert summary["top1"] > 0.8
     assert summary["task_ratio"] >= 0.8
     assert not result.flags
+
+
+def test_embedded_int8_with_changed_norms_is_not_refused_by_the_self_check(smollm2_fp32):
+    """benchmarks/quality_power.py's change (every input_layernorm weight x (1 + 0.01·N(0, 1)), seed 2) moves
+    LLM.int8's outlier columns so that the engine's packed probe and the model's own forward differed by 0.62 of
+    the logit scale (tolerance 0.25): the engine refused the model. The self-check compares them without the
+    outlier columns (self_check.without_outlier_columns): equal."""
+    import torch
+
+    from pytest_infergate.engine.backends import choose_backend
+    from pytest_infergate.models import load_model
+
+    int8 = load_model(smollm2_fp32.source, "int8", tokenizer=smollm2_fp32.tokenizer)
+    generator = torch.Generator().manual_seed(2)
+    for layer in int8.model.model.layers:
+        weight = layer.input_layernorm.weight
+        weight.data = weight.data * (1 + 0.01 * torch.randn(weight.shape, generator=generator))
+    choice = choose_backend(int8.model, int8.tokenizer)
+    assert (choice.name, choice.reason) == ("engine", "")
+    with Engine(int8.model, int8.tokenizer, EngineConfig(cache_mode="none", batching="sequential")) as engine:
+        assert engine.self_check.max_diff <= 1e-3 * engine.self_check.logit_scale
