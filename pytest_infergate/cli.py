@@ -194,12 +194,14 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
     wheel = Path(args.wheel) if args.wheel else None
-    for written in init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel):
+    files = init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel)
+    for written in files:
         print(written.line())
+    stale_job = any(written.kept and "does not install" in written.note for written in files)
     print(f"next: pytest {args.tests} --infergate-model=YOUR_MODEL (the embedded model without it); put traffic "
           "files in workloads/*.jsonl; the CI job's first run on your default branch commits perf/baseline.json "
           "(docs/guides/ci.md)")
-    if wheel is not None:
+    if wheel is not None and not stale_job:
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif args.ci != "none" and args.install == DEFAULT_INSTALL:
         print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, build a wheel in a "

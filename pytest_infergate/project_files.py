@@ -12,6 +12,7 @@ no migration (every version of them is read)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,10 +176,16 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
         files = {Path("pytest.ini"): PYTEST_INI, **files}
     else:
         written.append(kept_config(own))
+    job = Path(CI_FILES[ci][0]) if ci != "none" else None
     for relative, text in files.items():
         path = root / relative
         if path.exists():
-            written.append(Written(path, kept=True))
+            # a job written by an earlier init with another install line keeps that line: say so, or a rerun with
+            # --wheel would leave a job that installs from PyPI while the user commits the wheel for it
+            stale = relative == job and not re.search(rf"pip install .*{re.escape(install)}(\s|$)",
+                                                      path.read_text(errors="replace"), re.M)
+            written.append(Written(path, kept=True, note=f"it does not install {install}: remove it and rerun "
+                                   "`infergate init` to write the job anew" if stale else ""))
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

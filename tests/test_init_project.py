@@ -129,6 +129,30 @@ def test_init_copies_a_built_wheel_into_the_project_and_the_job_installs_it_from
         init_project(tmp_path / "other", wheel=tmp_path / "missing.whl")
 
 
+def test_a_rerun_with_a_wheel_says_the_job_an_earlier_init_wrote_still_installs_from_pypi(tmp_path, capsys):
+    """New-user trial (#56): `infergate init .` then, as its note says, `init . --wheel PATH`: the job written first
+    is kept and still runs `pip install pytest-infergate`, so the rerun must not say the job installs the wheel; it
+    says the job does not install it and how to write it anew. A rerun with the same install says nothing."""
+    from pytest_infergate.cli import main
+
+    built = tmp_path / "dist/pytest_infergate-0.4.0-py3-none-any.whl"
+    built.parent.mkdir()
+    built.write_bytes(b"PK")
+    project = tmp_path / "project"
+    assert main(["init", str(project)]) == 0
+    capsys.readouterr()
+    assert main(["init", str(project), "--wheel", str(built)]) == 0
+    out = capsys.readouterr().out
+    assert f"does not install ./wheels/{built.name}: remove it and rerun `infergate init`" in out, out
+    assert "the CI job installs it from there" not in out
+    (project / ".github/workflows/infergate.yml").unlink()
+    assert main(["init", str(project), "--wheel", str(built)]) == 0
+    out = capsys.readouterr().out
+    assert "the CI job installs it from there" in out and "does not install" not in out, out
+    assert main(["init", str(project), "--wheel", str(built)]) == 0
+    assert "does not install" not in capsys.readouterr().out
+
+
 def test_the_gpu_job_is_strict_only_where_it_compares_with_a_baseline(tmp_path):
     """The first run saves the baseline and has nothing to compare: strict there would fail a busy runner's run
     although the baseline was written."""
