@@ -454,3 +454,27 @@ def test_the_bench_reads_the_engine_threads_speed_around_each_repetition(tiny_fp
         bench.close()
     assert measured.thread_probe == THREAD_PROBE
     assert len(measured.thread_probe_s) == measured.repetitions == 3 and min(measured.thread_probe_s) > 0
+
+
+def test_the_repetitions_measured_again_are_said_on_the_terminal(tiny_fp32, monkeypatch):
+    """New-user trial (#56): a failure's fresh block (Bench.extend) ran its repetitions silently, minutes on a slow
+    config; each is said as the first ones are (work longer than context.EVERY_S: here every step)."""
+    from pytest_infergate import context
+    from pytest_infergate.engine import EngineConfig
+    from pytest_infergate.perf.local_bench import Bench
+    from pytest_infergate.workloads import chat_workload
+
+    said: list[str] = []
+    monkeypatch.setattr(context, "_sink", said.append)
+    monkeypatch.setattr(context, "EVERY_S", 0.0)
+    bench = Bench(tiny_fp32, calibrate=False)
+    requests = chat_workload(tiny_fp32.tokenizer, 2, prompt_tokens=(8, 12), max_new_tokens=(3, 4), seed=1)
+    try:
+        measured = bench.measure(requests, EngineConfig(max_batch_size=4), warmup=0, repeats=1, label="chat")
+        bench.extend(measured, requests, EngineConfig(max_batch_size=4), warmup=0, repeats=2)
+    finally:
+        bench.close()
+    assert measured.repetitions == 3
+    again = [line for line in said if "measuring chat again" in line]
+    assert again[0].startswith("infergate: measuring chat again, repetition: 1 of 2"), said
+    assert again[-1].startswith("infergate: measuring chat again, repetition: 2 of 2, "), said

@@ -269,9 +269,13 @@ class Bench:
 
     def extend(self, measurement: Measurement, requests: list[Request], config: EngineConfig | None = None, *,
                warmup: int = 2, repeats: int = 2) -> Measurement:
-        """More repetitions into an existing measurement (an inconclusive verdict asks for them)."""
-        for _ in range(repeats):
+        """More repetitions into an existing measurement (an inconclusive verdict asks for them, a failure's fresh
+        block confirms itself with them): each said on the terminal as the first ones were, or a failing run of a
+        slow config goes quiet for minutes."""
+        steps = context.Steps(f"measuring {measurement.label or 'a workload'} again, repetition", repeats)
+        for done in range(1, repeats + 1):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
+            steps.step(done, finished=done == repeats)
         return measurement
 
 
