@@ -204,7 +204,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
         run.add(compared)
         run.findings.append(Finding("baseline", test, "this baseline entry was measured on a busy runner"))
     verdict = run.verdict()
-    assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive)"
+    assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"
     markdown = summary_markdown(run)
     assert "- **perf**: 3 pass\n" in markdown and "- **not as asked**: 3 inconclusive\n" in markdown
     assert [line.text for line in summary_lines(run) if line.text.startswith("gates: ")] == [
@@ -217,7 +217,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
     undecided.outcome = gated(served(seed=2), served(seed=1))
     undecided.outcome.verdicts[0].status = Status.INCONCLUSIVE
     strict.add(undecided)
-    assert strict.verdict().headline() == "infergate verdict: FAIL (1 fail)"
+    assert strict.verdict().headline() == "infergate verdict: FAIL (1 fail: perf gate)"
     assert "- **perf**: 1 fail\n" in summary_markdown(strict)
 
 

@@ -217,11 +217,16 @@ class RunVerdict:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def headline(self) -> str:
-        counts = {status: sum(c.get(status.value, 0) for c in self.counts.values())
-                  for status in (Status.FAIL, Status.INCONCLUSIVE)}
-        parts = [f"{n} {status.value}" for status, n in counts.items() if n]
-        return f"infergate verdict: {self.status.upper()}{self.qualifier()}" + (f" ({', '.join(parts)})"
-                                                                                  if parts else "")
+        """'infergate verdict: FAIL (1 fail: quality gate) — 2 perf gates on budgets only, …': what did not pass, by
+        what it is, before what the verdict rests on (a quality failure must not read as the perf gates')."""
+        parts = []
+        for status in (Status.FAIL, Status.INCONCLUSIVE):
+            groups = {group: c.get(status.value, 0) for group, c in self.counts.items() if c.get(status.value, 0)}
+            if groups:
+                names = ", ".join(GATE_NAMES.get(group, group) for group in groups)
+                parts.append(f"{sum(groups.values())} {status.value}: {names}")
+        return f"infergate verdict: {self.status.upper()}" + (f" ({'; '.join(parts)})" if parts else "") \
+            + self.qualifier()
 
     @property
     def compared_nothing(self) -> int:

@@ -230,7 +230,7 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
 
 def gate_counts_line(results: RunResults) -> Line | None:
     """What the verdict was made of, counted as the verdict counts it (RunVerdict.counts): "gates: perf: 3 pass; not
-    as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive)"."""
+    as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"."""
     counts = results.verdict().counts
     if not counts:
         return None
