@@ -75,8 +75,13 @@ def speed_normalized(candidate_costs: list[float], candidate_probe: list[float],
                      baseline_probe: list[float]) -> SpeedNormalized | None:
     """The comparison at the save's thread speed; None where a side has no probe for each repetition."""
     move = speed_move(candidate_costs, candidate_probe, baseline_costs, baseline_probe)
-    if move is None:
-        return None
+    return None if move is None else _at_save_speed(candidate_costs, candidate_probe, baseline_costs, baseline_probe,
+                                                    move)
+
+
+def _at_save_speed(candidate_costs: list[float], candidate_probe: list[float], baseline_costs: list[float],
+                   baseline_probe: list[float], move: float) -> SpeedNormalized:
+    """The bootstrap of speed_normalized, the repetitions resampled with their probes (`move`: speed_move's)."""
     point, low, high = bootstrap_ratio_ci(list(zip(candidate_costs, candidate_probe)),
                                           list(zip(baseline_costs, baseline_probe)), _at_probe_speed)
     return SpeedNormalized(point, low, high, move)
@@ -129,21 +134,19 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
     if verdict.at_thread_speed or verdict.status == Status.INCONCLUSIVE:
         return verdict
     move = speed_move(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
-    if move is None or 1.0 / SLOWER_SAVE <= move <= SLOWER_SAVE:
-        return verdict  # the thread ran at the save's speed, within the probe's own spread: nothing to hold
-    at_speed = speed_normalized(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
-    if at_speed is None:
+    # only a pass against a slower save, or a failure of a slower run, is held (the bootstrap runs for those alone)
+    save_slower, run_slower = move is not None and move * SLOWER_SAVE < 1.0, move is not None and move > SLOWER_SAVE
+    if not (save_slower if verdict.status == Status.PASS else run_slower):
         return verdict
+    at_speed = _at_save_speed(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe, move)
     if verdict.status == Status.PASS:
-        if at_speed.speed_move * SLOWER_SAVE >= 1.0:
-            return verdict
         if at_speed.passes(threshold):
             return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
         return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                              f"{at_speed.sentence(threshold)}: the host slowed the save's process, so its figures are "
                              "no yardstick; re-save the baseline", baseline_at_fault=True,
                              load_corrected=verdict.load_corrected)
-    if at_speed.speed_move <= SLOWER_SAVE or at_speed.low > fail_bound:
+    if at_speed.low > fail_bound:
         return verdict
     return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                          f"{evidence + '; ' if evidence else ''}{at_speed.describe()}, not beyond ×{fail_bound:.2f}: "
