@@ -220,10 +220,11 @@ class PerfBench:
                             remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         try:
             plan = repetition_plan(gate.budget, self.ctx, repeats)
-            # with a plan its bounds and stop rule; without one Bench.measure's own
-            planned = {} if plan is None else dict(max_repeats=plan.most, until=until_settled(plan, f"measuring {key}"))
+            # with a plan its bounds, time floor and stop rule; without one Bench.measure's own
+            planned = {} if plan is None else dict(max_repeats=plan.cap, until=until_settled(plan, f"measuring {key}"))
             measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
-                                             min_time_s=min_time_s, label=label, **planned)
+                                             min_time_s=max(min_time_s, plan.least_seconds if plan else 0.0),
+                                             label=label, **planned)
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
             self.ctx.fail(f"infergate_bench for {key}: {exc}")
         outcome = gate_measurement(self.ctx, replace(unmeasured, measurement=measurement), gate=gate)
