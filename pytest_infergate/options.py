@@ -122,6 +122,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "barrier a co-tenant lands on; 0: torch's own default, one per core, split between xdist workers)",
                None, "N"),
     OptionSpec("history_keep", "int", "runs kept in --infergate-history (default 100)", 100, "N"),
+    OptionSpec("min_time", "float", "seconds each side of a stored comparison (a save, and a run compared with one) "
+               "measures at least, however short a repetition (default 6: shared VMs run a thread up to twice as "
+               "slow in spells of seconds, and the repetitions must span them; 0 in tests of the plugin's "
+               "behaviour, not of speed)", 6.0, "SECONDS"),
 )
 
 
@@ -184,6 +188,7 @@ class Options:
     precisions_given: bool = False  # --infergate-precisions / ini set explicitly (with an endpoint: run them too)
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
     cpu_threads: int | None = None  # --infergate-cpu-threads; 0 becomes each xdist worker's share of the cores
+    min_time: float = 6.0  # --infergate-min-time: perf.repetitions' time floor of a stored comparison's side
 
     def __post_init__(self):
         ref = check_precision(self.reference_precision or default_reference(self.device), "reference precision")
@@ -215,6 +220,8 @@ class Options:
         if self.cpu_threads is not None and self.cpu_threads < 0:
             raise OptionError(f"--infergate-cpu-threads must be 0 (torch's default) or a number of threads, got "
                               f"{self.cpu_threads}")
+        if not (math.isfinite(self.min_time) and self.min_time >= 0):
+            raise OptionError(f"--infergate-min-time must be 0 or a finite number of seconds, got {self.min_time}")
         if self.history_keep < 2:
             raise OptionError(f"--infergate-history-keep must keep at least 2 runs, got {self.history_keep}")
         if not str(self.model).strip():

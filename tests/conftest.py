@@ -77,10 +77,12 @@ def cache_dir() -> Path:
 
 @pytest.fixture
 def run(pytester, cache_dir):
-    """A pytester run of the plugin on tiny-random-llama, fp32 only (test_plugin.py keeps its own, all precisions)."""
+    """A pytester run of the plugin on tiny-random-llama, fp32 only (test_plugin.py keeps its own, all precisions),
+    without the stored comparison's time floor: these tests check what the plugin does, not how fast."""
     def run(*args):
         return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+                                  "--infergate-precisions=fp32", "--infergate-min-time=0", "-p", "no:cacheprovider",
+                                  *args)
 
     return run
 

@@ -55,6 +55,8 @@ USAGE_ERRORS = [
      "*--infergate-save-baseline afile/b.json: afile is a file*"),
     ("cache-dir-under-a-file", [], ["--infergate-cache-dir=afile/cache"], "*--infergate-cache-dir afile/cache*file*"),
     ("golden-max-len-too-small", [], ["--infergate-golden-max-len=4"], "*--infergate-golden-max-len must be at least*"),
+    ("min-time-negative", [], ["--infergate-min-time=-1"], "*--infergate-min-time must be 0 or a finite number of "
+     "seconds, got -1.0*"),
     # two outputs on one path: only the one written last would survive (issue #32 rows 2 and 3)
     ("json-and-report-one-path", [], ["--infergate-json=out", "--infergate-report=out"],
      "*--infergate-report and --infergate-json both write out: one would overwrite the other*"),

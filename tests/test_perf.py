@@ -536,7 +536,7 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     from pytest_infergate.context import TestContext
     from pytest_infergate.gates.perf import budget_for
     from pytest_infergate.options import Options
-    from pytest_infergate.perf.repetitions import LEAST_REPETITIONS, LEAST_SECONDS, MOST_REPETITIONS, repetition_plan
+    from pytest_infergate.perf.repetitions import LEAST_REPETITIONS, MOST_REPETITIONS, repetition_plan
 
     def ctx(save=None, baseline=None):
         return TestContext("t", Options(save_baseline=save), record=print, say=print, fail=print, skip=print,
@@ -568,8 +568,12 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     assert plan.widest(measured(0.6, MOST_REPETITIONS)) > plan.target > 1.0
     assert "5–12 repetitions of about 2.0 s" in plan.describe(2.0) and "10–24 s" in plan.describe(2.0)
     # however short a repetition, the side measures for the plan's time floor: spread over the host's slow spells
-    assert plan.least_seconds == LEAST_SECONDS and plan.cap >= MOST_REPETITIONS
+    assert plan.least_seconds == Options().min_time == 6.0 and plan.cap >= MOST_REPETITIONS
     assert "30 repetitions of about 0.2 s" in plan.describe(0.2) and "6 s at least" in plan.describe(0.2)
+    untimed = repetition_plan(budget_for(ctx(save="b.json"), "fp32", "t"),
+                              TestContext("t", Options(save_baseline="b.json", min_time=0.0), record=print, say=print,
+                                          fail=print, skip=print), 1)
+    assert untimed.least_seconds == 0.0 and "5–12 repetitions of about 0.2 s" in untimed.describe(0.2)
 
 
 def test_report_reasons_say_how_a_stored_baseline_was_compared():

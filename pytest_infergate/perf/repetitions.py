@@ -22,11 +22,12 @@ from pytest_infergate.stats import least_disturbed, paired_bootstrap_ci
 # interval about half the threshold wide (√2/3 of it), so an unchanged run passes and a ×1.25 one fails at 10%.
 LEAST_REPETITIONS, MOST_REPETITIONS = 5, 12
 SETTLED_SHARE = 1 / 3
-# ...and it measures for at least LEAST_SECONDS in all, however short a repetition (at most CAP_REPETITIONS): these
-# VMs run the thread up to ×2 slower in spells of 0.1–7 s that a guest cannot see (docs/measurements.md, "the host's
-# slow spells"); repetitions spread over several seconds let the least-disturbed summary and the thread's speed probe
-# find the host's full speed on both sides, where five repetitions of a fast workload fit inside one spell.
-LEAST_SECONDS, CAP_REPETITIONS = 6.0, 40
+# ...and it measures for at least --infergate-min-time seconds in all (default 6), however short a repetition (at
+# most CAP_REPETITIONS): these VMs run the thread up to ×2 slower in spells of 0.1–7 s that a guest cannot see
+# (docs/measurements.md, "the host's slow spells"); repetitions spread over several seconds let the least-disturbed
+# summary and the thread's speed probe find the host's full speed on both sides, where five repetitions of a fast
+# workload fit inside one spell.
+CAP_REPETITIONS = 40
 
 
 def side_resolution(measurement: Measurement, metric: str, pct: float | None) -> float:
@@ -49,17 +50,14 @@ class RepetitionPlan:
     most: int
     max_regression: float
     metrics: tuple[tuple[str, float | None], ...]  # (metric, the percentile its budget gates)
+    least_seconds: float = 0.0
 
     @classmethod
-    def of(cls, repeats: int, max_regression: float | None, metrics: list[tuple[str, float | None]]
-           ) -> RepetitionPlan:
+    def of(cls, repeats: int, max_regression: float | None, metrics: list[tuple[str, float | None]],
+           least_seconds: float = 0.0) -> RepetitionPlan:
         least = max(repeats, LEAST_REPETITIONS)
         return cls(least, max(least, MOST_REPETITIONS), max_regression or 0.10,
-                   tuple((metric, pct) for metric, pct in metrics if scales_with_speed(metric)))
-
-    @property
-    def least_seconds(self) -> float:
-        return LEAST_SECONDS
+                   tuple((metric, pct) for metric, pct in metrics if scales_with_speed(metric)), least_seconds)
 
     @property
     def cap(self) -> int:
@@ -81,12 +79,14 @@ class RepetitionPlan:
 
     def describe(self, first_s: float) -> str:
         """What the plan will cost, from the first repetition's time."""
-        least = max(self.least, min(self.cap, math.ceil(self.least_seconds / first_s) if first_s > 0 else self.cap))
+        timed = math.ceil(self.least_seconds / first_s) if first_s > 0 else self.cap
+        least = max(self.least, min(self.cap, timed))
         most = max(least, self.most)
         count = f"{least}–{most}" if most > least else str(least)
         cost = f"{least * first_s:.0f}–{most * first_s:.0f} s" if most > least else f"{least * first_s:.0f} s"
+        floor = f", {self.least_seconds:g} s at least" if self.least_seconds else ""
         return (f"{count} repetitions of about {first_s:.1f} s (until each gated figure's spread resolves "
-                f"×{self.target:.3f}, {self.least_seconds:.0f} s at least): {cost}")
+                f"×{self.target:.3f}{floor}): {cost}")
 
 
 def uses_stored_baseline(ctx: TestContext) -> bool:
@@ -112,7 +112,8 @@ def repetition_plan(budget: Budget, ctx: TestContext, repeats: int) -> Repetitio
     if not uses_stored_baseline(ctx):
         return None
     return RepetitionPlan.of(repeats, budget.max_regression,
-                             [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()])
+                             [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()],
+                             ctx.options.min_time)
 
 
 def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
