@@ -1,5 +1,5 @@
 """A run's results (its environment, models and records) as one versioned JSON file, which is also the baseline a
-later run compares with (saved and read back by outputs: save_run_as_baseline, baseline_entries); and the run's one
+later run compares with (saved and read back by the store of runs, history.store); and the run's one
 verdict — can this ship? — computed once from every gate and every pytest outcome, shown first by the terminal, the
 HTML report and the JSON. FAIL when a test failed or errored or a gate failed; else INCONCLUSIVE when a gate could
 not decide or a check did not run as asked; else PASS (--infergate-strict: inconclusive fails). The schema
