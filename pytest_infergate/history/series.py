@@ -8,10 +8,9 @@ say what `pytest --infergate-baseline` with A saved said of B."""
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 from dataclasses import dataclass, field
 
+from pytest_infergate.environment import canonical
 from pytest_infergate.history import changepoint
 from pytest_infergate.measurement import METRICS, percentile_suffix
 from pytest_infergate.perf.baseline import BaselineEntry
@@ -121,10 +120,6 @@ def _describe_change(old: dict, new: dict) -> str:
     return "; ".join(changed) or "environment changed"
 
 
-def _key(environment: dict) -> str:
-    return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def gated_statistic(record: PerfRecord, metric: str) -> float:
     """The percentile a record's gate decides `metric` on: its budget's limit on the metric (the highest, if
     several: the tail it guards), else the budget's `percentile` (what a relative gate compares); 50 for a
@@ -164,7 +159,7 @@ def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> 
 def _segments(points: list[Point]) -> list[Segment]:
     segments: list[Segment] = []
     for point in points:
-        if segments and _key(segments[-1].points[-1].environment) == _key(point.environment):
+        if segments and canonical(segments[-1].points[-1].environment) == canonical(point.environment):
             segments[-1].points.append(point)
         else:
             change = _describe_change(segments[-1].points[-1].environment, point.environment) if segments else ""
