@@ -1,7 +1,7 @@
 """A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
 the machine changed (timings of two machines are no one series), with its change points and any creep; a change
 under test (model, libraries, engine config) is a marked point of a series, not a new one. Each run is decided
-against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.decide.decide,
+against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.gate.PerfGate.check,
 run A's record the stored reference, run B's the candidate), so the history and `infergate compare A.json B.json`
 say what `pytest --infergate-baseline` with A saved said of B."""
 
