@@ -46,9 +46,9 @@ from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.gates.perf import PerfBench  # noqa: E402
 from pytest_infergate.history.series import decide_pair  # noqa: E402
+from pytest_infergate.history.store import baseline_entries, save_run_as_baseline  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
-from pytest_infergate.outputs import baseline_entries, save_run_as_baseline  # noqa: E402
 from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
 from pytest_infergate.perf.injections import (  # noqa: E402
     QuietForwardTimes,

@@ -4,7 +4,6 @@ accepted results of an older version."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -12,19 +11,10 @@ from pathlib import Path
 
 from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.history.store import load_run
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
 from pytest_infergate.status import Status, under_strict
-
-
-def _load_results(path: str) -> RunResults:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InfergateError(f"{path} does not exist: write one with pytest --infergate-json={path}") from None
-    except (OSError, ValueError) as exc:
-        raise InfergateError(f"{path} is not a JSON results file ({exc})") from None
-    return RunResults.from_dict(data, source=path)
 
 
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
@@ -49,7 +39,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from pytest_infergate.report import write_report
 
     check_output_path(Path(args.output), "infergate report -o")
-    results = _load_results(args.results)
+    results = load_run(args.results)
     history, href = None, None
     if args.history:
         from pytest_infergate.report.history_page import HISTORY_PAGE, history_with, page_href
@@ -154,7 +144,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Compare two results files as the in-run gate would; exit 1 when B regressed against A."""
-    rows, verdict, notes = compare_runs(_load_results(args.a), _load_results(args.b), args.max_regression,
+    rows, verdict, notes = compare_runs(load_run(args.a), load_run(args.b), args.max_regression,
                                         args.strict)
     print(_table(rows, ["test", "metric", "A", "B", "change", "verdict"]) if rows else "nothing to compare")
     for note in notes:
@@ -166,7 +156,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     """Print a summary of a results file (Markdown with --markdown; also appended to $GITHUB_STEP_SUMMARY)."""
-    results = _load_results(args.results)
+    results = load_run(args.results)
     if args.markdown:
         text = summary_markdown(results)
         print(text)

@@ -82,7 +82,23 @@ UNDER_TEST_FIELDS = ("model_fingerprint", "model_name", "architecture", "served_
 
 
 def canonical(value: Any) -> str:
+    """One text per value, whatever the order of its keys: two machines (or environments) are the same machine
+    when their canonical texts are equal."""
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical(value).encode()).hexdigest()[:12]
+
+
+def run_fingerprint(environment: dict) -> str:
+    """A short hash of what a run's numbers depend on besides the code (its results file's `environment`):
+    machine, library versions (not pytest-infergate's own), model, device, the endpoint's address. A history
+    splits its series on a record's machine (AcceptedKey), on this where a record has no fingerprint."""
+    versions = {k: v for k, v in (environment.get("versions") or {}).items() if k != "pytest-infergate"}
+    basis = {"machine": environment.get("machine"), "versions": versions, "model": environment.get("model"),
+             "device": environment.get("device"), "endpoint": (environment.get("endpoint") or {}).get("url")}
+    return _digest(basis)
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,7 @@ class AcceptedKey:
 
     def machine_id(self) -> str:
         """A short, stable name of the machine part: equal machines, equal ids."""
-        return hashlib.sha256(canonical(self.machine).encode()).hexdigest()[:12]
+        return _digest(self.machine)
 
     def to_dict(self) -> dict[str, Any]:
         return {"machine": dict(self.machine), "under_test": dict(self.under_test)}

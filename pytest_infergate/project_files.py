@@ -11,18 +11,16 @@ no migration (every version of them is read)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_infergate import ci_jobs
-from pytest_infergate.atomic import exclusive, write_json_atomic
+from pytest_infergate.atomic import exclusive
 from pytest_infergate.ci_jobs import CI_FILES, DEFAULT_INSTALL, ci_job
 from pytest_infergate.errors import InfergateError, OptionError
-from pytest_infergate.outputs import run_of_baseline
-from pytest_infergate.perf import baseline
+from pytest_infergate.history.store import migrate_baseline
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
@@ -231,21 +229,4 @@ def _migrate_file(path: Path, quiet: bool) -> list[str]:
                  and not accepted.header.get("figures_against") else "")
         return [f"{path}: accepted golden outputs, schema {header['schema_version']} → {golden_files.SCHEMA_VERSION}"
                 + later]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        if quiet:
-            return []
-        raise InfergateError(f"{path} is not a JSON file ({exc})") from None
-    kind = baseline.file_kind(data)
-    if kind != baseline.KIND:
-        return [] if quiet else [f"{path}: a {kind} file: nothing to migrate (every version is read)"]
-    with exclusive(path):  # read again under the lock: a save may have replaced the file meanwhile
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if baseline.file_kind(data) != baseline.KIND:  # a save won the lock first: a results file now
-            return [] if quiet else [f"{path}: a {baseline.file_kind(data)} file: nothing to migrate"]
-        version = data.get("schema_version", 1)
-        entries = baseline.load_baseline(path)
-        write_json_atomic(path, run_of_baseline(entries).to_dict())
-    return [f"{path}: perf baseline, {len(entries)} entries, schema {version} → a results file (a baseline is a "
-            f"saved run)"]
+    return migrate_baseline(path, quiet)

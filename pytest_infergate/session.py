@@ -70,15 +70,9 @@ class InfergateSession:
         self.written = Written()  # what the run's end wrote (outputs.write_outputs), said in the terminal summary
         self.terminate_as_interrupt = TerminateAsInterrupt()
         if options.baseline is not None:
-            from pytest_infergate.history.store import names_a_run, run_file
-            from pytest_infergate.outputs import baseline_entries
-            from pytest_infergate.perf.baseline import load_baseline, schema_note
+            from pytest_infergate.history.store import read_baseline
 
-            path = options.baseline
-            if not path.exists() and names_a_run(str(path)):  # a history run: the accepted run is the baseline
-                path = run_file(options.history, str(path))
-            self.baseline = load_baseline(path, baseline_entries)
-            note = schema_note(path)
+            self.baseline, note = read_baseline(options.baseline, options.history)
             if note:  # read as the current schema: said, not a warning that counts
                 warnings.warn(InfergateWarning(note), stacklevel=1)
 

@@ -56,9 +56,8 @@ def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tup
         ctx.fail(f"infergate perf gate for {record.test}: every one of the {m.num_requests} requests failed"
                  f"{f' ({why})' if why else ''}, so no budget can be checked; a rejected request's prompt is "
                  "longer than the engine takes (max_input_tokens / max_model_len) or its KV cannot fit")
-    unmeasured = [limit.key for limit in budget.limits if not record.measurement.samples.get(limit.metric)]
+    budget, unmeasured = budget.measured_in(record.measurement)
     if unmeasured:
-        budget = replace(budget, limits=tuple(limit for limit in budget.limits if limit.key not in unmeasured))
         what = "endpoint" if record.is_endpoint else "engine"
         ctx.say(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
                          f"{what} measurement has no such figure"))

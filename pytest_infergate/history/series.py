@@ -1,24 +1,22 @@
 """A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
 the machine changed (timings of two machines are no one series), with its change points and any creep; a change
 under test (model, libraries, engine config) is a marked point of a series, not a new one. Each run is decided
-against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.decide.decide,
+against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.gate.PerfGate.check,
 run A's record the stored reference, run B's the candidate), so the history and `infergate compare A.json B.json`
 say what `pytest --infergate-baseline` with A saved said of B."""
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pytest_infergate.environment import canonical
 from pytest_infergate.history import changepoint
 from pytest_infergate.measurement import METRICS, percentile_suffix
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import BudgetError, parse_budget
-from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
-from pytest_infergate.perf.gate import StoredReference
+from pytest_infergate.perf.gate import PerfGate, StoredReference
 from pytest_infergate.perf.outcome import Budget, PerfOutcome
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
@@ -121,10 +119,6 @@ def _describe_change(old: dict, new: dict) -> str:
     return "; ".join(changed) or "environment changed"
 
 
-def _key(environment: dict) -> str:
-    return hashlib.sha256(json.dumps(environment, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def gated_statistic(record: PerfRecord, metric: str) -> float:
     """The percentile a record's gate decides `metric` on: its budget's limit on the metric (the highest, if
     several: the tail it guards), else the budget's `percentile` (what a relative gate compares); 50 for a
@@ -164,7 +158,7 @@ def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> 
 def _segments(points: list[Point]) -> list[Segment]:
     segments: list[Segment] = []
     for point in points:
-        if segments and _key(segments[-1].points[-1].environment) == _key(point.environment):
+        if segments and canonical(segments[-1].points[-1].environment) == canonical(point.environment):
             segments[-1].points.append(point)
         else:
             change = _describe_change(segments[-1].points[-1].environment, point.environment) if segments else ""
@@ -274,16 +268,17 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
     regression = DEFAULT_MAX_REGRESSION if regression is None else regression
     # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked;
     # no limit at all: the in-run gate's default figures (Budget.relative_metrics)
-    measured = tuple(limit for limit in budget.limits if record.measurement.samples.get(limit.metric))
-    return Budget(measured, budget.percentile, regression)
+    measured, _ = budget.measured_in(record.measurement)
+    return replace(measured, max_regression=regression)
 
 
 def decide_pair(baseline: PerfRecord, candidate: PerfRecord, max_regression: float | None = None) -> PerfOutcome:
-    """The candidate record's measurement against the baseline record's, as the in-run gate decides it. Only the
+    """The candidate record's measurement against the baseline record's, decided by the in-run gate's
+    PerfGate.check against a stored reference that cannot measure more (both sides are records). Only the
     relative question: the candidate's absolute budgets were its own run's verdict (`infergate summary`)."""
     reference = StoredReference(BaselineEntry(baseline.fingerprint, baseline.measurement))
-    budget = budget_of(candidate, max_regression)
-    outcome = decide(candidate.measurement, reference, budget, candidate.fingerprint)
+    gate = PerfGate(budget_of(candidate, max_regression), reference, candidate.fingerprint)
+    outcome = gate.check(candidate.measurement)
     outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
     return outcome
 

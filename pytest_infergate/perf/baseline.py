@@ -1,7 +1,9 @@
 """What the stored perf gate compares with: a BaselineEntry per measurement key (the accepted measurement and the
 fingerprint it was taken with), read from a saved run (a results file: --infergate-json, --infergate-save-baseline,
-or a history run, through outputs.baseline_entries) or from a baseline file of the older format (kind "baseline",
-schema 1 to 4, no longer written: `infergate migrate` rewrites one as a results file). A file that is neither is an
+or a history run, through the store of runs' history.store.baseline_entries) or from a baseline file of the older
+format (kind "baseline", schema 1 to 4, no longer written: `infergate migrate` rewrites one as a results file). The
+older format is read here, below the results, beside the entries it is made of; every other file of a run is read
+and written by history.store, which reads --infergate-baseline through load_baseline. A file that is neither is an
 error that says what it is and what to pass instead. The versions and what each added: docs/reference/outputs.md,
 'Baseline and golden files'.
 """
@@ -21,7 +23,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.fingerprint import machine_text
 
-KIND = "baseline"  # the older format's kind; a baseline is now saved as a results file (outputs.save_run_as_baseline)
+KIND = "baseline"  # the older format's kind; a baseline is now a saved run (history.store.save_run_as_baseline)
 SCHEMA_VERSION = 4  # its last version
 # version 1 had no `kind`; 3 added the calibration probe per repetition; 4 the entry's `key` for its `fingerprint`
 READABLE_VERSIONS = (1, 2, 3, 4)
@@ -129,8 +131,8 @@ def missing_baseline(path: Path) -> str:
 def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, BaselineEntry]] | None = None
                   ) -> dict[str, BaselineEntry]:
     """The entries of a baseline, by measurement key. A results file (--infergate-json, --infergate-save-baseline)
-    is read through `results_entries` (outputs.baseline_entries, which the session passes: this layer lies
-    below the results'): the accepted run is the baseline, each of its perf records an entry. A baseline file of
+    is read through `results_entries` (history.store.baseline_entries, which the store passes: this layer
+    lies below the results'): the accepted run is the baseline, each of its perf records an entry. A baseline file of
     the older format is read here."""
     path = Path(path)
     try:
@@ -143,7 +145,7 @@ def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, B
     kind = file_kind(data)
     if kind == "results" and results_entries is None:
         raise BaselineError(f"baseline file {path} is a results file (a saved run): read it with "
-                            "load_baseline(path, outputs.baseline_entries)")
+                            "load_baseline(path, history.store.baseline_entries)")
     if kind == "results":
         try:
             entries = results_entries(data, f"--infergate-baseline {path}")

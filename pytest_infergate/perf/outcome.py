@@ -5,7 +5,7 @@ the one record every route of the gate returns and every output reads (results.r
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate import units
 from pytest_infergate.errors import OptionError
@@ -52,6 +52,15 @@ class Budget:
     def percentile_of(self, metric: str) -> float:
         """The percentile `metric`'s limit gates (the budget's default where no limit names it)."""
         return next((limit.percentile for limit in self.limits if limit.metric == metric), self.percentile)
+
+    def measured_in(self, measurement: Measurement) -> tuple[Budget, list[str]]:
+        """This budget less the limits `measurement` has no figure for (peak_mem_mb of a remote server, goodput_per_s
+        of the local engine), and their keys: a limit is checked only where there is a figure (the in-run gate warns
+        of those keys; `infergate compare` and the history decide alike)."""
+        unmeasured = [limit.key for limit in self.limits if not measurement.samples.get(limit.metric)]
+        if not unmeasured:
+            return self, []
+        return replace(self, limits=tuple(limit for limit in self.limits if limit.key not in unmeasured)), unmeasured
 
 
 @dataclass

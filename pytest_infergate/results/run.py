@@ -1,5 +1,5 @@
 """A run's results (its environment, models and records) as one versioned JSON file, which is also the baseline a
-later run compares with (saved and read back by outputs: save_run_as_baseline, baseline_entries); and the run's one
+later run compares with (saved and read back by the store of runs, history.store); and the run's one
 verdict — can this ship? — computed once from every gate and every pytest outcome, shown first by the terminal, the
 HTML report and the JSON. FAIL when a test failed or errored or a gate failed; else INCONCLUSIVE when a gate could
 not decide or a check did not run as asked; else PASS (--infergate-strict: inconclusive fails). The schema
@@ -7,14 +7,13 @@ versions: docs/reference/outputs.md."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_infergate.environment import run_fingerprint
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.reasons import (
     EVIDENCE,
@@ -55,16 +54,6 @@ def new_run_id(started: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)) + "-" + secrets.token_hex(3)
 
 
-def environment_fingerprint(environment: dict) -> str:
-    """A short hash of what the run's numbers depend on besides the code: machine, library versions (not
-    pytest-infergate's own), model, device. Runs with different fingerprints are not compared in a history."""
-    versions = {k: v for k, v in (environment.get("versions") or {}).items() if k != "pytest-infergate"}
-    basis = {"machine": environment.get("machine"), "versions": versions, "model": environment.get("model"),
-             "device": environment.get("device"), "endpoint": (environment.get("endpoint") or {}).get("url")}
-    return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-
 @dataclass
 class RunResults:
     started: float = field(default_factory=time.time)
@@ -95,7 +84,7 @@ class RunResults:
 
     @property
     def fingerprint(self) -> str:
-        return environment_fingerprint(self.environment)
+        return run_fingerprint(self.environment)
 
     def add(self, record: Record) -> None:
         self.records.append(record)
