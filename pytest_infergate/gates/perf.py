@@ -111,8 +111,8 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
         ctx.say(Finding(BASELINE_CHECK, key, "this baseline entry was measured on a busy runner",
-                        "a later run on a quiet runner will read faster and its verdict will be inconclusive: re-save "
-                        "the baseline on a quiet runner", evidence=interference.describe(busy)))
+                        f"{interference.UNDER_LOAD}; to make it decisive, {interference.RESAVE}",
+                        evidence=interference.describe(busy)))
     return outcome
 
 

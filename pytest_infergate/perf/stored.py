@@ -10,7 +10,7 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 from __future__ import annotations
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
-from pytest_infergate.perf import busy
+from pytest_infergate.perf import busy, interference
 from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
 from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
 from pytest_infergate.stats import (
@@ -175,15 +175,15 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: 
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
                              f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                             f"from the machine's{_normalized_aside(adjusted, threshold)}; rerun on a quiet runner")
+                             f"from the machine's{_normalized_aside(adjusted, threshold)}; {interference.RERUN}")
     if change is not None and change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the baseline was saved on a busy runner: the calibration probe ran "
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
-                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
-                             "the baseline on a quiet runner", baseline_at_fault=True)
+                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}: "
+                             f"{interference.UNDER_LOAD}; {interference.RESAVE}", baseline_at_fault=True)
     other = interval_status(adjusted.low, adjusted.high, threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_infergate import units
+from pytest_infergate.perf import interference
 from pytest_infergate.quality.policy import default_failure_advice
 from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
@@ -176,11 +177,11 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
     if record.relative_check_missing:
         return record.relative_check_missing[0].upper() + record.relative_check_missing[1:] + "."
     if any(v.baseline_at_fault for v in verdicts):
-        return "The baseline is the problem: re-save it with --infergate-save-baseline on a quiet runner."
+        return f"The baseline was measured under load: {interference.RESAVE}."
     if record.machine_mismatch:
         return "The baseline is from another machine: re-save it on this runner class."
     if any(v.undecided for v in budgets) or any("busy" in v.note for v in verdicts):
-        return "The runner was busy: rerun on a quiet runner, or gate with infergate_bench.ab()."
+        return f"The runner was busy: {interference.RERUN}."
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
 
 
