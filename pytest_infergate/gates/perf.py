@@ -220,8 +220,10 @@ class PerfBench:
                             remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         try:
             plan = repetition_plan(gate.budget, self.ctx, repeats)
-            # with a plan its bounds and stop rule; without one Bench.measure's own
-            planned = {} if plan is None else dict(max_repeats=plan.most, until=until_settled(plan, f"measuring {key}"))
+            # with a plan its bounds and stop rules (a comparison's failure beyond doubt ends it early); without one
+            # Bench.measure's own
+            planned = {} if plan is None else dict(max_repeats=plan.most, until=until_settled(plan, f"measuring {key}"),
+                                                   decided=gate.failed_beyond_doubt)
             measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
                                              min_time_s=min_time_s, label=label, **planned)
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback

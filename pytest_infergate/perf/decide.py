@@ -59,7 +59,7 @@ class Reference(Protocol):
     """What a candidate is compared with (perf.gate holds the strategies). `compare` makes the verdicts (by
     the functions below); `measure_more` measures once more where that could decide (False: it could not, or
     nothing more can be measured); `confirm` re-measures a failure where the route needs it (returns how many
-    repetitions)."""
+    repetitions); `beyond_doubt` says why a failure needs neither (perf.stored.BEYOND_DOUBT), "" where none does."""
 
     route: Route
     baseline: Measurement | None
@@ -71,6 +71,8 @@ class Reference(Protocol):
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool: ...
 
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int: ...
+
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str: ...
 
 
 def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
