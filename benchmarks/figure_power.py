@@ -17,7 +17,9 @@ anew, so the counts are independent trials):
   (perf.injections.held_allocation);
 - `tps2`: every forward followed by a sleep as long as its quiet time: tokens/s ×2 slower;
 - `tps115`, `tps125` (not in the default set): the same sleep 15% or a quarter as long: ×1.15 (within the runs'
-  drift beyond the threshold: a pass at the save's thread speed would let it through most easily) and ×1.25.
+  drift beyond the threshold: a pass at the save's thread speed would let it through most easily) and ×1.25; any
+  `tpsNNN` likewise (`tps400`: ×4, a failure beyond doubt, measured with fewer repetitions: perf.stored.BEYOND_DOUBT).
+Each line says how many repetitions the run measured (its fresh block included).
 The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
 the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
 pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during the trials, the save
@@ -87,7 +89,7 @@ def measure(args, loaded, requests, config, baseline: dict | None, injection: st
             stack.enter_context(injected_prefill_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
         elif injection == "tps2":
             stack.enter_context(injected_slowdown(loaded.model, 1.0, quiet=args.quiet_times))
-        elif injection in ("tps115", "tps125"):
+        elif injection.startswith("tps") and injection[3:].isdigit():
             stack.enter_context(injected_slowdown(loaded.model, int(injection[3:]) / 100 - 1, quiet=args.quiet_times))
         elif injection == "mem30":
             stack.enter_context(held_allocation(bench.bench, 0.3 * baseline_peak_mb))
@@ -141,7 +143,8 @@ def run_trial(args) -> None:
         print(json.dumps({"injection": injection, "figures": statuses(record, accepted, args.max_regression),
                           "ratios": {v.metric: [round(v.ratio, 3), round(v.low, 3), round(v.high, 3)]
                                      for v in record.verdicts},
-                          "notes": {v.metric: v.note for v in record.verdicts}}), flush=True)
+                          "notes": {v.metric: v.note for v in record.verdicts},
+                          "repetitions": record.measurement.repetitions}), flush=True)
 
 
 def main() -> int:
@@ -193,7 +196,7 @@ def main() -> int:
                 if "the engine's thread ran" in (note or ""):
                     at_speed[row["injection"]] += 1
             print(f"  trial {trial + 1:2d} {row['injection']:9s}: {ratios}; ttft p95 "
-                  f"{row['figures'].get('ttft_ms p95', '-')}", flush=True)
+                  f"{row['figures'].get('ttft_ms p95', '-')}; {row.get('repetitions', '?')} repetitions", flush=True)
             if args.notes:
                 for metric, note in row["notes"].items():
                     print(f"      {metric}: {note or '-'}", flush=True)

@@ -14,6 +14,19 @@ from __future__ import annotations
 
 from importlib import metadata
 
+# The CPU jobs install torch first from its CPU index (PyPI's Linux torch is the CUDA build, gigabytes larger), at
+# the version perf/requirements.txt pins, then that file from PyPI: the index is named in the job, where a hosted
+# runner reaches it, never in the file, so `pip install -r perf/requirements.txt` elsewhere (a laptop, a sandbox
+# whose pip has its own index) asks no other host (an unreachable extra index cost minutes of retries a package).
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def cpu_torch(requirements: str, pip: str = "pip") -> str:
+    """The shell line that installs the CPU build of the torch `requirements` pins (any torch where it pins none)."""
+    return (f"{pip} install \"$(grep -m1 -E '^torch([^a-zA-Z0-9_.-]|$)' {requirements} || echo torch)\" "
+            f"--index-url {CPU_TORCH_INDEX}")
+
+
 # The first baseline goes back to the default branch from the job itself; GITHUB_TOKEN needs `contents: write`
 # for it, and its pushes start no workflow (no second run).
 GITHUB_COMMIT_STEP = '''      - name: commit the first baseline
@@ -54,7 +67,9 @@ jobs:
           key: infergate-history-${{ github.run_id }}
           restore-keys: infergate-history-
       - name: install
-        run: pip install -r perf/requirements.txt INSTALL_SPEC
+        run: |   # CPU torch from its own index first (PyPI's is the CUDA build), then the rest from PyPI
+          CPU_TORCH
+          pip install -r perf/requirements.txt INSTALL_SPEC
       - name: baseline environment
         if: github.event_name == 'pull_request'
         run: |   # the base branch's libraries, where this pull request changes them: the A side of an A/B
@@ -62,6 +77,7 @@ jobs:
           if git cat-file -e FETCH_HEAD:perf/requirements.txt && ! git diff --quiet FETCH_HEAD -- perf/requirements.txt
           then git show FETCH_HEAD:perf/requirements.txt > base-requirements.txt
             python -m venv --system-site-packages --without-pip base-env   # the runner's pip and libraries seen
+            BASE_CPU_TORCH
             base-env/bin/python -m pip install -r base-requirements.txt INSTALL_SPEC   # what differs installed
           fi
       - name: gate
@@ -150,6 +166,7 @@ infergate:
       paths: [infergate-history]
       when: always
   script:
+    - CPU_TORCH   # from its own index first (PyPI's is the CUDA build)
     - pip install -r perf/requirements.txt INSTALL_SPEC
     - |   # the target branch's libraries, where this branch changes them: the A side of an A/B
       base_branch=${CI_MERGE_REQUEST_TARGET_BRANCH_NAME:-$CI_DEFAULT_BRANCH}
@@ -157,6 +174,7 @@ infergate:
         git cat-file -e FETCH_HEAD:perf/requirements.txt && ! git diff --quiet FETCH_HEAD -- perf/requirements.txt
       then git show FETCH_HEAD:perf/requirements.txt > base-requirements.txt
         python -m venv --system-site-packages --without-pip base-env   # the image's pip and libraries seen
+        BASE_CPU_TORCH
         base-env/bin/python -m pip install -r base-requirements.txt INSTALL_SPEC   # what differs installed
       fi
     - |
@@ -196,17 +214,23 @@ REQUIREMENTS_PATH = "perf/requirements.txt"
 # the libraries a model runs on in the gate, pinned in perf/requirements.txt: a change of one is what the A/B gates
 PINNED = ("torch", "transformers", "accelerate")
 
-REQUIREMENTS_HEAD = '''# The libraries the gate runs your model on (written by `infergate init`, pinned to those it
+
+def requirements_head(torch: str) -> str:
+    """The comment atop perf/requirements.txt, with the line that installs the CPU build of `torch` (a requirement)."""
+    return f'''# The libraries the gate runs your model on (written by `infergate init`, pinned to those it
 # ran beside): the CI job installs them, and a pull request that changes this file is gated A/B
 # against its base branch's libraries, both measured in the same job (docs/guides/ci.md).
-# The CPU build of torch: its index, whose +cpu builds win.
---extra-index-url https://download.pytorch.org/whl/cpu
+# No index is named here: `pip install -r` asks your pip's own. On a CPU machine install the
+# CPU build of torch first, as the CI job does (PyPI's Linux torch is the CUDA build):
+#   pip install "{torch}" --index-url {CPU_TORCH_INDEX}
 '''
 
 
 def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:
     """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`."""
-    return CI_FILES[ci][1].replace("INSTALL_SPEC", install).replace("TESTS_DIR", tests)
+    return (CI_FILES[ci][1].replace("BASE_CPU_TORCH", cpu_torch("base-requirements.txt", "base-env/bin/python -m pip"))
+            .replace("CPU_TORCH", cpu_torch("perf/requirements.txt")).replace("INSTALL_SPEC", install)
+            .replace("TESTS_DIR", tests))
 
 
 def requirements_text() -> str:
@@ -218,4 +242,4 @@ def requirements_text() -> str:
             lines.append(f"{name}=={metadata.version(name).split('+')[0]}")
         except metadata.PackageNotFoundError:
             lines.append(name)
-    return REQUIREMENTS_HEAD + "\n".join(lines) + "\n"
+    return requirements_head(lines[0]) + "\n".join(lines) + "\n"

@@ -101,7 +101,8 @@ def test_every_step_of_every_recipe_is_one_the_ci_test_runs_or_emulates(tmp_path
     init_project(tmp_path, ci=kind)
     if kind == "gitlab":
         job = gitlab_job(tmp_path / ".gitlab-ci.yml")
-        assert [s.name for s in job.steps] == ["script[0]", "script[1]", "script[2]", "script[3]", "after_script[0]"]
+        assert [s.name for s in job.steps] == ["script[0]", "script[1]", "script[2]", "script[3]", "script[4]",
+                                               "after_script[0]"]
         assert ".cache/infergate" in job.cache_paths and "perf/baseline.json" in job.artifact_paths
         return
     job = github_job(next((tmp_path / ".github/workflows").glob("*.yml")))
@@ -161,12 +162,12 @@ def test_the_gitlab_recipe_saves_and_commits_the_baseline_gates_a_library_change
     head = push_a_library_pin(tmp_path / "project", origin)
 
     second = run_gitlab(runner, origin, job, 2, "pin-libraries")  # a branch pipeline: gated A/B
-    check_ab_run(second, second.step("script[2]").output, origin, head)
+    check_ab_run(second, second.step("script[3]").output, origin, head)
     assert (second.workspace / "junit.xml").is_file()
 
     third = run_gitlab(runner, origin, job, 3, "main")  # the next push: the committed baseline compared
     assert not third.failed, third.failed
-    assert perf_routes(third) == ["stored"], third.step("script[2]").output[-3000:]
+    assert perf_routes(third) == ["stored"], third.step("script[3]").output[-3000:]
     assert "nothing compared" not in third.verdict and git("rev-parse", "main", cwd=origin) == head
 
 

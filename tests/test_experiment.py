@@ -48,7 +48,7 @@ def test_a_loaded_machine_gives_an_inconclusive_conclusion_not_a_failure():
     long = speedup("p256", [1.5, 6.0, 9.0], [1.0] * 3)
     status, message = conclusion("KV cache over the prompt length", [faster(long), grows(short, long)])
     assert status is Status.INCONCLUSIVE
-    assert "p32 ×3.00 (95% CI 2.00-10.50, 3 rounds)" in message and "rerun on a quiet runner" in message
+    assert "p32 ×3.00 (95% CI 2.00-10.50, 3 rounds)" in message and "rerun the job" in message
     status, message = conclusion("x", [faster(speedup("slow", [0.5, 0.6], [1.0, 1.0]))])
     assert status is Status.FAIL and "FAIL: slow is faster" in message
 

@@ -4,11 +4,13 @@ order in tests/test_ci_recipes.py)."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pytest_infergate.ci_jobs import ci_job
 from pytest_infergate.cli import main
 from pytest_infergate.errors import OptionError
 from pytest_infergate.project_files import init_project
@@ -44,13 +46,44 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     gitlab = tmp_path / "gl"
     init_project(gitlab, ci="gitlab", tests="gates", install="./wheels/pytest_infergate-0.1.0-py3-none-any.whl")
     job = yaml.safe_load((gitlab / ".gitlab-ci.yml").read_text())["infergate"]
-    assert job["script"][0] == "pip install -r perf/requirements.txt ./wheels/pytest_infergate-0.1.0-py3-none-any.whl"
+    assert job["script"][1] == "pip install -r perf/requirements.txt ./wheels/pytest_infergate-0.1.0-py3-none-any.whl"
     assert any("pytest gates " in line for line in job["script"]) and (gitlab / "gates/conftest.py").exists()
     with pytest.raises(OptionError, match="--ci 'jenkins' is not known"):
         init_project(tmp_path / "x", ci="jenkins")
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_libraries_file_names_no_index_and_the_cpu_jobs_install_cpu_torch_first(tmp_path):
+    """Issue #56 trial: perf/requirements.txt carried `--extra-index-url` of torch's CPU index, so every `pip install
+    -r` asked that host for every package: where it is unreachable, ~550 s of retries. The file names no index (its
+    comment gives the CPU torch line); the CPU jobs install torch first from the CPU index, at the file's pin, in
+    their own venv and in the A/B's base-env, then the file from PyPI."""
+    from pytest_infergate.ci_jobs import CPU_TORCH_INDEX, cpu_torch
+
+    init_project(tmp_path)
+    requirements = (tmp_path / "perf/requirements.txt").read_text()
+    assert not [line for line in requirements.splitlines() if line.startswith("-")]  # no pip option at all
+    torch_pin = next(line for line in requirements.splitlines() if line.startswith("torch"))
+    assert f'#   pip install "{torch_pin}" --index-url {CPU_TORCH_INDEX}' in requirements
+    job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())["jobs"]["gate"]["steps"]
+    install = next(step for step in job if step.get("name") == "install")["run"].splitlines()
+    assert install == [cpu_torch("perf/requirements.txt"), "pip install -r perf/requirements.txt pytest-infergate"]
+    base = next(step for step in job if step.get("name") == "baseline environment")["run"]
+    assert base.index(cpu_torch("base-requirements.txt", "base-env/bin/python -m pip")) < base.index(
+        "-m pip install -r base-requirements.txt")
+    gitlab = yaml.safe_load(ci_job("gitlab"))["infergate"]["script"]
+    assert gitlab[0] == cpu_torch("perf/requirements.txt") and gitlab[1].startswith("pip install -r perf/")
+    # the line picks the file's torch requirement, not a library whose name starts with it; any torch without one
+    for lines, picked in ((["torchvision==0.1", "torch==2.13.0", "transformers"], "torch==2.13.0"),
+                          (["torch>=2.4 ; python_version >= '3.10'"], "torch>=2.4 ; python_version >= '3.10'"),
+                          (["transformers==5"], "torch")):
+        (tmp_path / "r.txt").write_text("\n".join(lines) + "\n")
+        shown = subprocess.run(["bash", "-c", cpu_torch("r.txt", "echo")], cwd=tmp_path, capture_output=True,
+                               text=True, check=True).stdout
+        assert shown == f"install {picked} --index-url {CPU_TORCH_INDEX}\n", shown
+
 
 
 def test_init_sets_precisions_that_pass_their_default_policies_and_says_how_to_add_nf4(tmp_path):

@@ -374,6 +374,54 @@ def test_a_failure_with_a_named_change_leads_with_the_figures_and_the_change_and
     assert html.count(">baseline<") + html.count(">baseline peak<") >= 2
 
 
+def test_the_verdict_line_leads_with_the_figure_and_the_change_it_rests_on():
+    """Issue #56: the verdict line named the gate ("FAIL (1 fail: perf gate)") where the failure rests on a change
+    since the baseline. It leads with the failing figure and that change, in the words of the gate's own reason (one
+    sentence, not re-worded), counts the gates that failed on it, and the rest after "also"; the report's verdict
+    heading, the JSON's verdict_line and the diagnosis say the same."""
+    from pytest_infergate.report.diagnosis import named_change
+    from pytest_infergate.results.records import GoldenRecord
+
+    run = _batch_size_regression()
+    int8 = recorded_run(machine(BASELINE_SPEEDS, regression=2.9, seed=3), {**FINGERPRINT, "engine_config": {
+        "max_batch_size": 1}}, 1_700_003_600, gate_against=recorded_run(machine(BASELINE_SPEEDS, seed=4), FINGERPRINT,
+                                                                        1_700_000_000)).perf[0]
+    int8.test = TEST.replace("fp32", "int8")
+    run.add(int8)
+    verdict = run.verdict()
+    (figure, since) = re.match(r"infergate verdict: FAIL: (.+?)( since engine_config\.max_batch_size 8 → 1) "
+                               r"\(2 perf gates\)$", verdict.headline()).groups()
+    assert verdict.reasons[0].lead.startswith(figure) and f"{since}." in verdict.reasons[0].lead  # the reason's words
+    assert re.fullmatch(r"(ITL p50 [\d.]+% slower|tokens/s [\d.]+% lower) \(×2\.\d+ \[[\d.]+–[\d.]+\], limit ×1\.1\)",
+                        figure), figure
+    assert len(verdict.headline().split()) <= 30
+    assert [line.text for line in summary_lines(run)][-1] == verdict.headline() == run.to_dict()["verdict_line"]
+    heading = unescape(re.search(r'<h2 id="verdict-line">(.*?)</h2>', render_report(run)).group(1))
+    assert heading == f"Verdict: FAIL: {figure}{since} — 2 reasons"
+    (note,) = named_change(run)
+    assert note.text.startswith(f"2 perf gates failed{since} (e.g. {TEST}: {figure}")
+
+    # a failure of another kind beside it is counted after the change, not hidden
+    run.add(GoldenRecord("suites/test_golden.py::test_regression[int8]", Status.FAIL, "int8", "golden/x.jsonl",
+                         problems=["drift in 3 of 48 outputs (6.2%), policy max_drift_share 0"]))
+    assert run.verdict().headline() == f"infergate verdict: FAIL: {figure}{since} (2 perf gates; also 1 fail: " \
+        "golden gate)"
+
+
+def test_a_failure_without_a_named_change_keeps_the_verdict_line_that_names_the_gate():
+    """Nothing the baseline records changed (or the comparison passed and a budget failed): the verdict line names
+    what failed, as before; no "since" it cannot back."""
+    accepted = recorded_run(machine(BASELINE_SPEEDS, seed=1), FINGERPRINT, 1_700_000_000)
+    run = recorded_run(machine(BASELINE_SPEEDS, regression=2.9, seed=2), FINGERPRINT, 1_700_003_600,
+                       gate_against=accepted)
+    assert run.verdict().status == Status.FAIL and run.verdict().change is None
+    assert run.verdict().headline() == "infergate verdict: FAIL (1 fail: perf gate)"
+    assert "<h2 id=\"verdict-line\">Verdict: FAIL — 1 reason</h2>" in render_report(run)
+    unchanged = recorded_run(machine(BASELINE_SPEEDS, seed=2), {**FINGERPRINT, "engine_config": {"max_batch_size": 1}},
+                             1_700_003_600, gate_against=accepted)
+    assert unchanged.verdict().headline() == "infergate verdict: PASS"  # a change that did not fail leads nothing
+
+
 @needs_chromium
 def test_a_reviewer_reads_the_change_and_short_reasons_in_the_browser(tmp_path):
     from pytest_infergate.report import write_report

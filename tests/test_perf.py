@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 from baseline_files import older_baseline, saved_run
 
+from pytest_infergate import context
 from pytest_infergate.measurement import scales_with_speed
 from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf import (
@@ -271,7 +272,7 @@ def test_a_slower_machine_now_never_manufactures_a_failure_nor_a_pass():
     assert unchanged.status == "inconclusive", unchanged.message()
     itl = by_metric["itl_ms"]
     assert itl.ratio == pytest.approx(2.0, rel=0.1) and itl.machine_slowdown == pytest.approx(1.86, rel=0.05)
-    assert "the runner was busy: the calibration probe ran ×1.8" in itl.note and "rerun on a quiet runner" in itl.note
+    assert "the runner was busy: the calibration probe ran ×1.8" in itl.note and "rerun the job" in itl.note
     assert by_metric["peak_mem_mb"].status == "pass" and by_metric["peak_mem_mb"].machine_slowdown is None
     assert "slower now by more than the threshold: only a pass as measured stands" in unchanged.notes[-1]
     regressed = evaluate_perf(machine(SLOW_SPEEDS, regression=1.25, seed=3), GATE, {}, entry)
@@ -649,6 +650,84 @@ def test_a_failure_far_beyond_any_spell_is_confirmed_after_three_fresh_repetitio
     assert not fresh_repetitions_confirm(slow, entry.measurement, 2, "tokens_per_s", None, 1.1)
     assert fresh_repetitions_confirm(slow, entry.measurement, 3, "tokens_per_s", None, 1.1)
     assert not fresh_repetitions_confirm(near, entry.measurement, 3, "tokens_per_s", None, 1.1)
+
+
+class SyntheticBench:
+    """perf.local_bench.Bench's measuring loop (Bench.measure) over synthetic repetitions of a code `regression` times
+    slower than the baseline's, on an idle machine (IDLE): what the loop decides, without a model."""
+
+    def __init__(self, regression: float):
+        from types import SimpleNamespace
+
+        from pytest_infergate.perf.local_bench import Bench
+
+        self.bench = Bench(SimpleNamespace(record=SimpleNamespace(load_s=0.0)), calibrate=False)
+        self.bench.run_once = self.run_once
+        self.regression = regression
+
+    def run_once(self, requests, config, warmup, into, probe=None):
+        index = into.repetitions
+        one = machine([IDLE[index % len(IDLE)]], regression=self.regression, seed=50 + index, noise=0.01)
+        for metric, values in one.samples.items():
+            into.samples.setdefault(metric, []).extend(values)
+        into.end_repetition()
+
+    def measure(self, gate, least: int = 5, most: int = 12) -> Measurement:
+        """As PerfBench measures against a stored baseline whose plan never settles: `least`–`most` repetitions,
+        stopped early by the gate's failure beyond doubt."""
+        return self.bench.measure([], repeats=least, max_repeats=most, until=lambda m: False,
+                                  decided=gate.failed_beyond_doubt)
+
+
+@pytest.mark.parametrize("regression, repetitions, status", [
+    (4.0, 3, "fail"),  # beyond doubt: 3 repetitions, the plan's least (5) not waited for
+    (3.0, 3, "fail"),  # ×3 against ×1.1 × 2.08 = ×2.29: beyond doubt too
+    (2.0, 12, "fail"),  # within ×2.29: the whole plan, as before
+    (1.15, 12, "inconclusive"),  # within the runs' drift: as before
+    (1.0, 12, "pass"),
+])
+def test_a_failure_beyond_doubt_stops_the_measuring_and_its_fresh_block_early(regression, repetitions, status):
+    """Issue #56's walk: a ×3–5 slower engine config took the whole repetition plan (10 a precision) and a fresh
+    block of 3 before failing: 12 minutes. A failure whose every repetition lies beyond the threshold × a host's
+    whole-run spell × the load correction's error (×2.29 at 10%), and which the decision fails, stops the measuring
+    at 3 repetitions and is confirmed by 2 fresh ones; a ×2 slowdown, ×1.15 and unchanged code are measured and
+    decided as before."""
+    from pytest_infergate.perf.gate import PerfGate, StoredReference
+
+    entry = BaselineEntry({}, machine(IDLE, seed=1, noise=0.01))
+    synthetic = SyntheticBench(regression)
+    gate = PerfGate(GATE, StoredReference(entry, remeasure=lambda: synthetic.run_once(None, None, 0, candidate)), {})
+    said = []
+    context.set_sink(said.append)
+    try:
+        candidate = synthetic.measure(gate)
+    finally:
+        context.set_sink(None)
+    assert candidate.repetitions == repetitions
+    assert any("stopped, a failure beyond doubt: " in line and ": each of 3 repetitions" in line for line in said) \
+        == (repetitions == 3), said
+    outcome = gate.check(candidate)
+    assert outcome.status == status, outcome.message()
+    beyond = [note for note in outcome.notes if note.startswith("a failure beyond doubt")]
+    if repetitions == 3:
+        assert outcome.confirmed == 2 and outcome.remeasured == 0 and candidate.repetitions == 5
+        assert "each of 5 repetitions slower than the baseline by more than ×2.29" in beyond[0]
+    else:
+        assert not beyond and not gate.failed_beyond_doubt(candidate)
+    if regression == 2.0:  # its fresh block as before: three repetitions beyond threshold × SPELL
+        assert outcome.confirmed == EARLY_CONFIRM
+
+
+def test_a_failure_beyond_doubt_needs_the_decision_to_fail_it_too():
+    """Slow repetitions alone stop nothing: the decision must fail the figure (here a baseline of another machine
+    makes its timings inconclusive), so the early stop can shorten a failure, never make one."""
+    from pytest_infergate.perf.gate import PerfGate, StoredReference
+
+    entry = BaselineEntry({"cpu": "another"}, machine(IDLE, seed=1, noise=0.01))
+    gate = PerfGate(GATE, StoredReference(entry), {"cpu": "this one"})
+    candidate = SyntheticBench(4.0).measure(gate)
+    assert candidate.repetitions == 12 and gate.check(candidate).status == "inconclusive"
+    assert stored.beyond_doubt(candidate, entry.measurement, "tokens_per_s", None, 1.1)  # the repetitions would
 
 
 def test_the_kv_budget_is_sized_from_the_workload_unless_the_config_sets_one(tiny_fp32):

@@ -110,8 +110,8 @@ def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[
     busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:
         ctx.say(Finding(BASELINE_CHECK, key, "this baseline entry was measured on a busy runner",
-                        "a later run on a quiet runner will read faster and its verdict will be inconclusive: re-save "
-                        "the baseline on a quiet runner", evidence=interference.describe(busy)))
+                        f"{interference.UNDER_LOAD}; to make it decisive, {interference.RESAVE}",
+                        evidence=interference.describe(busy)))
     return outcome
 
 
@@ -219,8 +219,10 @@ class PerfBench:
                             remeasure=lambda: self.bench.extend(measurement, requests, config, warmup=warmup))
         try:
             plan = repetition_plan(gate.budget, self.ctx, repeats)
-            # with a plan its bounds, time floor and stop rule; without one Bench.measure's own
-            planned = {} if plan is None else dict(max_repeats=plan.cap, until=until_settled(plan, f"measuring {key}"))
+            # with a plan its bounds, time floor and stop rules (a comparison's failure beyond doubt ends it early);
+            # without one Bench.measure's own
+            planned = {} if plan is None else dict(max_repeats=plan.cap, until=until_settled(plan, f"measuring {key}"),
+                                                   decided=gate.failed_beyond_doubt)
             measurement = self.bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
                                              min_time_s=max(min_time_s, plan.least_seconds if plan else 0.0),
                                              label=label, **planned)

@@ -43,21 +43,22 @@ def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: St
             return BusyVerdict(status, "")  # passed despite the load, or slower than the load can explain
         return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy: {interference.describe(now)} during this run, "
                                                 f"so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                                                "from the machine's load; rerun on a quiet runner")
+                                                f"from the machine's load; {interference.RERUN}")
     if then is not None and now is None:
         if status == Status.FAIL:
             return BusyVerdict(status, "")
         return BusyVerdict(Status.INCONCLUSIVE, f"the baseline was saved on a busy runner: "
                                                 f"{interference.describe(then)} while it was measured, so this run "
-                                                f"being no slower (×{measured.ratio:.3f}) says nothing; re-save the "
-                                                "baseline on a quiet runner", baseline_at_fault=True)
+                                                f"being no slower (×{measured.ratio:.3f}) says nothing: "
+                                                f"{interference.UNDER_LOAD}; {interference.RESAVE}",
+                                                baseline_at_fault=True)
     steady = steady_co_tenant(candidate, baseline, threshold, now, then)
     if steady is not None:
         return steady
     return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides, unevenly: "
                                             f"{interference.describe(now)} during this run and "
-                                            f"{interference.taken(then)} while the baseline was saved; re-save the "
-                                            "baseline and rerun on a quiet runner", baseline_at_fault=True)
+                                            f"{interference.taken(then)} while the baseline was saved: "
+                                            f"{interference.RESAVE}", baseline_at_fault=True)
 
 
 # Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE

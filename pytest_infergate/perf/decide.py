@@ -59,7 +59,7 @@ class Reference(Protocol):
     """What a candidate is compared with (perf.gate holds the strategies). `compare` makes the verdicts (by
     the functions below); `measure_more` measures once more where that could decide (False: it could not, or
     nothing more can be measured); `confirm` re-measures a failure where the route needs it (returns how many
-    repetitions)."""
+    repetitions); `beyond_doubt` says why a failure needs neither (perf.stored.BEYOND_DOUBT), "" where none does."""
 
     route: Route
     baseline: Measurement | None
@@ -71,6 +71,8 @@ class Reference(Protocol):
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool: ...
 
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int: ...
+
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str: ...
 
 
 def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
@@ -178,8 +180,8 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
         aside = (f"; {corrected_by} it is {units.metric_value(metric, corrected)}, too close to the budget "
                  f"to tell" if corrected is not None else "")
         out.append(replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the "
-                                        f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}; rerun "
-                                        "on a quiet runner"))
+                                        f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}; "
+                                        f"{interference.RERUN}"))
     return out
 
 
@@ -228,7 +230,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
             # the host's speed moves between processes, and a pass within that drift is no sign of a bad baseline
             v = replace(v, status=Status.INCONCLUSIVE, baseline_at_fault=True,
                         note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
-                             "baseline: the baseline was likely measured on a busy runner; re-save it on a quiet one")
+                             f"baseline: the baseline was likely measured on a busy runner; {interference.RESAVE}")
         out.append(v)
     return out
 

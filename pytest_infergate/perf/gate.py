@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pytest_infergate.measurement import Measurement
+from pytest_infergate.measurement import Measurement, scales_with_speed
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.decide import (
     Comparison,
@@ -26,7 +26,7 @@ from pytest_infergate.perf.decide import (
 )
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
-from pytest_infergate.perf.stored import fresh_repetitions_confirm
+from pytest_infergate.perf.stored import beyond_doubt, fresh_repetitions_confirm
 from pytest_infergate.stats import min_rounds
 from pytest_infergate.status import Status
 
@@ -70,6 +70,9 @@ class NoReference:
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int:
         return 0
 
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str:
+        return ""
+
 
 class StoredReference:
     """A stored baseline entry. `remeasure` adds a repetition (or a block) to the candidate; None: the candidate
@@ -103,7 +106,8 @@ class StoredReference:
         interference on a shared machine comes in spells that can cover a whole run, its fastest repetitions
         included (docs/measurements.md). A real regression
         slows the fresh block as well and the failure stands; after a spell the fresh block decides. A failure far
-        beyond what a spell can do ends the block early (stored.fresh_repetitions_confirm)."""
+        beyond what a spell can do ends the block early, one beyond doubt earlier still
+        (stored.fresh_repetitions_confirm)."""
         failing = [v for v in outcome.verdicts if v.status == Status.FAIL and v.repetitions]
         if self.remeasure is None or not failing:
             return 0
@@ -117,6 +121,12 @@ class StoredReference:
                                              v.percentile, v.threshold) for v in failing):
                 break
         return candidate.repetitions - first
+
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str:
+        """Why a failing comparison of `outcome` fails beyond doubt on every repetition so far (stored.beyond_doubt);
+        "" where none does."""
+        return next((why for v in outcome.verdicts if v.status == Status.FAIL and v.repetitions
+                     if (why := beyond_doubt(candidate, self.baseline, v.metric, v.percentile, v.threshold))), "")
 
 
 class Interleaved:
@@ -156,6 +166,9 @@ class Interleaved:
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int:
         return 0  # the rounds pair up in time: a spell of load hits both sides of a round
 
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str:
+        return ""  # its rounds are taken before the decision (measure), not cut short
+
 
 @dataclass
 class PerfGate:
@@ -181,7 +194,9 @@ class PerfGate:
         if self.budget.max_regression is None:
             return outcome
         more = 0
-        while more < self.max_more and self.reference.measure_more(candidate, outcome, evidence):
+        # a failure beyond doubt decides the record: more repetitions for its other figures cannot change that
+        while more < self.max_more and not self.reference.beyond_doubt(candidate, outcome) \
+                and self.reference.measure_more(candidate, outcome, evidence):
             more += 1
             evidence = Evidence.of(candidate, diff)
             outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
@@ -190,7 +205,24 @@ class PerfGate:
             outcome = decide(candidate, self.reference, self.budget, self.fingerprint, Evidence.of(candidate, diff),
                              self.other_model)
         outcome.remeasured, outcome.confirmed = more, confirmed
+        why = self.reference.beyond_doubt(candidate, outcome)
+        if why:
+            outcome.notes.append(f"a failure beyond doubt ({why}): its figures measured no further")
         return outcome
+
+    def failed_beyond_doubt(self, candidate: Measurement) -> str:
+        """Why the candidate, as measured so far, already fails beyond doubt against its reference (the reference's
+        beyond_doubt of the decision); "" where it does not. The measuring loop stops adding repetitions then, below
+        its plan's least too (gates.perf). The repetitions are looked at first, so the decision is made only where
+        a figure could fail so."""
+        baseline, budget = self.reference.baseline, self.budget
+        if budget.max_regression is None or baseline is None or not any(
+                beyond_doubt(candidate, baseline, metric, budget.percentile_of(metric), 1.0 + budget.max_regression)
+                for metric in budget.relative_metrics() if scales_with_speed(metric)):
+            return ""
+        outcome = decide(candidate, self.reference, budget, self.fingerprint, Evidence.of(candidate, self.diff),
+                         self.other_model)
+        return self.reference.beyond_doubt(candidate, outcome)
 
 
 def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,

@@ -249,9 +249,12 @@ class Bench:
 
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "",
-                until: Callable[[Measurement], bool] | None = None) -> Measurement:
+                until: Callable[[Measurement], bool] | None = None,
+                decided: Callable[[Measurement], str] | None = None) -> Measurement:
         """Repeat the workload at least `repeats` times, until `min_time_s` has passed and `until` (asked after
-        every repetition) says it is measured enough; at most `max_repeats` times."""
+        every repetition) says it is measured enough; at most `max_repeats` times. `decided` (asked after every
+        repetition) says why the measurement already decides its gate (a failure beyond doubt: perf.stored), or "":
+        then it stops, before `repeats` too, and says so."""
         config = config or EngineConfig()
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
@@ -260,9 +263,13 @@ class Bench:
                                most=max_repeats if until is not None else None)
         while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)
+            timed = time.perf_counter() - start >= min_time_s
+            why = decided(measurement) if decided is not None and timed else ""
             enough = until is None or until(measurement)
-            done = measurement.repetitions >= repeats and time.perf_counter() - start >= min_time_s and enough
+            done = bool(why) or (measurement.repetitions >= repeats and timed and enough)
             steps.step(measurement.repetitions, finished=done)
+            if why:
+                context.report(f"measuring {label or 'a workload'}: stopped, a failure beyond doubt: {why}")
             if done:
                 break
         return measurement

@@ -203,7 +203,7 @@ def how(refused: str) -> str:
     return "step-locked A/B (engine steps in turn, each side timed on its own steps)"
 
 
-QUIET_RUNNER = "rerun on a quiet runner (or with more rounds) to decide"
+RERUN_OR_MORE_ROUNDS = "rerun the job (each run reads the runner's load anew), or take more rounds, to decide"
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def conclusion(experiment: str, claims: Sequence[Claim]) -> tuple[Status, str]:
     status = Status.worst(f.status for f in claims)
     lines = [f"{experiment}: {status.upper()}"] + ["  " + f.describe() for f in claims]
     if status == Status.INCONCLUSIVE:
-        lines.append(f"  the intervals overlap their threshold: too noisy to decide here; {QUIET_RUNNER}")
+        lines.append(f"  the intervals overlap their threshold: too noisy to decide here; {RERUN_OR_MORE_ROUNDS}")
     return status, "\n".join(lines)
 
 

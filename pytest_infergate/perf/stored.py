@@ -10,7 +10,7 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 from __future__ import annotations
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
-from pytest_infergate.perf import busy
+from pytest_infergate.perf import busy, interference
 from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
 from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
 from pytest_infergate.stats import (
@@ -60,6 +60,15 @@ def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
 # reaches it, while a ×2 regression passes it on every repetition and need not take the whole block.
 EARLY_CONFIRM = 3
 SPELL = 1.3
+# A failure beyond doubt: every repetition so far (at least MIN_REPETITIONS) slower than the baseline's
+# least-disturbed figure by more than the threshold × BEYOND_DOUBT, load-corrected where the load was measured, and
+# the decision failing it. BEYOND_DOUBT is a whole-run spell of the host (SPELL) and the load correction's largest
+# error (interference.LOAD_FREE_RESIDUAL) at once, ×2.08: more than both together make of unchanged code, and more
+# than a ×2 slowdown reads at a 10% threshold (×2.29 needed), so only gross changes are cut short. Such a failure
+# needs neither the rest of the repetition plan nor more repetitions for the other figures, and its fresh block
+# confirms it after BEYOND_DOUBT_CONFIRM repetitions beyond the same bound (perf.gate).
+BEYOND_DOUBT = SPELL * interference.LOAD_FREE_RESIDUAL
+BEYOND_DOUBT_CONFIRM = 2
 # A failure against a stored baseline stands only where its interval's low end lies beyond threshold × RUN_DRIFT.
 # The two sides ran in different processes, minutes apart, and the fastest repetitions of one process do not
 # cancel the VM's own drift: with nothing else running, unchanged code compared with a baseline saved a minute
@@ -70,15 +79,36 @@ SPELL = 1.3
 RUN_DRIFT = 1.08
 
 
-def fresh_repetitions_confirm(candidate: Measurement, baseline: Measurement, fresh: int, metric: str,
-                              pct: float | None, threshold: float) -> bool:
-    """The candidate's last `fresh` repetitions (at least EARLY_CONFIRM) each cost more than the baseline's
-    least-disturbed figure × threshold × SPELL, with the co-tenants' load taken out where it was measured."""
+def repetitions_beyond(candidate: Measurement, baseline: Measurement, last: int | None, metric: str,
+                       pct: float | None, bound: float) -> bool:
+    """The candidate's last `last` repetitions (None: all) each cost more than the baseline's least-disturbed
+    figure × `bound`, with the co-tenants' load taken out where it was measured."""
     now, then = side(candidate, metric, pct, probed=False), side(baseline, metric, pct, probed=False)
-    if now is None or then is None or fresh < EARLY_CONFIRM or fresh > len(now.costs):
+    if now is None or then is None or (last or 0) > len(now.costs):
         return False
     costs = now.load_free_costs() or now.costs
-    return min(costs[-fresh:]) > least_disturbed(then.costs) * threshold * SPELL
+    return min(costs[-(last or len(costs)):]) > least_disturbed(then.costs) * bound
+
+
+def fresh_repetitions_confirm(candidate: Measurement, baseline: Measurement, fresh: int, metric: str,
+                              pct: float | None, threshold: float) -> bool:
+    """The candidate's last `fresh` repetitions each cost more than the baseline's least-disturbed figure × threshold
+    × SPELL (at least EARLY_CONFIRM of them), or × BEYOND_DOUBT (at least BEYOND_DOUBT_CONFIRM)."""
+    return (fresh >= EARLY_CONFIRM and repetitions_beyond(candidate, baseline, fresh, metric, pct, threshold * SPELL)) \
+        or (fresh >= BEYOND_DOUBT_CONFIRM
+            and repetitions_beyond(candidate, baseline, fresh, metric, pct, threshold * BEYOND_DOUBT))
+
+
+def beyond_doubt(candidate: Measurement, baseline: Measurement, metric: str, pct: float | None,
+                 threshold: float) -> str:
+    """Why every repetition of `metric` so far (at least MIN_REPETITIONS) fails beyond doubt (BEYOND_DOUBT), in
+    words; "" where they do not."""
+    if candidate.repetitions < MIN_REPETITIONS or not repetitions_beyond(candidate, baseline, None, metric, pct,
+                                                                          threshold * BEYOND_DOUBT):
+        return ""
+    return (f"{metric}{f' p{pct:g}' if pct and METRICS[metric][2] else ''}: each of {candidate.repetitions} "
+            f"repetitions slower than the baseline by more than ×{threshold * BEYOND_DOUBT:.2f} (the threshold × a "
+            f"whole-run spell ×{SPELL} × the load correction's error ×{interference.LOAD_FREE_RESIDUAL})")
 
 
 def as_measured(candidate: Side, baseline: Side) -> Comparison:
@@ -181,15 +211,15 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: 
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
                              f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                             f"from the machine's{_normalized_aside(adjusted, threshold)}; rerun on a quiet runner")
+                             f"from the machine's{_normalized_aside(adjusted, threshold)}; {interference.RERUN}")
     if change is not None and change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the baseline was saved on a busy runner: the calibration probe ran "
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
-                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}; re-save "
-                             "the baseline on a quiet runner", baseline_at_fault=True)
+                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}: "
+                             f"{interference.UNDER_LOAD}; {interference.RESAVE}", baseline_at_fault=True)
     other = interval_status(adjusted.low, adjusted.high, threshold) if adjusted is not None else Status.INCONCLUSIVE
     if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,

@@ -275,7 +275,8 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
     return replace(corrected, load_corrected=True, note=(
         f"the runner was busy ({busy}): {corrected.note or 'load-corrected the interval straddles the threshold'}; "
         f"a pass as measured ({as_measured}) does not stand, since the load stretches what computes and not what "
-        "waits: gate on a quiet runner, or accept that only a gross slowdown fails here"))
+        "waits: while the runner is this busy only a slowdown beyond the load fails here; rerun the job (each run "
+        "reads the runner's load anew) to decide"))
 
 
 def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from pytest_infergate import units
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.requirements import QUANTIZED
-from pytest_infergate.results.reasons import changes_phrase, verdict_sentence, violation_sentence
+from pytest_infergate.results.reasons import change_failure, changes_phrase
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.stats import bootstrap_ratio_ci, percentile
-from pytest_infergate.status import Status
 
 MIN_REPETITIONS = 3  # tokens/s per repetition: fewer, and the per-request TPOT decides
 MIN_REQUESTS = 5
@@ -284,18 +283,16 @@ def slow_creep(history) -> list[Note]:
 
 
 def named_change(results: RunResults) -> list[Note]:
-    """Perf gates that failed against a baseline naming what changed since it: one note on those changes."""
-    failed = [r for r in results.perf if r.status == Status.FAIL and (r.changes or r.model_change)]
-    if not failed:
+    """Perf gates that failed against a baseline naming what changed since it: one note on those changes, made of
+    what the verdict line leads with (results.reasons.change_failure)."""
+    failed = change_failure(results.records)
+    if failed is None:
         return []
-    changes = list(dict.fromkeys(c for r in failed for c in (r.changes or [r.model_change])))
-    first = failed[0]
-    figures = "; ".join([verdict_sentence(v) for v in first.verdicts if v.status == Status.FAIL]
-                        + [violation_sentence(v) for v in first.violations if v.status == Status.FAIL])
     return [Note("warn", "what changed since the baseline",
-                 f"{len(failed)} perf gate{'s' if len(failed) != 1 else ''} failed{changes_phrase(changes)} (e.g. "
-                 f"{first.test}: {figures}). Look at that change first: it is what the baseline records as different; "
-                 "if the new figures are intended, accept them with --infergate-save-baseline.")]
+                 f"{failed.gates} perf gate{'s' if failed.gates != 1 else ''} failed{changes_phrase(failed.changes)} "
+                 f"(e.g. {failed.test}: {'; '.join(failed.figures)}). Look at that change first: it is what the "
+                 "baseline records as different; if the new figures are intended, accept them with "
+                 "--infergate-save-baseline.")]
 
 
 def diagnose(results: RunResults, reference: str, history=None) -> list[Note]:

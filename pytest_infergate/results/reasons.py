@@ -5,9 +5,11 @@ The terminal, the report, the results JSON and JUnit read these; nothing re-word
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_infergate import units
+from pytest_infergate.perf import interference
 from pytest_infergate.quality.policy import default_failure_advice
 from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
@@ -87,8 +89,7 @@ def perf_message(record: PerfRecord) -> str:
         checks.append("no baseline comparison")
     if not checks:
         return "; ".join(verdict_reasons(record)[:3]) or status.value
-    since = changes_phrase(record.changes or ([record.model_change] if record.model_change else []))
-    lead = f"{'; '.join(checks[:3])}{since if verdicts else ''}."
+    lead = f"{'; '.join(checks[:3])}{changes_phrase(named_changes(record)) if verdicts else ''}."
     evidence = [violation_line(v) for v in budgets] + [verdict_line(v) for v in verdicts]
     if record.relative_check_missing:
         evidence.append(f"no baseline comparison: {record.relative_check_missing}")
@@ -118,6 +119,41 @@ def violation_sentence(v: Violation) -> str:
             f"({v.shortfall()})")
 
 
+def named_changes(record: PerfRecord) -> list[str]:
+    """What the baseline records as changed since it (engine config, precision, libraries; else the model)."""
+    return record.changes or ([record.model_change] if record.model_change else [])
+
+
+@dataclass(frozen=True)
+class ChangeFailure:
+    """The perf gates whose comparison failed against a baseline that names what changed since it: what the run's
+    verdict line and the report's diagnosis lead with (the change, not the gate), made once (change_failure)."""
+
+    changes: list[str]  # over every such gate, first seen first
+    gates: int
+    test: str  # the first such gate
+    figures: list[str]  # its failing comparisons' sentences (verdict_sentence), then its broken budgets'
+
+    def lead(self) -> str:
+        """'tokens/s 65.9% lower (×2.93 [2.9–3.01], limit ×1.1) since engine_config.max_batch_size 8 → 1'."""
+        return f"{self.figures[0]}{changes_phrase(self.changes)}"
+
+
+def change_failure(records: list) -> ChangeFailure | None:
+    """The perf gates that failed a comparison with a baseline naming what changed since it; None: none did."""
+    from pytest_infergate.results.records import PerfRecord
+
+    failed = [r for r in records if isinstance(r, PerfRecord) and r.status == Status.FAIL and named_changes(r)
+              and any(v.status == Status.FAIL for v in r.verdicts)]
+    if not failed:
+        return None
+    first = failed[0]
+    figures = ([verdict_sentence(v) for v in first.verdicts if v.status == Status.FAIL]
+               + [violation_sentence(v) for v in first.violations if v.status == Status.FAIL])
+    return ChangeFailure(list(dict.fromkeys(c for r in failed for c in named_changes(r))), len(failed), first.test,
+                         figures)
+
+
 def changes_phrase(changes: list[str]) -> str:
     """' since engine_config.max_batch_size 8 → 1' (at most MOST_CHANGES named, the rest counted); ''."""
     if not changes:
@@ -141,11 +177,11 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
     if record.relative_check_missing:
         return record.relative_check_missing[0].upper() + record.relative_check_missing[1:] + "."
     if any(v.baseline_at_fault for v in verdicts):
-        return "The baseline is the problem: re-save it with --infergate-save-baseline on a quiet runner."
+        return f"The baseline was measured under load: {interference.RESAVE}."
     if record.machine_mismatch:
         return "The baseline is from another machine: re-save it on this runner class."
     if any(v.undecided for v in budgets) or any("busy" in v.note for v in verdicts):
-        return "The runner was busy: rerun on a quiet runner, or gate with infergate_bench.ab()."
+        return f"The runner was busy: {interference.RERUN}."
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
 
 

@@ -19,6 +19,8 @@ from pytest_infergate.results.reasons import (
     EVIDENCE,
     NO_BASELINE,
     NOTHING_COMPARED,
+    ChangeFailure,
+    change_failure,
     record_message,
     saved_baseline_message,
 )
@@ -204,18 +206,33 @@ class RunVerdict:
     # NOT_AS_ASKED: checks that did not run as asked), status -> how many: the one source of every count shown
     # beside the verdict, so that the headline's "3 inconclusive" is found in the lines below it
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the perf gates that failed a comparison with a baseline naming what changed since it (reasons.change_failure)
+    change: ChangeFailure | None = None
 
     def headline(self) -> str:
-        """'infergate verdict: FAIL (1 fail: quality gate) — 2 perf gates on budgets only, …': what did not pass, by
-        what it is, before what the verdict rests on (a quality failure must not read as the perf gates')."""
+        """'infergate verdict: FAIL: tokens/s 65.9% lower (×2.93 [2.9–3.01], limit ×1.1) since
+        engine_config.max_batch_size 8 → 1 (2 perf gates)' where a failure rests on a named change: the change, not
+        the gate, leads (the_change); else 'infergate verdict: FAIL (1 fail: quality gate) — 2 perf gates on budgets
+        only, …': what did not pass, by what it is, before what the verdict rests on (a quality failure must not read
+        as the perf gates')."""
+        led = self.change.gates if self.the_change() else 0
         parts = []
         for status in (Status.FAIL, Status.INCONCLUSIVE):
-            groups = {group: c.get(status.value, 0) for group, c in self.counts.items() if c.get(status.value, 0)}
+            groups = {group: n for group, c in self.counts.items()
+                      if (n := c.get(status.value, 0) - (led if (group, status) == ("perf", Status.FAIL) else 0))}
             if groups:
                 names = ", ".join(GATE_NAMES.get(group, group) for group in groups)
                 parts.append(f"{sum(groups.values())} {status.value}: {names}")
-        return f"infergate verdict: {self.status.upper()}" + (f" ({'; '.join(parts)})" if parts else "") \
-            + self.qualifier()
+        if led:
+            parts = [f"{led} perf gate{'s' if led != 1 else ''}"] + (["also " + "; ".join(parts)] if parts else [])
+        return f"infergate verdict: {self.status.upper()}{self.the_change()}" \
+            + (f" ({'; '.join(parts)})" if parts else "") + self.qualifier()
+
+    def the_change(self) -> str:
+        """': tokens/s 65.9% lower (…) since engine_config.max_batch_size 8 → 1' where the run failed and a perf gate's
+        failure rests on a change since the baseline (model, precision, libraries, engine config): what the verdict
+        line and the report's verdict heading lead with; "" otherwise."""
+        return f": {self.change.lead()}" if self.change is not None and self.status == Status.FAIL else ""
 
     @property
     def compared_nothing(self) -> int:
@@ -281,4 +298,4 @@ def run_verdict(results: RunResults) -> RunVerdict:
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
     return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)), results.saved_baseline,
-                      counts)
+                      counts, change_failure(results.records))
