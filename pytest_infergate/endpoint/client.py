@@ -32,6 +32,9 @@ __all__ = ["EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest
 
 # the error of a chat request refused for want of a chat template (EndpointClient._refused)
 NO_CHAT_TEMPLATE = "no_chat_template"
+# httpcore's trace events that start a request's clock, whichever comes first: a fresh connection's connect, or the
+# headers on a kept-alive one (EndpointClient._on_the_wire)
+_GOING_OUT = ("connect_tcp.started", "connect_unix_socket.started", "send_request_headers.started")
 
 
 class EndpointClient:
@@ -121,11 +124,12 @@ class EndpointClient:
 
     @staticmethod
     def _on_the_wire(result: EndpointResult):
-        """httpcore's trace hook: the request's clock starts when its headers start to leave (the body encoded,
-        the connection taken), not when send() began building it (milliseconds earlier: docs/measurements.md).
-        A retried attempt keeps the first attempt's instant: the lost attempt is client-side latency."""
+        """httpcore's trace hook: the request's clock starts as it starts to go out, the body encoded: at the TCP
+        connect of a connection it opens, else at its headers. Connecting is the server's latency as a user sees
+        it: a server with a full accept queue drops the attempt and the client tries again a second later
+        (docs/measurements.md). A retried attempt keeps the first one's instant: the lost attempt is latency too."""
         async def trace(event: str, info: dict) -> None:
-            if event.endswith("send_request_headers.started") and not result.sent_on_wire:
+            if event.endswith(_GOING_OUT) and not result.sent_on_wire:
                 result.sent, result.sent_on_wire = time.perf_counter(), True
 
         return {"trace": trace}
