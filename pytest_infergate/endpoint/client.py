@@ -279,21 +279,31 @@ class _Item:
 
 
 async def drive(client: EndpointClient, items: list, offsets: list[float], concurrency: int, stream: bool = True,
-                stop: Callable[[list[EndpointResult]], bool] | None = None,
+                stop: Callable[[list[EndpointResult], int], bool] | None = None,
                 deadline: float | None = None) -> DriveOutcome:
     """Send `items` (EndpointRequest or Session) at `offsets` seconds from now, at most `concurrency` at once.
-    `stop(results so far)` true, or the perf_counter `deadline` passed: what is in flight is cancelled."""
+    `stop(results so far, requests in flight)` true, or the perf_counter `deadline` passed: what is in flight is
+    cancelled. A stop is told what is still in flight: the requests that end first are the fast ones, and a
+    verdict on them alone would be a survivor's."""
     gate = asyncio.Semaphore(concurrency)
     finished: list[EndpointResult] = []
     stop_now = asyncio.Event()
     start = time.perf_counter()
     states = [_Item(item) for item in items]
+    in_flight = 0
 
-    def record(state: _Item, result: EndpointResult) -> None:
+    async def send(state: _Item, request: EndpointRequest) -> EndpointResult:
+        nonlocal in_flight
+        in_flight += 1
+        try:
+            result = await client.send(request, stream)
+        finally:
+            in_flight -= 1
         state.results.append(result)
         finished.append(result)
-        if stop is not None and stop(finished):
+        if stop is not None and stop(finished, in_flight):
             stop_now.set()
+        return result
 
     async def one(state: _Item, offset: float) -> None:
         try:
@@ -302,9 +312,9 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
                 await asyncio.sleep(delay)
             async with gate:
                 if isinstance(state.item, EndpointRequest):
-                    record(state, await client.send(state.item, stream))
+                    await send(state, state.item)
                     return
-                await _converse(client, state, stream, record)
+                await _converse(client, state, send)
         except asyncio.CancelledError:
             pass  # the run stopped; close() counts what is left
 
@@ -325,14 +335,13 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
     return DriveOutcome([result for state in states for result in state.close()], duration, stopped, start)
 
 
-async def _converse(client: EndpointClient, state: _Item, stream: bool, record) -> None:
+async def _converse(client: EndpointClient, state: _Item, send) -> None:
     session: Session = state.item
     answers: list[str] = []
     for index in range(len(session.turns)):
         if index and session.think_time_s:
             await asyncio.sleep(session.think_time_s)
-        result = await client.send(session_request(session, index, answers, client.config.api), stream)
-        record(state, result)
+        result = await send(state, session_request(session, index, answers, client.config.api))
         if not result.ok:
             state.failed = result
             return
