@@ -192,6 +192,27 @@ def test_the_time_to_connect_counts_in_a_requests_latency(monkeypatch):
     assert result.ttft_s >= 0.5 and result.e2e_s >= 0.5
 
 
+def test_a_run_is_stopped_early_only_where_the_stop_cut_a_request():
+    # a stop decided by one request while the last one was ending cut nothing, yet the run read as stopped early, and
+    # a capacity point as "clearly over" with its whole batch sent (1 run of the 4-slot knee test in 15). Here the
+    # second request ends 0-5 event-loop turns after the first decided the stop
+    import asyncio
+
+    from pytest_infergate.endpoint.client import EndpointResult, drive
+
+    class Client:
+        async def send(self, request, stream=True):
+            for _ in range(int(request.request_id)):
+                await asyncio.sleep(0)
+            return EndpointResult(request.request_id, sent=time.perf_counter(), finished=time.perf_counter())
+
+    for turns in range(6):
+        requests = [EndpointRequest(prompt="x", request_id=str(n)) for n in (0, turns)]
+        run = asyncio.run(drive(Client(), requests, [0.0, 0.0], 2, stop=lambda *_: True))
+        cut = [r.request_id for r in run.results if r.error == "cancelled"]
+        assert (run.stopped == "stopped early") == bool(cut), (turns, run.stopped, cut)
+
+
 # --- the plugin with --infergate-endpoint ---------------------------------------------------------------------
 
 ENDPOINT_TEST = """

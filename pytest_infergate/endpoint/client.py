@@ -324,12 +324,12 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
     timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
     await asyncio.wait({everything, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     stopped = ""
-    if not everything.done():
+    if not all(task.done() for task in tasks):  # a stop decided by the last request to end stopped nothing
         stopped = "stopped early" if stop_now.is_set() else "deadline"
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(everything, return_exceptions=True)
+    await asyncio.gather(everything, return_exceptions=True)
     stopper.cancel()
     duration = time.perf_counter() - start
     return DriveOutcome([result for state in states for result in state.close()], duration, stopped, start)
