@@ -162,6 +162,57 @@ def test_the_clock_starts_when_the_request_leaves_and_extra_fields_are_sent():
     assert "ignore_eos" not in EndpointRequest.from_engine_request(Request(prompt="x"), api="chat").body("m", True)
 
 
+def test_the_time_to_connect_counts_in_a_requests_latency(monkeypatch):
+    # a server whose accept queue is full drops a connection attempt, and the client tries again a second later: its
+    # user waits that long. A clock started at the headers left the wait out, and a 4-slot server read as meeting an
+    # 800 ms SLO at 64 in flight (test_capacity_finds_the_knee_of_a_server_with_four_slots failed 4 runs in 13)
+    import asyncio
+
+    import anyio
+
+    from pytest_infergate.endpoint.client import EndpointClient
+
+    connect = anyio.connect_tcp
+
+    async def slow_connect(*args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await connect(*args, **kwargs)
+
+    async def one(url):
+        async with EndpointClient(EndpointConfig(url)) as client:
+            client.model = "faulty"
+            before = time.perf_counter()
+            return before, await client.send(EndpointRequest(messages=CHAT, max_tokens=2))
+
+    monkeypatch.setattr(anyio, "connect_tcp", slow_connect)
+    with FaultyServer("ok") as server:
+        before, result = asyncio.run(one(server.url))
+    (arrived,) = server.httpd.arrivals
+    assert result.ok and result.sent_on_wire and before <= result.sent <= arrived - 0.5
+    assert result.ttft_s >= 0.5 and result.e2e_s >= 0.5
+
+
+def test_a_run_is_stopped_early_only_where_the_stop_cut_a_request():
+    # a stop decided by one request while the last one was ending cut nothing, yet the run read as stopped early, and
+    # a capacity point as "clearly over" with its whole batch sent (1 run of the 4-slot knee test in 15). Here the
+    # second request ends 0-5 event-loop turns after the first decided the stop
+    import asyncio
+
+    from pytest_infergate.endpoint.client import EndpointResult, drive
+
+    class Client:
+        async def send(self, request, stream=True):
+            for _ in range(int(request.request_id)):
+                await asyncio.sleep(0)
+            return EndpointResult(request.request_id, sent=time.perf_counter(), finished=time.perf_counter())
+
+    for turns in range(6):
+        requests = [EndpointRequest(prompt="x", request_id=str(n)) for n in (0, turns)]
+        run = asyncio.run(drive(Client(), requests, [0.0, 0.0], 2, stop=lambda *_: True))
+        cut = [r.request_id for r in run.results if r.error == "cancelled"]
+        assert (run.stopped == "stopped early") == bool(cut), (turns, run.stopped, cut)
+
+
 # --- the plugin with --infergate-endpoint ---------------------------------------------------------------------
 
 ENDPOINT_TEST = """

@@ -143,7 +143,7 @@ def test_a_server_killed_mid_run_ends_every_request_in_one_outcome(own_llama_ser
         requests = [_chat(f"Write a long story about the number {i}.", 64, f"k{i}") for i in range(10)]
         killed = threading.Event()
 
-        def kill_after_first_answer(done) -> bool:
+        def kill_after_first_answer(done, in_flight) -> bool:
             if not killed.is_set():
                 killed.set()
                 server.kill()

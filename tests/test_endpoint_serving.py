@@ -310,6 +310,20 @@ def test_a_point_stops_once_its_interval_lies_above_the_target():
     assert result.capacity == 20
 
 
+def test_a_point_is_not_met_on_the_requests_that_ended_first():
+    # half the answers are 1 token, half 30 tokens 50 ms apart (1.5 s) against an 800 ms SLO; 64 in flight: the short
+    # ones end first. A stop that read the ended requests alone found the point clearly met after 35 of them, while
+    # the long ones, every one a miss, were still in flight: a verdict on the survivors
+    short, long = (EndpointRequest(messages=CHAT, max_tokens=n) for n in (1, 30))
+    spec = CapacitySpec(Slo(e2e_ms=800), target_goodput=0.9, search="concurrency", bounds=(64, 64), budget_s=60,
+                        min_requests=8)
+    with FaultyServer("ok", token_delay_s=0.05) as server:
+        result = search_capacity(EndpointConfig(server.url), [short, long], spec, warmup=0)
+    (point,) = result.points
+    assert point.passed is False and point.stopped == "clearly over" and result.capacity is None, result.describe()
+    assert point.requests - point.met > math.floor(0.1 * spec.num_requests(64))  # the long ones counted, missed
+
+
 def test_a_point_that_misses_more_than_the_target_allows_stops_early_as_clearly_over():
     # every answer takes >= 4 x 50 ms against a 100 ms SLO: after allowed + 1 misses the point is decided
     spec = CapacitySpec(Slo(e2e_ms=100), target_goodput=0.9, search="concurrency", bounds=(2, 2), budget_s=60,

@@ -3,7 +3,8 @@ rate (or concurrency) at which a deployment still serves `target_goodput` of its
 search: a coarse ascending sweep (doubling) up to the first failing point, then bisection until the last passing and
 first failing points are `resolution` apart. Each point sends enough requests for `point_s` seconds (at least
 `min_requests`) and stops once decided: it missed the SLO more often than the target allows, or, after
-`min_requests`, the 95% interval of what it sent lies wholly above the target. The search stops within `budget_s`
+`min_requests`, the 95% interval of what it sent lies wholly above the target even if every request still in flight
+misses (the requests that end first are the fast ones). The search stops within `budget_s`
 (a point it cuts decides nothing); every request of every point ends in one counted outcome. Guide:
 docs/guides/endpoint.md, 'Capacity under an SLO'. What it asks and finds, as records: endpoint.capacity_records.
 """
@@ -60,7 +61,7 @@ def _point(spec: CapacitySpec, load: float, run: LoadRun) -> CapacityPoint:
     attainment = met / len(sent) if sent else 0.0
     ci = wilson(met, len(sent)) if sent else (0.0, 1.0)
     # a stop decides the point either way: clearly over (missed more than allowed), or clearly met (the interval
-    # of what was sent lies above the target)
+    # lay above the target with every request then in flight counted as a miss)
     clearly_met = run.stopped == "stopped early" and ci[0] > spec.target_goodput
     clearly_over = run.stopped == "stopped early" and not clearly_met
     if run.stopped == "deadline":
@@ -117,10 +118,12 @@ async def _search(client: EndpointClient, items: list, spec: CapacitySpec, on_po
         planned = sum(len(item_ids(item)) for item in batch)  # a session sends one request per turn
         allowed = math.floor((1 - spec.target_goodput) * planned + 1e-9)
 
-        def decided(done) -> bool:
+        def decided(done, in_flight: int) -> bool:
+            """Missed more often than the target allows, or met it at 95% even if every request still in flight
+            misses: those that end first are the fast ones, and the ones still out may be the slow ones."""
             met = sum(1 for r in done if spec.slo.met(r))
-            return (len(done) - met > allowed
-                    or len(done) >= spec.min_requests and wilson(met, len(done))[0] > spec.target_goodput)
+            return (len(done) - met > allowed or len(done) >= spec.min_requests
+                    and wilson(met, len(done) + in_flight)[0] > spec.target_goodput)
 
         run = await run_load_async(client, batch, spec.pattern(load), spec.slo, stop=decided,
                                    deadline=deadline)

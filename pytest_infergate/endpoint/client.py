@@ -32,6 +32,9 @@ __all__ = ["EndpointClient", "EndpointConfig", "EndpointError", "EndpointRequest
 
 # the error of a chat request refused for want of a chat template (EndpointClient._refused)
 NO_CHAT_TEMPLATE = "no_chat_template"
+# httpcore's trace events that start a request's clock, whichever comes first: a fresh connection's connect, or the
+# headers on a kept-alive one (EndpointClient._on_the_wire)
+_GOING_OUT = ("connect_tcp.started", "connect_unix_socket.started", "send_request_headers.started")
 
 
 class EndpointClient:
@@ -121,11 +124,12 @@ class EndpointClient:
 
     @staticmethod
     def _on_the_wire(result: EndpointResult):
-        """httpcore's trace hook: the request's clock starts when its headers start to leave (the body encoded,
-        the connection taken), not when send() began building it (milliseconds earlier: docs/measurements.md).
-        A retried attempt keeps the first attempt's instant: the lost attempt is client-side latency."""
+        """httpcore's trace hook: the request's clock starts as it starts to go out, the body encoded: at the TCP
+        connect of a connection it opens, else at its headers. Connecting is the server's latency as a user sees
+        it: a server with a full accept queue drops the attempt and the client tries again a second later
+        (docs/measurements.md). A retried attempt keeps the first one's instant: the lost attempt is latency too."""
         async def trace(event: str, info: dict) -> None:
-            if event.endswith("send_request_headers.started") and not result.sent_on_wire:
+            if event.endswith(_GOING_OUT) and not result.sent_on_wire:
                 result.sent, result.sent_on_wire = time.perf_counter(), True
 
         return {"trace": trace}
@@ -275,21 +279,31 @@ class _Item:
 
 
 async def drive(client: EndpointClient, items: list, offsets: list[float], concurrency: int, stream: bool = True,
-                stop: Callable[[list[EndpointResult]], bool] | None = None,
+                stop: Callable[[list[EndpointResult], int], bool] | None = None,
                 deadline: float | None = None) -> DriveOutcome:
     """Send `items` (EndpointRequest or Session) at `offsets` seconds from now, at most `concurrency` at once.
-    `stop(results so far)` true, or the perf_counter `deadline` passed: what is in flight is cancelled."""
+    `stop(results so far, requests in flight)` true, or the perf_counter `deadline` passed: what is in flight is
+    cancelled. A stop is told what is still in flight: the requests that end first are the fast ones, and a
+    verdict on them alone would be a survivor's."""
     gate = asyncio.Semaphore(concurrency)
     finished: list[EndpointResult] = []
     stop_now = asyncio.Event()
     start = time.perf_counter()
     states = [_Item(item) for item in items]
+    in_flight = 0
 
-    def record(state: _Item, result: EndpointResult) -> None:
+    async def send(state: _Item, request: EndpointRequest) -> EndpointResult:
+        nonlocal in_flight
+        in_flight += 1
+        try:
+            result = await client.send(request, stream)
+        finally:
+            in_flight -= 1
         state.results.append(result)
         finished.append(result)
-        if stop is not None and stop(finished):
+        if stop is not None and stop(finished, in_flight):
             stop_now.set()
+        return result
 
     async def one(state: _Item, offset: float) -> None:
         try:
@@ -298,9 +312,9 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
                 await asyncio.sleep(delay)
             async with gate:
                 if isinstance(state.item, EndpointRequest):
-                    record(state, await client.send(state.item, stream))
+                    await send(state, state.item)
                     return
-                await _converse(client, state, stream, record)
+                await _converse(client, state, send)
         except asyncio.CancelledError:
             pass  # the run stopped; close() counts what is left
 
@@ -310,25 +324,24 @@ async def drive(client: EndpointClient, items: list, offsets: list[float], concu
     timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
     await asyncio.wait({everything, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     stopped = ""
-    if not everything.done():
+    if not all(task.done() for task in tasks):  # a stop decided by the last request to end stopped nothing
         stopped = "stopped early" if stop_now.is_set() else "deadline"
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(everything, return_exceptions=True)
+    await asyncio.gather(everything, return_exceptions=True)
     stopper.cancel()
     duration = time.perf_counter() - start
     return DriveOutcome([result for state in states for result in state.close()], duration, stopped, start)
 
 
-async def _converse(client: EndpointClient, state: _Item, stream: bool, record) -> None:
+async def _converse(client: EndpointClient, state: _Item, send) -> None:
     session: Session = state.item
     answers: list[str] = []
     for index in range(len(session.turns)):
         if index and session.think_time_s:
             await asyncio.sleep(session.think_time_s)
-        result = await client.send(session_request(session, index, answers, client.config.api), stream)
-        record(state, result)
+        result = await send(state, session_request(session, index, answers, client.config.api))
         if not result.ok:
             state.failed = result
             return

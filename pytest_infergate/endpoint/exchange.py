@@ -175,8 +175,9 @@ class EndpointResult(RequestLatencies, start="sent", stamps="chunk_times"):
     """One request as the client saw it. Instants are perf_counter seconds; `error` is None on success."""
 
     request_id: str
-    sent: float = 0.0  # when the request's first byte left (httpcore's trace), else just before it was built
-    sent_on_wire: bool = False  # `sent` is the instant the request left, not the fallback
+    sent: float = 0.0  # when the request started to go out (its connect, else its headers: httpcore's trace), else
+    # just before it was built
+    sent_on_wire: bool = False  # `sent` is the instant the request started to go out, not the fallback
     first_token: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
     finished: float | None = None
