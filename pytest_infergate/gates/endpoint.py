@@ -19,6 +19,7 @@ from pytest_infergate.gates.perf import (
     gate_measurement,
     prepare_gate,
 )
+from pytest_infergate.gates.targets import ServedTarget
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
@@ -34,6 +35,7 @@ class EndpointPerfBench:
 
     def __init__(self, ctx: TestContext, bench, tokenizer_source, reference=None):
         self.ctx = ctx
+        self.target = ServedTarget()  # what the gate asks
         self.bench = bench  # EndpointBench
         self.reference = reference  # EndpointBench of --infergate-reference-endpoint, or None
         self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand
@@ -148,7 +150,7 @@ class EndpointPerfBench:
     def _gate(self, gate: PerfGate, pattern: LoadPattern, measurement: Measurement, label: str, tags: dict | None,
               notes: list[str] = ()) -> PerfOutcome:
         record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
-        return gate_measurement(self.ctx, record, notes=notes, gate=gate)
+        return gate_measurement(self.ctx, self.target, record, notes=notes, gate=gate)
 
     def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
         """Answered requests per second with one request at a time (measured once a session per workload and
@@ -263,7 +265,7 @@ class EndpointPerfBench:
             self.ctx.fail(f"{self.ctx.test_id}: {exc}")
         measurement = capacity_measurement(result, label)
         record = self._record(label, measurement, {"experiment": "capacity", "search": search})
-        outcome = gate_measurement(self.ctx, record, notes=[result.describe()])
+        outcome = gate_measurement(self.ctx, self.target, record, notes=[result.describe()])
         if outcome.failed:
             self.ctx.fail(f"infergate capacity gate failed for {self.ctx.measurement_key(label)}:\n"
                           f"{outcome.message()}\n{result.describe()}")
@@ -299,7 +301,7 @@ class EndpointPerfBench:
         record.engine_config["reference_served_model"] = self.reference.model
         b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
                                  "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
-        finish_ab(self.ctx, record, outcome, budget, "endpoint vs reference endpoint",
+        finish_ab(self.ctx, self.target, record, outcome, budget, "endpoint vs reference endpoint",
                   f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
                   f"{rounds} rounds ({pattern.describe()})")
         return a, b
@@ -310,6 +312,9 @@ class EndpointPerfBench:
                           engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
                                          "served_model": self.bench.model, "pattern": tags.get("pattern", "")},
                           tags=tags, fingerprint=self.bench.fingerprint())
+
+    def close(self) -> None:
+        """Nothing to let go of: the session owns the server's client."""
 
     def _slo(self, slo) -> Slo:
         if isinstance(slo, Slo):
