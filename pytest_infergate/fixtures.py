@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.gates.targets import GOLDEN_GATE, LOCAL_MODEL, PERF_BENCH, ServedTarget, Target, target_of
+from pytest_infergate.gates.target import GOLDEN_GATE, LOCAL_MODEL, PERF_BENCH, Target
 from pytest_infergate.options import Options
 from pytest_infergate.outbox import needs, skip
 from pytest_infergate.session import session_of
@@ -35,6 +35,8 @@ def infergate_precision(request: pytest.FixtureRequest) -> str:
 def infergate_target(request: pytest.FixtureRequest, infergate_precision: str) -> Target:
     """What the test measures: a local precision (`.precision`) or the served model (`.is_endpoint`, with
     --infergate-endpoint); `.id` is its parameter id (`infergate_precision`)."""
+    from pytest_infergate.gates.targets import target_of
+
     return target_of(infergate_precision, session_of(request.config).resources)
 
 
@@ -96,6 +98,8 @@ def infergate_endpoint(request: pytest.FixtureRequest):
     The server's Prometheus /metrics are scraped around every run (budget keys `max_kv_usage`,
     `min_prefix_cache_hit_rate`, ...). Errors (HTTP status, timeout, malformed stream) are counted per kind, never
     raised."""
+    from pytest_infergate.gates.targets import ServedTarget
+
     return _bench(request, ServedTarget(session_of(request.config).resources))
 
 

@@ -19,7 +19,7 @@ from pytest_infergate.gates.perf import (
     gate_measurement,
     prepare_gate,
 )
-from pytest_infergate.gates.targets import ServedTarget
+from pytest_infergate.gates.target import Served
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget
 from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
@@ -35,7 +35,7 @@ class EndpointPerfBench:
 
     def __init__(self, ctx: TestContext, bench, tokenizer_source, reference=None):
         self.ctx = ctx
-        self.target = ServedTarget()  # what the gate asks
+        self.target = Served()  # what the gate asks
         self.bench = bench  # EndpointBench
         self.reference = reference  # EndpointBench of --infergate-reference-endpoint, or None
         self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand

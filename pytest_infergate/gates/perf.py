@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pytest_infergate.context import TestContext
-from pytest_infergate.gates.targets import LocalTarget, Target
+from pytest_infergate.gates.target import OnEngine, Target
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
@@ -150,7 +150,7 @@ class PerfBench:
 
         self.ctx = ctx
         self.loaded = loaded
-        self.target = target or LocalTarget(loaded.record.requested_precision)  # what the gate asks
+        self.target = target or OnEngine(loaded.record.requested_precision)  # what the gate asks
         self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
         self.baseline_env = baseline_env  # with --infergate-baseline-python: the session's perf.baseline_env worker
         # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
