@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from pytest_infergate.context import TestContext
+from pytest_infergate.gates.ab import local_sides, run_ab
 from pytest_infergate.gates.target import OnEngine, Target
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
@@ -18,7 +20,6 @@ from pytest_infergate.perf.gate import (
     PerfGate,
     PerfOutcome,
     StoredReference,
-    evaluate_ab,
 )
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.outcome import Budget
@@ -35,7 +36,6 @@ from pytest_infergate.status import (
     Status,
 )
 
-DEFAULT_AB_REGRESSION = 0.10
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
 # comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
 ENV_MIN_ROUNDS = AB_ROUNDS
@@ -122,10 +122,16 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
         ctx.say(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
 
 
+def ab_budget(ctx: TestContext, target: Target, key: str) -> Budget:
+    """The budget of an interleaved A/B: the test's, its max_regression 0.10 where it sets none."""
+    budget = budget_for(ctx, target.id, key)
+    return budget if budget.max_regression is not None else merge_budgets(budget, parse_budget({"max_regression": 0.1}))
+
+
 def finish_ab(ctx: TestContext, target: Target, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
               against: str, note: str) -> None:
-    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary) and fail the test if the
-    gate failed. `against` names the two sides in the failure message; `note` says what A was."""
+    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary), failing the test if the gate
+    failed; `against` names the two sides in the failure message, `note` says what A was."""
     record.fingerprint = {}
     budget, unmeasured = measured_budget(ctx, target, record, budget)
     outcome.notes.insert(0, note)
@@ -284,23 +290,10 @@ class PerfBench:
         self._skip_unless_runnable(self.loaded, config)
         self._skip_unless_runnable(other, other_config)
         key = self.ctx.measurement_key(label)
-        budget = budget_for(self.ctx, self.precision, key)
-        if budget.max_regression is None:
-            budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
-        try:
-            run_round, refused = lockstep.interleaved(other_bench, other_config, self.bench, config, requests, warmup)
-            b, outcome = evaluate_ab(run_round, budget, rounds)
-        finally:
-            if other_bench is not self.bench:
-                other_bench.close()
-        a = outcome.baseline
-        other_precision = other.record.requested_precision
-        record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
-        note = f"{lockstep.how(refused)} against {other_precision}, {a.repetitions} rounds"
-        if other.backend is not None and other.backend.name != record.backend:
-            note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
-        finish_ab(self.ctx, self.target, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
-        return a, b
+        tags = {"experiment": "ab", "baseline_precision": other.record.requested_precision}
+        sides = local_sides(other, other_bench, other_config, self.bench, config, requests, warmup,
+                            lambda a, b: self._record(key, label, b, config, tags))
+        return run_ab(sides, ab_budget(self.ctx, self.target, key), rounds, partial(finish_ab, self.ctx, self.target))
 
     def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], name: str = "", rounds: int = 3,
                 warmup: int = 1, metric: str = "tokens_per_s", tags: dict | None = None) -> Speedup:
