@@ -16,28 +16,7 @@ from pytest_infergate.status import Finding
 if TYPE_CHECKING:
     from pytest_infergate.options import Options
 
-ENDPOINT_ID = "endpoint"  # the target id of the served model (--infergate-endpoint)
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a test measures, the run's target axis: a local precision of --infergate-model, or the served model
-    (--infergate-endpoint, in the server's own precision). `id` names it where a test is keyed: the parameter id
-    (`[int8]`, `[endpoint]`), the ini scope its budgets and policies apply by, a record's `precision`."""
-
-    precision: str | None = None  # None: the served model
-
-    @property
-    def is_endpoint(self) -> bool:
-        return self.precision is None
-
-    @property
-    def id(self) -> str:
-        return self.precision or ENDPOINT_ID
-
-    @classmethod
-    def of(cls, target_id: str) -> Target:
-        return cls(None if target_id == ENDPOINT_ID else target_id)
+ENDPOINT_ID = "endpoint"  # the target id of the served model (--infergate-endpoint): gates.targets
 
 
 @dataclass

@@ -6,17 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_infergate.context import Target
+from pytest_infergate.gates.target import GOLDEN_GATE, LOCAL_MODEL, PERF_BENCH, Target
 from pytest_infergate.options import Options
 from pytest_infergate.outbox import needs, skip
 from pytest_infergate.session import session_of
-from pytest_infergate.status import ENDPOINT_CHECK, Finding
-
-# an endpoint test in a run without --infergate-endpoint: skipped by design (a suite of a served model, collected
-# with the others, which nobody asked to run without a server), its reason saying how to run it; an endpoint
-# target's golden check, which was asked for, is a check not run with its fix
-NEEDS_A_SERVER = Finding(ENDPOINT_CHECK, "", "needs a live server", "pass --infergate-endpoint URL")
-NO_SERVER_BY_DESIGN = "needs a live server; pass --infergate-endpoint URL"
 
 
 @pytest.fixture(scope="session")
@@ -39,10 +32,19 @@ def infergate_precision(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def infergate_target(infergate_precision: str) -> Target:
+def infergate_target(request: pytest.FixtureRequest, infergate_precision: str) -> Target:
     """What the test measures: a local precision (`.precision`) or the served model (`.is_endpoint`, with
     --infergate-endpoint); `.id` is its parameter id (`infergate_precision`)."""
-    return Target.of(infergate_precision)
+    from pytest_infergate.gates.targets import target_of
+
+    return target_of(infergate_precision, session_of(request.config).resources)
+
+
+def _unless(target: Target, what: str) -> None:
+    """Skip the test where `target` cannot give `what`, saying why."""
+    why = target.cannot(what)
+    if why is not None:
+        skip(why)
 
 
 @pytest.fixture
@@ -50,10 +52,8 @@ def infergate_model(request: pytest.FixtureRequest, infergate_target: Target):
     """The model under test in `infergate_precision`, as a LoadedModel (`.model`, `.tokenizer`, `.record` with load
     time, weight bytes, peak memory, fingerprint, versions). Loaded once per session per precision and device.
     With --infergate-endpoint, tests that need it are skipped: the server's model is under test, not a local one."""
-    if infergate_target.is_endpoint:
-        pytest.skip("measures a local model; with --infergate-endpoint the server's model is under test")
-    resources = session_of(request.config).resources
-    return needs(lambda: resources.model(infergate_target.precision))
+    _unless(infergate_target, LOCAL_MODEL)
+    return needs(infergate_target.model)
 
 
 @pytest.fixture
@@ -78,15 +78,10 @@ def infergate_tokenizer(pytestconfig: pytest.Config):
     return needs(session_of(pytestconfig).resources.tokenizer)
 
 
-def _endpoint_bench(request: pytest.FixtureRequest):
-    from pytest_infergate.gates.endpoint import EndpointPerfBench
-
-    session = session_of(request.config)
-    resources = session.resources
-    if resources.endpoint is None:
-        pytest.skip(NO_SERVER_BY_DESIGN)
-    return EndpointPerfBench(session.context(request.node), resources.endpoint, lambda: resources.pool.tokenizer,
-                             resources.reference_endpoint)
+def _bench(request: pytest.FixtureRequest, target: Target):
+    _unless(target, PERF_BENCH)
+    return target.perf_bench(session_of(request.config).context(request.node),
+                             lambda: request.getfixturevalue("infergate_model"), needs)
 
 
 @pytest.fixture
@@ -103,7 +98,9 @@ def infergate_endpoint(request: pytest.FixtureRequest):
     The server's Prometheus /metrics are scraped around every run (budget keys `max_kv_usage`,
     `min_prefix_cache_hit_rate`, ...). Errors (HTTP status, timeout, malformed stream) are counted per kind, never
     raised."""
-    return _endpoint_bench(request)
+    from pytest_infergate.gates.targets import ServedTarget
+
+    return _bench(request, ServedTarget(session_of(request.config).resources))
 
 
 @pytest.fixture
@@ -120,17 +117,7 @@ def infergate_bench(request: pytest.FixtureRequest, infergate_target: Target):
     metric is listed in the failure. `infergate_bench.ab(...)` runs an interleaved A/B against the reference
     precision or --infergate-compare-model. With --infergate-endpoint the same call measures the server instead
     (see `infergate_endpoint`)."""
-    if infergate_target.is_endpoint:
-        yield _endpoint_bench(request)
-        return
-    from pytest_infergate.gates.perf import PerfBench
-
-    session = session_of(request.config)
-    resources = session.resources
-    loaded = request.getfixturevalue("infergate_model")
-    bench = PerfBench(session.context(request.node), loaded,
-                      lambda: needs(lambda: resources.compare_side(loaded.record.requested_precision)),
-                      lambda: needs(resources.baseline_env))
+    bench = _bench(request, infergate_target)
     yield bench
     bench.close()
 
@@ -152,27 +139,8 @@ def infergate_golden(request: pytest.FixtureRequest, infergate_target: Target):
     `check()` compares it with the local reference precision (policy scope `endpoint`) - or, with
     --infergate-reference-endpoint, with that server's greedy answers and no local model - and
     `check_regression()` with its own accepted outputs."""
-    from pytest_infergate.gates.golden import GoldenGate
-    from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
-
+    _unless(infergate_target, GOLDEN_GATE)
     session = session_of(request.config)
-    options, resources, caches = session.options, session.resources, session.resources.caches
-    if infergate_target.is_endpoint:
-        if resources.endpoint is None:
-            skip(NEEDS_A_SERVER)
-        candidate = EndpointCandidate(resources.endpoint, lambda: resources.pool.tokenizer, caches.endpoint_answers)
-    else:
-        candidate = LocalCandidate(request.getfixturevalue("infergate_model"), options.device, caches.generated,
-                                   options.golden_max_len, caches.reference_scores)
-    golden_dir = options.golden_dir or Path(str(request.config.rootpath)) / "golden"
-    model_name = lambda: resources.pool.source.name  # noqa: E731 - read when a gate names the model
-    if infergate_target.is_endpoint and resources.reference_endpoint is not None:
-        from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
-
-        pair = ServerPairCandidate(resources.endpoint.config, resources.reference_endpoint.config,
-                                   caches.endpoint_answers)
-        return ServerPairGate(pair, session.context(request.node), candidate, lambda: None, golden_dir, model_name,
-                              caches.comparisons, caches.generated)
-    return GoldenGate(session.context(request.node), candidate,
-                      lambda: needs(lambda: resources.model(options.reference_precision)), golden_dir, model_name,
-                      caches.comparisons, caches.generated)
+    golden_dir = session.options.golden_dir or Path(str(request.config.rootpath)) / "golden"
+    return infergate_target.golden_gate(session.context(request.node),
+                                        lambda: request.getfixturevalue("infergate_model"), needs, golden_dir)

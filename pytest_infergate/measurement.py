@@ -200,3 +200,14 @@ def add_request_latencies(samples: dict[str, list[float]], ttft_s: float | None,
     samples.setdefault("e2e_ms", []).append(e2e_s * 1000)
     if queue_s is not None:
         samples.setdefault("queue_ms", []).append(queue_s * 1000)
+
+
+def every_request_failed(m: Measurement) -> str | None:
+    """Why no budget can be checked on `m` where the engine rejected every one of its requests (a local target's
+    unusable measurement: gates.targets), else None."""
+    if not (m.num_requests and m.num_failed >= m.num_requests):
+        return None
+    why = ", ".join(f"{reason}: {count}" for reason, count in (m.engine.get("failed_requests") or {}).items())
+    return (f"every one of the {m.num_requests} requests failed{f' ({why})' if why else ''}, so no budget can be "
+            "checked; a rejected request's prompt is longer than the engine takes (max_input_tokens / "
+            "max_model_len) or its KV cannot fit")

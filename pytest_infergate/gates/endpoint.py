@@ -4,6 +4,7 @@ load runs against the live server, gated like the engine's measurements. No pyte
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from pytest_infergate.context import ENDPOINT_ID, TestContext
 from pytest_infergate.endpoint.capacity import search_capacity
@@ -11,17 +12,12 @@ from pytest_infergate.endpoint.capacity_records import CapacityResult, CapacityS
 from pytest_infergate.endpoint.load_run import LoadPattern, Slo
 from pytest_infergate.endpoint.loadgen import sweep_patterns
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.gates.ab import AbSides, run_ab
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
-from pytest_infergate.gates.perf import (
-    DEFAULT_AB_REGRESSION,
-    budget_for,
-    finish_ab,
-    gate_measurement,
-    prepare_gate,
-)
+from pytest_infergate.gates.perf import ab_budget, finish_ab, gate_measurement, prepare_gate
+from pytest_infergate.gates.target import Served
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.budget import merge_budgets, parse_budget
-from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition, evaluate_ab
+from pytest_infergate.perf.gate import AB_ROUNDS, PerfGate, PerfOutcome, Route, by_repetition
 from pytest_infergate.perf.repetitions import repetition_plan, until_settled
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord
@@ -34,6 +30,7 @@ class EndpointPerfBench:
 
     def __init__(self, ctx: TestContext, bench, tokenizer_source, reference=None):
         self.ctx = ctx
+        self.target = Served()  # what the gate asks
         self.bench = bench  # EndpointBench
         self.reference = reference  # EndpointBench of --infergate-reference-endpoint, or None
         self._tokenizer_source = tokenizer_source  # the local tokenizer sizes workload prompts; loaded on demand
@@ -148,7 +145,7 @@ class EndpointPerfBench:
     def _gate(self, gate: PerfGate, pattern: LoadPattern, measurement: Measurement, label: str, tags: dict | None,
               notes: list[str] = ()) -> PerfOutcome:
         record = self._record(label, measurement, {"pattern": pattern.describe(), **(tags or {})})
-        return gate_measurement(self.ctx, record, notes=notes, gate=gate)
+        return gate_measurement(self.ctx, self.target, record, notes=notes, gate=gate)
 
     def synchronous_rps(self, requests=None, *, warmup: int = 1) -> float:
         """Answered requests per second with one request at a time (measured once a session per workload and
@@ -263,7 +260,7 @@ class EndpointPerfBench:
             self.ctx.fail(f"{self.ctx.test_id}: {exc}")
         measurement = capacity_measurement(result, label)
         record = self._record(label, measurement, {"experiment": "capacity", "search": search})
-        outcome = gate_measurement(self.ctx, record, notes=[result.describe()])
+        outcome = gate_measurement(self.ctx, self.target, record, notes=[result.describe()])
         if outcome.failed:
             self.ctx.fail(f"infergate capacity gate failed for {self.ctx.measurement_key(label)}:\n"
                           f"{outcome.message()}\n{result.describe()}")
@@ -284,25 +281,25 @@ class EndpointPerfBench:
             self.ctx.fail(f"{self.ctx.test_id}: ab() got unknown argument(s) {', '.join(unknown)}")
         requests = self._with_test_extras(requests if requests is not None else self.default_workload())
         pattern, slo = self._pattern(pattern, config), self._slo(slo)
-        key = self.ctx.measurement_key(label)
-        budget = budget_for(self.ctx, ENDPOINT_ID, key)
-        if budget.max_regression is None:
-            budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
+        reference, bench = self.reference, self.bench
+
+        def record(a: Measurement, b: Measurement) -> PerfRecord:
+            record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
+                                             "pattern": pattern.describe()})
+            record.engine_config["reference_url"] = reference.config.base_url
+            record.engine_config["reference_served_model"] = reference.model
+            b.engine["reference"] = {"url": reference.config.base_url, "served_model": reference.model,
+                                     "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
+            return record
+
         # served models have no steps to take in turn: a whole load run per side and round
-        b, outcome = evaluate_ab(by_repetition(lambda m: self.reference.run_once(requests, pattern, slo, warmup, m),
-                                               lambda m: self.bench.run_once(requests, pattern, slo, warmup, m)),
-                                 budget, rounds, route=Route.ENDPOINT)
-        a = outcome.baseline
-        record = self._record(label, b, {"experiment": "ab", "baseline_precision": REFERENCE_ENDPOINT,
-                                         "pattern": pattern.describe()})
-        record.engine_config["reference_url"] = self.reference.config.base_url
-        record.engine_config["reference_served_model"] = self.reference.model
-        b.engine["reference"] = {"url": self.reference.config.base_url, "served_model": self.reference.model,
-                                 "server_metrics": a.engine.get("server_metrics"), "errors": a.engine.get("errors")}
-        finish_ab(self.ctx, record, outcome, budget, "endpoint vs reference endpoint",
-                  f"interleaved A/B against {self.reference.model} at {self.reference.config.base_url}, "
-                  f"{rounds} rounds ({pattern.describe()})")
-        return a, b
+        sides = AbSides(lambda: by_repetition(lambda m: reference.run_once(requests, pattern, slo, warmup, m),
+                                              lambda m: bench.run_once(requests, pattern, slo, warmup, m)),
+                        record, lambda a, record: f"interleaved A/B against {reference.model} at "
+                        f"{reference.config.base_url}, {rounds} rounds ({pattern.describe()})",
+                        "endpoint vs reference endpoint", route=Route.ENDPOINT)
+        return run_ab(sides, ab_budget(self.ctx, self.target, self.ctx.measurement_key(label)), rounds,
+                      partial(finish_ab, self.ctx, self.target))
 
     def _record(self, label: str, measurement: Measurement, tags: dict) -> PerfRecord:
         return PerfRecord(test=self.ctx.measurement_key(label), label=label, precision=ENDPOINT_ID,
@@ -310,6 +307,9 @@ class EndpointPerfBench:
                           engine_config={"backend": "endpoint", "url": self.bench.config.base_url,
                                          "served_model": self.bench.model, "pattern": tags.get("pattern", "")},
                           tags=tags, fingerprint=self.bench.fingerprint())
+
+    def close(self) -> None:
+        """Nothing to let go of: the session owns the server's client."""
 
     def _slo(self, slo) -> Slo:
         if isinstance(slo, Slo):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from pytest_infergate.context import TestContext
+from pytest_infergate.gates.ab import local_sides, run_ab
+from pytest_infergate.gates.target import OnEngine, Target
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
@@ -17,7 +20,6 @@ from pytest_infergate.perf.gate import (
     PerfGate,
     PerfOutcome,
     StoredReference,
-    evaluate_ab,
 )
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.outcome import Budget
@@ -34,7 +36,6 @@ from pytest_infergate.status import (
     Status,
 )
 
-DEFAULT_AB_REGRESSION = 0.10
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
 # comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
 ENV_MIN_ROUNDS = AB_ROUNDS
@@ -47,20 +48,17 @@ def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
     return budget
 
 
-def measured_budget(ctx: TestContext, record: PerfRecord, budget: Budget) -> tuple[Budget, list[str]]:
+def measured_budget(ctx: TestContext, target: Target, record: PerfRecord, budget: Budget) -> tuple[Budget, list[str]]:
     """`budget` without the keys `record.measurement` has no figure for (e.g. peak_mem_mb of a remote server,
-    goodput_per_s of the local engine), each warned about; returns it and those keys."""
-    m = record.measurement
-    if budget.limits and not record.is_endpoint and m.num_requests and m.num_failed >= m.num_requests:
-        why = ", ".join(f"{reason}: {count}" for reason, count in (m.engine.get("failed_requests") or {}).items())
-        ctx.fail(f"infergate perf gate for {record.test}: every one of the {m.num_requests} requests failed"
-                 f"{f' ({why})' if why else ''}, so no budget can be checked; a rejected request's prompt is "
-                 "longer than the engine takes (max_input_tokens / max_model_len) or its KV cannot fit")
+    goodput_per_s of the local engine), each warned about; returns it and those keys. A measurement its `target`
+    calls unusable (every request the engine rejected) fails the test."""
+    unusable = target.unusable(record.measurement) if budget.limits else None
+    if unusable:
+        ctx.fail(f"infergate perf gate for {record.test}: {unusable}")
     budget, unmeasured = budget.measured_in(record.measurement)
     if unmeasured:
-        what = "endpoint" if record.is_endpoint else "engine"
         ctx.say(Finding(BUDGET_KEY_CHECK, record.test, f"budget key(s) {', '.join(unmeasured)} not checked: this "
-                         f"{what} measurement has no such figure"))
+                         f"{target.name} measurement has no such figure"))
     return budget, unmeasured
 
 
@@ -87,14 +85,15 @@ def prepare_gate(ctx: TestContext, key: str, precision: str, fingerprint: dict,
     return PerfGate(budget_for(ctx, precision, key), reference, fingerprint, other_model=other_model)
 
 
-def gate_measurement(ctx: TestContext, record: PerfRecord, remeasure: Callable[[], None] | None = None,
-                     notes: Sequence[str] = (), gate: PerfGate | None = None) -> PerfOutcome:
+def gate_measurement(ctx: TestContext, target: Target, record: PerfRecord,
+                     remeasure: Callable[[], None] | None = None, notes: Sequence[str] = (),
+                     gate: PerfGate | None = None) -> PerfOutcome:
     """Budgets (ini + markers) and the stored-baseline comparison of `record.measurement` through `gate` (made
     here where not given: prepare_gate); gives the record the outcome (`notes` first among its notes), attaches it
     to the test and its key figures as JUnit properties. The caller fails the test."""
     key = record.test
     gate = gate or prepare_gate(ctx, key, record.precision, record.fingerprint, remeasure)
-    budget, unmeasured = measured_budget(ctx, record, gate.budget)
+    budget, unmeasured = measured_budget(ctx, target, record, gate.budget)
     gate.budget = budget
     outcome = gate.check(record.measurement)
     outcome.notes[:0] = notes
@@ -122,12 +121,18 @@ def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None
         ctx.say(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
 
 
-def finish_ab(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget, against: str,
-              note: str) -> None:
-    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary) and fail the test if the
-    gate failed. `against` names the two sides in the failure message; `note` says what A was."""
+def ab_budget(ctx: TestContext, target: Target, key: str) -> Budget:
+    """The budget of an interleaved A/B: the test's, its max_regression 0.10 where it sets none."""
+    budget = budget_for(ctx, target.id, key)
+    return budget if budget.max_regression is not None else merge_budgets(budget, parse_budget({"max_regression": 0.1}))
+
+
+def finish_ab(ctx: TestContext, target: Target, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
+              against: str, note: str) -> None:
+    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary), failing the test if the gate
+    failed; `against` names the two sides in the failure message, `note` says what A was."""
     record.fingerprint = {}
-    budget, unmeasured = measured_budget(ctx, record, budget)
+    budget, unmeasured = measured_budget(ctx, target, record, budget)
     outcome.notes.insert(0, note)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     if outcome.failed:
@@ -145,11 +150,12 @@ class PerfBench:
     """Callable returned by the `infergate_bench` fixture; see its docstring in the plugin's fixtures."""
 
     def __init__(self, ctx: TestContext, loaded, compare_side: Callable[[], object],
-                 baseline_env: Callable[[], object] | None = None):
+                 baseline_env: Callable[[], object] | None = None, target: Target | None = None):
         from pytest_infergate.perf.local_bench import Bench
 
         self.ctx = ctx
         self.loaded = loaded
+        self.target = target or OnEngine(loaded.record.requested_precision)  # what the gate asks
         self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
         self.baseline_env = baseline_env  # with --infergate-baseline-python: the session's perf.baseline_env worker
         # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
@@ -228,7 +234,7 @@ class PerfBench:
                                              label=label, **planned)
         except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
             self.ctx.fail(f"infergate_bench for {key}: {exc}")
-        outcome = gate_measurement(self.ctx, replace(unmeasured, measurement=measurement), gate=gate)
+        outcome = gate_measurement(self.ctx, self.target, replace(unmeasured, measurement=measurement), gate=gate)
         self.measurements.append(measurement)
         if outcome.failed:
             self.ctx.fail(f"infergate perf gate failed for {key}:\n{outcome.message()}")
@@ -255,7 +261,7 @@ class PerfBench:
             self.ctx.fail(f"infergate perf gate for {key}: {exc}")
         b.label = label
         result = self._record(key, label, b, config, tags)
-        budget, unmeasured = measured_budget(self.ctx, result, budget)
+        budget, unmeasured = measured_budget(self.ctx, self.target, result, budget)
         note = (f"{lockstep.how(refused)} against the {env.describe(library_versions())}, "
                 f"{outcome.baseline.repetitions} rounds")
         if theirs and theirs != result.backend:
@@ -285,23 +291,10 @@ class PerfBench:
         self._skip_unless_runnable(self.loaded, config)
         self._skip_unless_runnable(other, other_config)
         key = self.ctx.measurement_key(label)
-        budget = budget_for(self.ctx, self.precision, key)
-        if budget.max_regression is None:
-            budget = merge_budgets(budget, parse_budget({"max_regression": DEFAULT_AB_REGRESSION}))
-        try:
-            run_round, refused = lockstep.interleaved(other_bench, other_config, self.bench, config, requests, warmup)
-            b, outcome = evaluate_ab(run_round, budget, rounds)
-        finally:
-            if other_bench is not self.bench:
-                other_bench.close()
-        a = outcome.baseline
-        other_precision = other.record.requested_precision
-        record = self._record(key, label, b, config, {"experiment": "ab", "baseline_precision": other_precision})
-        note = f"{lockstep.how(refused)} against {other_precision}, {a.repetitions} rounds"
-        if other.backend is not None and other.backend.name != record.backend:
-            note += f"; side A ran on {other.backend.name}, side B on {record.backend}"
-        finish_ab(self.ctx, record, outcome, budget, f"{self.precision} vs {other_precision}", note)
-        return a, b
+        tags = {"experiment": "ab", "baseline_precision": other.record.requested_precision}
+        sides = local_sides(other, other_bench, other_config, self.bench, config, requests, warmup,
+                            lambda a, b: self._record(key, label, b, config, tags))
+        return run_ab(sides, ab_budget(self.ctx, self.target, key), rounds, partial(finish_ab, self.ctx, self.target))
 
     def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], name: str = "", rounds: int = 3,
                 warmup: int = 1, metric: str = "tokens_per_s", tags: dict | None = None) -> Speedup:
@@ -324,7 +317,8 @@ class PerfBench:
         for measured, each, label in ((fast, config, labels[0]), (slow, slower_config, labels[1])):
             key = self.ctx.measurement_key(label)
             record = self._record(key, label, measured, each, tags)
-            budget, unmeasured = measured_budget(self.ctx, record, budget_for(self.ctx, self.precision, key))
+            budget = budget_for(self.ctx, self.precision, key)
+            budget, unmeasured = measured_budget(self.ctx, self.target, record, budget)
             # each side against its budgets alone: it was compared with the other side, not with a baseline
             outcome = decide(measured, NoReference(), replace(budget, max_regression=None))
             outcome.notes.append(note)

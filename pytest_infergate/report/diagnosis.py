@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pytest_infergate import units
 from pytest_infergate.measurement import Measurement
+from pytest_infergate.report.serving import local, served
 from pytest_infergate.requirements import QUANTIZED
 from pytest_infergate.results.reasons import change_failure, changes_phrase
 from pytest_infergate.results.records import PerfRecord
@@ -88,11 +89,11 @@ def note(pitfall: str, finding: str) -> Note:
 
 def _perf(results: RunResults) -> list[PerfRecord]:
     """Measurements of the reference engine (the engine-level pitfalls are about it, not a remote server)."""
-    return [r for r in results.perf if r.summary and not r.is_endpoint]
+    return [r for r in local(results.perf) if r.summary]
 
 
 def _endpoint(results: RunResults) -> list[PerfRecord]:
-    return [r for r in results.perf if r.is_endpoint]
+    return served(results.perf)
 
 
 def _base_test(record: PerfRecord) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.report.charts import bar_chart, histogram, line_chart, timeline
+from pytest_infergate.report.serving import RanOn, local, served
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 
@@ -83,7 +84,7 @@ def ttft(records: list[PerfRecord]) -> str:
     run's own report; a results file keeps the baseline's summary only: ttft_compared)."""
     samples = {}
     for r in records:
-        name = engine_name(r) if r.is_endpoint else f"{r.precision} {engine_name(r)}"
+        name = RanOn.of(r).name
         if r.measurement.samples.get("ttft_ms") and name not in samples:
             baseline = r.outcome.baseline
             if baseline is not None and baseline.samples.get("ttft_ms"):
@@ -112,10 +113,6 @@ def ttft_compared(records: list[PerfRecord], precisions: list[str]) -> str:
     return bar_chart(f"TTFT by precision: baseline → now{gated_note}", precisions, series, "ms") if series else ""
 
 
-def engine_name(r: PerfRecord) -> str:
-    return str(r.engine_config.get("pattern") if r.is_endpoint else r.engine_config.get("batching"))
-
-
 def engine_timeline(records: list[PerfRecord]) -> str:
     with_steps = [r for r in records if r.measurement.steps]
     record = next((r for r in with_steps if r.engine_config.get("batching") == "continuous"),
@@ -141,9 +138,9 @@ def kv_over_length(records: list[PerfRecord]) -> str:
 
 def figures(results: RunResults) -> list[str]:
     records = results.perf
-    local = [r for r in records if not r.is_endpoint]
-    precisions = list(results.models) or sorted({r.precision for r in local})
-    if any(r.is_endpoint for r in records):  # the server beside the local precisions
+    on_engine = local(records)
+    precisions = list(results.models) or sorted({r.precision for r in on_engine})
+    if served(records):  # the server beside the local precisions
         precisions.append("endpoint")
-    return [throughput(records, precisions), memory(local, results.models), ttft_compared(records, precisions),
+    return [throughput(records, precisions), memory(on_engine, results.models), ttft_compared(records, precisions),
             ttft(records), engine_timeline(records), kv_over_length(records)]

@@ -20,6 +20,32 @@ from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.summary import figure as summary_figure
 from pytest_infergate.results.summary import verdict_reasons
 
+
+@dataclass(frozen=True)
+class RanOn:
+    """What a perf record ran on, as the report shows it: the one place the report reads a record's kind."""
+
+    served: bool  # the served model (--infergate-endpoint), not a local precision
+    setting: str | None  # its load pattern on a server, its batching on the engine
+    name: str  # in a chart: the pattern on a server, "<precision> <batching>" on the engine
+
+    @classmethod
+    def of(cls, r: PerfRecord) -> RanOn:
+        served = r.is_endpoint
+        setting = r.engine_config.get("pattern" if served else "batching")
+        return cls(served, setting, str(setting) if served else f"{r.precision} {setting}")
+
+
+def served(records: list[PerfRecord]) -> list[PerfRecord]:
+    """The served model's records, in order."""
+    return [r for r in records if RanOn.of(r).served]
+
+
+def local(records: list[PerfRecord]) -> list[PerfRecord]:
+    """The local precisions' records, in order."""
+    return [r for r in records if not RanOn.of(r).served]
+
+
 # the server figures shown per load run: (budget metric, header); the record's samples hold them (median over
 # repetitions), the last scrape says where they came from
 SERVER_COLUMNS = (("kv_usage", "KV cache usage (peak)"), ("prefix_cache_hit_rate", "prefix-cache hits"),
@@ -101,7 +127,7 @@ def server_metric_rows(records: list[PerfRecord]) -> list[LoadRunServers]:
     """Every endpoint load run (a capacity search shows its server figures per point instead)."""
     rows = []
     for record in records:
-        if not record.is_endpoint or experiment(record) == "capacity":
+        if not RanOn.of(record).served or experiment(record) == "capacity":
             continue
         reference = _reference_side(record)
         rows.append(LoadRunServers(record.test, record.label or record.test.split("::")[-1],
@@ -132,7 +158,7 @@ def ab_runs(records: list[PerfRecord]) -> list[AbRun]:
     for record in records:
         if experiment(record) != "ab" or record.baseline_summary is None:
             continue
-        if record.is_endpoint:
+        if RanOn.of(record).served:
             reference = record.measurement.engine.get("reference") or {}
             a = (str(record.engine_config.get("reference_served_model") or reference.get("served_model") or "?"),
                  str(record.engine_config.get("reference_url") or reference.get("url") or ""))

@@ -20,9 +20,11 @@ from pytest_infergate.report.serving import (
     AB_COLUMNS,
     SERVER_COLUMNS,
     TOKEN_COUNTERS,
+    RanOn,
     ab_runs,
     capacity_sections,
     prefix_cache_detail,
+    served,
     server_metric_rows,
     slow_tails,
 )
@@ -93,9 +95,10 @@ def _verdict_figures(record: PerfRecord) -> dict[str, str]:
 def _perf_row(r: PerfRecord) -> dict:
     engine = r.measurement.engine
     file, label = split_test_id(r.test)
-    return {"test": r.test, "file": file, "label": label, "precision": r.precision, "endpoint": r.is_endpoint,
+    ran_on = RanOn.of(r)
+    return {"test": r.test, "file": file, "label": label, "precision": r.precision, "endpoint": ran_on.served,
             # an endpoint run's "batching" is its load pattern; its cache is the server's business
-            "batching": engine_pattern(r), "cache": "server" if r.is_endpoint else "transformers' cache"
+            "batching": ran_on.setting, "cache": "server" if ran_on.served else "transformers' cache"
             if r.backend == HF_GENERATE else r.engine_config.get("cache_mode"),
             "hf_generate": r.backend == HF_GENERATE, "backend_reason": r.backend_reason,
             "status": r.status.value if r.gated or r.status != Status.PASS else "measured, not gated",
@@ -109,10 +112,6 @@ def _perf_row(r: PerfRecord) -> dict:
             "details": [(key, summary_figure(r.summary, key)) for key in DETAIL_KEYS if key in r.summary],
             "prefix_cache": prefix_cache_detail(r),
             "record": r}
-
-
-def engine_pattern(r: PerfRecord) -> str | None:
-    return r.engine_config.get("pattern") if r.is_endpoint else r.engine_config.get("batching")
 
 
 def perf_groups(records: list[PerfRecord]) -> list[dict]:
@@ -285,7 +284,7 @@ def build_context(results: RunResults, commit: str | None = None, history=None,
         "quality": _quality_sections(groups), "golden": golden_sections(results.golden),
         "batch_invariance": batch_invariance_sections(results.batch_invariance),
         "corpus": corpus_sections(results.corpus),
-        "endpoint_perf": [_perf_row(r) for r in results.perf if r.is_endpoint],
+        "endpoint_perf": [_perf_row(r) for r in served(results.perf)],
         "servers": server_metric_rows(results.perf), "server_columns": SERVER_COLUMNS,
         "slow_tails": slow_tails(results.perf),
         "token_counters": TOKEN_COUNTERS, "ab_runs": ab_runs(results.perf), "ab_columns": AB_COLUMNS,

@@ -1,0 +1,87 @@
+"""What the gates ask of the target a test measures (`Target`, picked once in the fixture: gates.targets), and what
+each kind of target is to a gate: its name in messages and why no budget can be checked on a measurement (`OnEngine`,
+a local precision; `Served`, the served model). The benches read these and never branch on which target they
+measure; the targets themselves, which also make the benches, are gates.targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pytest_infergate.context import ENDPOINT_ID, TestContext
+from pytest_infergate.measurement import Measurement, every_request_failed
+from pytest_infergate.status import ENDPOINT_CHECK, Finding
+
+# what a fixture asks a target for (Target.cannot)
+LOCAL_MODEL, PERF_BENCH, GOLDEN_GATE = "a local model", "a perf bench", "a golden gate"
+
+NO_LOCAL_MODEL = "measures a local model; with --infergate-endpoint the server's model is under test"
+# an endpoint test in a run without --infergate-endpoint: skipped by design (a suite of a served model, collected
+# with the others, which nobody asked to run without a server), its reason saying how to run it; an endpoint
+# target's golden check, which was asked for, is a check not run with its fix
+NEEDS_A_SERVER = Finding(ENDPOINT_CHECK, "", "needs a live server", "pass --infergate-endpoint URL")
+NO_SERVER_BY_DESIGN = "needs a live server; pass --infergate-endpoint URL"
+
+Model = Callable[[], Any]  # the test's LoadedModel (models.LoadedModel), got when first asked for
+Needs = Callable[[Callable[[], Any]], Any]  # a resource, or the test fails saying why it could not be had
+
+
+class Target(Protocol):
+    """The target of a test. `id` names it where a test is keyed: the parameter id (`[int8]`, `[endpoint]`), the ini
+    scope its budgets and policies apply by, a record's `precision`; `name` is what its measurements are called in
+    messages ("engine", "endpoint"). `precision` is the local precision, None for the served model."""
+
+    id: str
+    name: str
+    precision: str | None
+
+    def cannot(self, what: str) -> str | Finding | None:
+        """Why this target cannot give `what` (LOCAL_MODEL, PERF_BENCH, GOLDEN_GATE) in this run: a reason to skip
+        by design, or a Finding (a check asked for and not run, with its fix); None where it can."""
+
+    def perf_bench(self, ctx: TestContext, model: Model, needs: Needs) -> Any:
+        """The object behind `infergate_bench` (gates.perf.PerfBench, gates.endpoint.EndpointPerfBench)."""
+
+    def golden_gate(self, ctx: TestContext, model: Model, needs: Needs, golden_dir: Path) -> Any:
+        """The object behind `infergate_golden` (gates.golden.GoldenGate, or a pair of servers' gates.pair)."""
+
+    def unusable(self, measurement: Measurement) -> str | None:
+        """Why no budget can be checked on `measurement` (the test then fails), None where one can."""
+
+
+class _Named:
+    """What a user's test may read of its target (docs/reference/fixtures.md); the plugin asks `cannot` instead."""
+
+    precision: str | None
+
+    @property
+    def is_endpoint(self) -> bool:
+        return self.precision is None
+
+
+class OnEngine(_Named):
+    """A precision of --infergate-model on the reference engine, as a gate sees it."""
+
+    name: ClassVar[str] = "engine"
+    # a function of the measurement's own module: the gate's path after measuring runs no code of this one
+    unusable = staticmethod(every_request_failed)
+
+    def __init__(self, precision: str):
+        self.precision = precision
+
+    @property
+    def id(self) -> str:
+        return self.precision
+
+
+class Served(_Named):
+    """The model served at --infergate-endpoint, as a gate sees it: its failed requests are counted per kind (the
+    budget's success_rate gates them), never a reason to stop."""
+
+    name: ClassVar[str] = "endpoint"
+    id: ClassVar[str] = ENDPOINT_ID
+    precision: ClassVar[None] = None
+
+    def unusable(self, measurement: Measurement) -> str | None:
+        return None
