@@ -61,7 +61,8 @@ class RepetitionPlan:
 
     @property
     def cap(self) -> int:
-        return max(self.most, CAP_REPETITIONS)
+        """The most repetitions in all: CAP_REPETITIONS where the time floor may ask for more than `most`."""
+        return max(self.most, CAP_REPETITIONS) if self.least_seconds > 0 else self.most
 
     @property
     def target(self) -> float:
