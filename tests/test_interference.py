@@ -162,6 +162,7 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     which needs no stored baseline; a later run that cannot pass against it says the same as its reason's advice."""
     from pytest_infergate.context import TestContext
     from pytest_infergate.gates.perf import gate_measurement
+    from pytest_infergate.gates.target import OnEngine
     from pytest_infergate.options import Options
     from pytest_infergate.results import RunResults
     from pytest_infergate.results.records import PerfRecord
@@ -171,7 +172,8 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     ctx = TestContext("t.py::test_serving", Options(save_baseline=tmp_path / "b.json"), records.append, said.append,
                       fail=pytest.fail, skip=pytest.skip, markers={"infergate_budget": [{"max_regression": 0.1}]})
     busy_save = timed(20.0, others=0.6)
-    gate_measurement(ctx, PerfRecord(test=ctx.test_id, label="", precision="fp32", measurement=busy_save))
+    gate_measurement(ctx, OnEngine("fp32"), PerfRecord(test=ctx.test_id, label="", precision="fp32",
+                                                       measurement=busy_save))
     (finding,) = [f for f in said if f.check == BASELINE_CHECK]
     advice = finding.text()
     assert "quiet runner" not in advice and "other processes took 60%" in advice
