@@ -90,23 +90,6 @@ def test_exact(infergate_endpoint):
     result.assert_outcomes(passed=1)
 
 
-def test_the_shipped_endpoint_suite_sizes_its_rates_from_the_servers_synchronous_rate(pytester, llama_server):
-    # issue #45 point 6: a fixed 4 req/s failed the shipped suite on a server of 0.77 req/s (success 12.5%); the
-    # rates are now multiples of the server's rate one request at a time, measured once a session
-    suites = Path(__file__).resolve().parents[1] / "suites"
-    pytester.makeconftest((suites / "conftest.py").read_text())
-    # under another name: tests/test_endpoint.py is already imported as test_endpoint in this process
-    pytester.makepyfile(test_shipped_endpoint_suite=(suites / "test_endpoint.py").read_text())
-    result = pytester.runpytest(f"--infergate-endpoint={llama_server.url}", "-p", "no:cacheprovider",
-                                "-k", "request_rate or rate_sweep", "--infergate-json=results.json")
-    result.assert_outcomes(passed=3)
-    records = json.loads((pytester.path / "results.json").read_text())["records"]
-    rates = {r["test"].rsplit("::", 1)[-1]: r["engine_config"]["pattern"] for r in records if r["kind"] == "perf"}
-    assert set(rates) >= {"synchronous-rate-b1", "synchronous-rate-b0.25", "sweep-x0.5-sync", "sweep-x1-sync",
-                          "sweep-x2-sync"}, rates
-    assert len([line for line in result.outlines if "synchronous rate" in line]) >= 1  # measured once, said
-
-
 def test_a_server_without_tokenize_is_named_with_the_alternatives():
     from openai_servers import FaultyServer
 
