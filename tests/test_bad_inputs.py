@@ -116,10 +116,11 @@ def check_an_interrupted_save_leaves_the_accepted_baseline_untouched(pytester, r
 def test_zz_interrupted():
     {INTERRUPTS[interrupt]}
 """)
-    # in a subprocess: in-process, the interrupt would reach this test session too
+    # in a subprocess: in-process, the interrupt would reach this test session too; without the save's time floor,
+    # as the `run` fixture's runs: the interrupt is what this checks, not how long the save measured
     result = pytester.runpytest_subprocess("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                           "--infergate-precisions=fp32", "-p", "no:cacheprovider",
-                                           "--infergate-save-baseline=base.json")
+                                           "--infergate-precisions=fp32", "--infergate-min-time=0", "-p",
+                                           "no:cacheprovider", "--infergate-save-baseline=base.json")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*--infergate-save-baseline base.json was not written: the run was interrupted*"])
     assert (pytester.path / "base.json").read_text() == accepted
