@@ -122,15 +122,18 @@ def at_thread_speed(verdict: StoredVerdict, candidate_costs: list[float], baseli
 
 def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
                        candidate: Side, baseline: Side, threshold: float, fail_bound: float,
-                       evidence: str = "") -> StoredVerdict:
+                       evidence: str = "", quiet: bool = False) -> StoredVerdict:
     """A decided verdict where the thread's speed moved between the save and the run by more than SLOWER_SAVE (the
     probe's own spread), held to the save's thread speed. A pass where the save's thread ran slower stands only at
     that speed (said so), else it is inconclusive, blaming the save: the baseline's figures are slower than the code
     it measured, and a regression as large would pass against them as measured. A failure where this run's thread
     ran slower stands only where it also lies beyond `fail_bound` at the save's speed, else it is inconclusive: the
     host slowed this run's process (beside a co-tenant a process read ×1.5 slower, kernel and all, while its thread's
-    probe followed it, docs/measurements.md). A slowdown of the thread itself (a tracer a dependency installs) is
-    then left undecided, never passed."""
+    probe followed it, docs/measurements.md). Where both sides were `quiet` (no co-tenant's load to take out) and the
+    thread ran slower now by no more than MAX_SPEED_MOVE, such a failure passes where it passes at the save's speed
+    as at_thread_speed passes an undecided one: the host ran this whole process slow, and the code is no slower at
+    the thread's speed. A slowdown of the thread itself beyond that move (a tracer a dependency installs) is left
+    undecided, never passed."""
     if verdict.at_thread_speed or verdict.status == Status.INCONCLUSIVE:
         return verdict
     move = speed_move(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
@@ -148,6 +151,8 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
                              load_corrected=verdict.load_corrected)
     if at_speed.low > fail_bound:
         return verdict
+    if quiet and move <= MAX_SPEED_MOVE and at_speed.passes(threshold):
+        return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
     return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                          f"{evidence + '; ' if evidence else ''}{at_speed.describe()}, not beyond ×{fail_bound:.2f}: "
                          "the host slowed this run's process, so the slowdown cannot be told from it; rerun",

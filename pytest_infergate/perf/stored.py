@@ -189,7 +189,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
     if undecided and not verdict.baseline_at_fault or verdict.baseline_at_fault and seen_quiet:
         verdict = at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
     return held_to_save_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold,
-                              threshold * RUN_DRIFT)
+                              threshold * RUN_DRIFT, quiet=True)
 
 
 def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
