@@ -136,9 +136,10 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
     """Whether measuring more could decide: a verdict inconclusive by its interval (not by a stored baseline from
-    another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable;
-    nor by a spread that more repetitions cannot narrow below the threshold: verdict.beyond_remeasure)."""
-    return any(v.status == Status.INCONCLUSIVE and not v.baseline_at_fault and not v.unresolvable
+    another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable —
+    unless its interval at the save's thread speed straddles the bar, which more of this run narrows; nor by a
+    spread that more repetitions cannot narrow below the threshold: verdict.beyond_remeasure)."""
+    return any(v.status == Status.INCONCLUSIVE and (not v.baseline_at_fault or v.narrowable) and not v.unresolvable
                and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
 
 

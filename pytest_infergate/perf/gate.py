@@ -92,10 +92,13 @@ class StoredReference:
         return stored_comparison(candidate, self.baseline, budget, evidence, self.provenance)
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
-        """Once more while a verdict is undecided by noise alone; never on a runner the kernel saw busy, where
-        more repetitions would take minutes to say the same (perf.interference)."""
-        if self.remeasure is None or evidence.busy_share is not None or not undecided_by_noise(outcome,
-                                                                                                evidence.diff):
+        """Once more while a verdict is undecided by noise alone; on a runner the kernel saw busy only where a pass
+        straddles the bar at the save's thread speed (more of this run narrows that whatever the load), since
+        elsewhere more repetitions would take minutes to say the same (perf.interference)."""
+        busy_but_narrowable = evidence.busy_share is not None and any(
+            v.narrowable and v.status == Status.INCONCLUSIVE for v in outcome.verdicts)
+        if self.remeasure is None or (evidence.busy_share is not None and not busy_but_narrowable) \
+                or not undecided_by_noise(outcome, evidence.diff):
             return False
         self.remeasure()
         return True

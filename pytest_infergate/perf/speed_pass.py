@@ -148,7 +148,8 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
         return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                              f"{at_speed.sentence(threshold)}: the host slowed the save's process, so its figures are "
                              "no yardstick; re-save the baseline", baseline_at_fault=True,
-                             load_corrected=verdict.load_corrected)
+                             load_corrected=verdict.load_corrected,
+                             narrowable=at_speed.low <= threshold / SPEED_RESIDUAL)
     if at_speed.low > fail_bound:
         return verdict
     if quiet and move <= MAX_SPEED_MOVE and at_speed.passes(threshold):

@@ -55,6 +55,9 @@ class Verdict:
     # the ratio and its interval are not as measured but at the save's thread speed (perf.speed_pass.at_thread_speed):
     # a pass the drift between processes left undecided; the candidate's figure stays as measured
     at_thread_speed: bool = False
+    # blamed on a save the host slowed, but straddling the bar at the save's thread speed: measuring this run more
+    # may still decide it (perf.sides.StoredVerdict.narrowable)
+    narrowable: bool = False
 
     @property
     def resolution(self) -> float:
@@ -300,7 +303,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
                    baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
                    load_free_by=cand.load_free_by if decided.load_corrected else "",
-                   unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed)
+                   unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed,
+                   narrowable=decided.narrowable)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
             f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
