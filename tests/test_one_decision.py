@@ -17,7 +17,7 @@ from pytest_infergate.gates.perf import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.decide import decide_perf
 from pytest_infergate.perf.gate import (
     AB_MORE_ROUNDS,
     Interleaved,
@@ -182,7 +182,7 @@ def test_every_interleaved_route_is_decided_round_by_round_by_the_one_decision(r
     same = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(candidate)
     assert same.route == route.value and same.status == Status.PASS, same.message()
     assert same.baseline is reference.baseline and all(v.paired for v in same.verdicts if v.metric != "peak_mem_mb")
-    assert same.verdicts == decide(candidate, reference, GATE).verdicts  # the gate adds no judgement of its own
+    assert same.verdicts == decide_perf(candidate, reference, GATE).verdicts  # the gate adds no judgement of its own
     reference = Interleaved(route, _rounds(1.5))
     slower = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(reference.measure(5))
     assert slower.status == Status.FAIL and {v.metric for v in slower.verdicts if v.status == "fail"} >= {"itl_ms"}
@@ -238,6 +238,25 @@ def test_only_the_one_decision_function_makes_verdicts():
     assert offenders == []
 
 
+def test_one_name_per_concept_in_the_decisions():
+    """Issue #57 point 1: no two functions named alike `decide*` and no two classes of one name among the modules
+    that decide and carry a verdict: each says what it decides or compares (decide_perf, decide_stored,
+    decide_quality, decide_travel; ReferenceComparison, CostRatio)."""
+    package = Path(pytest_infergate.__file__).parent
+    deciding = [path for path in sorted(package.rglob("*.py")) if path.relative_to(package).parts[0] in (
+        "perf", "quality", "results", "history", "gates", "status.py", "cli.py")]
+    functions, classes = {}, {}
+    for path in deciding:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("decide"):
+                functions.setdefault(node.name, []).append(path.name)
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(path.name)
+    assert {name: where for name, where in functions.items() if len(where) > 1} == {}
+    assert {name: where for name, where in classes.items() if len(where) > 1} == {}
+    assert "decide" not in functions and "Comparison" not in classes
+
+
 def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_it_only_when_allowed():
     """Issue #45: a baseline saved on another model (its name or architecture, not only its weights) is compared
     and said as a model change in the run's verdict, on a pass too (terminal, report and JSON read the same
@@ -280,8 +299,7 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
 def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
     """Issue #42 point 2: perf, quality, golden and batch-invariance outcomes share status.Decision (what failed,
     what could not decide, the notes), its status the gate's own, whatever the route."""
-    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance
-    from pytest_infergate.quality.policy import decide as decide_quality
+    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance, decide_quality
     from pytest_infergate.results.records import GoldenRecord
 
     entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))

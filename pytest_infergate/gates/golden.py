@@ -39,11 +39,11 @@ from pytest_infergate.quality.policy import (
     RegressionPolicy,
     ResolvedPolicy,
     decide_batch_invariance,
+    decide_quality,
     default_failure_advice,
     parse_policy,
     resolve_policy,
 )
-from pytest_infergate.quality.policy import decide as decide_quality
 from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide_against
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Decision, Finding, Status

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pytest_infergate.measurement import busy_share
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.sides import Comparison, Side
+from pytest_infergate.perf.sides import CostRatio, Side
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed
 from pytest_infergate.status import Status
 
@@ -27,7 +27,7 @@ class BusyVerdict:
     steady: str = ""
 
 
-def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
+def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status,
                threshold: float) -> BusyVerdict | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:

@@ -44,7 +44,7 @@ class Evidence:
 
 
 @dataclass
-class Comparison:
+class ReferenceComparison:
     """What a reference says of the candidate beyond its budgets: the verdicts, and what the outcome says of them."""
 
     verdicts: list[Verdict] = field(default_factory=list)
@@ -66,7 +66,7 @@ class Reference(Protocol):
 
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None: ...
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison: ...
+    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> ReferenceComparison: ...
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool: ...
 
@@ -75,7 +75,7 @@ class Reference(Protocol):
     def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str: ...
 
 
-def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
+def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
            evidence: Evidence | None = None, other_model: bool = True) -> PerfOutcome:
     """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
     the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
@@ -106,19 +106,19 @@ def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerp
     return outcome
 
 
-def no_comparison(missing: str) -> Comparison:
+def no_comparison(missing: str) -> ReferenceComparison:
     """No reference: the relative check is skipped, said in a note (`missing`: why, where one was asked for)."""
-    return Comparison(missing=missing, notes=["relative check skipped: " + (
+    return ReferenceComparison(missing=missing, notes=["relative check skipped: " + (
         missing or "no baseline was given (--infergate-baseline PATH)")])
 
 
-def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> Comparison:
+def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> ReferenceComparison:
     """An interleaved A/B: every metric compared round by round."""
-    return Comparison(compare_measurements(candidate, baseline, budget, paired=True))
+    return ReferenceComparison(compare_measurements(candidate, baseline, budget, paired=True))
 
 
 def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Budget, evidence: Evidence,
-                      provenance: str) -> Comparison:
+                      provenance: str) -> ReferenceComparison:
     """A stored baseline: compared repetition by repetition, with what under test changed since it named and a
     baseline from another machine making timings inconclusive (evidence.diff)."""
     diff = evidence.diff or diff_fingerprints({}, {})
@@ -129,7 +129,7 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
                and candidate.samples.get(metric) and not baseline.samples.get(metric)]
     missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
                "--infergate-save-baseline" if lacking else "")
-    return Comparison(verdicts, [calibration_note(candidate, baseline, verdicts)],
+    return ReferenceComparison(verdicts, [calibration_note(candidate, baseline, verdicts)],
                       [change.describe() for change in diff.machine], [change.describe() for change in diff.under_test],
                       provenance, missing)
 

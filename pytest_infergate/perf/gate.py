@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pytest_infergate.measurement import Measurement, scales_with_speed
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.decide import (
-    Comparison,
     Evidence,
     Reference,
+    ReferenceComparison,
     budget_violations,
-    decide,
+    decide_perf,
     interleaved_comparison,
     no_comparison,
     stored_comparison,
@@ -61,7 +61,7 @@ class NoReference:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
         return None
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
+    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> ReferenceComparison:
         return no_comparison(self.missing)
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
@@ -88,7 +88,7 @@ class StoredReference:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff:
         return diff_fingerprints(fingerprint or {}, self.entry.fingerprint or {})
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
+    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> ReferenceComparison:
         return stored_comparison(candidate, self.baseline, budget, evidence, self.provenance)
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
@@ -154,7 +154,7 @@ class Interleaved:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
         return None
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
+    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> ReferenceComparison:
         return interleaved_comparison(candidate, self.baseline, budget)
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
@@ -179,18 +179,18 @@ class PerfGate:
     reference: Reference
     fingerprint: dict | None = None
     max_more: int = STORED_MORE
-    other_model: bool = True  # a baseline of another model is compared (perf.decide.decide; gates.perf.prepare_gate)
+    other_model: bool = True  # a baseline of another model is compared (decide_perf; gates.perf.prepare_gate)
     diff: FingerprintDiff | None = field(init=False)  # what changed since the reference: known before measuring
 
     def __post_init__(self) -> None:
         self.diff = self.reference.changes(self.fingerprint)
 
     def check(self, candidate: Measurement) -> PerfOutcome:
-        """`decide`, measuring more through the reference while it says that could decide (at most `max_more`
+        """`decide_perf`, measuring more through the reference while it says that could decide (at most `max_more`
         times), then the reference's confirmation of a failure. The runner's load is read once per decision."""
         diff = self.diff
         evidence = Evidence.of(candidate, diff)
-        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
+        outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
         if self.budget.max_regression is None:
             return outcome
         more = 0
@@ -199,11 +199,11 @@ class PerfGate:
                 and self.reference.measure_more(candidate, outcome, evidence):
             more += 1
             evidence = Evidence.of(candidate, diff)
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
+            outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
         confirmed = self.reference.confirm(candidate, outcome)
         if confirmed:
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, Evidence.of(candidate, diff),
-                             self.other_model)
+            outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint,
+                                  Evidence.of(candidate, diff), self.other_model)
         outcome.remeasured, outcome.confirmed = more, confirmed
         why = self.reference.beyond_doubt(candidate, outcome)
         if why:
@@ -220,8 +220,8 @@ class PerfGate:
                 beyond_doubt(candidate, baseline, metric, budget.percentile_of(metric), 1.0 + budget.max_regression)
                 for metric in budget.relative_metrics() if scales_with_speed(metric)):
             return ""
-        outcome = decide(candidate, self.reference, budget, self.fingerprint, Evidence.of(candidate, self.diff),
-                         self.other_model)
+        outcome = decide_perf(candidate, self.reference, budget, self.fingerprint,
+                              Evidence.of(candidate, self.diff), self.other_model)
         return self.reference.beyond_doubt(candidate, outcome)
 
 

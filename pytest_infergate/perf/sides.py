@@ -44,7 +44,7 @@ class Side:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CostRatio:
     """Candidate/baseline cost ratio with its bootstrap interval, and the two sides' summaries in cost units."""
 
     ratio: float
@@ -76,7 +76,7 @@ class StoredVerdict:
     """What verdict.compare_stored turns into a Verdict."""
 
     status: Status
-    measured: Comparison
+    measured: CostRatio
     machine: MachineChange | None
     disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
     baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help

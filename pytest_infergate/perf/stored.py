@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import busy, interference
-from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
+from pytest_infergate.perf.sides import CostRatio, MachineChange, Side, StoredVerdict
 from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
 from pytest_infergate.stats import (
     bootstrap_ratio_ci,
@@ -111,9 +111,9 @@ def beyond_doubt(candidate: Measurement, baseline: Measurement, metric: str, pct
             f"whole-run spell ×{SPELL} × the load correction's error ×{interference.LOAD_FREE_RESIDUAL})")
 
 
-def as_measured(candidate: Side, baseline: Side) -> Comparison:
+def as_measured(candidate: Side, baseline: Side) -> CostRatio:
     point, low, high = bootstrap_ratio_ci(candidate.costs, baseline.costs, least_disturbed)
-    return Comparison(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
+    return CostRatio(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
                       "as measured")
 
 
@@ -127,7 +127,7 @@ def machine_change(candidate: Side, baseline: Side) -> MachineChange | None:
     return MachineChange(*bootstrap_ratio_ci(getattr(candidate, probes), getattr(baseline, probes), least_disturbed))
 
 
-def normalized(candidate: Side, baseline: Side) -> Comparison | None:
+def normalized(candidate: Side, baseline: Side) -> CostRatio | None:
     """The comparison at the baseline's machine speed, whichever of two normalizations gives the narrower interval:
     by the machine's level (each side's cost summary over its quiet-probe summary: a machine whose speed moved
     between the runs but not much within either), or repetition by repetition (each cost over the probe run during
@@ -150,11 +150,11 @@ def normalized(candidate: Side, baseline: Side) -> Comparison | None:
     for name, cand, base, statistic in options:
         point, low, high = bootstrap_ratio_ci(cand, base, statistic)
         if best is None or high / low < best.high / best.low:
-            best = Comparison(point, low, high, point * base_cost, base_cost, name)
+            best = CostRatio(point, low, high, point * base_cost, base_cost, name)
     return best
 
 
-def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
+def decide_stored(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
     module's docstring. The calibration probe's normalized comparison is reported, never decisive. Where the two
     sides were quiet, or beside the same co-tenant, and the verdict was left undecided by the drift between
@@ -192,7 +192,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
                               threshold * RUN_DRIFT)
 
 
-def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
+def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status, change: MachineChange | None,
                  drift: str, threshold: float) -> StoredVerdict:
     """Neither side measured busy: the verdict as measured, the runs' drift and the calibration probe's move."""
     if drift:
@@ -228,7 +228,7 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: 
     return StoredVerdict(status, measured, change, "")
 
 
-def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
+def within_drift(measured: CostRatio, status: Status, threshold: float) -> str:
     """Why a failure as measured is no failure against a stored baseline (its low end within threshold ×
     RUN_DRIFT), or "" where it stands or is no failure."""
     bound = threshold * RUN_DRIFT
@@ -240,7 +240,7 @@ def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
             "process (infergate_bench.ab) or set a max_regression above the drift")
 
 
-def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
+def _normalized_aside(adjusted: CostRatio | None, threshold: float) -> str:
     if adjusted is None:
         return ""
     status = interval_status(adjusted.low, adjusted.high, threshold)

@@ -40,7 +40,7 @@ class Verdict:
     paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
     # Against a stored baseline (perf.stored): the calibration probe's time now / when the baseline was measured
     # (1.2: the machine is 20% slower now). It never scales the figures: it says which verdicts the machine's move
-    # could have made (perf.stored.decide). None: no probe.
+    # could have made (perf.stored.decide_stored). None: no probe.
     machine_slowdown: float | None = None
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
     note: str = ""  # why a decisive comparison was made inconclusive, or what evidence decided it on a busy runner
@@ -292,7 +292,7 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     base = stored.side(baseline, metric, pct, probed, same_thread_probe)
     if cand is None or base is None:
         return None
-    decided = stored.decide(cand, base, max_regression)
+    decided = stored.decide_stored(cand, base, max_regression)
     measured, machine = decided.measured, decided.machine
     verdict = Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
                    pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),

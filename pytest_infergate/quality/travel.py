@@ -143,8 +143,8 @@ class TravelDecision:
                 f"({straddling or 'no sample has figures on both sides'})"]
 
 
-def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
-           margins: TravelMargins, accepted_as: str = ACCEPTED_ELSEWHERE) -> TravelDecision:
+def decide_travel(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
+                  margins: TravelMargins, accepted_as: str = ACCEPTED_ELSEWHERE) -> TravelDecision:
     """`now` (this run, sample id -> figures against its reference) against `accepted` (the accepted file's);
     `categories`: sample id -> category; `accepted_as`: what the accepted figures are, in the messages."""
     paired = [sample for sample in now if sample in accepted]
@@ -187,7 +187,7 @@ def decide_against(recorded: GoldenOutputs, source: str, reference: str, now: di
                       "tokens decide")
     accepted = {id_: SampleFigures.from_dict(output.figures)
                 for id_, output in recorded.outputs.items() if output.figures is not None}
-    return decide(accepted, now, categories, margins, ACCEPTED_ELSEWHERE if other_machine else ACCEPTED_HERE), ""
+    return decide_travel(accepted, now, categories, margins, ACCEPTED_ELSEWHERE if other_machine else ACCEPTED_HERE), ""
 
 
 def _figure(metric: str, figures: SampleFigures) -> float:
