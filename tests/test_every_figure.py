@@ -1,14 +1,14 @@
 """Every figure a user gates decides, the same way on every route (issue #54): peak memory is compared with the
 baseline under max_regression and decides on a busy runner too; time to first token is load-corrected like
 tokens/s; unchanged code beside the same steady co-tenant on both sides passes; the in-run gate, `infergate
-compare` and the history decide each figure through one function on the same figures."""
+compare` and the history decide each figure through one function (PerfGate.check) on the same figures."""
 
 import random
 
 import pytest
 
 from pytest_infergate.cli import compare_runs
-from pytest_infergate.history.series import compare_records
+from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
@@ -111,14 +111,17 @@ def record(measurement: Measurement, test="suites/test_serving.py::test_serving[
 def test_the_in_run_gate_infergate_compare_and_the_history_give_one_verdict_per_figure(name, candidate):
     base = served(others=0.5, load_free=0.9, seed=1) if candidate.others_share else served(seed=1)
     in_run = by_metric(gated(candidate, base))
-    a, b = RunResults(records=[record(base)]), RunResults(records=[record(candidate)])
+    a = RunResults(records=[record(base)], started=1_700_000_000, run_id="a")
+    b = RunResults(records=[record(candidate)], started=1_700_003_600, run_id="b")
     rows, verdict, _ = compare_runs(a, b)
     cli = {row[1]: row[5].split(" ")[0] for row in rows}
-    (pair,), _, _ = compare_records(a.perf, b.perf)
-    history = by_metric(pair.outcome)
+    (outcome,) = compare_records(a.perf, b.perf)[0].values()
+    # the history: B's point of each figure against A's, its change from the previous run
+    history = {series.metric: series.points[1].against_previous.split(" ")[0].lower()
+               for series in build_history([a, b], metrics=tuple(RELATIVE_DEFAULT)).series}
     assert set(in_run) == set(RELATIVE_DEFAULT)
     assert cli == {metric: status.value for metric, status in in_run.items()} == \
-        {metric: status.value for metric, status in history.items()}, name
+        {metric: status.value for metric, status in by_metric(outcome).items()} == history, name
     assert verdict == Status.worst(list(in_run.values()))
 
 

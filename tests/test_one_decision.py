@@ -257,6 +257,18 @@ def test_one_name_per_concept_in_the_decisions():
     assert "decide" not in functions and "Comparison" not in classes
 
 
+def test_one_way_into_the_perf_decision():
+    """Issue #57 point 3: the package calls decide_perf from PerfGate alone; the in-run gate, a speed experiment's
+    sides, `infergate compare` and the history all go through PerfGate.check."""
+    package = Path(pytest_infergate.__file__).parent
+    callers = sorted({path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                      and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "decide_perf"})
+    assert callers == ["perf/gate.py"]
+    from pytest_infergate.history import series
+    assert not hasattr(series, "decide_pair") and not hasattr(series, "budget_of")
+
+
 def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_it_only_when_allowed():
     """Issue #45: a baseline saved on another model (its name or architecture, not only its weights) is compared
     and said as a model change in the run's verdict, on a pass too (terminal, report and JSON read the same
