@@ -166,8 +166,9 @@ def test_quality_that_travels_passes_numerics_and_fails_a_real_drop():
     numerics = {id_: SampleFigures(f.top1 - (0.01 if i % 3 == 0 else 0.0), f.mean_kl * 1.05, f.task, f.reference_task)
                 for i, (id_, f) in enumerate(accepted.items())}
     same = decide_travel(accepted, numerics, categories, TravelMargins())
-    assert same.status == Status.PASS and [f.metric for f in same.figures] == ["top1", "mean_kl", "task deficit"]
-    assert same.failures() == [] and same.undecided() == []
+    assert same.status == Status.PASS and [note.split(" ")[0] for note in same.notes[0].split("; ")] == [
+        "top1", "mean_kl", "task"]
+    assert same.problems == [] and same.undecided == []
 
     broken = {id_: SampleFigures(f.top1 - (0.4 if categories[id_] == "chat" else 0.0),
                                  f.mean_kl + (1.0 if categories[id_] == "chat" else 0.0),
@@ -175,13 +176,13 @@ def test_quality_that_travels_passes_numerics_and_fails_a_real_drop():
               for id_, f in accepted.items()}
     fell = decide_travel(accepted, broken, categories, TravelMargins())
     assert fell.status == Status.FAIL
-    (why,) = fell.failures()
+    (why,) = fell.problems
     assert "top1 " in why and "> margin 0.05" in why and "code" not in why
     assert "chat (top1 worse by 0.4, mean_kl worse by 1, task deficit worse by 0.5)" in why
     assert "samples: q" in why and "[chat]" in why
 
     near = decide_travel(accepted, figures(shift=0.03, every=3), categories, TravelMargins())  # KL +0.01 on average
-    assert near.status == Status.INCONCLUSIVE and "straddles margin 0.00996" in near.undecided()[0]
+    assert near.status == Status.INCONCLUSIVE and "straddles margin 0.00996" in near.undecided[0]
     assert decide_travel(accepted, figures(shift=0.03, every=3), categories,
                          TravelMargins(kl_rise=1.0)).status == Status.PASS
     assert decide_travel({}, numerics, categories, TravelMargins()).status == Status.INCONCLUSIVE  # nothing paired
@@ -310,7 +311,9 @@ def test_figures_against_another_reference_do_not_compare():
                                         "fp32: its tokens decide")
     decision, why = decide_against(GoldenOutputs({"figures_against": "fp32"}, {}), "f", "fp32", figures(n=1), {},
                                    TravelMargins(), False)
-    assert why == "" and decision.accepted_as == ACCEPTED_HERE and decision.status == Status.INCONCLUSIVE
+    assert why == "" and decision.status == Status.INCONCLUSIVE and decision.undecided == [
+        f"quality against the reference neither equivalent nor fallen compared with {ACCEPTED_HERE} (no sample has "
+        "figures on both sides)"]
 
 
 # ---- policy keys -------------------------------------------------------------------------------------------------

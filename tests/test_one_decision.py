@@ -241,7 +241,7 @@ def test_only_the_one_decision_function_makes_verdicts():
 def test_one_name_per_concept_in_the_decisions():
     """Issue #57 point 1: no two functions named alike `decide*` and no two classes of one name among the modules
     that decide and carry a verdict: each says what it decides or compares (decide_perf, decide_stored,
-    decide_quality, decide_travel; ReferenceComparison, CostRatio)."""
+    decide_quality, decide_travel; CostRatio for a ratio with its interval)."""
     package = Path(pytest_infergate.__file__).parent
     deciding = [path for path in sorted(package.rglob("*.py")) if path.relative_to(package).parts[0] in (
         "perf", "quality", "results", "history", "gates", "status.py", "cli.py")]

@@ -27,7 +27,7 @@ from pytest_infergate.perf import (
     stored,
 )
 from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
-from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
+from pytest_infergate.stats import interval_status, median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status, under_strict
 
 
@@ -385,7 +385,7 @@ def test_a_machine_change_the_probe_cannot_confirm_makes_opposite_verdicts_incon
                        quiet=[0.0253 * (1 + 0.2 * (i % 2)) * (0.8 if i == 0 else 1) for i in range(8)])
     decided = stored.decide_stored(slow, base, max_regression=0.10)
     assert decided.machine is not None and not decided.machine.beyond(1.1)
-    assert decided.measured.status(1.1) == "fail"
+    assert interval_status(decided.measured.low, decided.measured.high, 1.1) == "fail"
     assert decided.status == "inconclusive" and "as measured it would fail" in decided.disagreement
 
 
@@ -396,7 +396,8 @@ def test_a_slowdown_within_the_runs_own_drift_is_inconclusive_and_beyond_it_fail
     base = stored.Side(costs=[20.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
     drifted = stored.Side(costs=[23.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
     decided = stored.decide_stored(drifted, base, max_regression=0.10)
-    assert decided.measured.status(1.1) == "fail" and decided.status == "inconclusive"
+    assert interval_status(decided.measured.low, decided.measured.high, 1.1) == "fail"
+    assert decided.status == "inconclusive"
     assert decided.within_drift and "drift" in decided.disagreement and "infergate_bench.ab" in decided.disagreement
     slower = stored.Side(costs=[26.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
     decided = stored.decide_stored(slower, base, max_regression=0.10)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
 
 
@@ -54,9 +53,6 @@ class CostRatio:
     baseline_cost: float
     normalization: str  # "as measured", "by level" or "per repetition"
 
-    def status(self, threshold: float) -> Status:
-        return interval_status(self.low, self.high, threshold)
-
 
 @dataclass(frozen=True)
 class MachineChange:
@@ -73,7 +69,9 @@ class MachineChange:
 
 @dataclass(frozen=True)
 class StoredVerdict:
-    """What verdict.compare_stored turns into a Verdict."""
+    """A stored comparison's verdict, made where it is decided (perf.stored, perf.busy on a busy runner,
+    perf.speed_pass at the save's thread speed), its one sentence the `disagreement`; verdict.compare_stored turns it
+    into a Verdict."""
 
     status: Status
     measured: CostRatio
@@ -83,3 +81,7 @@ class StoredVerdict:
     load_corrected: bool = False  # decided on the figures with the co-tenants' load taken out (load_free_failure)
     within_drift: bool = False  # slower, but no more than the runs' own drift (RUN_DRIFT): more repetitions cannot help
     at_thread_speed: bool = False  # `measured` is the comparison at the save's thread speed (perf.speed_pass)
+    # undecided beside the same co-tenant on both sides, the load-corrected comparison in words: those costs compare
+    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.busy.steady_co_tenant,
+    # perf.speed_pass.at_thread_speed)
+    steady: str = ""

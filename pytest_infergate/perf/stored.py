@@ -9,6 +9,8 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import busy, interference
 from pytest_infergate.perf.sides import CostRatio, MachineChange, Side, StoredVerdict
@@ -169,14 +171,13 @@ def decide_stored(candidate: Side, baseline: Side, max_regression: float) -> Sto
         status = Status.INCONCLUSIVE
     if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None:
         loaded = busy.busy_sides(candidate, baseline, measured, status, threshold)
-        verdict = StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
-                                loaded.load_corrected)
+        verdict = replace(loaded, machine=change, steady="")
         corrected = (candidate.load_free_costs() or [], baseline.load_free_costs() or [])
         if loaded.steady:
             return at_thread_speed(verdict, *corrected, candidate, baseline, threshold, steady_evidence=loaded.steady)
         costs = corrected if loaded.load_corrected else (candidate.costs, baseline.costs)
         return held_to_save_speed(verdict, *costs, candidate, baseline, threshold, threshold * RUN_DRIFT,
-                                  evidence=loaded.why)
+                                  evidence=loaded.disagreement)
     verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
     undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
         and as_measured_status != Status.PASS

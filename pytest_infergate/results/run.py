@@ -296,6 +296,6 @@ def run_verdict(results: RunResults) -> RunVerdict:
     for _ in results.warnings:
         count(NOT_AS_ASKED, Status.INCONCLUSIVE)
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
-    order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
-    return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)), results.saved_baseline,
+    # worst first, then what passed and is said all the same (a model change)
+    return RunVerdict(status, sorted(reasons, key=lambda reason: -Status(reason.status).rank), results.saved_baseline,
                       counts, change_failure(results.records))
