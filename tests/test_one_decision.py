@@ -257,6 +257,25 @@ def test_one_name_per_concept_in_the_decisions():
     assert "decide" not in functions and "Comparison" not in classes
 
 
+# Issue #57 point 1: the types that carry a verdict (a status with the figures and the sentence it rests on), each
+# made where its comparison is decided; a new one must replace one of these
+VERDICT_TYPES = {"perf/verdict.py": {"Verdict"}, "perf/sides.py": {"StoredVerdict"},
+                 "perf/outcome.py": {"Violation", "PerfOutcome"}, "status.py": {"Decision"},
+                 "quality/thresholds.py": {"ThresholdCheck"}, "results/run.py": {"Reason", "RunVerdict"},
+                 "results/reasons.py": {"ChangeFailure"}, "report/diagnosis.py": {"Note"}}
+MERGED = {"BusyVerdict", "Evidence", "PairOutcome", "TravelDecision", "Comparison", "ReferenceComparison"}
+
+
+def test_at_most_ten_types_carry_a_verdict_and_the_merged_ones_are_gone():
+    package = Path(pytest_infergate.__file__).parent
+    classes = {path.relative_to(package).as_posix(): {node.name for node in ast.parse(path.read_text()).body
+                                                      if isinstance(node, ast.ClassDef)}
+               for path in package.rglob("*.py")}
+    assert sum(len(names) for names in VERDICT_TYPES.values()) <= 10
+    assert all(names <= classes[module] for module, names in VERDICT_TYPES.items())
+    assert {name for names in classes.values() for name in names} & MERGED == set()
+
+
 def test_one_way_into_the_perf_decision():
     """Issue #57 point 3: the package calls decide_perf from PerfGate alone; the in-run gate, a speed experiment's
     sides, `infergate compare` and the history all go through PerfGate.check."""
