@@ -15,14 +15,13 @@ from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, b
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, Violation, check_budget
-from pytest_infergate.perf.stored import RUN_DRIFT
+from pytest_infergate.perf.stored import RUN_DRIFT, compare_stored
 from pytest_infergate.perf.verdict import (
     Verdict,
     compare_memory,
     compare_paired,
     compare_paired_percentiles,
     compare_samples,
-    compare_stored,
     load_aware_paired,
 )
 from pytest_infergate.stats import percentile
@@ -114,7 +113,7 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
     """Whether measuring more could decide: a verdict inconclusive by its interval (not by a stored baseline from
     another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable;
-    nor by a spread that more repetitions cannot narrow below the threshold: verdict.beyond_remeasure)."""
+    nor by a spread that more repetitions cannot narrow below the threshold: stored.beyond_remeasure)."""
     return any(v.status == Status.INCONCLUSIVE and not v.baseline_at_fault and not v.unresolvable
                and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
 

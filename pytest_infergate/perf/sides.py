@@ -70,7 +70,7 @@ class MachineChange:
 @dataclass(frozen=True)
 class StoredVerdict:
     """A stored comparison's verdict, made where it is decided (perf.stored, perf.busy on a busy runner,
-    perf.speed_pass at the save's thread speed), its one sentence the `disagreement`; verdict.compare_stored turns it
+    perf.speed_pass at the save's thread speed), its one sentence the `disagreement`; stored.compare_stored turns it
     into a Verdict."""
 
     status: Status
