@@ -21,9 +21,9 @@ anew, so the counts are independent trials):
   `tpsNNN` likewise (`tps400`: ×4, a failure beyond doubt, measured with fewer repetitions: perf.stored.BEYOND_DOUBT).
 Each line says how many repetitions the run measured (its fresh block included).
 The in-run gate decides tokens/s, TTFT p50 and peak memory (re-measuring while undecided); TTFT p95 is decided by
-the same function (history.series.decide_pair) on the same two measurements. Prints per injection and figure the
-pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during the trials, the save
-quiet); `co-tenant` (one busy loop in all, during the save and the trials: a steady neighbour).
+the same function (history.series.compare_records: PerfGate.check) on the same two measurements. Prints per
+injection and figure the pass / inconclusive / fail counts. Arms: `quiet`; `hog-run` (one busy loop per core during
+the trials, the save quiet); `co-tenant` (one busy loop in all, during the save and the trials: a steady neighbour).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from gate_power import CpuHog, GateFailed  # noqa: E402
 from pytest_infergate.context import TestContext  # noqa: E402
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.gates.perf import PerfBench  # noqa: E402
-from pytest_infergate.history.series import decide_pair  # noqa: E402
+from pytest_infergate.history.series import compare_records  # noqa: E402
 from pytest_infergate.history.store import baseline_entries, save_run_as_baseline  # noqa: E402
 from pytest_infergate.models import load_model, resolve_model  # noqa: E402
 from pytest_infergate.options import DEFAULT_CPU_THREADS, Options, default_cache_dir  # noqa: E402
@@ -106,9 +106,9 @@ def statuses(record: PerfRecord, accepted: PerfRecord, max_regression: float) ->
     """Each figure's verdict: the in-run gate's (tokens/s, TTFT p50, peak memory) and TTFT p95 by the same decision
     on the same two measurements."""
     out = {f"{v.metric} p{v.percentile}" if v.percentile else v.metric: v.status.value for v in record.verdicts}
-    p95 = PerfRecord(test=record.test, label="", precision="fp32", measurement=record.measurement,
+    p95 = PerfRecord(test=accepted.test, label="", precision="fp32", measurement=record.measurement,
                      budget={"ttft_ms_p95": 1e12, "max_regression": max_regression}, fingerprint=record.fingerprint)
-    for v in decide_pair(accepted, p95).verdicts:
+    for v in compare_records([accepted], [p95])[0][accepted.test].verdicts:
         out["ttft_ms p95"] = v.status.value
     return out
 

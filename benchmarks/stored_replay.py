@@ -29,7 +29,7 @@ from gate_power import budget_values  # noqa: E402
 from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.decide import decide  # noqa: E402
+from pytest_infergate.perf.decide import decide_perf  # noqa: E402
 from pytest_infergate.perf.gate import StoredReference  # noqa: E402
 
 PER_REPETITION = ("probe_s", "probe_quiet_s", "others_share")
@@ -84,7 +84,7 @@ def main() -> int:
             for j, (candidate, candidate_fingerprint) in enumerate(measured):
                 if slowdown == 0.0 and i == j:
                     continue
-                counts[decide(candidate, reference, budget, candidate_fingerprint).status] += 1
+                counts[decide_perf(candidate, reference, budget, candidate_fingerprint).status] += 1
         pairs = sum(counts.values())
         print(f"  slowdown {slowdown:4.0%}: pass {counts['pass'] / pairs:4.0%}, inconclusive "
               f"{counts['inconclusive'] / pairs:4.0%}, fail {counts['fail'] / pairs:4.0%} ({pairs} pairs)")

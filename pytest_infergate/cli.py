@@ -91,25 +91,24 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
     from pytest_infergate.history.series import compare_records
 
     rows, statuses, notes = [], [], []
-    pairs, only_a, only_b = compare_records(a.perf, b.perf, max_regression)
+    outcomes, only_a, only_b = compare_records(a.perf, b.perf, max_regression)
     for test in only_a + only_b:
         rows.append([test, "-", "present" if test in only_a else "missing",
                      "present" if test in only_b else "missing", "", "not compared"])
-    for pair in pairs:
-        outcome = pair.outcome
+    for test, outcome in outcomes.items():
         statuses.append(outcome.status)
         for v in outcome.verdicts:
             change = v.candidate / v.baseline - 1 if v.baseline else 0.0
-            rows.append([pair.test, v.metric, units.metric_value(v.metric, v.baseline),
+            rows.append([test, v.metric, units.metric_value(v.metric, v.baseline),
                          units.metric_value(v.metric, v.candidate), units.change(change),
                          f"{v.status} ({units.ratio(v.ratio)}, CI {units.number(v.low)}–{units.number(v.high)})"])
             if v.note:
                 why = "inconclusive because " if v.status == Status.INCONCLUSIVE else ""
-                notes.append(f"{pair.test} {v.metric}: {why}{v.note}")
+                notes.append(f"{test} {v.metric}: {why}{v.note}")
         if outcome.changes:
-            notes.append(f"{pair.test}: changed since A: {', '.join(outcome.changes)}")
+            notes.append(f"{test}: changed since A: {', '.join(outcome.changes)}")
         if outcome.machine_mismatch:
-            notes.append(f"{pair.test}: A was measured on another machine: {', '.join(outcome.machine_mismatch)}")
+            notes.append(f"{test}: A was measured on another machine: {', '.join(outcome.machine_mismatch)}")
     qa, qb = ({(g.precision, g.reference): g for g in quality_groups(run.quality)} for run in (a, b))
     for key in sorted(set(qa) & set(qb)):
         sa, sb = qa[key].comparisons[0].summary, qb[key].comparisons[0].summary

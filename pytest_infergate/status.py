@@ -15,14 +15,19 @@ class Status(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def rank(self) -> int:
+        """How bad: fail over inconclusive over pass, the one order of statuses (`worst`, and lists said worst
+        first)."""
+        return _RANK[self]
+
     @classmethod
     def worst(cls, statuses) -> Status:
-        """fail over inconclusive over pass (an empty list passes)."""
-        statuses = set(statuses)
-        for status in (cls.FAIL, cls.INCONCLUSIVE):
-            if status in statuses:
-                return status
-        return cls.PASS
+        """fail over inconclusive over pass (an empty list passes): the one rule by which checks make a status."""
+        return max((cls(status) for status in statuses), key=lambda status: status.rank, default=cls.PASS)
+
+
+_RANK = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.FAIL: 2}
 
 
 @dataclass
@@ -37,7 +42,7 @@ class Decision:
 
     @property
     def status(self) -> Status:
-        return Status.FAIL if self.problems else Status.INCONCLUSIVE if self.undecided else Status.PASS
+        return Status.worst([Status.FAIL] * len(self.problems) + [Status.INCONCLUSIVE] * len(self.undecided))
 
 
 def under_strict(status: Status, strict: bool) -> Status:

@@ -1,14 +1,14 @@
 """Every figure a user gates decides, the same way on every route (issue #54): peak memory is compared with the
 baseline under max_regression and decides on a busy runner too; time to first token is load-corrected like
 tokens/s; unchanged code beside the same steady co-tenant on both sides passes; the in-run gate, `infergate
-compare` and the history decide each figure through one function on the same figures."""
+compare` and the history decide each figure through one function (PerfGate.check) on the same figures."""
 
 import random
 
 import pytest
 
 from pytest_infergate.cli import compare_runs
-from pytest_infergate.history.series import compare_records
+from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
@@ -111,14 +111,17 @@ def record(measurement: Measurement, test="suites/test_serving.py::test_serving[
 def test_the_in_run_gate_infergate_compare_and_the_history_give_one_verdict_per_figure(name, candidate):
     base = served(others=0.5, load_free=0.9, seed=1) if candidate.others_share else served(seed=1)
     in_run = by_metric(gated(candidate, base))
-    a, b = RunResults(records=[record(base)]), RunResults(records=[record(candidate)])
+    a = RunResults(records=[record(base)], started=1_700_000_000, run_id="a")
+    b = RunResults(records=[record(candidate)], started=1_700_003_600, run_id="b")
     rows, verdict, _ = compare_runs(a, b)
     cli = {row[1]: row[5].split(" ")[0] for row in rows}
-    (pair,), _, _ = compare_records(a.perf, b.perf)
-    history = by_metric(pair.outcome)
+    (outcome,) = compare_records(a.perf, b.perf)[0].values()
+    # the history: B's point of each figure against A's, its change from the previous run
+    history = {series.metric: series.points[1].against_previous.split(" ")[0].lower()
+               for series in build_history([a, b], metrics=tuple(RELATIVE_DEFAULT)).series}
     assert set(in_run) == set(RELATIVE_DEFAULT)
     assert cli == {metric: status.value for metric, status in in_run.items()} == \
-        {metric: status.value for metric, status in history.items()}, name
+        {metric: status.value for metric, status in by_metric(outcome).items()} == history, name
     assert verdict == Status.worst(list(in_run.values()))
 
 
@@ -416,7 +419,7 @@ def test_a_pass_straddling_the_bar_at_a_slow_saves_thread_speed_is_measured_more
     against ×1.068). Blamed on the save, it used to be left undecided at once; more of this run narrows that
     interval, so the gate measures more — beside a co-tenant too, where it otherwise does not. A comparison wholly
     beyond the bar at the save's speed (the save's thread ×1.3 slower, its workload not) is not measured more."""
-    from pytest_infergate.perf.decide import Evidence, undecided_by_noise
+    from pytest_infergate.perf.decide import undecided_by_noise
     from pytest_infergate.perf.gate import StoredReference
 
     remeasured = []
@@ -425,11 +428,12 @@ def test_a_pass_straddling_the_bar_at_a_slow_saves_thread_speed_is_measured_more
     assert tokens.status == "inconclusive" and tokens.baseline_at_fault and tokens.narrowable, tokens.note
     assert undecided_by_noise(straddling, None)
     stored = StoredReference(BaselineEntry({}, drifted(1.04, seed=1, probe_speed=1.11)), lambda: remeasured.append(1))
-    assert stored.measure_more(drifted(1.0, seed=2), straddling, Evidence(busy_share=0.5))
+    beside_a_co_tenant = drifted(1.0, seed=2, others=0.5, load_free=0.97)  # the kernel saw the runner busy
+    assert stored.measure_more(beside_a_co_tenant, straddling, None)
     assert remeasured == [1]
     beyond = gated(drifted(1.0, seed=2), drifted(1.0, seed=1, probe_speed=1.3))
     assert all(not v.narrowable for v in beyond.verdicts) and not undecided_by_noise(beyond, None), beyond.message()
-    assert not stored.measure_more(drifted(1.0, seed=2), beyond, Evidence(busy_share=0.5))
+    assert not stored.measure_more(beside_a_co_tenant, beyond, None)
 
 
 def test_the_speed_probe_passes_nothing_beyond_its_checked_move_nor_against_another_interpreter():

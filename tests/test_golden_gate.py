@@ -47,7 +47,7 @@ from pytest_infergate.quality.regression import (
     margin_as_generated,
 )
 from pytest_infergate.quality.scoring import topk_kl
-from pytest_infergate.quality.travel import ACCEPTED_HERE, SampleFigures, TravelMargins, decide, decide_against
+from pytest_infergate.quality.travel import ACCEPTED_HERE, SampleFigures, TravelMargins, decide_against, decide_travel
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, record_from_dict
 from pytest_infergate.status import Status
 
@@ -165,25 +165,27 @@ def test_quality_that_travels_passes_numerics_and_fails_a_real_drop():
     categories = {f"q{i}": ("chat" if i < 24 else "code") for i in range(48)}
     numerics = {id_: SampleFigures(f.top1 - (0.01 if i % 3 == 0 else 0.0), f.mean_kl * 1.05, f.task, f.reference_task)
                 for i, (id_, f) in enumerate(accepted.items())}
-    same = decide(accepted, numerics, categories, TravelMargins())
-    assert same.status == Status.PASS and [f.metric for f in same.figures] == ["top1", "mean_kl", "task deficit"]
-    assert same.failures() == [] and same.undecided() == []
+    same = decide_travel(accepted, numerics, categories, TravelMargins())
+    assert same.status == Status.PASS and [note.split(" ")[0] for note in same.notes[0].split("; ")] == [
+        "top1", "mean_kl", "task"]
+    assert same.problems == [] and same.undecided == []
 
     broken = {id_: SampleFigures(f.top1 - (0.4 if categories[id_] == "chat" else 0.0),
                                  f.mean_kl + (1.0 if categories[id_] == "chat" else 0.0),
                                  0.0 if categories[id_] == "chat" and int(id_[1:]) % 2 else f.task, f.reference_task)
               for id_, f in accepted.items()}
-    fell = decide(accepted, broken, categories, TravelMargins())
+    fell = decide_travel(accepted, broken, categories, TravelMargins())
     assert fell.status == Status.FAIL
-    (why,) = fell.failures()
+    (why,) = fell.problems
     assert "top1 " in why and "> margin 0.05" in why and "code" not in why
     assert "chat (top1 worse by 0.4, mean_kl worse by 1, task deficit worse by 0.5)" in why
     assert "samples: q" in why and "[chat]" in why
 
-    near = decide(accepted, figures(shift=0.03, every=3), categories, TravelMargins())  # KL +0.01 on average
-    assert near.status == Status.INCONCLUSIVE and "straddles margin 0.00996" in near.undecided()[0]
-    assert decide(accepted, figures(shift=0.03, every=3), categories, TravelMargins(kl_rise=1.0)).status == Status.PASS
-    assert decide({}, numerics, categories, TravelMargins()).status == Status.INCONCLUSIVE  # nothing paired
+    near = decide_travel(accepted, figures(shift=0.03, every=3), categories, TravelMargins())  # KL +0.01 on average
+    assert near.status == Status.INCONCLUSIVE and "straddles margin 0.00996" in near.undecided[0]
+    assert decide_travel(accepted, figures(shift=0.03, every=3), categories,
+                         TravelMargins(kl_rise=1.0)).status == Status.PASS
+    assert decide_travel({}, numerics, categories, TravelMargins()).status == Status.INCONCLUSIVE  # nothing paired
 
 
 def test_drift_against_another_machine_is_decided_by_what_travels():
@@ -197,10 +199,10 @@ def test_drift_against_another_machine_is_decided_by_what_travels():
         (why,) = elsewhere.undecided()  # no accepted file records figures
         assert "drift in 1 of 10 outputs (10.0%) against outputs accepted on another machine (AMD EPYC; kernels)" in why
         assert "--infergate-update-golden" in why and "records no quality figures" in why
-        elsewhere.travel = decide(accepted, accepted, {}, elsewhere.policy.travel)
+        elsewhere.travel = decide_travel(accepted, accepted, {}, elsewhere.policy.travel)
         assert elsewhere.ok and elsewhere.undecided() == []
         assert "quality against the reference, this machine's vs" in elsewhere.decided_by()
-        elsewhere.travel = decide(accepted, figures(shift=1.0), {}, elsewhere.policy.travel)
+        elsewhere.travel = decide_travel(accepted, figures(shift=1.0), {}, elsewhere.policy.travel)
         (fell,) = elsewhere.problems()
         assert "fell beyond the margins compared with the accepted machine's" in fell and elsewhere.undecided() == []
     for precision in ("fp32", "fp16"):  # the reference precisions: their tokens are reproduced across machines
@@ -240,30 +242,31 @@ def test_on_this_machine_quality_decides_and_the_changed_tokens_are_listed():
     categories = {f"q{i}": ("chat", "code", "factual", "format")[i % 4] for i in range(48)}
     regression = drifted("int8", near_ties=2, drift=33, compared=48).classify(RegressionPolicy.of({}, "int8"))
     assert regression.by_quality and not regression.other_machine
-    regression.travel = decide(accepted, noisy(accepted, 0.936, 0.020, seed=1), categories,
-                               regression.policy.travel, ACCEPTED_HERE)
+    regression.travel = decide_travel(accepted, noisy(accepted, 0.936, 0.020, seed=1), categories,
+                                      regression.policy.travel, ACCEPTED_HERE)
     regression.travel_source = "cpu-int8.jsonl"
     assert regression.ok and regression.undecided() == [] and len(regression.drift) == 33
     assert regression.decided_by() == ("quality against the reference, this run's vs as accepted in cpu-int8.jsonl "
                                        "(changed tokens listed)")
 
-    regression.travel = decide(accepted, noisy(accepted, 0.795, 0.277, seed=2), categories, regression.policy.travel,
-                               ACCEPTED_HERE)
+    regression.travel = decide_travel(accepted, noisy(accepted, 0.795, 0.277, seed=2), categories,
+                                      regression.policy.travel, ACCEPTED_HERE)
     (why,) = regression.problems()
     assert why.startswith("quality against the reference fell beyond the margins compared with those accepted with "
                           "the outputs: top1 0.939 accepted → 0.792 now, worse by 0.147 (95% CI ")
     assert "> margin 0.05" in why and "mean_kl 0.0204 accepted → 0.269 now" in why and "> margin 0.0102" in why
     assert "categories that fell most: " in why and "samples: q" in why
 
-    regression.travel = decide(accepted, noisy(accepted, 0.89, 0.021, seed=3), categories, regression.policy.travel,
-                               ACCEPTED_HERE)  # a top-1 drop of about the margin: undecided, naming the action
+    # a top-1 drop of about the margin: undecided, naming the action
+    regression.travel = decide_travel(accepted, noisy(accepted, 0.89, 0.021, seed=3), categories,
+                                      regression.policy.travel, ACCEPTED_HERE)
     (undecided,) = regression.undecided()
     assert "straddles margin 0.05" in undecided and "If the change is intended, accept this run's outputs" in undecided
 
     for rules, failure in (({"exact": 1}, "exact=1: 35 of 48 outputs changed (2 of them near-ties)"),
                            ({"gate_tokens": 1}, "drift in 33 of 48 outputs (68.8%), policy max_drift_share 0")):
         tokens = drifted("int8", near_ties=2, drift=33, compared=48).classify(RegressionPolicy.of(rules, "int8"))
-        tokens.travel = decide(accepted, accepted, categories, tokens.policy.travel, ACCEPTED_HERE)
+        tokens.travel = decide_travel(accepted, accepted, categories, tokens.policy.travel, ACCEPTED_HERE)
         assert not tokens.by_quality and tokens.problems() == [failure]
         assert tokens.decided_by() == "token for token against this machine's accepted outputs"
 
@@ -275,7 +278,7 @@ def test_a_loss_against_the_accepted_figures_fails_where_an_absolute_threshold_h
     now = noisy(accepted, 0.72, 0.45, seed=5)
     assert sum(f.top1 for f in now.values()) / 48 > 0.7 and sum(f.mean_kl for f in now.values()) / 48 < 0.5
     regression = drifted("nf4", drift=20, compared=48).classify(RegressionPolicy.of({}, "nf4"))
-    regression.travel = decide(accepted, now, {}, regression.policy.travel, ACCEPTED_HERE)
+    regression.travel = decide_travel(accepted, now, {}, regression.policy.travel, ACCEPTED_HERE)
     (why,) = regression.problems()
     assert "top1 0.8" in why and "mean_kl 0.2" in why and why.count("> margin") == 2
 
@@ -308,7 +311,9 @@ def test_figures_against_another_reference_do_not_compare():
                                         "fp32: its tokens decide")
     decision, why = decide_against(GoldenOutputs({"figures_against": "fp32"}, {}), "f", "fp32", figures(n=1), {},
                                    TravelMargins(), False)
-    assert why == "" and decision.accepted_as == ACCEPTED_HERE and decision.status == Status.INCONCLUSIVE
+    assert why == "" and decision.status == Status.INCONCLUSIVE and decision.undecided == [
+        f"quality against the reference neither equivalent nor fallen compared with {ACCEPTED_HERE} (no sample has "
+        "figures on both sides)"]
 
 
 # ---- policy keys -------------------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def side(cost: float, others: float) -> stored.Side:
     (0.01, 0.02, 30.0, "fail", ""),  # both quiet: as measured
 ])
 def test_stored_verdicts_on_a_busy_side_keep_only_what_the_load_cannot_have_made(now, then, cost, expected, says):
-    decided = stored.decide(side(cost, now), side(20.0, then), max_regression=0.10)
+    decided = stored.decide_stored(side(cost, now), side(20.0, then), max_regression=0.10)
     assert decided.status == expected, decided
     assert says in decided.disagreement
     if says:  # an action a CI job can take (nobody picks a CI runner): a later save or run, or the A/B route

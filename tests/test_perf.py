@@ -27,7 +27,7 @@ from pytest_infergate.perf import (
     stored,
 )
 from pytest_infergate.perf.stored import EARLY_CONFIRM, fresh_repetitions_confirm
-from pytest_infergate.stats import median_interval, min_rounds, paired_bootstrap_ci, percentile
+from pytest_infergate.stats import interval_status, median_interval, min_rounds, paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status, under_strict
 
 
@@ -383,9 +383,9 @@ def test_a_machine_change_the_probe_cannot_confirm_makes_opposite_verdicts_incon
     base = stored.Side(costs=[20.0] * 8, during=[0.04] * 8, quiet=[0.022 * (1 + 0.2 * (i % 2)) for i in range(8)])
     slow = stored.Side(costs=[25.0] * 8, during=[0.05] * 8,
                        quiet=[0.0253 * (1 + 0.2 * (i % 2)) * (0.8 if i == 0 else 1) for i in range(8)])
-    decided = stored.decide(slow, base, max_regression=0.10)
+    decided = stored.decide_stored(slow, base, max_regression=0.10)
     assert decided.machine is not None and not decided.machine.beyond(1.1)
-    assert decided.measured.status(1.1) == "fail"
+    assert interval_status(decided.measured.low, decided.measured.high, 1.1) == "fail"
     assert decided.status == "inconclusive" and "as measured it would fail" in decided.disagreement
 
 
@@ -395,11 +395,12 @@ def test_a_slowdown_within_the_runs_own_drift_is_inconclusive_and_beyond_it_fail
     # at once (more repetitions cannot help); x1.30 is beyond it: a failure. Neither side measured a probe.
     base = stored.Side(costs=[20.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
     drifted = stored.Side(costs=[23.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
-    decided = stored.decide(drifted, base, max_regression=0.10)
-    assert decided.measured.status(1.1) == "fail" and decided.status == "inconclusive"
+    decided = stored.decide_stored(drifted, base, max_regression=0.10)
+    assert interval_status(decided.measured.low, decided.measured.high, 1.1) == "fail"
+    assert decided.status == "inconclusive"
     assert decided.within_drift and "drift" in decided.disagreement and "infergate_bench.ab" in decided.disagreement
     slower = stored.Side(costs=[26.0 * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[])
-    decided = stored.decide(slower, base, max_regression=0.10)
+    decided = stored.decide_stored(slower, base, max_regression=0.10)
     assert decided.status == "fail" and not decided.within_drift and decided.disagreement == ""
 
 
@@ -414,9 +415,9 @@ def test_a_failure_beyond_what_the_machines_move_explains_stands_on_a_slower_mac
         return stored.Side(costs=[20.0 * slowdown * j for j in jitter], during=[0.052 * j for j in jitter],
                            quiet=[0.0286 * j for j in jitter])
 
-    some = stored.decide(now(1.4), base, max_regression=0.10)
+    some = stored.decide_stored(now(1.4), base, max_regression=0.10)
     assert some.machine.low > 1.1 and some.status == "inconclusive" and "the runner was busy" in some.disagreement
-    gross = stored.decide(now(2.4), base, max_regression=0.10)
+    gross = stored.decide_stored(now(2.4), base, max_regression=0.10)
     assert gross.status == "fail" and "slower than the machine's move can explain" in gross.disagreement
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_infergate.quality.policy import ResolvedPolicy, decide, resolve_policy
+from pytest_infergate.quality.policy import ResolvedPolicy, decide_quality, resolve_policy
 from pytest_infergate.quality.policy_defaults import EIGHT_BIT, FLOATING_POINT, FOUR_BIT, SERVED, default_policy
 from pytest_infergate.quality.thresholds import ThresholdCheck
 from pytest_infergate.status import Status
@@ -36,9 +36,9 @@ def test_every_precision_has_a_default_class(precision, expected):
 
 def test_the_defaults_pass_int8_and_fail_nf4_as_measured_on_the_embedded_model():
     assert FLOATING_POINT.rules == {"min_top1": 0.95, "max_mean_kl": 0.01}  # half precision: tighter
-    int8 = decide(comparison(INT8), ResolvedPolicy().for_reference("int8"))
+    int8 = decide_quality(comparison(INT8), ResolvedPolicy().for_reference("int8"))
     assert int8.status == Status.PASS and not int8.undecided
-    nf4 = decide(comparison(NF4), ResolvedPolicy().for_reference("nf4"))
+    nf4 = decide_quality(comparison(NF4), ResolvedPolicy().for_reference("nf4"))
     assert nf4.problems == ["min_top1: top1 = 0.783 (95% CI 0.74-0.82) lies wholly below 0.9 (default policy for nf4)",
                             "max_mean_kl: mean_kl = 0.289 (95% CI 0.24-0.34) lies wholly above 0.05 "
                             "(default policy for nf4)"]
@@ -66,7 +66,7 @@ def test_where_ini_scopes_and_markers_set_a_key_the_one_that_decided_is_named():
         "(min_top1=0.95); max_mean_kl from ini infergate_quality_policy scope 'nf4', over ini infergate_quality_policy "
         "scope '*': max_mean_kl=2; min_top1 from marker infergate_quality, over ini infergate_quality_policy scope "
         "'nf4': min_top1=0.7")
-    problems = decide(comparison(NF4), policy).problems
+    problems = decide_quality(comparison(NF4), policy).problems
     assert problems[0].endswith("lies wholly above 0.2 (ini infergate_quality_policy scope 'nf4', over ini "
                                 "infergate_quality_policy scope '*': max_mean_kl=2)")
     assert problems[1].endswith("lies wholly below 0.95 (marker infergate_quality, over ini infergate_quality_policy "
@@ -88,7 +88,7 @@ def test_an_undecided_threshold_says_about_how_many_samples_would_decide():
     assert straddling.samples_needed() == 76
     assert straddling.describe() == ("min_top1: top1 = 0.783 (95% CI 0.74-0.82) straddles 0.8 (marker infergate_quality"
                                      "): about 76 samples would decide (16 now): add golden samples or raise `limit=`")
-    undecided = decide(comparison(NF4), ResolvedPolicy.given({"min_top1": 0.8}))
+    undecided = decide_quality(comparison(NF4), ResolvedPolicy.given({"min_top1": 0.8}))
     assert undecided.status == Status.INCONCLUSIVE and "about 76 samples would decide" in undecided.undecided[0]
     on_it = check(NF4, "min_top1", 0.783)
     assert on_it.samples_needed() is None and "no number of samples decides" in on_it.describe()
@@ -101,16 +101,16 @@ def test_without_an_interval_the_point_decides_and_says_so():
                                      "(one sample)")
     p99 = {"samples": 48, "p99_kl": 0.2}
     assert check(p99, "max_p99_kl", 0.3).status == Status.PASS
-    passed = decide(comparison(p99), ResolvedPolicy.given({"max_p99_kl": 0.3}))
+    passed = decide_quality(comparison(p99), ResolvedPolicy.given({"max_p99_kl": 0.3}))
     assert passed.status == Status.PASS and passed.notes == [
         "max_p99_kl: p99_kl = 0.2 <= 0.3 (check(policy=...)), decided on the point (p99_kl has no interval)"]
 
 
 def test_a_figure_not_measured_fails_a_policy_the_test_set_and_leaves_the_default_undecided():
     texts_only = {"samples": 6, "rougeL": 0.6, "rougeL_ci": [0.5, 0.7]}  # a server that returned no logprobs
-    asked = decide(comparison(texts_only), ResolvedPolicy.given({"min_top1": 0.9}))
+    asked = decide_quality(comparison(texts_only), ResolvedPolicy.given({"min_top1": 0.9}))
     assert asked.problems == ["min_top1: top1 was not measured (check(policy=...))"]
-    default = decide(comparison(texts_only), ResolvedPolicy().for_reference("endpoint"))
+    default = decide_quality(comparison(texts_only), ResolvedPolicy().for_reference("endpoint"))
     assert default.status == Status.INCONCLUSIVE and not default.problems
     assert default.undecided[0].startswith("min_top1: top1 was not measured (default policy for endpoint): a server "
                                            "that returned no logprobs has no top-1 or KL; set the policy on what it "

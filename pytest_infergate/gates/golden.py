@@ -39,12 +39,12 @@ from pytest_infergate.quality.policy import (
     RegressionPolicy,
     ResolvedPolicy,
     decide_batch_invariance,
+    decide_quality,
     default_failure_advice,
     parse_policy,
     resolve_policy,
 )
-from pytest_infergate.quality.policy import decide as decide_quality
-from pytest_infergate.quality.travel import SampleFigures, TravelDecision, decide_against
+from pytest_infergate.quality.travel import SampleFigures, decide_against
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, QualityRecord
 from pytest_infergate.status import GOLDEN_CHECK, QUALITY_CHECK, Decision, Finding, Status
 
@@ -164,7 +164,7 @@ class GoldenGate:
                 {sample.id: SampleFigures.of(sample) for sample in self._comparison(samples).samples})
 
     def _by_quality(self, samples, default_path: Path, environment, accepted: GoldenOutputs, path: Path,
-                    regression) -> tuple[TravelDecision | None, str, str]:
+                    regression) -> tuple[Decision | None, str, str]:
         """(the quality decision (quality.travel), the file whose figures it used, why there is none). The figures
         of `accepted` when it records them; on another machine else those of the file beside it that does (what
         travels is the same on every machine). On this machine a file without figures keeps the token rule."""
@@ -233,7 +233,7 @@ class GoldenGate:
                                      policy=rules.to_dict(), problems=problems, environment_mismatch=mismatch,
                                      backend=backend, backend_reason=why, undecided=undecided,
                                      decided_by=regression.decided_by(),
-                                     travel=regression.travel.summary() if regression.travel else "",
+                                     travel=regression.travel.notes[0] if regression.travel else "",
                                      model_change=model_change))
         if problems:
             self.ctx.fail((f"{model_change}\n" if model_change else "")

@@ -13,7 +13,6 @@ from pytest_infergate.gates.target import OnEngine, Target
 from pytest_infergate.measurement import METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference, lockstep
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
-from pytest_infergate.perf.decide import decide
 from pytest_infergate.perf.gate import (
     AB_ROUNDS,
     NoReference,
@@ -320,7 +319,7 @@ class PerfBench:
             budget = budget_for(self.ctx, self.precision, key)
             budget, unmeasured = measured_budget(self.ctx, self.target, record, budget)
             # each side against its budgets alone: it was compared with the other side, not with a baseline
-            outcome = decide(measured, NoReference(), replace(budget, max_regression=None))
+            outcome = PerfGate(replace(budget, max_regression=None), NoReference()).check(measured)
             outcome.notes.append(note)
             finish_gate(self.ctx, record, outcome, budget, unmeasured)
             self.measurements.append(measured)

@@ -1,23 +1,23 @@
 """A history: runs in time order, and for each (test, metric) the value of every run that measured it, split where
 the machine changed (timings of two machines are no one series), with its change points and any creep; a change
 under test (model, libraries, engine config) is a marked point of a series, not a new one. Each run is decided
-against the one before it as the in-run gate decides against a stored baseline (decide_pair: perf.gate.PerfGate.check,
-run A's record the stored reference, run B's the candidate), so the history and `infergate compare A.json B.json`
-say what `pytest --infergate-baseline` with A saved said of B."""
+against the one before it as the in-run gate decides against a stored baseline (compare_records:
+perf.gate.PerfGate.check, run A's record the stored reference, run B's the candidate), so the history and
+`infergate compare A.json B.json` say what `pytest --infergate-baseline` with A saved said of B."""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pytest_infergate.environment import canonical
 from pytest_infergate.history import changepoint
 from pytest_infergate.measurement import METRICS, percentile_suffix
 from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.budget import BudgetError, parse_budget
+from pytest_infergate.perf.budget import recorded_budget
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.perf.gate import PerfGate, StoredReference
-from pytest_infergate.perf.outcome import Budget, PerfOutcome
+from pytest_infergate.perf.outcome import PerfOutcome
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
 from pytest_infergate.results.summary import metric_status, verdict_reasons
@@ -55,7 +55,7 @@ class Point:
     why: str  # what the gate said
     environment: dict  # the machine the value was measured on (a change splits the series)
     changes: str = ""  # what under test changed since the series' previous point ("torch 2.5.0 → 2.6.0")
-    # this metric's verdict against the series' previous point, by the gate's decision (decide_pair); "" when
+    # this metric's verdict against the series' previous point, by the gate's decision (compare_records); "" when
     # not decided (the first point, or a metric the pair's budget does not compare)
     against_previous: str = ""
 
@@ -151,7 +151,8 @@ def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, pre
 
 
 def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> str:
-    verdict = next((v for v in decide_pair(previous, record).verdicts if v.metric == metric), None)
+    outcome = compare_records([previous], [record])[0][record.test]
+    verdict = next((v for v in outcome.verdicts if v.metric == metric), None)
     return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().rsplit(' → ', 1)[0]}"
 
 
@@ -242,52 +243,20 @@ def findings(history: History) -> list[SeriesChange]:
     return sorted(out, key=lambda f: (f.run.index, f.series.test, f.series.metric))
 
 
-DEFAULT_MAX_REGRESSION = 0.10
-
-
-@dataclass(frozen=True)
-class PairOutcome:
-    """One measurement key present in both runs, and the gate's outcome of B against A."""
-
-    test: str
-    baseline: PerfRecord
-    candidate: PerfRecord
-    outcome: PerfOutcome
-
-
-def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
-    """The budget the candidate's gate checked (from its record), with `max_regression` when given (else the
-    record's, else 10%); a record whose budget names no metric compares what the in-run gate does
-    (Budget.relative_metrics)."""
-    values = {key: value for key, value in record.budget.items() if key != "max_regression"}
-    try:
-        budget = parse_budget(values, where=f"the budget recorded for {record.test}")
-    except BudgetError:
-        budget = parse_budget({})
-    regression = max_regression if max_regression is not None else record.budget.get("max_regression")
-    regression = DEFAULT_MAX_REGRESSION if regression is None else regression
-    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked;
-    # no limit at all: the in-run gate's default figures (Budget.relative_metrics)
-    measured, _ = budget.measured_in(record.measurement)
-    return replace(measured, max_regression=regression)
-
-
-def decide_pair(baseline: PerfRecord, candidate: PerfRecord, max_regression: float | None = None) -> PerfOutcome:
-    """The candidate record's measurement against the baseline record's, decided by the in-run gate's
-    PerfGate.check against a stored reference that cannot measure more (both sides are records). Only the
-    relative question: the candidate's absolute budgets were its own run's verdict (`infergate summary`)."""
-    reference = StoredReference(BaselineEntry(baseline.fingerprint, baseline.measurement))
-    gate = PerfGate(budget_of(candidate, max_regression), reference, candidate.fingerprint)
-    outcome = gate.check(candidate.measurement)
-    outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
-    return outcome
-
-
 def compare_records(baseline: list[PerfRecord], candidate: list[PerfRecord], max_regression: float | None = None
-                    ) -> tuple[list[PairOutcome], list[str], list[str]]:
-    """Outcomes for every measurement key in both lists, and the keys only in the baseline / only in the
-    candidate."""
+                    ) -> tuple[dict[str, PerfOutcome], list[str], list[str]]:
+    """For every measurement key in both lists, the candidate record's measurement against the baseline record's,
+    decided by the in-run gate's PerfGate.check against a stored reference that cannot measure more (both sides are
+    records), on the budget the candidate's gate checked (perf.budget.recorded_budget); and the keys only in the
+    baseline / only in the candidate. Only the relative question: the candidate's absolute budgets were its own
+    run's verdict (`infergate summary`)."""
     old, new = {r.test: r for r in baseline}, {r.test: r for r in candidate}
-    pairs = [PairOutcome(test, old[test], new[test], decide_pair(old[test], new[test], max_regression))
-             for test in sorted(set(old) & set(new))]
-    return pairs, sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    outcomes = {}
+    for test in sorted(set(old) & set(new)):
+        a, b = old[test], new[test]
+        budget = recorded_budget(b.budget, b.measurement, max_regression, where=f"the budget recorded for {test}")
+        outcome = PerfGate(budget, StoredReference(BaselineEntry(a.fingerprint, a.measurement)),
+                           b.fingerprint).check(b.measurement)
+        outcome.violations = []  # the relative question only: the absolute budgets were B's own run's verdict
+        outcomes[test] = outcome
+    return outcomes, sorted(set(old) - set(new)), sorted(set(new) - set(old))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
-from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, percentile_suffix
+from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
 from pytest_infergate.perf.outcome import Budget, BudgetError, Limit
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
 
@@ -94,6 +95,26 @@ def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Bud
         pct_value = (PERCENTILE_OF_SUFFIX[pct] if pct else percentile_default) if METRICS[metric][2] else None
         limits.append(Limit(key, metric, pct_value, float(value)))
     return Budget(tuple(limits), percentile_default, max_regression)
+
+
+# the relative question `infergate compare` and the history ask of a record whose gate set no max_regression
+DEFAULT_MAX_REGRESSION = 0.10
+
+
+def recorded_budget(values: dict[str, Any], measurement: Measurement, max_regression: float | None = None,
+                    where: str = "a recorded budget") -> Budget:
+    """The budget a record's gate checked, as the record keeps it (gates.perf.finish_gate: the limits measured and
+    max_regression), asking the relative question: `max_regression` where given, else the record's, else 10%. As
+    in the run, a key the measurement has no figure for is not checked, and a budget that names no figure compares
+    the in-run gate's default figures (Budget.relative_metrics); a budget this version cannot read (a record from
+    another version) compares those too."""
+    try:
+        budget = parse_budget({key: value for key, value in values.items() if key != "max_regression"}, where)
+    except BudgetError:
+        budget = Budget()
+    regression = max_regression if max_regression is not None else values.get("max_regression")
+    measured, _ = budget.measured_in(measurement)
+    return replace(measured, max_regression=DEFAULT_MAX_REGRESSION if regression is None else regression)
 
 
 def parse_ini_budgets(lines: list[str]) -> dict[str, Budget]:

@@ -7,58 +7,47 @@ co-tenant): the load-corrected figures decide both ways; unevenly: nothing does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from pytest_infergate.measurement import busy_share
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.sides import Comparison, Side
+from pytest_infergate.perf.sides import CostRatio, Side, StoredVerdict
 from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed
 from pytest_infergate.status import Status
 
 
-@dataclass(frozen=True)
-class BusyVerdict:
-    status: Status
-    why: str
-    baseline_at_fault: bool = False  # the baseline's busy runner made it inconclusive
-    load_corrected: bool = False
-    # undecided beside the same co-tenant on both sides, the load-corrected comparison in words: those costs compare
-    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.speed_pass.at_thread_speed)
-    steady: str = ""
-
-
-def busy_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status,
-               threshold: float) -> BusyVerdict | None:
+def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status,
+               threshold: float) -> StoredVerdict | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
-    only a failure; busy on both sides: nothing does. None: neither side measured busy."""
+    only a failure; busy on both sides: nothing does. None: neither side measured busy. Its `measured` is the
+    comparison as measured, its `machine` left to the caller (the calibration probe's move)."""
     now, then = busy_share(candidate.others), busy_share(baseline.others)
     if now is None and then is None:
         return None
     failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
     if failed is not None:
-        return BusyVerdict(Status.FAIL, failed, load_corrected=True)
+        return StoredVerdict(Status.FAIL, measured, None, failed, load_corrected=True)
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
-            return BusyVerdict(status, "")  # passed despite the load, or slower than the load can explain
-        return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy: {interference.describe(now)} during this run, "
-                                                f"so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                                                f"from the machine's load; {interference.RERUN}")
+            return StoredVerdict(status, measured, None, "")  # passed despite the load, or beyond what it explains
+        return StoredVerdict(Status.INCONCLUSIVE, measured, None,
+                             f"the runner was busy: {interference.describe(now)} during this run, so a slowdown as "
+                             f"measured (×{measured.ratio:.3f}) cannot be told from the machine's load; "
+                             f"{interference.RERUN}")
     if then is not None and now is None:
         if status == Status.FAIL:
-            return BusyVerdict(status, "")
-        return BusyVerdict(Status.INCONCLUSIVE, f"the baseline was saved on a busy runner: "
-                                                f"{interference.describe(then)} while it was measured, so this run "
-                                                f"being no slower (×{measured.ratio:.3f}) says nothing: "
-                                                f"{interference.UNDER_LOAD}; {interference.RESAVE}",
-                                                baseline_at_fault=True)
-    steady = steady_co_tenant(candidate, baseline, threshold, now, then)
+            return StoredVerdict(status, measured, None, "")
+        return StoredVerdict(Status.INCONCLUSIVE, measured, None,
+                             f"the baseline was saved on a busy runner: {interference.describe(then)} while it was "
+                             f"measured, so this run being no slower (×{measured.ratio:.3f}) says nothing: "
+                             f"{interference.UNDER_LOAD}; {interference.RESAVE}", baseline_at_fault=True)
+    steady = steady_co_tenant(candidate, baseline, measured, threshold, now, then)
     if steady is not None:
         return steady
-    return BusyVerdict(Status.INCONCLUSIVE, f"the runner was busy on both sides, unevenly: "
-                                            f"{interference.describe(now)} during this run and "
-                                            f"{interference.taken(then)} while the baseline was saved: "
-                                            f"{interference.RESAVE}", baseline_at_fault=True)
+    return StoredVerdict(Status.INCONCLUSIVE, measured, None,
+                         f"the runner was busy on both sides, unevenly: {interference.describe(now)} during this run "
+                         f"and {interference.taken(then)} while the baseline was saved: {interference.RESAVE}",
+                         baseline_at_fault=True)
 
 
 # Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE
@@ -69,8 +58,8 @@ SAME_LOAD_SHARE = 0.15
 SAME_LOAD_FACTOR = 1.25
 
 
-def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: float,
-                     then: float) -> BusyVerdict | None:
+def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, threshold: float, now: float,
+                     then: float) -> StoredVerdict | None:
     """Both sides ran beside the same co-tenant (SAME_LOAD_SHARE, SAME_LOAD_FACTOR): the load hit them alike, so
     their load-free costs (Side.load_free_costs) compare like a quiet pair's and decide both ways — a pass where the
     whole interval lies within the threshold, a failure beyond the threshold times the correction's per-repetition
@@ -89,12 +78,12 @@ def steady_co_tenant(candidate: Side, baseline: Side, threshold: float, now: flo
            f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
            f"resolves slowdowns above ×{math.sqrt(high / low) if low > 0 else math.inf:.3f}")
     if high <= threshold:
-        return BusyVerdict(Status.PASS, how, load_corrected=True)
+        return StoredVerdict(Status.PASS, measured, None, how, load_corrected=True)
     if low > threshold * residual:
-        return BusyVerdict(Status.FAIL, f"{how}, beyond ×{threshold * residual:.2f} (the threshold × the "
-                                        f"correction's error ×{residual})", load_corrected=True)
-    return BusyVerdict(Status.INCONCLUSIVE, f"{how}: not beyond ×{threshold * residual:.2f}, the most the correction "
-                                            "can be off, nor within the threshold", steady=how)
+        return StoredVerdict(Status.FAIL, measured, None, f"{how}, beyond ×{threshold * residual:.2f} (the threshold "
+                             f"× the correction's error ×{residual})", load_corrected=True)
+    return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond ×{threshold * residual:.2f}, the "
+                         "most the correction can be off, nor within the threshold", steady=how)
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,

@@ -7,7 +7,7 @@ so that verdicts are made in this module only."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Protocol
 
 from pytest_infergate import units
@@ -15,113 +15,88 @@ from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, b
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, Violation, check_budget
-from pytest_infergate.perf.stored import RUN_DRIFT
+from pytest_infergate.perf.stored import RUN_DRIFT, compare_stored
 from pytest_infergate.perf.verdict import (
     Verdict,
     compare_memory,
     compare_paired,
     compare_paired_percentiles,
     compare_samples,
-    compare_stored,
     load_aware_paired,
 )
 from pytest_infergate.stats import percentile
 from pytest_infergate.status import Status
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """What a decision knows besides the two sides' figures, worked out once per decision: how busy the runner was
-    while the candidate ran (the others' share on its median repetition when a busy runner's: interference.busy),
-    and, against a stored baseline, what changed since it was saved."""
-
-    busy_share: float | None = None
-    diff: FingerprintDiff | None = None
-
-    @classmethod
-    def of(cls, candidate: Measurement, diff: FingerprintDiff | None = None) -> Evidence:
-        return cls(busy_share(candidate.others_share), diff)
-
-
-@dataclass
-class Comparison:
-    """What a reference says of the candidate beyond its budgets: the verdicts, and what the outcome says of them."""
-
-    verdicts: list[Verdict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    machine_mismatch: list[str] = field(default_factory=list)  # the stored baseline's machine differs
-    changes: list[str] = field(default_factory=list)  # what under test changed since the stored baseline
-    provenance: str = ""
-    missing: str = ""  # a relative check was asked for and could not run: why
-
-
 class Reference(Protocol):
     """What a candidate is compared with (perf.gate holds the strategies). `compare` makes the verdicts (by
-    the functions below); `measure_more` measures once more where that could decide (False: it could not, or
-    nothing more can be measured); `confirm` re-measures a failure where the route needs it (returns how many
-    repetitions); `beyond_doubt` says why a failure needs neither (perf.stored.BEYOND_DOUBT), "" where none does."""
+    the functions below) into the relative part of a PerfOutcome (its verdicts, notes, what changed, the baseline's
+    provenance, why a relative check asked for is missing), given what changed since the reference (`diff`, from
+    `changes`); `measure_more` measures once more where that could decide (False: it could not, or nothing more can
+    be measured); `confirm` re-measures a failure where the route needs it (returns how many repetitions);
+    `beyond_doubt` says why a failure needs neither (perf.stored.BEYOND_DOUBT), "" where none does."""
 
     route: Route
     baseline: Measurement | None
 
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None: ...
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison: ...
+    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome: ...
 
-    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool: ...
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool: ...
 
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int: ...
 
     def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str: ...
 
 
-def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
-           evidence: Evidence | None = None, other_model: bool = True) -> PerfOutcome:
+def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
+                diff: FingerprintDiff | None = None, other_model: bool = True) -> PerfOutcome:
     """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
     the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
-    since a stored baseline; `evidence`: worked out by the caller (PerfGate does, once per decision). A stored
+    since a stored baseline; `diff`: what changed, worked out by the caller (PerfGate does, once, before the
+    candidate is measured), else here from `fingerprint`. A stored
     baseline of another model is compared and said (outcome.model_change) where `other_model` (under
     --infergate-strict only with --infergate-allow-model-change: gates.perf.prepare_gate): else the relative check
     is missing."""
-    evidence = evidence or Evidence.of(candidate, reference.changes(fingerprint))
+    diff = diff if diff is not None else reference.changes(fingerprint)
     notes: list[str] = []
-    outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes, evidence),
-                          route=reference.route.value)
+    outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes), route=reference.route.value)
     outcome.notes += notes
     if budget.max_regression is None:
         return outcome
-    model_change = ", ".join(c.describe() for c in evidence.diff.model_changes) if evidence.diff else ""
+    model_change = ", ".join(c.describe() for c in diff.model_changes) if diff else ""
     outcome.model_change = model_change
     if model_change and not other_model:
         outcome.relative_check_missing = (
             f"the baseline is of another model ({model_change}): under --infergate-strict it is compared only with "
             "--infergate-allow-model-change (a model upgrade on purpose), else save a baseline of this model")
         return outcome
-    comparison = reference.compare(candidate, budget, evidence)
-    outcome.verdicts, outcome.baseline = comparison.verdicts, reference.baseline
-    outcome.relative_check_missing = comparison.missing
-    outcome.machine_mismatch, outcome.changes = comparison.machine_mismatch, comparison.changes
-    outcome.baseline_provenance = comparison.provenance
-    outcome.notes += comparison.notes
+    compared = reference.compare(candidate, budget, diff)
+    outcome.verdicts, outcome.baseline = compared.verdicts, reference.baseline
+    outcome.relative_check_missing = compared.relative_check_missing
+    outcome.machine_mismatch, outcome.changes = compared.machine_mismatch, compared.changes
+    outcome.baseline_provenance = compared.baseline_provenance
+    outcome.notes += compared.notes
     return outcome
 
 
-def no_comparison(missing: str) -> Comparison:
+def no_comparison(missing: str) -> PerfOutcome:
     """No reference: the relative check is skipped, said in a note (`missing`: why, where one was asked for)."""
-    return Comparison(missing=missing, notes=["relative check skipped: " + (
+    return PerfOutcome(relative_check_missing=missing, notes=["relative check skipped: " + (
         missing or "no baseline was given (--infergate-baseline PATH)")])
 
 
-def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> Comparison:
+def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> PerfOutcome:
     """An interleaved A/B: every metric compared round by round."""
-    return Comparison(compare_measurements(candidate, baseline, budget, paired=True))
+    return PerfOutcome(verdicts=compare_measurements(candidate, baseline, budget, paired=True))
 
 
-def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Budget, evidence: Evidence,
-                      provenance: str) -> Comparison:
+def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Budget, diff: FingerprintDiff | None,
+                      provenance: str) -> PerfOutcome:
     """A stored baseline: compared repetition by repetition, with what under test changed since it named and a
-    baseline from another machine making timings inconclusive (evidence.diff)."""
-    diff = evidence.diff or diff_fingerprints({}, {})
+    baseline from another machine making timings inconclusive (`diff`)."""
+    diff = diff or diff_fingerprints({}, {})
     verdicts = judged(compare_measurements(candidate, baseline, budget, stored_baseline=True), diff)
     # a metric the candidate has and the baseline lacks: a baseline saved when no gate compared it (its per-token
     # samples are dropped then: perf.baseline.for_baseline), or of an older version; said, never skipped in silence
@@ -129,22 +104,22 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
                and candidate.samples.get(metric) and not baseline.samples.get(metric)]
     missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
                "--infergate-save-baseline" if lacking else "")
-    return Comparison(verdicts, [calibration_note(candidate, baseline, verdicts)],
-                      [change.describe() for change in diff.machine], [change.describe() for change in diff.under_test],
-                      provenance, missing)
+    return PerfOutcome(verdicts=verdicts, notes=[calibration_note(candidate, baseline, verdicts)],
+                       machine_mismatch=[change.describe() for change in diff.machine],
+                       changes=[change.describe() for change in diff.under_test], baseline_provenance=provenance,
+                       relative_check_missing=missing)
 
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
     """Whether measuring more could decide: a verdict inconclusive by its interval (not by a stored baseline from
     another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable —
     unless its interval at the save's thread speed straddles the bar, which more of this run narrows; nor by a
-    spread that more repetitions cannot narrow below the threshold: verdict.beyond_remeasure)."""
+    spread that more repetitions cannot narrow below the threshold: stored.beyond_remeasure)."""
     return any(v.status == Status.INCONCLUSIVE and (not v.baseline_at_fault or v.narrowable) and not v.unresolvable
                and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
 
 
-def budget_violations(measurement: Measurement, budget: Budget, notes: list[str] | None = None,
-                      evidence: Evidence | None = None) -> list[Violation]:
+def budget_violations(measurement: Measurement, budget: Budget, notes: list[str] | None = None) -> list[Violation]:
     """The budgets `measurement` breaks (keys it has no figure for are not checked). A breach made by time while
     other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
     figure measured the machine's load as much as the code — unless it is worse than the load can explain, or the
@@ -152,11 +127,12 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
     budget with room for the correction's error (interference.load_free_residual): then the breach is cleared,
     said in `notes`. The correction never makes a failure (an open-loop workload's queue grows faster than its
     service slows, which a per-repetition share does not take out). A breach of memory, counts or rates of success
-    stands whatever the load. `evidence`: the decision's (its busy share), worked out here when not given."""
+    stands whatever the load (how busy: the others' share on the measurement's median repetition,
+    measurement.busy_share)."""
     measured = replace(budget, limits=tuple(limit for limit in budget.limits
                                             if measurement.samples.get(limit.metric)))
     violations = check_budget(measurement, measured)
-    share = (evidence or Evidence.of(measurement)).busy_share
+    share = busy_share(measurement.others_share)
     if share is None:
         return violations
     metric_of = {limit.key: limit.metric for limit in budget.limits}

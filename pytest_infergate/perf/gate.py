@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pytest_infergate.measurement import Measurement, scales_with_speed
+from pytest_infergate.measurement import Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.decide import (
-    Comparison,
-    Evidence,
     Reference,
     budget_violations,
-    decide,
+    decide_perf,
     interleaved_comparison,
     no_comparison,
     stored_comparison,
@@ -61,10 +59,10 @@ class NoReference:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
         return None
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
+    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome:
         return no_comparison(self.missing)
 
-    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
         return False
 
     def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int:
@@ -88,17 +86,16 @@ class StoredReference:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff:
         return diff_fingerprints(fingerprint or {}, self.entry.fingerprint or {})
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
-        return stored_comparison(candidate, self.baseline, budget, evidence, self.provenance)
+    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome:
+        return stored_comparison(candidate, self.baseline, budget, diff, self.provenance)
 
-    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
         """Once more while a verdict is undecided by noise alone; on a runner the kernel saw busy only where a pass
         straddles the bar at the save's thread speed (more of this run narrows that whatever the load), since
         elsewhere more repetitions would take minutes to say the same (perf.interference)."""
-        busy_but_narrowable = evidence.busy_share is not None and any(
-            v.narrowable and v.status == Status.INCONCLUSIVE for v in outcome.verdicts)
-        if self.remeasure is None or (evidence.busy_share is not None and not busy_but_narrowable) \
-                or not undecided_by_noise(outcome, evidence.diff):
+        busy = busy_share(candidate.others_share) is not None
+        narrowable = any(v.narrowable and v.status == Status.INCONCLUSIVE for v in outcome.verdicts)
+        if self.remeasure is None or (busy and not narrowable) or not undecided_by_noise(outcome, diff):
             return False
         self.remeasure()
         return True
@@ -157,10 +154,10 @@ class Interleaved:
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
         return None
 
-    def compare(self, candidate: Measurement, budget: Budget, evidence: Evidence) -> Comparison:
+    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome:
         return interleaved_comparison(candidate, self.baseline, budget)
 
-    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, evidence: Evidence) -> bool:
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
         if not undecided_by_noise(outcome, None):
             return False
         self._one_round()
@@ -182,31 +179,29 @@ class PerfGate:
     reference: Reference
     fingerprint: dict | None = None
     max_more: int = STORED_MORE
-    other_model: bool = True  # a baseline of another model is compared (perf.decide.decide; gates.perf.prepare_gate)
+    other_model: bool = True  # a baseline of another model is compared (decide_perf; gates.perf.prepare_gate)
     diff: FingerprintDiff | None = field(init=False)  # what changed since the reference: known before measuring
 
     def __post_init__(self) -> None:
         self.diff = self.reference.changes(self.fingerprint)
 
     def check(self, candidate: Measurement) -> PerfOutcome:
-        """`decide`, measuring more through the reference while it says that could decide (at most `max_more`
-        times), then the reference's confirmation of a failure. The runner's load is read once per decision."""
+        """`decide_perf`, measuring more through the reference while it says that could decide (at most `max_more`
+        times), then the reference's confirmation of a failure. What changed since the reference (`diff`) is known
+        before the candidate is measured; the runner's load is read from the candidate as it stands."""
         diff = self.diff
-        evidence = Evidence.of(candidate, diff)
-        outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
+        outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint, diff, self.other_model)
         if self.budget.max_regression is None:
             return outcome
         more = 0
         # a failure beyond doubt decides the record: more repetitions for its other figures cannot change that
         while more < self.max_more and not self.reference.beyond_doubt(candidate, outcome) \
-                and self.reference.measure_more(candidate, outcome, evidence):
+                and self.reference.measure_more(candidate, outcome, diff):
             more += 1
-            evidence = Evidence.of(candidate, diff)
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, evidence, self.other_model)
+            outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint, diff, self.other_model)
         confirmed = self.reference.confirm(candidate, outcome)
         if confirmed:
-            outcome = decide(candidate, self.reference, self.budget, self.fingerprint, Evidence.of(candidate, diff),
-                             self.other_model)
+            outcome = decide_perf(candidate, self.reference, self.budget, self.fingerprint, diff, self.other_model)
         outcome.remeasured, outcome.confirmed = more, confirmed
         why = self.reference.beyond_doubt(candidate, outcome)
         if why:
@@ -223,8 +218,7 @@ class PerfGate:
                 beyond_doubt(candidate, baseline, metric, budget.percentile_of(metric), 1.0 + budget.max_regression)
                 for metric in budget.relative_metrics() if scales_with_speed(metric)):
             return ""
-        outcome = decide(candidate, self.reference, budget, self.fingerprint, Evidence.of(candidate, self.diff),
-                         self.other_model)
+        outcome = decide_perf(candidate, self.reference, budget, self.fingerprint, self.diff, self.other_model)
         return self.reference.beyond_doubt(candidate, outcome)
 
 

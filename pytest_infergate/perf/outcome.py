@@ -174,9 +174,7 @@ class PerfOutcome:
     @property
     def status(self) -> Status:
         """What the checks decided (--infergate-strict is applied to it by the session, once: status.under_strict)."""
-        checks = [v.status for v in self.violations] + [v.status for v in self.verdicts]
-        return Status.FAIL if Status.FAIL in checks else Status.INCONCLUSIVE if Status.INCONCLUSIVE in checks \
-            else Status.PASS
+        return Status.worst([v.status for v in self.violations] + [v.status for v in self.verdicts])
 
     @property
     def failed(self) -> bool:

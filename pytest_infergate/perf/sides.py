@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
 
 
@@ -44,7 +43,7 @@ class Side:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CostRatio:
     """Candidate/baseline cost ratio with its bootstrap interval, and the two sides' summaries in cost units."""
 
     ratio: float
@@ -53,9 +52,6 @@ class Comparison:
     candidate_cost: float
     baseline_cost: float
     normalization: str  # "as measured", "by level" or "per repetition"
-
-    def status(self, threshold: float) -> Status:
-        return interval_status(self.low, self.high, threshold)
 
 
 @dataclass(frozen=True)
@@ -73,10 +69,12 @@ class MachineChange:
 
 @dataclass(frozen=True)
 class StoredVerdict:
-    """What verdict.compare_stored turns into a Verdict."""
+    """A stored comparison's verdict, made where it is decided (perf.stored, perf.busy on a busy runner,
+    perf.speed_pass at the save's thread speed), its one sentence the `disagreement`; stored.compare_stored turns it
+    into a Verdict."""
 
     status: Status
-    measured: Comparison
+    measured: CostRatio
     machine: MachineChange | None
     disagreement: str  # why a decisive comparison was made inconclusive ("" if it was not)
     baseline_at_fault: bool = False  # the disagreement blames the baseline's runner: more of this run cannot help
@@ -86,3 +84,7 @@ class StoredVerdict:
     # blamed on a save the host slowed, yet its interval at the save's thread speed straddles the bar: more
     # repetitions of this run narrow it and may still pass it there (perf.speed_pass.held_to_save_speed)
     narrowable: bool = False
+    # undecided beside the same co-tenant on both sides, the load-corrected comparison in words: those costs compare
+    # like a quiet pair's, so the engine thread's speed may decide a pass (perf.busy.steady_co_tenant,
+    # perf.speed_pass.at_thread_speed)
+    steady: str = ""

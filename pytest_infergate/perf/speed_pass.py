@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_infergate.perf.sides import Comparison, Side, StoredVerdict
+from pytest_infergate.perf.sides import CostRatio, Side, StoredVerdict
 from pytest_infergate.stats import bootstrap_ratio_ci, least_disturbed
 from pytest_infergate.status import Status
 
@@ -103,7 +103,7 @@ def _passed_at_speed(verdict: StoredVerdict, at_speed: SpeedNormalized, threshol
     measured = verdict.measured
     before = evidence or f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
     # the ratio is the normalized one; the two figures stay each side's own (the candidate's as it was measured)
-    return StoredVerdict(Status.PASS, Comparison(at_speed.ratio, at_speed.low, at_speed.high, measured.candidate_cost,
+    return StoredVerdict(Status.PASS, CostRatio(at_speed.ratio, at_speed.low, at_speed.high, measured.candidate_cost,
                                                  measured.baseline_cost, "at the save's thread speed"),
                          verdict.machine, f"{before}; {at_speed.sentence(threshold)}", load_corrected=load_corrected,
                          at_thread_speed=True)

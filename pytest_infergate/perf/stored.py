@@ -9,10 +9,14 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 
 from __future__ import annotations
 
-from pytest_infergate.measurement import METRICS, Measurement, busy_share
+import math
+from dataclasses import replace
+
+from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import busy, interference
-from pytest_infergate.perf.sides import Comparison, MachineChange, Side, StoredVerdict
+from pytest_infergate.perf.sides import CostRatio, MachineChange, Side, StoredVerdict
 from pytest_infergate.perf.speed_pass import at_thread_speed, held_to_save_speed
+from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.stats import (
     bootstrap_ratio_ci,
     harrell_davis,
@@ -111,9 +115,9 @@ def beyond_doubt(candidate: Measurement, baseline: Measurement, metric: str, pct
             f"whole-run spell ×{SPELL} × the load correction's error ×{interference.LOAD_FREE_RESIDUAL})")
 
 
-def as_measured(candidate: Side, baseline: Side) -> Comparison:
+def as_measured(candidate: Side, baseline: Side) -> CostRatio:
     point, low, high = bootstrap_ratio_ci(candidate.costs, baseline.costs, least_disturbed)
-    return Comparison(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
+    return CostRatio(point, low, high, least_disturbed(candidate.costs), least_disturbed(baseline.costs),
                       "as measured")
 
 
@@ -127,7 +131,7 @@ def machine_change(candidate: Side, baseline: Side) -> MachineChange | None:
     return MachineChange(*bootstrap_ratio_ci(getattr(candidate, probes), getattr(baseline, probes), least_disturbed))
 
 
-def normalized(candidate: Side, baseline: Side) -> Comparison | None:
+def normalized(candidate: Side, baseline: Side) -> CostRatio | None:
     """The comparison at the baseline's machine speed, whichever of two normalizations gives the narrower interval:
     by the machine's level (each side's cost summary over its quiet-probe summary: a machine whose speed moved
     between the runs but not much within either), or repetition by repetition (each cost over the probe run during
@@ -150,11 +154,11 @@ def normalized(candidate: Side, baseline: Side) -> Comparison | None:
     for name, cand, base, statistic in options:
         point, low, high = bootstrap_ratio_ci(cand, base, statistic)
         if best is None or high / low < best.high / best.low:
-            best = Comparison(point, low, high, point * base_cost, base_cost, name)
+            best = CostRatio(point, low, high, point * base_cost, base_cost, name)
     return best
 
 
-def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
+def decide_stored(candidate: Side, baseline: Side, max_regression: float) -> StoredVerdict:
     """The verdict as measured, kept only where the machine's move (by the probe) cannot have made it: see the
     module's docstring. The calibration probe's normalized comparison is reported, never decisive. Where the two
     sides were quiet, or beside the same co-tenant, and the verdict was left undecided by the drift between
@@ -169,14 +173,13 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
         status = Status.INCONCLUSIVE
     if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None:
         loaded = busy.busy_sides(candidate, baseline, measured, status, threshold)
-        verdict = StoredVerdict(loaded.status, measured, change, loaded.why, loaded.baseline_at_fault,
-                                loaded.load_corrected)
+        verdict = replace(loaded, machine=change, steady="")
         corrected = (candidate.load_free_costs() or [], baseline.load_free_costs() or [])
         if loaded.steady:
             return at_thread_speed(verdict, *corrected, candidate, baseline, threshold, steady_evidence=loaded.steady)
         costs = corrected if loaded.load_corrected else (candidate.costs, baseline.costs)
         return held_to_save_speed(verdict, *costs, candidate, baseline, threshold, threshold * RUN_DRIFT,
-                                  evidence=loaded.why)
+                                  evidence=loaded.disagreement)
     verdict = _quiet_sides(candidate, baseline, measured, status, change, drift, threshold)
     undecided = verdict.status == Status.INCONCLUSIVE and measured.low <= threshold * RUN_DRIFT \
         and as_measured_status != Status.PASS
@@ -192,7 +195,7 @@ def decide(candidate: Side, baseline: Side, max_regression: float) -> StoredVerd
                               threshold * RUN_DRIFT, quiet=True)
 
 
-def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: Status, change: MachineChange | None,
+def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status, change: MachineChange | None,
                  drift: str, threshold: float) -> StoredVerdict:
     """Neither side measured busy: the verdict as measured, the runs' drift and the calibration probe's move."""
     if drift:
@@ -228,7 +231,7 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: Comparison, status: 
     return StoredVerdict(status, measured, change, "")
 
 
-def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
+def within_drift(measured: CostRatio, status: Status, threshold: float) -> str:
     """Why a failure as measured is no failure against a stored baseline (its low end within threshold ×
     RUN_DRIFT), or "" where it stands or is no failure."""
     bound = threshold * RUN_DRIFT
@@ -240,7 +243,7 @@ def within_drift(measured: Comparison, status: Status, threshold: float) -> str:
             "process (infergate_bench.ab) or set a max_regression above the drift")
 
 
-def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
+def _normalized_aside(adjusted: CostRatio | None, threshold: float) -> str:
     if adjusted is None:
         return ""
     status = interval_status(adjusted.low, adjusted.high, threshold)
@@ -251,3 +254,46 @@ def _normalized_aside(adjusted: Comparison | None, threshold: float) -> str:
 def in_metric_units(metric: str, cost: float) -> float:
     """A cost back in the metric's own unit (throughputs were inverted)."""
     return 1.0 / cost if METRICS[metric][1] and cost > 0 else cost
+
+
+def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
+                   pct: int | None = 50) -> Verdict | None:
+    """A time-like metric against a stored baseline, repetition by repetition (perf.stored: each side summarized
+    by its least-disturbed repetitions; the calibration probe's move said, a pass the drift left undecided decided
+    at the save's thread speed). None: not a time-like metric, or a side without the split by repetition."""
+    if not scales_with_speed(metric):
+        return None
+    probed = bool(candidate.probe) and candidate.probe == baseline.probe
+    same_thread_probe = bool(candidate.thread_probe) and candidate.thread_probe == baseline.thread_probe
+    cand = side(candidate, metric, pct, probed, same_thread_probe)
+    base = side(baseline, metric, pct, probed, same_thread_probe)
+    if cand is None or base is None:
+        return None
+    decided = decide_stored(cand, base, max_regression)
+    measured, machine = decided.measured, decided.machine
+    verdict = Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
+                   pct if METRICS[metric][2] else None, in_metric_units(metric, measured.candidate_cost),
+                   in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
+                   machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
+                   baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
+                   load_free_by=cand.load_free_by if decided.load_corrected else "",
+                   unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed,
+                   narrowable=decided.narrowable)
+    if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
+        verdict = replace(verdict, unresolvable=True, note=(
+            f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
+            f"spread), and re-measuring cannot bring that below max_regression {max_regression:g}: compare in one "
+            f"process (infergate_bench.ab, or --infergate-compare-model), or set max_regression >= "
+            f"{verdict.resolution - 1:.2f}"))
+    return verdict
+
+
+# PerfGate re-measures a stored comparison at most twice, adding a block of repetitions each time: at most about
+# three times the repetitions, which narrows a bootstrap interval's log-width by about √3
+REMEASURE_NARROWING = math.sqrt(3)
+
+
+def beyond_remeasure(verdict: Verdict) -> bool:
+    """Whether even the re-measured comparison would still straddle the threshold: its resolution, narrowed by
+    REMEASURE_NARROWING in log space, stays above the threshold."""
+    return math.log(verdict.resolution) / REMEASURE_NARROWING > math.log(verdict.threshold)

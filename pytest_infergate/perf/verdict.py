@@ -10,8 +10,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
-from pytest_infergate.perf import interference, stored
+from pytest_infergate.measurement import METRICS, Measurement, busy_share
+from pytest_infergate.perf import interference
 from pytest_infergate.stats import (
     FAST_QUANTILE,
     bootstrap_ratio_ci,
@@ -40,7 +40,7 @@ class Verdict:
     paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
     # Against a stored baseline (perf.stored): the calibration probe's time now / when the baseline was measured
     # (1.2: the machine is 20% slower now). It never scales the figures: it says which verdicts the machine's move
-    # could have made (perf.stored.decide). None: no probe.
+    # could have made (perf.stored.decide_stored). None: no probe.
     machine_slowdown: float | None = None
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
     note: str = ""  # why a decisive comparison was made inconclusive, or what evidence decided it on a busy runner
@@ -280,46 +280,3 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
         f"a pass as measured ({as_measured}) does not stand, since the load stretches what computes and not what "
         "waits: while the runner is this busy only a slowdown beyond the load fails here; rerun the job (each run "
         "reads the runner's load anew) to decide"))
-
-
-def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
-                   pct: int | None = 50) -> Verdict | None:
-    """A time-like metric against a stored baseline, repetition by repetition (perf.stored: each side summarized
-    by its least-disturbed repetitions; the calibration probe's move said, a pass the drift left undecided decided
-    at the save's thread speed). None: not a time-like metric, or a side without the split by repetition."""
-    if not scales_with_speed(metric):
-        return None
-    probed = bool(candidate.probe) and candidate.probe == baseline.probe
-    same_thread_probe = bool(candidate.thread_probe) and candidate.thread_probe == baseline.thread_probe
-    cand = stored.side(candidate, metric, pct, probed, same_thread_probe)
-    base = stored.side(baseline, metric, pct, probed, same_thread_probe)
-    if cand is None or base is None:
-        return None
-    decided = stored.decide(cand, base, max_regression)
-    measured, machine = decided.measured, decided.machine
-    verdict = Verdict(metric, decided.status, measured.ratio, measured.low, measured.high, 1.0 + max_regression,
-                   pct if METRICS[metric][2] else None, stored.in_metric_units(metric, measured.candidate_cost),
-                   stored.in_metric_units(metric, measured.baseline_cost), (len(cand.costs), len(base.costs)),
-                   machine_slowdown=machine.ratio if machine else None, repetitions=True, note=decided.disagreement,
-                   baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
-                   load_free_by=cand.load_free_by if decided.load_corrected else "",
-                   unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed,
-                   narrowable=decided.narrowable)
-    if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
-        verdict = replace(verdict, unresolvable=True, note=(
-            f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
-            f"spread), and re-measuring cannot bring that below max_regression {max_regression:g}: compare in one "
-            f"process (infergate_bench.ab, or --infergate-compare-model), or set max_regression >= "
-            f"{verdict.resolution - 1:.2f}"))
-    return verdict
-
-
-# PerfGate re-measures a stored comparison at most twice, adding a block of repetitions each time: at most about
-# three times the repetitions, which narrows a bootstrap interval's log-width by about √3
-REMEASURE_NARROWING = math.sqrt(3)
-
-
-def beyond_remeasure(verdict: Verdict) -> bool:
-    """Whether even the re-measured comparison would still straddle the threshold: its resolution, narrowed by
-    REMEASURE_NARROWING in log space, stays above the threshold."""
-    return math.log(verdict.resolution) / REMEASURE_NARROWING > math.log(verdict.threshold)

@@ -252,7 +252,7 @@ def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, f
     return violations, flagged
 
 
-def decide(result: QualityResult, policy: ResolvedPolicy) -> Decision:
+def decide_quality(result: QualityResult, policy: ResolvedPolicy) -> Decision:
     """A candidate against the reference under `policy`: an aggregate whose interval lies wholly beyond its
     threshold, a category below its floor, and the flags of the comparison fail it; an interval that straddles its
     threshold leaves it undecided, saying how many samples would decide. A threshold on a figure not measured fails

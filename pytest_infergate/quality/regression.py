@@ -21,7 +21,8 @@ from pytest_infergate.quality.metrics import (
     first_divergence,
 )
 from pytest_infergate.quality.policy import RegressionPolicy
-from pytest_infergate.quality.travel import SampleFigures, TravelDecision
+from pytest_infergate.quality.travel import SampleFigures
+from pytest_infergate.status import Decision
 
 NEAR_TIE = "near-tie"
 DRIFT = "drift"
@@ -105,7 +106,7 @@ class GoldenRegression:
     other_machine: str = ""  # where the accepted outputs were recorded, when that is not this machine
     # where the policy lets quality decide (by_quality): this run's quality against its reference compared with the
     # figures recorded when the outputs were accepted (None: not decided that way, or no accepted file records them)
-    travel: TravelDecision | None = None
+    travel: Decision | None = None  # quality.travel.decide_travel's
     travel_source: str = ""  # the accepted file whose figures `travel` compared with
     # on this machine, why quality could not decide where the policy asks it to (an accepted file without figures,
     # the reference precision itself): the token rule decides instead, and says why
@@ -170,7 +171,7 @@ class GoldenRegression:
             out.append(f"exact=1: {len(self.changed)} of {self.compared} outputs changed "
                        f"({len(self.near_ties)} of them near-ties)")
         elif self.by_quality and self.travel is not None:
-            out += self.travel.failures()
+            out += self.travel.problems
         elif self.by_quality and self.other_machine:
             pass  # tokens do not travel: drift without figures is undecided (below)
         elif self._drift_beyond_policy():
@@ -191,10 +192,10 @@ class GoldenRegression:
         if self.travel is not None:
             if self.other_machine:
                 return [f"{why} on {self.other_machine}. {ACCEPT_HERE}, or widen the policy's max_top1_drop / "
-                        f"max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided()]
+                        f"max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided]
             return [f"{why}. If the change is intended, accept this run's outputs with --infergate-update-golden and "
                     "commit the file; else add golden samples (the interval narrows) or widen the policy's "
-                    f"max_top1_drop / max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided()]
+                    f"max_top1_drop / max_kl_rise / max_task_drop; {UNTIL_THEN}" for why in self.travel.undecided]
         if not self.other_machine or not self._drift_beyond_policy():
             return []
         return [f"drift in {len(self.drift)} of {self.compared} outputs ({self.drift_share:.1%}) against outputs "

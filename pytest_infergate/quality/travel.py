@@ -10,12 +10,12 @@ that decides. Why, and the spread between machines the margins come from: docs/e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pytest_infergate import units
 from pytest_infergate.quality.golden_files import GoldenOutputs
 from pytest_infergate.stats import mean, paired_bootstrap_ci
-from pytest_infergate.status import Status
+from pytest_infergate.status import Decision, Status
 
 MAX_TOP1_DROP = 0.05
 MAX_KL_RISE = 0.5  # relative to the accepted mean KL
@@ -103,50 +103,13 @@ ACCEPTED_ELSEWHERE = "the accepted machine's"
 ACCEPTED_HERE = "those accepted with the outputs"
 
 
-@dataclass
-class TravelDecision:
-    """This run's figures against the accepted ones, per figure, with the categories and samples that moved most (for
-    a failure's message)."""
-
-    figures: list[TravelFigure]
-    worst_categories: list[str] = field(default_factory=list)  # "chat: top1 −0.31" where a category fell most
-    worst_samples: list[str] = field(default_factory=list)  # "q3 [chat]: KL 0.02 → 0.9"
-    unpaired: int = 0  # samples without figures on one side
-    accepted_as: str = ACCEPTED_ELSEWHERE  # what the figures are compared with, in the messages
-
-    @property
-    def status(self) -> Status:
-        if not self.figures:
-            return Status.INCONCLUSIVE
-        return Status.worst(figure.status for figure in self.figures)
-
-    def summary(self) -> str:
-        return "; ".join(figure.describe() for figure in self.figures) or "no figures to compare"
-
-    def failures(self) -> list[str]:
-        if self.status != Status.FAIL:
-            return []
-        fell = "; ".join(f.describe() for f in self.figures if f.status == Status.FAIL)
-        where = ""
-        if self.worst_categories:
-            where += "; categories that fell most: " + ", ".join(self.worst_categories)
-        if self.worst_samples:
-            where += "; samples: " + ", ".join(self.worst_samples)
-        return [f"quality against the reference fell beyond the margins compared with {self.accepted_as}: "
-                f"{fell}{where}"]
-
-    def undecided(self) -> list[str]:
-        if self.status != Status.INCONCLUSIVE:
-            return []
-        straddling = "; ".join(f.describe() for f in self.figures if f.status == Status.INCONCLUSIVE)
-        return [f"quality against the reference neither equivalent nor fallen compared with {self.accepted_as} "
-                f"({straddling or 'no sample has figures on both sides'})"]
-
-
-def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
-           margins: TravelMargins, accepted_as: str = ACCEPTED_ELSEWHERE) -> TravelDecision:
-    """`now` (this run, sample id -> figures against its reference) against `accepted` (the accepted file's);
-    `categories`: sample id -> category; `accepted_as`: what the accepted figures are, in the messages."""
+def decide_travel(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], categories: dict[str, str],
+                  margins: TravelMargins, accepted_as: str = ACCEPTED_ELSEWHERE) -> Decision:
+    """`now` (this run, sample id -> figures against its reference) against `accepted` (the accepted file's), per
+    figure (TravelFigure); `categories`: sample id -> category; `accepted_as`: what the accepted figures are, in the
+    messages. The decision's sentences are made here: a failure names the figures beyond their margins, the
+    categories and samples that fell most; an undecided one the figures that straddle theirs (none paired: no
+    figures at all); its one note is every figure in words (the golden record's `travel`)."""
     paired = [sample for sample in now if sample in accepted]
     figures = []
     worst_categories: dict[str, list[str]] = {}  # category -> what fell there, in the order first found
@@ -171,14 +134,27 @@ def decide(accepted: dict[str, SampleFigures], now: dict[str, SampleFigures], ca
         if figure.status != Status.PASS:
             for name, fell in _worst_categories(metric, pairs, categories, figure.margin):
                 worst_categories.setdefault(name, []).append(fell)
-    worst_samples = _worst_samples(accepted, now, paired, categories)
-    return TravelDecision(figures, [f"{name} ({', '.join(fell)})" for name, fell in worst_categories.items()],
-                          worst_samples, unpaired=len(set(now) ^ set(accepted)), accepted_as=accepted_as)
+    status = Status.worst(figure.status for figure in figures) if figures else Status.INCONCLUSIVE
+    summary = "; ".join(figure.describe() for figure in figures) or "no figures to compare"
+    if status == Status.FAIL:
+        fell = "; ".join(f.describe() for f in figures if f.status == Status.FAIL)
+        where = "; categories that fell most: " + ", ".join(f"{name} ({', '.join(what)})" for name, what
+                                                             in worst_categories.items()) if worst_categories else ""
+        worst_samples = _worst_samples(accepted, now, paired, categories)
+        where += "; samples: " + ", ".join(worst_samples) if worst_samples else ""
+        return Decision([f"quality against the reference fell beyond the margins compared with {accepted_as}: "
+                         f"{fell}{where}"], notes=[summary])
+    if status == Status.INCONCLUSIVE:
+        straddling = "; ".join(f.describe() for f in figures if f.status == Status.INCONCLUSIVE)
+        return Decision(undecided=[f"quality against the reference neither equivalent nor fallen compared with "
+                                   f"{accepted_as} ({straddling or 'no sample has figures on both sides'})"],
+                        notes=[summary])
+    return Decision(notes=[summary])
 
 
 def decide_against(recorded: GoldenOutputs, source: str, reference: str, now: dict[str, SampleFigures],
                    categories: dict[str, str], margins: TravelMargins, other_machine: bool
-                   ) -> tuple[TravelDecision | None, str]:
+                   ) -> tuple[Decision | None, str]:
     """(`now`, this run's figures against `reference`, decided against those `recorded` (an accepted file, named
     `source`), or None and why they do not compare: figures against another reference precision)."""
     against = recorded.header.get("figures_against")
@@ -187,7 +163,7 @@ def decide_against(recorded: GoldenOutputs, source: str, reference: str, now: di
                       "tokens decide")
     accepted = {id_: SampleFigures.from_dict(output.figures)
                 for id_, output in recorded.outputs.items() if output.figures is not None}
-    return decide(accepted, now, categories, margins, ACCEPTED_ELSEWHERE if other_machine else ACCEPTED_HERE), ""
+    return decide_travel(accepted, now, categories, margins, ACCEPTED_ELSEWHERE if other_machine else ACCEPTED_HERE), ""
 
 
 def _figure(metric: str, figures: SampleFigures) -> float:

@@ -292,10 +292,9 @@ def run_verdict(results: RunResults) -> RunVerdict:
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
-    reasons += [Reason(Status.INCONCLUSIVE, NOT_AS_ASKED, "", warning) for warning in results.warnings]
-    for _ in results.warnings:
+    for warning in results.warnings:
+        reasons.append(Reason(Status.INCONCLUSIVE, NOT_AS_ASKED, "", warning))
         count(NOT_AS_ASKED, Status.INCONCLUSIVE)
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
-    order = {Status.FAIL: 0, Status.INCONCLUSIVE: 1}  # then what passed and is said all the same (a model change)
-    return RunVerdict(status, sorted(reasons, key=lambda reason: order.get(reason.status, 2)), results.saved_baseline,
-                      counts, change_failure(results.records))
+    worst_first = sorted(reasons, key=lambda reason: -Status(reason.status).rank)  # a pass said last (a model change)
+    return RunVerdict(status, worst_first, results.saved_baseline, counts, change_failure(results.records))
