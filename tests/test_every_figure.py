@@ -552,3 +552,25 @@ def test_the_repetitions_measured_again_are_said_on_the_terminal(tiny_fp32, monk
     again = [line for line in said if "measuring chat again" in line]
     assert again[0].startswith("infergate: measuring chat again, repetition: 1 of 2"), said
     assert again[-1].startswith("infergate: measuring chat again, repetition: 2 of 2, "), said
+
+
+@pytest.mark.parametrize("percentile", [50, 95])
+def test_a_record_keeps_the_percentile_its_gate_compared_so_compare_and_the_history_compare_it_too(percentile):
+    """Issue #54 point 4: `percentile=95` with only max_regression made the in-run gate compare TTFT p95 while the
+    record kept no percentile, so `infergate compare` and the history compared p50 on the same pair. The record now
+    keeps a percentile other than the default, and the budget read back from it compares the same one."""
+    from types import SimpleNamespace
+
+    from pytest_infergate.gates.perf import finish_gate
+    from pytest_infergate.perf.budget import recorded_budget
+    from pytest_infergate.results.records import PerfRecord
+
+    budget = parse_budget({"percentile": percentile, "max_regression": 0.1})
+    measurement = served(seed=2)
+    outcome = evaluate_perf(measurement, budget, {}, BaselineEntry({}, served(seed=1)))
+    record = PerfRecord(test="t", label="", precision="fp32", measurement=measurement, budget={}, fingerprint={})
+    finish_gate(SimpleNamespace(say=lambda finding: None, record=lambda r: None, properties=[]), record, outcome,
+                budget, [])
+    assert record.budget == ({"percentile": 95} if percentile == 95 else {}) | {"max_regression": 0.1}
+    again = recorded_budget(record.budget, measurement)
+    assert again.percentile == percentile and again.percentile_of("ttft_ms") == budget.percentile_of("ttft_ms")

@@ -68,7 +68,11 @@ def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budg
     if unmeasured:
         outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
     warn_about_outcome(ctx, record.test, outcome)
-    record.budget = {limit.key: limit.value for limit in budget.limits} | {"max_regression": budget.max_regression}
+    # the default percentile goes unsaid, as in a marker; another is kept, so that `infergate compare` and the history
+    # compare the percentile this gate compared
+    percentile = {"percentile": budget.percentile} if budget.percentile != Budget().percentile else {}
+    record.budget = {limit.key: limit.value for limit in budget.limits} | percentile | {
+        "max_regression": budget.max_regression}
     record_outcome(ctx, record, outcome)
 
 
