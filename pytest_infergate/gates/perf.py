@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import partial
 
 from pytest_infergate.context import TestContext
+from pytest_infergate.gates import served_loads
 from pytest_infergate.gates.ab import run_ab
 from pytest_infergate.gates.gating import (
     ab_budget,
@@ -138,23 +139,27 @@ class PerfBench:
             self.ctx.say(Finding(SPEED_EXPERIMENT_CHECK, self.ctx.test_id, message))
         return status
 
-    # a served model's load tools (gates.endpoint.ServedRuns, docs/guides/endpoint.md); on the engine the test
+    # a served model's load tools (gates.endpoint, gates.served_loads, docs/guides/endpoint.md); on the engine the test
     # fails naming the fix
-    def load(self, *args, **kwargs) -> Measurement:
-        """A load run against the server in a pattern, gated: ServedRuns.load."""
-        return self._can("load()").load(self, *args, **kwargs)
+    def load(self, requests=None, pattern=None, slo=None, *, warmup: int = 1, repeats: int = 1, label: str = "",
+             tags: dict | None = None) -> Measurement:
+        """Run `requests` (default: 16 chat requests) against the endpoint in `pattern` (a LoadPattern, or a dict
+        such as {"rate_per_s": 4, "burstiness": 0.5} or {"concurrency": 8}) `repeats` times, and gate the result
+        with the test's budgets. `slo` (or the `infergate_slo` marker) defines goodput. Returns the Measurement."""
+        self._can("load()")
+        return self(requests, warmup=warmup, repeats=repeats, label=label, tags=tags, pattern=pattern, slo=slo)
 
     def sweep(self, *args, **kwargs):
-        """One gated load run per rate or concurrency, or the sweep profile: ServedRuns.sweep."""
-        return self._can("sweep()").sweep(self, *args, **kwargs)
+        """One gated load run per rate or concurrency, or the sweep profile: gates.served_loads.sweep."""
+        return served_loads.sweep(self._can("sweep()"), *args, **kwargs)
 
     def capacity(self, *args, **kwargs):
-        """The highest load that still meets the SLO, gated: ServedRuns.capacity."""
-        return self._can("capacity()").capacity(self, *args, **kwargs)
+        """The highest load that still meets the SLO, gated: gates.served_loads.capacity."""
+        return served_loads.capacity(self._can("capacity()"), *args, **kwargs)
 
     def synchronous_rps(self, *args, **kwargs) -> float:
-        """The server's rate one request at a time: ServedRuns.synchronous_rps."""
-        return self._can("synchronous_rps()").synchronous_rps(*args, **kwargs)
+        """The server's rate one request at a time: gates.served_loads.synchronous_rps."""
+        return served_loads.synchronous_rps(self._can("synchronous_rps()"), *args, **kwargs)
 
     def workload(self, *args, **kwargs):
         """Chat requests sized by the local tokenizer or the server's /tokenize: ServedRuns.workload."""
