@@ -89,8 +89,9 @@ class ServedRuns:
             self.ctx.skip(Finding(ENGINE_CHECK, self.ctx.test_id, f"engine experiment (batching={config.batching}, "
                                   f"cache_mode={config.cache_mode}): a server's batching and KV cache are its own",
                                   "run it without --infergate-endpoint"))
+        requests = self.with_test_extras(requests if requests is not None else self.default_workload())
         pattern = self.pattern(options.get("pattern"), config)
-        return self.load_run(self.with_test_extras(requests), pattern, self.slo(options.get("slo")), label, tags)
+        return self.load_run(requests, pattern, self.slo(options.get("slo")), label, tags)
 
     def load_run(self, requests: list, pattern: LoadPattern, slo: Slo, label: str, tags: dict | None) -> WorkloadRun:
         """One load run's WorkloadRun: `requests` (the test's extras added) in `pattern`, goodput against `slo`."""

@@ -85,6 +85,7 @@ class LocalRuns:
                           "only a served model's load run takes (--infergate-endpoint)")
         config = config or EngineConfig()
         self.skip_unless_runnable(self.loaded, config)
+        requests = requests if requests is not None else self.default_workload()
         key, bench = self.ctx.measurement_key(label), self.bench
 
         def measure(plan: RepetitionPlan | None, *, warmup: int, repeats: int, min_time_s: float, until,

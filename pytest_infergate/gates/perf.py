@@ -69,7 +69,6 @@ class PerfBench:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             self.ctx.fail(f"infergate_bench(repeats={repeats!r}): take at least one repetition (repeats >= 1); "
                           "nothing measured is nothing gated")
-        requests = requests if requests is not None else self.default_workload()
         run = self.runs.workload_run(requests, config, label, tags, options)
         elsewhere = self.runs.elsewhere(run, warmup, repeats)
         if elsewhere is not None:

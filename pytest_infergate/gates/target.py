@@ -69,9 +69,11 @@ class Runs(Protocol):
     def default_workload(self, num_requests: int | None = None) -> list:
         """The workload of a call that gives none."""
 
-    def workload_run(self, requests: list, config: Any, label: str, tags: dict | None, options: dict) -> Any:
-        """The gates.gating.WorkloadRun of one call (`options`: the call's target-specific keywords); skips the
-        test where the target cannot run `config`, fails it on an unknown option."""
+    def workload_run(self, requests: list | None, config: Any, label: str, tags: dict | None,
+                     options: dict) -> Any:
+        """The gates.gating.WorkloadRun of one call (`requests` None: default_workload(); `options`: the call's
+        target-specific keywords); skips the test where the target cannot run `config` (before any workload is
+        built), fails it on an unknown option."""
 
     def elsewhere(self, run: Any, warmup: int, repeats: int) -> Measurement | None:
         """The call measured another way where the run asks for it (the engine under --infergate-baseline-python:
