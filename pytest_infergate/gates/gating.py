@@ -131,14 +131,14 @@ class WorkloadRun:
     `record` is its record before measuring (what runs it, on what, the fingerprint a stored baseline is compared
     with); `requests` and `config` (an EngineConfig, a LoadPattern) what it runs; `measure(plan, warmup=, repeats=,
     min_time_s=, until=, decided=)` measures it under the repetition plan (None: as the test asked);
-    `extend(measurement, warmup)` adds repetitions to it (a stored comparison re-measures); `about` follows the key
+    `extend(measurement, warmup=)` adds repetitions to it (a stored comparison re-measures); `about` follows the key
     in a failure message and `detail(measurement)` ends it."""
 
     record: PerfRecord
     requests: list
     config: Any
     measure: Callable[..., Measurement]
-    extend: Callable[[Measurement, int], object]
+    extend: Callable[..., object]
     about: str = ""
     detail: Callable[[Measurement], str] = lambda measurement: ""
 
@@ -152,7 +152,7 @@ def measure_planned(ctx: TestContext, run: WorkloadRun, warmup: int, repeats: in
     rewarmup = warmup if rewarmup is None else rewarmup
     # the closure reads `measurement` when the gate re-measures, by then measured
     gate = prepare_gate(ctx, key, run.record.precision, run.record.fingerprint,
-                        remeasure=lambda: run.extend(measurement, rewarmup))
+                        remeasure=lambda: run.extend(measurement, warmup=rewarmup))
     plan = repetition_plan(gate.budget, ctx, repeats)
     measurement = run.measure(plan, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                               until=until_settled(plan, f"measuring {key}"), decided=gate.failed_beyond_doubt)

@@ -5,6 +5,7 @@ HF generate where the engine refuses the model), its interleaved A/B against the
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.ab import AbSides, local_sides
@@ -99,9 +100,8 @@ class LocalRuns:
             except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
                 self.ctx.fail(f"infergate_bench for {key}: {exc}")
 
-        def extend(measurement: Measurement, warmup: int) -> None:
-            bench.extend(measurement, requests, config, warmup=warmup)
-
+        # Bench.extend itself, no function of this module between: the gate's path after the measurement stays short
+        extend = partial(bench.extend, requests=requests, config=config)
         return WorkloadRun(self.record(key, label, config, tags), requests, config, measure, extend)
 
     def elsewhere(self, run: WorkloadRun, warmup: int, repeats: int) -> Measurement | None:
