@@ -266,7 +266,7 @@ def budget_of(record: PerfRecord, max_regression: float | None) -> Budget:
         budget = parse_budget({})
     regression = max_regression if max_regression is not None else record.budget.get("max_regression")
     regression = DEFAULT_MAX_REGRESSION if regression is None else regression
-    # as the in-run gate (gates.perf.measured_budget): a key the measurement has no figure for is not checked;
+    # as the in-run gate (gates.gating.measured_budget): a key the measurement has no figure for is not checked;
     # no limit at all: the in-run gate's default figures (Budget.relative_metrics)
     measured, _ = budget.measured_in(record.measurement)
     return replace(measured, max_regression=regression)

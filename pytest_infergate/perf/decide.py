@@ -81,7 +81,7 @@ def decide(candidate: Measurement, reference: Reference, budget: Budget, fingerp
     the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
     since a stored baseline; `evidence`: worked out by the caller (PerfGate does, once per decision). A stored
     baseline of another model is compared and said (outcome.model_change) where `other_model` (under
-    --infergate-strict only with --infergate-allow-model-change: gates.perf.prepare_gate): else the relative check
+    --infergate-strict only with --infergate-allow-model-change: gates.gating.prepare_gate): else the relative check
     is missing."""
     evidence = evidence or Evidence.of(candidate, reference.changes(fingerprint))
     notes: list[str] = []
