@@ -55,7 +55,7 @@ def measure_client(url: str, count: int, tokens: int, concurrency: int) -> tuple
                    scrape=False)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert not run.errors, run.errors
-    return cpu, wall, sum(len(r.chunk_times) for r in run.results)
+    return cpu, wall, sum(len(r.token_times) for r in run.results)
 
 
 def measure_raw(url: str, count: int, tokens: int, concurrency: int) -> tuple[float, float, int]:

@@ -1,5 +1,5 @@
 """What the mechanics and the fixture objects tell the world outside pytest. A fixture object (`PerfBench`,
-`GoldenGate`, `EndpointPerfBench`) never imports pytest: the plugin hands each one a TestContext whose callables
+`GoldenGate`) never imports pytest: the plugin hands each one a TestContext whose callables
 record, fail, skip and warn for it (pytest-benchmark's pattern), so it runs from a REPL or a unit test with plain
 functions. Long work (model conversion, repetitions, golden generation, a capacity search) reports its progress
 with `report(...)` to the sink the session installs (the terminal on the controller; none under -q or on a worker)."""

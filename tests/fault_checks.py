@@ -232,7 +232,7 @@ def check_a_misbehaving_endpoint_ends_every_request_classified_once(mode, kind, 
     assert sorted(r.request_id for r in run.results) == ["r0", "r1", "r2", "r3"]  # none lost, none twice
     assert [r.error for r in run.results] == [kind] * 4
     if kind is None:
-        assert run.success_rate == 1 and all(r.output_tokens == 6 for r in run.results)
+        assert run.success_rate == 1 and all(r.num_output_tokens == 6 for r in run.results)
         assert run.summary()["usage_reported"] is (mode != "no_usage")
     else:
         assert run.errors == {kind: 4} and run.success_rate == 0
@@ -248,7 +248,7 @@ def check_refusals_keep_the_load_schedule():
         run = run_load(EndpointConfig(server.url, api="completions"), requests, pattern, scrape=False)
         seen = len(server.httpd.bodies)
     offsets = pattern.offsets_for(requests)
-    late = {r.request_id: r.sent - (run.started + offsets[int(r.request_id[1:])]) for r in run.results}
+    late = {r.request_id: r.arrival - (run.started + offsets[int(r.request_id[1:])]) for r in run.results}
     # none early (a refusal did not pull the later arrivals forward), none re-sent after its Retry-After. The order
     # of two arrivals a few ms apart is not asserted: on a loaded runner the later one can leave first.
     assert all(delay >= -0.005 for delay in late.values()), late

@@ -117,7 +117,7 @@ def test_warmup_and_cooldown_seconds_keep_the_load_but_count_only_the_steady_sta
         counted, seconds = run.window()
         assert len(run.results) == 20 and run.success_rate == 1  # every request was sent and answered
         assert 0 < len(counted) < 20
-        assert all(r.sent >= run.started + 0.3 and r.finished <= run.started + run.duration_s - 0.3 for r in counted)
+        assert all(r.arrival >= run.started + 0.3 and r.finished <= run.started + run.duration_s - 0.3 for r in counted)
         assert seconds == pytest.approx(run.duration_s - 0.6)
         measurement = Measurement()
         add_to_measurement(run, measurement)
@@ -151,7 +151,7 @@ def test_the_clock_starts_when_the_request_leaves_and_extra_fields_are_sent():
         before, result = asyncio.run(one(server.url))
     assert result.ok and result.sent_on_wire  # stamped by httpcore's trace, as the headers left
     (arrived,) = server.httpd.arrivals
-    assert before <= result.sent <= arrived <= result.first_token
+    assert before <= result.arrival <= arrived <= result.first_token
     (body,) = server.httpd.bodies
     assert body["ignore_eos"] is True and body["min_tokens"] == 4 and body["top_k"] == 1 and body["max_tokens"] == 4
     with pytest.raises(OptionError, match="extra_body may not set stream"):
@@ -188,7 +188,7 @@ def test_the_time_to_connect_counts_in_a_requests_latency(monkeypatch):
     with FaultyServer("ok") as server:
         before, result = asyncio.run(one(server.url))
     (arrived,) = server.httpd.arrivals
-    assert result.ok and result.sent_on_wire and before <= result.sent <= arrived - 0.5
+    assert result.ok and result.sent_on_wire and before <= result.arrival <= arrived - 0.5
     assert result.ttft_s >= 0.5 and result.e2e_s >= 0.5
 
 
@@ -204,7 +204,7 @@ def test_a_run_is_stopped_early_only_where_the_stop_cut_a_request():
         async def send(self, request, stream=True):
             for _ in range(int(request.request_id)):
                 await asyncio.sleep(0)
-            return EndpointResult(request.request_id, sent=time.perf_counter(), finished=time.perf_counter())
+            return EndpointResult(request.request_id, arrival=time.perf_counter(), finished=time.perf_counter())
 
     for turns in range(6):
         requests = [EndpointRequest(prompt="x", request_id=str(n)) for n in (0, turns)]
@@ -307,11 +307,11 @@ def test_streaming_metrics_from_a_real_server(llama_server):
     assert run.errors == {} and run.success_rate == 1
     for r in run.results:
         assert r.text and r.finish_reason in ("length", "stop")
-        assert r.chunk_times == sorted(r.chunk_times) and r.sent < r.first_token <= r.chunk_times[0] <= r.finished
-        assert len(r.itl_s) == len(r.chunk_times) - 1 and all(x >= 0 for x in r.itl_s)
-        assert 1 <= r.output_tokens <= 16
-        if r.output_tokens > 1:
-            assert r.tpot_s == pytest.approx((r.finished - r.first_token) / (r.output_tokens - 1))
+        assert r.token_times == sorted(r.token_times) and r.arrival < r.first_token <= r.token_times[0] <= r.finished
+        assert len(r.itl_s) == len(r.token_times) - 1 and all(x >= 0 for x in r.itl_s)
+        assert 1 <= r.num_output_tokens <= 16
+        if r.num_output_tokens > 1:
+            assert r.tpot_s == pytest.approx((r.finished - r.first_token) / (r.num_output_tokens - 1))
     greedy = {r.text for r in run.results}
     assert len(greedy) == 1, f"temperature 0 answers differ: {greedy}"
 
@@ -321,7 +321,7 @@ def test_200_concurrent_requests_are_all_accounted_for(llama_server):
     requests = _requests(200, 3)
     run = run_load(config, requests, LoadPattern(concurrency=200))
     assert sorted(r.request_id for r in run.results) == sorted(r.request_id for r in requests)
-    assert run.errors == {} and all(r.output_tokens for r in run.results)
+    assert run.errors == {} and all(r.num_output_tokens for r in run.results)
 
 
 SERVER_SUITE = """
@@ -430,7 +430,7 @@ def test_both_apis_stream_from_a_real_server(llama_server, api):
     run = run_load(EndpointConfig(llama_server.url, timeout_s=120, api=api), [request])
     result = run.results[0]
     assert result.ok, result.error_detail
-    assert result.text and result.output_tokens >= 1 and result.ttft_s > 0
+    assert result.text and result.num_output_tokens >= 1 and result.ttft_s > 0
 
 
 def test_a_prompt_past_the_servers_context_is_counted_and_the_run_goes_on(llama_server):

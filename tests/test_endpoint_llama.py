@@ -61,8 +61,8 @@ def test_ignore_eos_gives_exactly_max_tokens_on_the_real_server(llama_server):
     run = run_load(EndpointConfig(llama_server.url, timeout_s=120), [_chat(short, 24, "free"), fixed],
                    LoadPattern(concurrency=1))
     free, held = run.results
-    assert free.ok and held.ok and held.output_tokens == 24 and held.finish_reason == "length"
-    assert free.output_tokens < 24  # the same prompt ends by itself without it
+    assert free.ok and held.ok and held.num_output_tokens == 24 and held.finish_reason == "length"
+    assert free.num_output_tokens < 24  # the same prompt ends by itself without it
 
 
 def test_token_exact_prompts_from_the_servers_own_tokenizer(llama_server):
@@ -73,7 +73,7 @@ def test_token_exact_prompts_from_the_servers_own_tokenizer(llama_server):
     requests = token_exact_requests(config, 4, (10, 60), 6, seed=3)
     assert len({tuple(r.prompt) for r in requests}) == 4  # each its own prompt: no shared prefix to cache
     run = run_load(config, requests, LoadPattern(concurrency=2), scrape=False)
-    assert [(r.error, r.prompt_tokens, r.output_tokens) for r in run.results] == \
+    assert [(r.error, r.prompt_tokens, r.num_output_tokens) for r in run.results] == \
         [(None, len(q.prompt), 6) for q in requests]  # the server read exactly the tokens asked for
     with pytest.raises(EndpointError, match="only the completions API takes"):
         token_exact_requests(replace(config, api="chat"), 1, 8, 4)

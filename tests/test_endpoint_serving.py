@@ -192,8 +192,8 @@ def test_sessions_send_the_live_answers_and_replay_timestamps(tmp_path):
         run = run_load(EndpointConfig(server.url), from_file(path), LoadPattern(replay=True))
     by_id = {r.request_id: r for r in run.results}
     assert set(by_id) == {"s-t0", "s-t1", "late"} and run.errors == {}
-    assert by_id["late"].sent - by_id["s-t0"].sent >= 0.39
-    assert by_id["s-t1"].sent >= by_id["s-t0"].finished  # turn 2 waits for the answer to turn 1
+    assert by_id["late"].arrival - by_id["s-t0"].arrival >= 0.39
+    assert by_id["s-t1"].arrival >= by_id["s-t0"].finished  # turn 2 waits for the answer to turn 1
     assert by_id["s-t0"].text == "tok0 tok1 "
 
 

@@ -561,7 +561,7 @@ def test_a_record_keeps_the_percentile_its_gate_compared_so_compare_and_the_hist
     keeps a percentile other than the default, and the budget read back from it compares the same one."""
     from types import SimpleNamespace
 
-    from pytest_infergate.gates.perf import finish_gate
+    from pytest_infergate.gates.gating import finish_gate
     from pytest_infergate.perf.budget import recorded_budget
     from pytest_infergate.results.records import PerfRecord
 

@@ -161,7 +161,7 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     it (a slowdown fails), and how to make it decisive: a re-save in a later run (the CI job's own), or the A/B route,
     which needs no stored baseline; a later run that cannot pass against it says the same as its reason's advice."""
     from pytest_infergate.context import TestContext
-    from pytest_infergate.gates.perf import gate_measurement
+    from pytest_infergate.gates.gating import gate_measurement
     from pytest_infergate.gates.target import OnEngine
     from pytest_infergate.options import Options
     from pytest_infergate.results import RunResults

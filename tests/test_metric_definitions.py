@@ -7,8 +7,8 @@ from pytest_infergate.endpoint.exchange import EndpointResult
 from pytest_infergate.stats import percentile
 
 # a request sent at t=10.0 s whose 4 text chunks arrived at 10.200, 10.250, 10.310, 10.360, stream ended 10.370
-STREAM = EndpointResult("r0", sent=10.0, first_token=10.2, chunk_times=[10.2, 10.25, 10.31, 10.36], finished=10.37,
-                        output_tokens=4, finish_reason="length", status=200)
+STREAM = EndpointResult("r0", arrival=10.0, first_token=10.2, token_times=[10.2, 10.25, 10.31, 10.36], finished=10.37,
+                        decode_end=10.37, num_output_tokens=4, finish_reason="length", status=200)
 
 
 def vllm_bench(sent, chunks, end, output_len):
@@ -27,8 +27,8 @@ def guidellm(sent, chunks, end, output_tokens):
 
 def test_one_stream_maps_onto_vllm_bench_and_guidellm_as_documented():
     ours = {"ttft": STREAM.ttft_s, "tpot": STREAM.tpot_s, "itl": STREAM.itl_s, "e2e": STREAM.e2e_s}
-    vllm = vllm_bench(10.0, STREAM.chunk_times, 10.37, 4)
-    guide = guidellm(10.0, STREAM.chunk_times, 10.37, 4)
+    vllm = vllm_bench(10.0, STREAM.token_times, 10.37, 4)
+    guide = guidellm(10.0, STREAM.token_times, 10.37, 4)
     assert ours["ttft"] == pytest.approx(vllm["ttft"]) == pytest.approx(guide["time_to_first_token"])
     assert ours["tpot"] == pytest.approx(vllm["tpot"]) == pytest.approx(guide["inter_token_latency"])
     assert ours["itl"] == pytest.approx(vllm["itl"])

@@ -536,7 +536,7 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     # issue #45 point 4: a stored baseline's side is measured until its own spread resolves a third of
     # max_regression (at least 5, at most 12 repetitions), not a fixed 8 whatever the noise
     from pytest_infergate.context import TestContext
-    from pytest_infergate.gates.perf import budget_for
+    from pytest_infergate.gates.gating import budget_for
     from pytest_infergate.options import Options
     from pytest_infergate.perf.repetitions import LEAST_REPETITIONS, MOST_REPETITIONS, repetition_plan
 

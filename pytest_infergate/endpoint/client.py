@@ -89,7 +89,7 @@ class EndpointClient:
         """Send one request; never raises for a server-side problem (the result says what went wrong)."""
         body = request.body(self.model or "", stream)  # outside the try: a bad request is our bug, not the server's
         result = EndpointResult(request.request_id)
-        result.sent = time.perf_counter()
+        result.arrival = time.perf_counter()
         try:
             await asyncio.wait_for(self._exchange_once_more_if_stale(request.path, body, stream, result),
                                    timeout=self.config.timeout_s)
@@ -101,6 +101,8 @@ class EndpointClient:
                        f"{type(exc).__name__}: {exc}")
         except (SSEError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._fail(result, "malformed_stream", f"{type(exc).__name__}: {exc}")
+        if result.ok:  # TPOT runs to the end of the stream, as vLLM's benchmark defines it; a failure has none
+            result.decode_end = result.finished
         return result
 
     @staticmethod
@@ -118,7 +120,7 @@ class EndpointClient:
             # The server closed or reset a pooled keep-alive connection before any answer began (llama.cpp's
             # server does so after a request that failed mid-stream; which error the client sees depends on the
             # race): that is no verdict on this request, so it goes once more, on a fresh connection. Timeouts
-            # and refused connections are verdicts and are not retried. `sent` stays: the client-side latency
+            # and refused connections are verdicts and are not retried. `arrival` stays: the client-side latency
             # includes the lost attempt.
             await self._exchange(path, body, stream, result)
 
@@ -130,7 +132,7 @@ class EndpointClient:
         (docs/measurements.md). A retried attempt keeps the first one's instant: the lost attempt is latency too."""
         async def trace(event: str, info: dict) -> None:
             if event.endswith(_GOING_OUT) and not result.sent_on_wire:
-                result.sent, result.sent_on_wire = time.perf_counter(), True
+                result.arrival, result.sent_on_wire = time.perf_counter(), True
 
         return {"trace": trace}
 
@@ -146,8 +148,8 @@ class EndpointClient:
             choice = data["choices"][0]
             result.text, result.finish_reason = choice_text(choice), choice.get("finish_reason")
             result.logprobs = choice_logprobs(choice)
-            if result.output_tokens is None:
-                result.output_tokens = len(result.logprobs) or None
+            if result.num_output_tokens is None:
+                result.num_output_tokens = len(result.logprobs) or None
             return None
         async with aconnect_sse(self._http, "POST", path, json=body, extensions=self._on_the_wire(result)) as source:
             response = source.response
@@ -176,7 +178,7 @@ class EndpointClient:
                     if text:
                         if result.first_token is None:
                             result.first_token = now
-                        result.chunk_times.append(now)
+                        result.token_times.append(now)
                         pieces.append(text)
                     result.logprobs += choice_logprobs(choice)
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
@@ -186,13 +188,13 @@ class EndpointClient:
                 ended = "[DONE]" if done else "the end of the stream"
                 return self._fail(result, "incomplete_stream", f"{ended} came before any finish_reason: the "
                                   "server cut the answer short")
-            if result.output_tokens is None:
-                result.output_tokens = len(result.chunk_times)
-            elif result.output_tokens < len(result.chunk_times):
+            if result.num_output_tokens is None:
+                result.num_output_tokens = len(result.token_times)
+            elif result.num_output_tokens < len(result.token_times):
                 # every content chunk carries at least one token: fewer tokens than chunks is a usage figure that
                 # lies or a chunk sent twice, and tokens/s from either would be wrong
-                return self._fail(result, "inconsistent_usage", f"usage.completion_tokens is {result.output_tokens} "
-                                  f"but {len(result.chunk_times)} content chunks arrived")
+                return self._fail(result, "inconsistent_usage", "usage.completion_tokens is "
+                                  f"{result.num_output_tokens} but {len(result.token_times)} content chunks arrived")
         return None
 
     def _refused(self, result: EndpointResult, response: httpx.Response, path: str) -> None:
@@ -218,7 +220,7 @@ class EndpointClient:
         usage = data.get("usage")
         if usage:
             result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
-            result.output_tokens = usage.get("completion_tokens", result.output_tokens)
+            result.num_output_tokens = usage.get("completion_tokens", result.num_output_tokens)
             details = usage.get("prompt_tokens_details") or {}
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
                 result.cached_tokens = int(details["cached_tokens"])
@@ -268,7 +270,7 @@ class _Item:
     def close(self) -> list[EndpointResult]:
         now = time.perf_counter()
         for request_id in self.ids[len(self.results):]:
-            result = EndpointResult(request_id, sent=now, finished=now)
+            result = EndpointResult(request_id, arrival=now, finished=now)
             if self.failed is not None:
                 result.error = SESSION_ABORTED
                 result.error_detail = f"turn {self.failed.request_id} failed ({self.failed.error}): not sent"

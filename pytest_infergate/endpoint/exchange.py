@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from pytest_infergate.errors import InfergateError, OptionError
-from pytest_infergate.workloads.request import RequestLatencies
+from pytest_infergate.workloads.timings import RequestTimings
 from pytest_infergate.workloads.transcript import plain_text
 
 SET_BY_THE_LOAD_GENERATOR = frozenset({"model", "stream", "messages", "prompt"})
@@ -171,22 +171,20 @@ class EndpointRequest:
 
 
 @dataclass
-class EndpointResult(RequestLatencies, start="sent", stamps="chunk_times"):
-    """One request as the client saw it. Instants are perf_counter seconds; `error` is None on success."""
+class EndpointResult(RequestTimings):
+    """One request as the client saw it: its timings (RequestTimings, as the engine's: `arrival` when it started
+    to go out, `token_times` when each chunk that carried text came, `num_output_tokens` from the server's usage,
+    else the number of text chunks; `decode_end` the end of the stream where it succeeded) and its answer. `error`
+    is None on success."""
 
     request_id: str
-    sent: float = 0.0  # when the request started to go out (its connect, else its headers: httpcore's trace), else
-    # just before it was built
-    sent_on_wire: bool = False  # `sent` is the instant the request started to go out, not the fallback
-    first_token: float | None = None
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
-    finished: float | None = None
+    sent_on_wire: bool = False  # `arrival` is the instant the request started to go out (its connect, else its
+    # headers: httpcore's trace), not the fallback, just before it was built
     text: str = ""
     finish_reason: str | None = None
     status: int | None = None  # HTTP status of the answer; None when none came
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server sends it
-    output_tokens: int | None = None  # from the server's usage; else the number of text chunks
     usage_reported: bool = False
     error: str | None = None  # http_<status>, timeout, connect, transport, malformed_stream, incomplete_stream,
     # inconsistent_usage, server_error
@@ -196,11 +194,6 @@ class EndpointResult(RequestLatencies, start="sent", stamps="chunk_times"):
     @property
     def ok(self) -> bool:
         return self.error is None
-
-    # ttft_s, itl_s, tpot_s and e2e_s: RequestLatencies
-    def _decode_span(self) -> tuple[float | None, int]:
-        """(e2e - TTFT) / (output tokens - 1), as vLLM's benchmark defines it; none for a failed request."""
-        return (self.finished if self.ok else None), self.output_tokens or 0
 
     def to_dict(self) -> dict:
         out = asdict(self)

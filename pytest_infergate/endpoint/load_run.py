@@ -138,7 +138,7 @@ class LoadRun:
         if not warmup and not cooldown:
             return self.results, self.duration_s
         first, last = self.started + warmup, self.started + self.duration_s - cooldown
-        counted = [r for r in self.results if r.sent >= first and (r.finished or r.sent) <= last]
+        counted = [r for r in self.results if r.arrival >= first and (r.finished or r.arrival) <= last]
         if not counted or last <= first:
             raise OptionError(f"no request was sent after the {warmup:g} s warmup and finished before the "
                               f"{cooldown:g} s cooldown of a {self.duration_s:.1f} s load run ({len(self.results)} "
@@ -159,7 +159,7 @@ class LoadRun:
     def summary(self) -> dict:
         counted, seconds = self.window()
         ok = [r for r in counted if r.ok]
-        out_tokens = sum(r.output_tokens or 0 for r in ok)
+        out_tokens = sum(r.num_output_tokens or 0 for r in ok)
         return {"pattern": self.pattern.describe(), "requests": len(self.results), "succeeded": len(self.succeeded),
                 "counted": len(counted), "errors": self.errors, "duration_s": self.duration_s,
                 "output_tokens": out_tokens, "tokens_per_s": out_tokens / seconds if seconds else 0.0,
@@ -189,7 +189,7 @@ def add_to_measurement(run: LoadRun, into: Measurement) -> None:
     errors.update(summary["errors"])
     into.engine.update(errors=dict(errors), pattern=summary["pattern"], slo=summary["slo"],
                        usage_reported=summary["usage_reported"])
-    start = min((r.sent for r in run.results if r.sent), default=0.0)
+    start = min((r.arrival for r in run.results if r.arrival), default=0.0)
     room = MAX_REQUEST_RECORDS - len(into.requests)
     into.requests += [request_record(r, start, into.repetitions - 1) for r in run.results[:max(0, room)]]
     into.engine.setdefault("failures", [])
@@ -206,10 +206,10 @@ def request_record(result: EndpointResult, start: float, repetition: int) -> dic
     def offset(instant: float | None) -> float | None:
         return None if instant is None else round(instant - start, 6)
 
-    return {"repetition": repetition, "request_id": result.request_id, "sent_s": offset(result.sent),
+    return {"repetition": repetition, "request_id": result.request_id, "sent_s": offset(result.arrival),
             "first_token_s": offset(result.first_token), "finished_s": offset(result.finished),
-            "chunks_s": [offset(t) for t in result.chunk_times[:MAX_CHUNKS]],
-            "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens, "status": result.status,
+            "chunks_s": [offset(t) for t in result.token_times[:MAX_CHUNKS]],
+            "prompt_tokens": result.prompt_tokens, "output_tokens": result.num_output_tokens, "status": result.status,
             "error": result.error, "sent_on_wire": result.sent_on_wire}
 
 

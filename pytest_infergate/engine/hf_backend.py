@@ -22,7 +22,6 @@ from pytest_infergate.engine.sequence import (
     DegradationEvent,
     FinishReason,
     Limits,
-    RequestTimings,
     Result,
     StepRecord,
     StopChecker,
@@ -30,6 +29,7 @@ from pytest_infergate.engine.sequence import (
 )
 from pytest_infergate.errors import OptionError
 from pytest_infergate.workloads.request import Request, render_prompt
+from pytest_infergate.workloads.timings import RequestTimings
 
 
 @dataclass
@@ -68,7 +68,7 @@ class BatchWatcher:
                 row.timings.first_token = row.timings.first_token or now
                 row.finish = self.stops.check(row.request, row.tokens, row.max_new_tokens) or self._expired(row, now)
                 if row.finish is not None:
-                    row.timings.finished = now
+                    row.timings.end(now)
         self.on_step(self, now, len(running))
         self.last = now
         return torch.tensor([row.finish is not None for row in self.rows], device=input_ids.device)
@@ -184,7 +184,7 @@ class HFGenerateBackend:
                   RequestTimings(arrival=start + request.arrival_s))
         if rejected:
             row.finish = (FinishReason.REJECTED, rejected)
-            row.timings.finished = time.perf_counter()
+            row.timings.end(time.perf_counter())
             return self._result(row)
         return row
 
@@ -247,7 +247,7 @@ class HFGenerateBackend:
         for row in rows:  # generate ended: a row the watcher has not ended reached the batch's longest length
             if row.finish is None:
                 row.finish = (FinishReason.LENGTH, f"max_new_tokens ({row.max_new_tokens}) reached")
-                row.timings.finished = time.perf_counter()
+                row.timings.end(time.perf_counter())
 
     def _record_step(self, watcher: BatchWatcher, now: float, num_running: int) -> None:
         """One generate step as the engine records its steps (the first is the batch's prefill)."""

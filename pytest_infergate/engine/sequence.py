@@ -9,10 +9,10 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from pytest_infergate.engine.config import EngineConfig
-from pytest_infergate.workloads.request import Request, RequestError, RequestLatencies
+from pytest_infergate.workloads.request import Request, RequestError
+from pytest_infergate.workloads.timings import RequestTimings
 
 
 class FinishReason(str, enum.Enum):
@@ -27,34 +27,6 @@ class FinishReason(str, enum.Enum):
     @property
     def is_success(self) -> bool:
         return self in (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
-
-
-@dataclass
-class RequestTimings(RequestLatencies, start="arrival", stamps="token_times"):
-    """Wall-clock instants (perf_counter seconds) and the derived latencies of one request: for the engine, the
-    HF generate backend, or a client of a served model (`arrival` when it was sent, `token_times` when each
-    streamed chunk came, `num_output_tokens` the tokens they carried if a chunk can carry several)."""
-
-    arrival: float = 0.0
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    finished: float | None = None
-    num_output_tokens: int | None = None  # None: one token per entry of token_times
-
-    @property
-    def queue_wait_s(self) -> float | None:
-        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
-
-    # ttft_s, itl_s, tpot_s and e2e_s: RequestLatencies
-    def _decode_span(self) -> tuple[float | None, int]:
-        """TPOT runs to the last token's instant."""
-        count = len(self.token_times) if self.num_output_tokens is None else self.num_output_tokens
-        return (self.token_times[-1] if self.token_times else None), count
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"queue_wait_s": self.queue_wait_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
-                "e2e_s": self.e2e_s, "itl_s": self.itl_s}
 
 
 @dataclass
@@ -145,7 +117,7 @@ class Sequence:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.reason = detail
-        self.timings.finished = now
+        self.timings.end(now)
 
     def result(self, text: str) -> Result:
         """The Result of a finished sequence; `text` is its output decoded."""

@@ -30,9 +30,9 @@ class AbSides:
 
 def run_ab(sides: AbSides, budget: Budget, rounds: int, finish: Callable[..., None]
            ) -> tuple[Measurement, Measurement]:
-    """The interleaved A/B of `sides` gated on `budget` (gates.perf.ab_budget: max_regression 0.10 where the test
+    """The interleaved A/B of `sides` gated on `budget` (gates.gating.ab_budget: max_regression 0.10 where the test
     sets none) on a paired bootstrap CI; B's record (A as its baseline summary) handed to `finish`
-    (gates.perf.finish_ab: recorded, the test failed if the gate failed). Returns the (A, B) Measurements."""
+    (gates.gating.finish_ab: recorded, the test failed if the gate failed). Returns the (A, B) Measurements."""
     try:
         b, outcome = evaluate_ab(sides.rounds(), budget, rounds, route=sides.route)
     finally:

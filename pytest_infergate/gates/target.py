@@ -1,7 +1,9 @@
 """What the gates ask of the target a test measures (`Target`, picked once in the fixture: gates.targets), and what
 each kind of target is to a gate: its name in messages and why no budget can be checked on a measurement (`OnEngine`,
 a local precision; `Served`, the served model). The benches read these and never branch on which target they
-measure; the targets themselves, which also make the benches, are gates.targets."""
+measure; the targets themselves, which also make the benches, are gates.targets. `Runs` is a target bound to one
+test: how it runs a workload, an interleaved A/B and a speed experiment, and what it cannot run and why; the one
+bench (gates.perf.PerfBench) gates what its runs measure."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from pytest_infergate.status import ENDPOINT_CHECK, Finding
 
 # what a fixture asks a target for (Target.cannot)
 LOCAL_MODEL, PERF_BENCH, GOLDEN_GATE = "a local model", "a perf bench", "a golden gate"
+# what a test asks of its bench that only one kind of target runs (Runs.cannot)
+SPEEDUP = "speedup()"
+SERVED_LOAD_TOOLS = ("load()", "sweep()", "capacity()", "synchronous_rps()", "workload()", "token_exact_workload()")
 
 NO_LOCAL_MODEL = "measures a local model; with --infergate-endpoint the server's model is under test"
 # an endpoint test in a run without --infergate-endpoint: skipped by design (a suite of a served model, collected
@@ -41,13 +46,48 @@ class Target(Protocol):
         by design, or a Finding (a check asked for and not run, with its fix); None where it can."""
 
     def perf_bench(self, ctx: TestContext, model: Model, needs: Needs) -> Any:
-        """The object behind `infergate_bench` (gates.perf.PerfBench, gates.endpoint.EndpointPerfBench)."""
+        """The object behind `infergate_bench`: gates.perf.PerfBench over this target's Runs."""
 
     def golden_gate(self, ctx: TestContext, model: Model, needs: Needs, golden_dir: Path) -> Any:
         """The object behind `infergate_golden` (gates.golden.GoldenGate, or a pair of servers' gates.pair)."""
 
     def unusable(self, measurement: Measurement) -> str | None:
         """Why no budget can be checked on `measurement` (the test then fails), None where one can."""
+
+
+class Runs(Protocol):
+    """A target bound to one test (gates.local_runs.LocalRuns, gates.endpoint.ServedRuns): what differs between
+    measuring a local precision and a served model. A call's `warmup` and `repeats` default to `defaults`."""
+
+    target: Target
+    defaults: tuple[int, int]
+
+    def cannot(self, what: str) -> str | None:
+        """Why this target cannot run `what` (SPEEDUP, one of SERVED_LOAD_TOOLS), naming the fix; None where it
+        can."""
+
+    def default_workload(self, num_requests: int | None = None) -> list:
+        """The workload of a call that gives none."""
+
+    def workload_run(self, requests: list | None, config: Any, label: str, tags: dict | None,
+                     options: dict) -> Any:
+        """The gates.gating.WorkloadRun of one call (`requests` None: default_workload(); `options`: the call's
+        target-specific keywords); skips the test where the target cannot run `config` (before any workload is
+        built), fails it on an unknown option."""
+
+    def elsewhere(self, run: Any, warmup: int, repeats: int) -> Measurement | None:
+        """The call measured another way where the run asks for it (the engine under --infergate-baseline-python:
+        an interleaved A/B against the baseline environment), gated and recorded; None: measure `run` here."""
+
+    def ab_sides(self, requests: list | None, config: Any, label: str, rounds: int, warmup: int,
+                 options: dict) -> Any:
+        """The gates.ab.AbSides of an interleaved A/B; skips the test where there is no other side."""
+
+    def interleaved(self, requests: list, config: Any, slower_config: Any, warmup: int) -> tuple[Any, str]:
+        """A speed experiment's round runner and why its sides are not step-locked ("" where they are)."""
+
+    def close(self) -> None:
+        """Let go of what the runs hold."""
 
 
 class _Named:

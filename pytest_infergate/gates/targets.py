@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytest_infergate.context import ENDPOINT_ID, TestContext
-from pytest_infergate.gates.endpoint import EndpointPerfBench
+from pytest_infergate.gates.endpoint import ServedRuns
 from pytest_infergate.gates.golden import GoldenGate
 from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
 from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
@@ -74,8 +74,8 @@ class ServedTarget(Served):
 
     def perf_bench(self, ctx: TestContext, model: Model, needs: Needs):
         resources = self.resources
-        return EndpointPerfBench(ctx, resources.endpoint, lambda: resources.pool.tokenizer,
-                                 resources.reference_endpoint)
+        return PerfBench(ctx, runs=ServedRuns(ctx, resources.endpoint, lambda: resources.pool.tokenizer,
+                                              resources.reference_endpoint))
 
     def golden_gate(self, ctx: TestContext, model: Model, needs: Needs, golden_dir: Path):
         resources = self.resources

@@ -57,7 +57,7 @@ def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fi
     since a stored baseline; `diff`: what changed, worked out by the caller (PerfGate does, once, before the
     candidate is measured), else here from `fingerprint`. A stored
     baseline of another model is compared and said (outcome.model_change) where `other_model` (under
-    --infergate-strict only with --infergate-allow-model-change: gates.perf.prepare_gate): else the relative check
+    --infergate-strict only with --infergate-allow-model-change: gates.gating.prepare_gate): else the relative check
     is missing."""
     diff = diff if diff is not None else reference.changes(fingerprint)
     notes: list[str] = []

@@ -179,7 +179,7 @@ class PerfGate:
     reference: Reference
     fingerprint: dict | None = None
     max_more: int = STORED_MORE
-    other_model: bool = True  # a baseline of another model is compared (decide_perf; gates.perf.prepare_gate)
+    other_model: bool = True  # a baseline of another model is compared (decide_perf; gates.gating.prepare_gate)
     diff: FingerprintDiff | None = field(init=False)  # what changed since the reference: known before measuring
 
     def __post_init__(self) -> None:

@@ -301,5 +301,6 @@ def note_load_free_latencies(into: Measurement, ok: list[Result], clock: WaitClo
     for r in ok:
         t = r.timings
         free = replace(t, arrival=at(t.arrival), first_token=at(t.first_token), finished=at(t.finished),
-                       first_scheduled=at(t.first_scheduled), token_times=[at(x) for x in t.token_times])
+                       first_scheduled=at(t.first_scheduled), token_times=[at(x) for x in t.token_times],
+                       decode_end=at(t.decode_end))
         add_request_latencies(lf, free.ttft_s, free.tpot_s, free.itl_s, free.e2e_s, free.queue_wait_s or 0.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from pytest_infergate.errors import InfergateError, check_bool, check_int, check_number, check_str, check_token_ids
 from pytest_infergate.workloads.transcript import has_chat_template, plain_text
@@ -89,53 +89,6 @@ class Request:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
-
-
-class RequestLatencies:
-    """The latencies of one request, derived from its instants (perf_counter seconds) the same way wherever it ran:
-    the reference engine's `RequestTimings` and a served model's `EndpointResult` both take them from here. A
-    record has `first_token` and `finished`, names its other instants where it subclasses this (`start`: the
-    field of when it arrived or was sent; `stamps`: the list of when each streamed piece came) and says what its
-    TPOT spans (`_decode_span`)."""
-
-    first_token: float | None
-    finished: float | None
-    _start_field: ClassVar[str]
-    _stamps_field: ClassVar[str]
-
-    def __init_subclass__(cls, *, start: str, stamps: str, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls._start_field, cls._stamps_field = start, stamps
-
-    @property
-    def _start(self) -> float:
-        return getattr(self, self._start_field)
-
-    def _decode_span(self) -> tuple[float | None, int]:
-        """The instant the last output token counts as come (None: no TPOT) and how many output tokens there are."""
-        raise NotImplementedError
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self._start
-
-    @property
-    def itl_s(self) -> list[float]:
-        stamps = getattr(self, self._stamps_field)
-        return [b - a for a, b in zip(stamps, stamps[1:])]
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Mean time per output token after the first (vLLM's TPOT): from the first token to the end of the
-        decode, over the output tokens less one."""
-        end, count = self._decode_span()
-        if end is None or count < 2 or self.first_token is None:
-            return None
-        return (end - self.first_token) / (count - 1)
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finished is None else self.finished - self._start
 
 
 def check_messages(messages: Any) -> None:
