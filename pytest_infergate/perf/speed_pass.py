@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_infergate.measurement import busy_share
 from pytest_infergate.perf.sides import CostRatio, Side, StoredVerdict
 from pytest_infergate.stats import bootstrap_ratio_ci, least_disturbed
 from pytest_infergate.status import Status
@@ -44,6 +45,10 @@ class SpeedNormalized:
 
     def passes(self, threshold: float) -> bool:
         return self.high <= threshold / SPEED_RESIDUAL
+
+    def may_pass(self, threshold: float) -> bool:
+        """More repetitions could still pass it: its interval reaches the bar `passes` holds it to."""
+        return self.low <= threshold / SPEED_RESIDUAL
 
     def describe(self) -> str:
         way = "slower" if self.speed_move >= 1 else "faster"
@@ -122,18 +127,18 @@ def at_thread_speed(verdict: StoredVerdict, candidate_costs: list[float], baseli
 
 def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], baseline_costs: list[float],
                        candidate: Side, baseline: Side, threshold: float, fail_bound: float,
-                       evidence: str = "", quiet: bool = False) -> StoredVerdict:
+                       evidence: str = "") -> StoredVerdict:
     """A decided verdict where the thread's speed moved between the save and the run by more than SLOWER_SAVE (the
     probe's own spread), held to the save's thread speed. A pass where the save's thread ran slower stands only at
     that speed (said so), else it is inconclusive, blaming the save: the baseline's figures are slower than the code
     it measured, and a regression as large would pass against them as measured. A failure where this run's thread
     ran slower stands only where it also lies beyond `fail_bound` at the save's speed, else it is inconclusive: the
     host slowed this run's process (beside a co-tenant a process read ×1.5 slower, kernel and all, while its thread's
-    probe followed it, docs/measurements.md). Where both sides were `quiet` (no co-tenant's load to take out) and the
-    thread ran slower now by no more than MAX_SPEED_MOVE, such a failure passes where it passes at the save's speed
-    as at_thread_speed passes an undecided one: the host ran this whole process slow, and the code is no slower at
-    the thread's speed. A slowdown of the thread itself beyond that move (a tracer a dependency installs) is left
-    undecided, never passed."""
+    probe followed it, docs/measurements.md). Where neither side's kernel saw the runner busy (no co-tenant's load to
+    take out) and the thread ran slower now by no more than MAX_SPEED_MOVE, such a failure passes where it passes at
+    the save's speed as at_thread_speed passes an undecided one: the host ran this whole process slow, and the code
+    is no slower at the thread's speed. A slowdown of the thread itself beyond that move (a tracer a dependency
+    installs) is left undecided, never passed."""
     if verdict.at_thread_speed or verdict.status == Status.INCONCLUSIVE:
         return verdict
     move = speed_move(candidate_costs, candidate.thread_probe, baseline_costs, baseline.thread_probe)
@@ -149,9 +154,10 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
                              f"{at_speed.sentence(threshold)}: the host slowed the save's process, so its figures are "
                              "no yardstick; re-save the baseline", baseline_at_fault=True,
                              load_corrected=verdict.load_corrected,
-                             narrowable=at_speed.low <= threshold / SPEED_RESIDUAL)
+                             narrowable=at_speed.may_pass(threshold))
     if at_speed.low > fail_bound:
         return verdict
+    quiet = busy_share(candidate.others) is None and busy_share(baseline.others) is None
     if quiet and move <= MAX_SPEED_MOVE and at_speed.passes(threshold):
         return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
     return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,

@@ -192,7 +192,7 @@ def decide_stored(candidate: Side, baseline: Side, max_regression: float) -> Sto
     if undecided and not verdict.baseline_at_fault or verdict.baseline_at_fault and seen_quiet:
         verdict = at_thread_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold)
     return held_to_save_speed(verdict, candidate.costs, baseline.costs, candidate, baseline, threshold,
-                              threshold * RUN_DRIFT, quiet=True)
+                              threshold * RUN_DRIFT)
 
 
 def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status, change: MachineChange | None,
