@@ -61,7 +61,7 @@ from pytest_infergate.perf.injections import (  # noqa: E402
 from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.results.records import PerfRecord  # noqa: E402
 from pytest_infergate.results.run import RunResults  # noqa: E402
-from pytest_infergate.workloads import chat_workload  # noqa: E402
+from pytest_infergate.workloads import default_chat_workload  # noqa: E402
 
 TEST_ID = "benchmarks/figure_power.py::test_serving"
 FIGURES = ("tokens_per_s", "ttft_ms p50", "ttft_ms p95", "peak_mem_mb")
@@ -119,7 +119,7 @@ def prepared(args):
 
     torch.set_num_threads(DEFAULT_CPU_THREADS)
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
-    requests = chat_workload(loaded.tokenizer, 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
+    requests = default_chat_workload(loaded.tokenizer)  # the workload a starter's bench call measures
     config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
     warm = Bench(loaded, calibrate=False)
     warm.measure(requests, config, warmup=2, repeats=1)

@@ -47,10 +47,9 @@ class LocalRuns:
         return None
 
     def default_workload(self, num_requests: int | None = None):
-        from pytest_infergate.workloads import chat_workload
+        from pytest_infergate.workloads import default_chat_workload
 
-        return chat_workload(self.loaded.tokenizer, num_requests or 8, prompt_tokens=(20, 200),
-                             max_new_tokens=(16, 48))
+        return default_chat_workload(self.loaded.tokenizer, num_requests)
 
     def record(self, key: str, label: str, config, tags: dict | None) -> PerfRecord:
         """The record of measurement `key` before it is measured: what ran it, on what, and the fingerprint a stored

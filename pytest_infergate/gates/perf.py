@@ -48,7 +48,8 @@ class PerfBench:
         return self.target.precision
 
     def default_workload(self, num_requests: int | None = None):
-        """The workload of a call that gives none: 8 chat requests on the engine, 16 on a served model."""
+        """The workload of a call that gives none: 6 short chat requests on the engine (default_chat_workload), 16 on
+        a served model."""
         return self.runs.default_workload(num_requests)
 
     def _can(self, what: str) -> Runs:

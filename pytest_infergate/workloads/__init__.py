@@ -10,6 +10,7 @@ from pytest_infergate.workloads.request import (
     RequestError,
     chat_prompt_with_length,
     chat_workload,
+    default_chat_workload,
     gamma_arrival_offsets,
     with_burst_arrivals,
     with_gamma_arrivals,
@@ -18,5 +19,6 @@ from pytest_infergate.workloads.request import (
 from pytest_infergate.workloads.traffic import Session, Turn, WorkloadError, from_file, run_sessions
 
 __all__ = ["PASSAGE", "QUESTIONS", "Request", "RequestError", "Session", "Turn", "WorkloadError",
-           "chat_prompt_with_length", "chat_workload", "from_file", "gamma_arrival_offsets", "run_sessions",
+           "chat_prompt_with_length", "chat_workload", "default_chat_workload", "from_file", "gamma_arrival_offsets",
+           "run_sessions",
            "with_burst_arrivals", "with_gamma_arrivals", "with_poisson_arrivals"]

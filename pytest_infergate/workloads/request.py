@@ -180,6 +180,14 @@ def chat_prompt_with_length(tokenizer, target_tokens: int, question: str) -> str
     return (passage + "\n\n" + question) if passage else question
 
 
+def default_chat_workload(tokenizer, num_requests: int | None = None) -> list[Request]:
+    """The chat workload a bench call that names none measures on the engine: 6 short chat requests (prompts of
+    20-80 tokens, answers of 12-24). It is the workload whose gate power benchmarks/figure_power.py measures (an
+    unchanged run passes, a x2 or +30% change fails), and a repetition of it takes a couple of seconds on one CPU
+    thread, so a stored comparison's 5-12 repetitions fit in a CI minute."""
+    return chat_workload(tokenizer, num_requests or 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
+
+
 def chat_workload(tokenizer, num_requests: int = 64, prompt_tokens: tuple[int, int] = (20, 400),
                   max_new_tokens: tuple[int, int] = (16, 256), seed: int = 0, fixed_output: bool = False
                   ) -> list[Request]:
