@@ -4,6 +4,7 @@ order in tests/test_ci_recipes.py)."""
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert main(["init", str(tmp_path)]) == 0
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
     assert written == {"pytest.ini", "tests/test_inference_gate.py", "tests/conftest.py", "golden/default.jsonl",
-                       ".github/workflows/infergate.yml", "perf/requirements.txt"}
+                       ".github/workflows/infergate.yml", "perf/requirements.txt", ".gitignore"}
     out = capsys.readouterr().out
     assert "note: the CI job runs `pip install pytest-infergate`; until it is on PyPI" in out
     job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())
@@ -40,7 +41,7 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert "infergate_quality(" not in starter[:starter.index("def test_quantized_outputs")]
     (tmp_path / "tests/conftest.py").write_text("# the project's own\n")
     again = init_project(tmp_path)
-    assert [w.kept for w in again] == [True] * 6
+    assert [w.kept for w in again] == [True] * 7
     assert (tmp_path / "tests/conftest.py").read_text() == "# the project's own\n"
 
     gitlab = tmp_path / "gl"
@@ -50,6 +51,38 @@ def test_init_writes_the_starter_files_and_leaves_existing_ones_alone(tmp_path, 
     assert any("pytest gates " in line for line in job["script"]) and (gitlab / "gates/conftest.py").exists()
     with pytest.raises(OptionError, match="--ci 'jenkins' is not known"):
         init_project(tmp_path / "x", ci="jenkins")
+
+
+def test_init_ignores_what_gate_runs_leave_and_names_the_lines_an_existing_gitignore_lacks(tmp_path, capsys):
+    """Issue #56 trial: a baseline saved by a local try at the path the CI job commits blocked `git pull` of the
+    job's commit. init's .gitignore lists the local try's files, the job's outputs and the venv, not the job's
+    baseline (the job must `git add` it); an existing .gitignore is kept, with the lines it lacks named."""
+    assert main(["init", str(tmp_path)]) == 0
+    ignored = (tmp_path / ".gitignore").read_text().split()
+    assert {"local-baseline.json", "report.html", "infergate-results.json", "infergate-history/", ".venv/"} <= set(
+        ignored) and "perf/baseline.json" not in ignored
+    assert "--infergate-save-baseline=local-baseline.json" in capsys.readouterr().out
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / ".gitignore").write_text(".venv/\nreport.html\n")
+    kept = next(w for w in init_project(own) if w.path.name == ".gitignore")
+    assert kept.kept and "add local-baseline.json, infergate-results.json" in kept.note and ".venv/," not in kept.note
+    assert (own / ".gitignore").read_text() == ".venv/\nreport.html\n"
+
+
+def test_the_starter_gates_the_speed_of_the_reference_precision_only_on_the_cpu(pytester, cache_dir, tmp_path):
+    """Issue #56: bitsandbytes' CPU fallback kernels say nothing of int8's speed on a GPU and take the longest of a
+    starter run; on the CPU the starter's serving gate skips them, saying why, while int8's outputs are gated."""
+    init_project(pytester.path, ci="none")
+    ini = pytester.path / "pytest.ini"  # tiny-random-llama's random weights: int8 agrees with fp32 by chance only
+    ini.write_text(ini.read_text() + "infergate_quality_policy = int8: min_top1=0.01, max_mean_kl=1000\n")
+    result = pytester.runpytest("tests", "--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                "-p", "no:cacheprovider", "-rs", f"--infergate-json={tmp_path / 'out.json'}")
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(["*test_inference_gate.py*int8 speed is gated on a GPU (--infergate-gpu)*"])
+    records = json.loads((tmp_path / "out.json").read_text())["records"]
+    assert {(r["kind"], r["precision"]) for r in records} == {("perf", "fp32"), ("quality", "fp32"),
+                                                              ("quality", "int8")}
 
 
 ROOT = Path(__file__).resolve().parents[1]
