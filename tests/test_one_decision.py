@@ -406,7 +406,7 @@ def _reviewer_checks(verdict_block: str, run: RunResults) -> None:
     for reason in run.verdict().reasons:
         first = reason.lead.split(". ")[0]
         assert len(first.split()) <= 30, first
-        assert "Look at that change; if it is intended, accept it with --infergate-save-baseline." in reason.lead
+        assert "Look at that change; if it is intended, accept it with --infergate-save-baseline (in CI:" in reason.lead
         assert "load-corrected" not in reason.lead and "least-disturbed" in reason.evidence
 
 

@@ -162,6 +162,11 @@ def changes_phrase(changes: list[str]) -> str:
     return f" since {', '.join(changes[:MOST_CHANGES])}" + (f" and {more} more" if more > 0 else "")
 
 
+# how a failure's cause is accepted: locally a re-save; in the CI job of `infergate init` the baseline is the job's
+# own, saved anew by its next run on the default branch once the file is gone there (docs/guides/ci.md)
+ACCEPT = "--infergate-save-baseline (in CI: delete the baseline file on the default branch)"
+
+
 def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Verdict]) -> str:
     """What to do, fitting the verdict: a failure with a named change points at the change (or its acceptance); a
     re-save only where the baseline itself is the problem."""
@@ -171,9 +176,9 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
         if record.outcome.route != "stored":
             return "Measured in turns with its reference: look at what this side changes."
         if record.changes or record.model_change:
-            return "Look at that change; if it is intended, accept it with --infergate-save-baseline."
+            return f"Look at that change; if it is intended, accept it with {ACCEPT}."
         return ("Nothing the baseline records changed (model, precision, libraries, engine config): look at your own "
-                "code; if intended, accept it with --infergate-save-baseline.")
+                f"code; if intended, accept it with {ACCEPT}.")
     if record.relative_check_missing:
         return record.relative_check_missing[0].upper() + record.relative_check_missing[1:] + "."
     if any(v.baseline_at_fault for v in verdicts):
