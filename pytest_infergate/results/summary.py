@@ -117,6 +117,9 @@ def perf_lines(record: PerfRecord) -> list[Line]:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
     # a pass that compared nothing says so where the eye lands: not a bare PASS
     shown = "NO-BASELINE" if record.compared_nothing and record.status == Status.PASS else record.status.value.upper()
+    repetitions = record.measurement.repetitions
+    if repetitions > 1:  # a comparison's figures are its least-disturbed repetitions': these differ, and say why
+        figures += f" (all {repetitions} repetitions pooled)"
     lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
     lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
