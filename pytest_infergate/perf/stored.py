@@ -28,6 +28,9 @@ from pytest_infergate.stats import (
 from pytest_infergate.status import Status
 
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
+# a stored baseline's candidate is re-measured at most this many times (a block of repetitions each) while undecided
+# (perf.gate.PerfGate)
+STORED_MORE = 2
 
 
 def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
@@ -304,9 +307,9 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     return verdict
 
 
-# PerfGate re-measures a stored comparison at most twice, adding a block of repetitions each time: at most about
-# three times the repetitions, which narrows a bootstrap interval's log-width by about √3
-REMEASURE_NARROWING = math.sqrt(3)
+# PerfGate re-measures a stored comparison at most STORED_MORE times, adding a block of repetitions each time: at
+# most about 1 + STORED_MORE times the repetitions, which narrows a bootstrap interval's log-width by about its root
+REMEASURE_NARROWING = math.sqrt(1 + STORED_MORE)
 
 
 def beyond_remeasure(verdict: Verdict) -> bool:
