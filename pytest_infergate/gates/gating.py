@@ -1,6 +1,7 @@
 """The gate step every perf measurement goes through, whatever its target: the budget (ini + markers), the stored
-baseline's entry and what changed since, the repetition plan, the decision, the record; and an interleaved A/B's
-budget and record. No pytest here: the test is reached through a TestContext."""
+baseline's entry and what changed since, the repetition plan, the decision, the record; an interleaved A/B's budget;
+and the one step that records a side measured apart from that plan (record_side). No pytest here: the test is reached
+through a TestContext."""
 
 from __future__ import annotations
 
