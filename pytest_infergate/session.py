@@ -152,10 +152,10 @@ class InfergateSession:
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
-            notice = undecided_notice(result)
-            if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
-                said.append(notice)
             if result.status == Status.INCONCLUSIVE:
+                notice = undecided_notice(result)
+                if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
+                    said.append(notice)
                 outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
                                         + "; ".join(result.decision().undecided))
         for ctx in outbox.contexts:
@@ -239,7 +239,7 @@ class InfergateSession:
             elif name != RESULT_PROPERTY:
                 kept.append((name, value))
             elif report.when == "call":  # the teardown report carries the same properties again
-                self.results.add(record_from_dict(json.loads(value)))
+                self.results.records.append(record_from_dict(json.loads(value)))
         report.user_properties = kept
         if report.when == "call" or report.outcome != "passed":
             outcomes = self.results.outcomes

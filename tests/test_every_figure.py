@@ -132,7 +132,7 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     for precision in ("fp32", "int8"):
         first = record(served(seed=1), test=f"test_gate.py::test_serving[{precision}]")
         first.outcome = evaluate_perf(first.measurement, parse_budget(STARTER), {}, None, baseline_given=False)
-        run.add(first)
+        run.records.append(first)
     verdict = run.verdict()
     assert verdict.status == Status.PASS and verdict.compared_nothing == 2
     terminal = [line.text for line in summary_lines(run)]
@@ -165,7 +165,7 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
         run = RunResults()
         first = record(served(seed=1), test="test_gate.py::test_serving[fp32]")
         first.outcome = evaluate_perf(first.measurement, parse_budget(STARTER), {}, None, baseline_given=False)
-        run.add(first)
+        run.records.append(first)
         return run
 
     saved, results = tmp_path / "baseline.json", tmp_path / "results.json"
@@ -204,7 +204,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
         test = f"test_gate.py::test_serving[{precision}]"
         compared = record(served(seed=2), test=test)
         compared.outcome = gated(served(seed=2), served(seed=1))
-        run.add(compared)
+        run.records.append(compared)
         run.findings.append(Finding("baseline", test, "this baseline entry was measured on a busy runner"))
     verdict = run.verdict()
     assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"
@@ -219,7 +219,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
     undecided = record(served(seed=1))
     undecided.outcome = gated(served(seed=2), served(seed=1))
     undecided.outcome.verdicts[0].status = Status.INCONCLUSIVE
-    strict.add(undecided)
+    strict.records.append(undecided)
     assert strict.verdict().headline() == "infergate verdict: FAIL (1 fail: perf gate)"
     assert "- **perf**: 1 fail\n" in summary_markdown(strict)
 

@@ -49,9 +49,10 @@ def synthetic_runs(seed=0, runs=RUNS, step=True, creep_per_run=0.015, env_change
         tpot_env = {"torch": "2.6.0" if env_change_at and i >= env_change_at else "2.5.0", "cpu": "synthetic"}
         tpot = 20.0 * (1.5 if env_change_at and i >= env_change_at else 1.0)
         run = RunResults(started=1_700_000_000 + 3600 * i, environment=ENV, run_id=f"run{i:02d}", commit=f"c{i:02d}")
-        run.add(_record("suites/test_a.py::test_latency[fp32]", {"ttft_ms": _samples(rng, ttft, 30),
-                                                                  "tokens_per_s": _samples(rng, tps, 3, 0.005, 0.01)}))
-        run.add(_record("suites/test_b.py::test_decode[fp32]", {"tpot_ms": _samples(rng, tpot, 30)}, tpot_env))
+        run.records.append(_record("suites/test_a.py::test_latency[fp32]", {
+            "ttft_ms": _samples(rng, ttft, 30), "tokens_per_s": _samples(rng, tps, 3, 0.005, 0.01)}))
+        run.records.append(_record("suites/test_b.py::test_decode[fp32]", {"tpot_ms": _samples(rng, tpot, 30)},
+                                   tpot_env))
         out.append(run)
     return out
 
@@ -191,7 +192,7 @@ def test_history_page_in_headless_chromium(tmp_path):
     runs = synthetic_runs(env_change_at=9)
     hostile = 'suites/test_x.py::test_y[<script>document.title="pwned"</script>]'
     for run in runs:
-        run.add(_record(hostile, {"ttft_ms": [5.0, 6.0]}))
+        run.records.append(_record(hostile, {"ttft_ms": [5.0, 6.0]}))
     page = tmp_path / "history.html"
     page.write_text(render_history(build_history(runs)))
     check = open_page(page)
@@ -219,7 +220,7 @@ def _slowed_runs(slowdown_from: int | None, runs: int = 10, seed: int = 5):
     for i in range(1, runs + 1):
         level = 100.0 * (1.2 if slowdown_from and i >= slowdown_from else 1.0)
         run = RunResults(started=1_700_000_000 + 3600 * i, environment=ENV, run_id=f"run{i:02d}", commit=f"c{i:02d}")
-        run.add(_record("suites/test_a.py::test_latency[fp32]", {"ttft_ms": _samples(rng, level, 30)}))
+        run.records.append(_record("suites/test_a.py::test_latency[fp32]", {"ttft_ms": _samples(rng, level, 30)}))
         out.append(run)
     return out
 
@@ -249,7 +250,7 @@ def test_history_marks_a_failed_gate_apart_from_the_series_colour_and_memory_fro
     runs[3].records[0] = _record(runs[3].records[0].test, runs[3].records[0].measurement.samples,
                                  violations=[violation])
     for run in runs:
-        run.add(_record("suites/test_m.py::test_memory[fp32]", {"peak_mem_mb": [500.0 + run.started % 7]}))
+        run.records.append(_record("suites/test_m.py::test_memory[fp32]", {"peak_mem_mb": [500.0 + run.started % 7]}))
     html = render_history(build_history(runs, metrics=("ttft_ms", "peak_mem_mb")))
     ttft = html[html.index("ttft_ms · test_latency"):]
     ttft = ttft[:ttft.index("</svg>")]

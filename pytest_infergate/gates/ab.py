@@ -32,14 +32,16 @@ def run_ab(sides: AbSides, budget: Budget, rounds: int, finish: Callable[..., No
            ) -> tuple[Measurement, Measurement]:
     """The interleaved A/B of `sides` gated on `budget` (gates.gating.ab_budget: max_regression 0.10 where the test
     sets none) on a paired bootstrap CI; B's record (A as its baseline summary) handed to `finish`
-    (gates.gating.finish_ab: recorded, the test failed if the gate failed). Returns the (A, B) Measurements."""
+    (gates.gating.record_side: recorded, the test failed if the gate failed). Returns the (A, B) Measurements."""
     try:
         b, outcome = evaluate_ab(sides.rounds(), budget, rounds, route=sides.route)
     finally:
         sides.close()
     a = outcome.baseline
     record = sides.record(a, b)
-    finish(record, outcome, budget, sides.against, sides.note(a, record))
+    note = sides.note(a, record)
+    record.fingerprint = {}  # compared with A, not with a stored baseline
+    finish(record, outcome, budget, f"infergate A/B gate failed for {record.test} ({sides.against})", note)
     return a, b
 
 

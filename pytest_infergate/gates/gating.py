@@ -1,6 +1,7 @@
 """The gate step every perf measurement goes through, whatever its target: the budget (ini + markers), the stored
-baseline's entry and what changed since, the repetition plan, the decision, the record; and an interleaved A/B's
-budget and record. No pytest here: the test is reached through a TestContext."""
+baseline's entry and what changed since, the repetition plan, the decision, the record; an interleaved A/B's budget;
+and the one step that records a side measured apart from that plan (record_side). No pytest here: the test is reached
+through a TestContext."""
 
 from __future__ import annotations
 
@@ -43,11 +44,12 @@ def measured_budget(ctx: TestContext, target: Target, record: PerfRecord, budget
 
 def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
                 unmeasured: list[str]) -> None:
-    """Note the budget keys not checked, warn about what did not run as asked, and record the outcome with the
-    budget that was checked."""
+    """Note the budget keys not checked, warn about a relative check that could not run (warn, not fail), and record
+    the outcome with the budget that was checked."""
     if unmeasured:
         outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
-    warn_about_outcome(ctx, record.test, outcome)
+    if outcome.relative_check_missing:  # its own undecided verdict is said with its record (session)
+        ctx.say(Finding(RELATIVE_CHECK, record.test, f"relative check not run: {outcome.relative_check_missing}"))
     # the default percentile goes unsaid, as in a marker; another is kept, so that `infergate compare` and the history
     # compare the percentile this gate compared
     percentile = {"percentile": budget.percentile} if budget.percentile != Budget().percentile else {}
@@ -97,29 +99,24 @@ def gate_measurement(ctx: TestContext, target: Target, record: PerfRecord,
     return outcome
 
 
-def warn_about_outcome(ctx: TestContext, key: str, outcome: PerfOutcome) -> None:
-    """Warn (not fail) about a relative check of `outcome` that could not run (its own undecided verdict is said
-    with its record: results.run.undecided_notice)."""
-    if outcome.relative_check_missing:
-        ctx.say(Finding(RELATIVE_CHECK, key, f"relative check not run: {outcome.relative_check_missing}"))
-
-
 def ab_budget(ctx: TestContext, target: Target, key: str) -> Budget:
     """The budget of an interleaved A/B: the test's, its max_regression 0.10 where it sets none."""
     budget = budget_for(ctx, target.id, key)
     return budget if budget.max_regression is not None else merge_budgets(budget, parse_budget({"max_regression": 0.1}))
 
 
-def finish_ab(ctx: TestContext, target: Target, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
-              against: str, note: str) -> None:
-    """Record an interleaved A/B's decision (B in `record`, A as its baseline summary), failing the test if the gate
-    failed; `against` names the two sides in the failure message, `note` says what A was."""
-    record.fingerprint = {}
+def record_side(ctx: TestContext, target: Target, record: PerfRecord, outcome: PerfOutcome, budget: Budget,
+                failure: str, note: str = "") -> None:
+    """Record one side measured apart from the in-run gate's plan (an A/B's B, the test's side against the baseline
+    environment, a side of a speed experiment): `budget` less the keys `record.measurement` has no figure for,
+    `note` (what it was measured against) first among the outcome's notes, the record with its outcome; the test
+    fails if the gate failed, `failure` ("infergate perf gate failed for <key>") leading the message."""
     budget, unmeasured = measured_budget(ctx, target, record, budget)
-    outcome.notes.insert(0, note)
+    if note:
+        outcome.notes.insert(0, note)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     if outcome.failed:
-        ctx.fail(f"infergate A/B gate failed for {record.test} ({against}):\n{outcome.message()}")
+        ctx.fail(f"{failure}:\n{outcome.message()}")
 
 
 def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:

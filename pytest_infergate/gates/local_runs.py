@@ -9,7 +9,7 @@ from functools import partial
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.ab import AbSides, local_sides
-from pytest_infergate.gates.gating import WorkloadRun, budget_for, finish_gate, measured_budget
+from pytest_infergate.gates.gating import WorkloadRun, budget_for, record_side
 from pytest_infergate.gates.target import SERVED_LOAD_TOOLS, Target
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
@@ -129,16 +129,12 @@ class LocalRuns:
         b.label = run.record.label
         result = run.record
         result.measurement = b
-        budget, unmeasured = measured_budget(self.ctx, self.target, result, budget)
         note = (f"{lockstep.how(refused)} against the {env.describe(library_versions())}, "
                 f"{outcome.baseline.repetitions} rounds")
         if theirs and theirs != result.backend:
             note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
-        outcome.notes.insert(0, note)
-        finish_gate(self.ctx, result, outcome, budget, unmeasured)
-        if outcome.failed:
-            self.ctx.fail(f"infergate perf gate failed for {key} against the baseline environment:\n"
-                          f"{outcome.message()}")
+        record_side(self.ctx, self.target, result, outcome, budget,
+                    f"infergate perf gate failed for {key} against the baseline environment", note)
         return b
 
     def ab_sides(self, requests, config, label: str, rounds: int, warmup: int, options: dict) -> AbSides:

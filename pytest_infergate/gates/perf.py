@@ -12,15 +12,7 @@ from functools import partial
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates import served_loads
 from pytest_infergate.gates.ab import run_ab
-from pytest_infergate.gates.gating import (
-    ab_budget,
-    budget_for,
-    finish_ab,
-    finish_gate,
-    gated,
-    measure_planned,
-    measured_budget,
-)
+from pytest_infergate.gates.gating import ab_budget, budget_for, gated, measure_planned, record_side
 from pytest_infergate.gates.local_runs import LocalRuns
 from pytest_infergate.gates.target import SPEEDUP, OnEngine, Runs
 from pytest_infergate.measurement import METRICS, Measurement
@@ -92,7 +84,7 @@ class PerfBench:
         (`pattern`, `slo`), and the test is skipped without one."""
         sides = self.runs.ab_sides(requests, config, label, rounds, warmup, options)
         return run_ab(sides, ab_budget(self.ctx, self.target, self.ctx.measurement_key(label)), rounds,
-                      partial(finish_ab, self.ctx, self.target))
+                      partial(record_side, self.ctx, self.target))
 
     def speedup(self, requests, config, slower_config, *, labels: tuple[str, str], name: str = "", rounds: int = 3,
                 warmup: int = 1, metric: str = "tokens_per_s", tags: dict | None = None) -> Speedup:
@@ -116,14 +108,12 @@ class PerfBench:
         for measured, run in ((fast, fast_run), (slow, slow_run)):
             record = replace(run.record, measurement=measured)
             budget = budget_for(self.ctx, self.target.id, record.test)
-            budget, unmeasured = measured_budget(self.ctx, self.target, record, budget)
-            # each side against its budgets alone: it was compared with the other side, not with a baseline
+            # each side against its budgets alone (a key it has no figure for goes unchecked, as record_side says):
+            # it was compared with the other side, not with a baseline
             outcome = PerfGate(replace(budget, max_regression=None), NoReference()).check(measured)
             outcome.notes.append(note)
-            finish_gate(self.ctx, record, outcome, budget, unmeasured)
             self.measurements.append(measured)
-            if outcome.failed:
-                self.ctx.fail(f"infergate perf gate failed for {record.test}:\n{outcome.message()}")
+            record_side(self.ctx, self.target, record, outcome, budget, f"infergate perf gate failed for {record.test}")
         return result
 
     def conclude(self, experiment: str, claims: list[Claim]) -> Status:

@@ -65,7 +65,7 @@ def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fi
     outcome.notes += notes
     if budget.max_regression is None:
         return outcome
-    model_change = ", ".join(c.describe() for c in diff.model_changes) if diff else ""
+    model_change = diff.model_text if diff else ""
     outcome.model_change = model_change
     if model_change and not other_model:
         outcome.relative_check_missing = (
@@ -105,8 +105,8 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
     missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
                "--infergate-save-baseline" if lacking else "")
     return PerfOutcome(verdicts=verdicts, notes=[calibration_note(candidate, baseline, verdicts)],
-                       machine_mismatch=[change.describe() for change in diff.machine],
-                       changes=[change.describe() for change in diff.under_test], baseline_provenance=provenance,
+                       machine_mismatch=list(diff.machine_described), changes=list(diff.under_test_described),
+                       baseline_provenance=provenance,
                        relative_check_missing=missing)
 
 

@@ -46,14 +46,19 @@ class FingerprintDiff:
     # which model it is changed (its name, architecture or the served model), not only its weights
     model_changes: list[FieldChange] = field(init=False, compare=False)
     device_changed: bool = field(init=False, compare=False)
+    machine_described: list[str] = field(init=False, compare=False)  # ["cpu_count 2 → 4", "torch_threads 2 → 4"]
+    under_test_described: list[str] = field(init=False, compare=False)
+    model_text: str = field(init=False, compare=False)  # the model_changes, said
     machine_text: str = field(init=False, compare=False)  # "cpu_count 2 → 4, torch_threads 2 → 4"
     under_test_text: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        derived = {"model_changes": [c for c in self.under_test if c.name in MODEL_IDENTITY_FIELDS],
-                   "device_changed": any(c.name in DEVICE_FIELDS for c in self.machine),
-                   "machine_text": ", ".join(c.describe() for c in self.machine),
-                   "under_test_text": ", ".join(c.describe() for c in self.under_test)}
+        machine, under_test = [c.describe() for c in self.machine], [c.describe() for c in self.under_test]
+        model_changes = [c for c in self.under_test if c.name in MODEL_IDENTITY_FIELDS]
+        derived = {"model_changes": model_changes, "device_changed": any(c.name in DEVICE_FIELDS for c in self.machine),
+                   "machine_described": machine, "under_test_described": under_test,
+                   "model_text": ", ".join(c.describe() for c in model_changes),
+                   "machine_text": ", ".join(machine), "under_test_text": ", ".join(under_test)}
         for name, value in derived.items():
             object.__setattr__(self, name, value)
 

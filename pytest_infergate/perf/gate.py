@@ -24,7 +24,7 @@ from pytest_infergate.perf.decide import (
 )
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
-from pytest_infergate.perf.stored import beyond_doubt, fresh_repetitions_confirm
+from pytest_infergate.perf.stored import STORED_MORE, beyond_doubt, fresh_repetitions_confirm
 from pytest_infergate.stats import min_rounds
 from pytest_infergate.status import Status
 
@@ -37,8 +37,6 @@ __all__ = ["AB_MORE_ROUNDS", "AB_ROUNDS", "CONFIRM_REPETITIONS", "Interleaved", 
 # each side, which is what a spell of co-tenant load on one round needs.
 AB_ROUNDS = min_rounds()
 AB_MORE_ROUNDS = 3
-# a stored baseline's candidate is re-measured at most this many times (a block of repetitions each) while undecided
-STORED_MORE = 2
 
 RoundRunner = Callable[[Measurement, Measurement, int], None]  # one round into (A, B); the int: which round
 # the fresh block after which a failure against a stored baseline is decided again (at most as many as the first)

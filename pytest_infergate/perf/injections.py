@@ -5,7 +5,7 @@ forwards only (time to first token alone), and memory held through each repetiti
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from statistics import median
 from typing import TYPE_CHECKING
 
@@ -41,7 +41,7 @@ class QuietForwardTimes:
             self.times.setdefault(_tokens(args, kwargs), []).append(time.perf_counter() - starts.pop())
             return output
 
-        with _hooks(model, before, after):
+        with _Hooks(model, before, after):
             yield self
 
     def of(self, tokens: int) -> float:
@@ -52,19 +52,21 @@ class QuietForwardTimes:
         return median(self.times[nearest]) * max(1.0, tokens / max(1, nearest))
 
 
-@contextmanager
-def _hooks(model, before, after):
-    pre = model.register_forward_pre_hook(before, with_kwargs=True)
-    post = model.register_forward_hook(after, with_kwargs=True)
-    try:
-        yield
-    finally:
-        pre.remove()
-        post.remove()
+class _Hooks(ExitStack):
+    """`before` and `after` hooked around each forward of `model` while entered; on the way out torch's own handles
+    remove them (ExitStack's exit: a test failed inside the `with` reaches its report through no code of ours)."""
+
+    def __init__(self, model, before, after):
+        super().__init__()
+        self.model, self.before, self.after = model, before, after
+
+    def __enter__(self) -> _Hooks:
+        self.callback(self.model.register_forward_pre_hook(self.before, with_kwargs=True).remove)
+        self.callback(self.model.register_forward_hook(self.after, with_kwargs=True).remove)
+        return self
 
 
-@contextmanager
-def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietForwardTimes | None = None):
+def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietForwardTimes | None = None) -> ExitStack:
     """Make every forward of `model` take (1 + fraction) times as long, by waiting after it for `fraction` of its
     own time: its quiet time from `quiet` where given (the same seconds under any load), else as measured now;
     asleep, or with `busy` computing (torch matmuls, on the threads the forward used), which is what a slower
@@ -80,8 +82,7 @@ def injected_slowdown(model, fraction: float, busy: bool = False, quiet: QuietFo
         wait((quiet.of(_tokens(args, kwargs)) if quiet is not None else elapsed) * fraction)
         return output
 
-    with _hooks(model, before, after):
-        yield
+    return _Hooks(model, before, after)
 
 
 @contextmanager
@@ -106,8 +107,8 @@ def held_allocation(bench: Bench, mib: float):
         bench.beside_repetition = before
 
 
-@contextmanager
-def injected_prefill_slowdown(model, fraction: float, min_tokens: int = 16, quiet: QuietForwardTimes | None = None):
+def injected_prefill_slowdown(model, fraction: float, min_tokens: int = 16,
+                              quiet: QuietForwardTimes | None = None) -> ExitStack:
     """Make every forward of `model` with at least `min_tokens` input tokens (a prefill: a decode step of the
     benchmarks' workloads feeds one token per running sequence, at most 8) take (1 + fraction) times as long, asleep
     after it: a change that slows time to first token alone (benchmarks/gate_power.py)."""
@@ -123,8 +124,7 @@ def injected_prefill_slowdown(model, fraction: float, min_tokens: int = 16, quie
             time.sleep((quiet.of(tokens) if quiet is not None else elapsed) * fraction)
         return output
 
-    with _hooks(model, before, after):
-        yield
+    return _Hooks(model, before, after)
 
 
 def _busy_waiter():

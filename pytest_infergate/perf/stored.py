@@ -9,6 +9,7 @@ measurements: docs/explanation/perf-gates.md and docs/measurements.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -27,6 +28,9 @@ from pytest_infergate.stats import (
 from pytest_infergate.status import Status
 
 MIN_REPETITIONS = 3  # fewer: the pooled samples are compared (verdict.compare_samples)
+# a stored baseline's candidate is re-measured at most this many times (a block of repetitions each) while undecided
+# (perf.gate.PerfGate)
+STORED_MORE = 2
 
 
 def side(measurement: Measurement, metric: str, pct: float | None, probed: bool,
@@ -128,7 +132,14 @@ def machine_change(candidate: Side, baseline: Side) -> MachineChange | None:
         else ""
     if not probes:
         return None
-    return MachineChange(*bootstrap_ratio_ci(getattr(candidate, probes), getattr(baseline, probes), least_disturbed))
+    return _probes_moved(tuple(getattr(candidate, probes)), tuple(getattr(baseline, probes)))
+
+
+@functools.lru_cache(maxsize=8)
+def _probes_moved(now: tuple[float, ...], then: tuple[float, ...]) -> MachineChange:
+    """The bootstrap of the probes' move, made once per pair of measurements: every metric compared repetition by
+    repetition reads the same probes."""
+    return MachineChange(*bootstrap_ratio_ci(now, then, least_disturbed))
 
 
 def normalized(candidate: Side, baseline: Side) -> CostRatio | None:
@@ -200,8 +211,10 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
     """Neither side measured busy: the verdict as measured, the runs' drift and the calibration probe's move."""
     if drift:
         return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT)
-    adjusted = normalized(candidate, baseline) if change is not None else None
-    if change is not None and change.low > threshold:  # slower now: a busy runner (or a slower host)
+    if change is None:
+        return StoredVerdict(status, measured, change, "")
+    # the normalized comparison (two bootstraps) is made only where a verdict or its sentence reads it
+    if change.low > threshold:  # slower now: a busy runner (or a slower host)
         if status == Status.PASS:
             return StoredVerdict(status, measured, change, "")
         if status == Status.FAIL and measured.low > threshold * change.high * RUN_DRIFT:
@@ -214,17 +227,22 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
                              f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                             f"from the machine's{_normalized_aside(adjusted, threshold)}; {interference.RERUN}")
-    if change is not None and change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
+                             f"from the machine's{_normalized_aside(candidate, baseline, threshold)}; "
+                             f"{interference.RERUN}")
+    if change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the baseline was saved on a busy runner: the calibration probe ran "
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
-                             f"(×{measured.ratio:.3f}) says nothing{_normalized_aside(adjusted, threshold)}: "
-                             f"{interference.UNDER_LOAD}; {interference.RESAVE}", baseline_at_fault=True)
+                             f"(×{measured.ratio:.3f}) says nothing"
+                             f"{_normalized_aside(candidate, baseline, threshold)}: {interference.UNDER_LOAD}; "
+                             f"{interference.RESAVE}", baseline_at_fault=True)
+    if status == Status.INCONCLUSIVE:
+        return StoredVerdict(status, measured, change, "")
+    adjusted = normalized(candidate, baseline)
     other = interval_status(adjusted.low, adjusted.high, threshold) if adjusted is not None else Status.INCONCLUSIVE
-    if status != Status.INCONCLUSIVE and other not in (Status.INCONCLUSIVE, status):
+    if other not in (Status.INCONCLUSIVE, status):
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"as measured it would {status}, normalized {adjusted.normalization} for the machine's "
                              f"speed (probe ×{change.ratio:.3f}) it would {other} (×{adjusted.ratio:.3f})")
@@ -243,7 +261,8 @@ def within_drift(measured: CostRatio, status: Status, threshold: float) -> str:
             "process (infergate_bench.ab) or set a max_regression above the drift")
 
 
-def _normalized_aside(adjusted: CostRatio | None, threshold: float) -> str:
+def _normalized_aside(candidate: Side, baseline: Side, threshold: float) -> str:
+    adjusted = normalized(candidate, baseline)
     if adjusted is None:
         return ""
     status = interval_status(adjusted.low, adjusted.high, threshold)
@@ -288,9 +307,9 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
     return verdict
 
 
-# PerfGate re-measures a stored comparison at most twice, adding a block of repetitions each time: at most about
-# three times the repetitions, which narrows a bootstrap interval's log-width by about √3
-REMEASURE_NARROWING = math.sqrt(3)
+# PerfGate re-measures a stored comparison at most STORED_MORE times, adding a block of repetitions each time: at
+# most about 1 + STORED_MORE times the repetitions, which narrows a bootstrap interval's log-width by about its root
+REMEASURE_NARROWING = math.sqrt(1 + STORED_MORE)
 
 
 def beyond_remeasure(verdict: Verdict) -> bool:

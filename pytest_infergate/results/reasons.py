@@ -43,12 +43,10 @@ def saved_baseline_message(path: str) -> str:
             f"later runs compare with --infergate-baseline {path}")
 
 def undecided_notice(record) -> str | None:
-    """What the terminal says of a gate's own undecided verdict (its record carries it to the verdict, the report
-    and JUnit; the terminal says why beside the test), or None for a record that decided."""
+    """What the terminal says of an inconclusive record, a gate's own undecided verdict (its record carries it to
+    the verdict, the report and JUnit; the terminal says why beside the test), or None where its kind says none."""
     from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
 
-    if record.status != Status.INCONCLUSIVE:
-        return None
     if isinstance(record, PerfRecord):
         again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
         return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"

@@ -88,9 +88,6 @@ class RunResults:
     def fingerprint(self) -> str:
         return run_fingerprint(self.environment)
 
-    def add(self, record: Record) -> None:
-        self.records.append(record)
-
     def of_type(self, record_type: type) -> list:
         return [r for r in self.records if isinstance(r, record_type)]
 
