@@ -100,9 +100,10 @@ infergate_precisions = {PRECISIONS}
 """
 # What the gate runs leave in the project and nobody commits: a local try's baseline and report (perf/baseline.json
 # is the CI job's own, saved on its runner: one saved on a laptop beside it would block the pull of the job's
-# commit), the CI job's results, history and A/B environment, and a venv.
-GITIGNORE_LINES = (".venv/", "local-baseline.json", "report.html", "infergate-results.json", "infergate-report.html",
-                   "infergate-history/", "base-env/", "base-requirements.txt")
+# commit), the CI job's results, history and A/B environment, a venv, and dist/ where the plugin's wheel is built
+# before init copies it into wheels/.
+GITIGNORE_LINES = (".venv/", "dist/", "local-baseline.json", "report.html", "infergate-results.json",
+                   "infergate-report.html", "infergate-history/", "base-env/", "base-requirements.txt")
 GITIGNORE = "# written by `infergate init`: what gate runs leave here and nobody commits\n" + "\n".join(
     GITIGNORE_LINES) + "\n"
 
