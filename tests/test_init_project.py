@@ -66,8 +66,9 @@ def test_init_ignores_what_gate_runs_leave_and_names_the_lines_an_existing_gitig
     own.mkdir()
     (own / ".gitignore").write_text(".venv/\nreport.html\n")
     kept = next(w for w in init_project(own) if w.path.name == ".gitignore")
-    assert kept.kept and "add dist/, local-baseline.json, infergate-results.json" in kept.note
-    assert ".venv/," not in kept.note and "report.html," not in kept.note
+    assert kept.kept and kept.note.startswith("add dist/, local-baseline.json, infergate-results.json, "
+                                              "infergate-report.html, infergate-history/, base-env/, "
+                                              "base-requirements.txt to it")
     assert (own / ".gitignore").read_text() == ".venv/\nreport.html\n"
 
 
