@@ -147,10 +147,15 @@ class InfergateSession:
                 outbox.undecided.append(finding.text())
         for result in records:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
-            # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
+            # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why, then each check that
+            # did not pass in its own sentence (infergate.perf.fail, ...): one property each
             item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
+            decision = result.decision()
+            item.user_properties += [(f"infergate.{result.kind}.{status.value}", sentence) for status, sentences in
+                                     ((Status.FAIL, decision.problems), (Status.INCONCLUSIVE, decision.undecided))
+                                     for sentence in sentences]
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
             notice = undecided_notice(result)
             if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
