@@ -85,23 +85,22 @@ def _cmd_history(args: argparse.Namespace) -> int:
 
 def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = None, strict: bool = False
                  ) -> tuple[list[list[str]], Status, list[str]]:
-    """Rows of (test, metric, A, B, change, verdict) for every perf metric B's gate compares, decided as the
-    in-run gate decides against a stored baseline (history.series); the run's verdict (fail over inconclusive
-    over pass; strict: inconclusive fails) and the notes a reader needs (what changed, another machine)."""
+    """Rows of (test, metric, A, B, verdict: the status and the comparison's own sentence) for every perf metric
+    B's gate compares, decided as the in-run gate decides against a stored baseline (history.series); the run's
+    verdict (fail over inconclusive over pass; strict: inconclusive fails) and the notes a reader needs (what
+    changed, another machine; B's quality checks that did not pass, in their own sentences)."""
     from pytest_infergate.history.series import compare_records
 
     rows, statuses, notes = [], [], []
     outcomes, only_a, only_b = compare_records(a.perf, b.perf, max_regression)
     for test in only_a + only_b:
         rows.append([test, "-", "present" if test in only_a else "missing",
-                     "present" if test in only_b else "missing", "", "not compared"])
+                     "present" if test in only_b else "missing", "not compared"])
     for test, outcome in outcomes.items():
         statuses.append(outcome.status)
-        for v in outcome.verdicts:
-            change = v.candidate / v.baseline - 1 if v.baseline else 0.0
+        for v in outcome.verdicts:  # the comparison's own sentence, as every output prints it
             rows.append([test, v.metric, units.metric_value(v.metric, v.baseline),
-                         units.metric_value(v.metric, v.candidate), units.change(change),
-                         f"{v.status} ({units.ratio(v.ratio)}, CI {units.number(v.low)}–{units.number(v.high)})"])
+                         units.metric_value(v.metric, v.candidate), f"{v.status} {v.sentence()}"])
             if v.note:
                 why = "inconclusive because " if v.status == Status.INCONCLUSIVE else ""
                 notes.append(f"{test} {v.metric}: {why}{v.note}")
@@ -116,8 +115,11 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
             va, vb = sa.get(metric), sb.get(metric)
             if units.is_number(va) and units.is_number(vb):
                 rows.append([f"quality {key[0]} vs {key[1]}", metric, units.number(va, 4), units.number(vb, 4),
-                             f"{'+' if vb >= va else '−'}{units.number(abs(vb - va), 3)}", qb[key].status.value])
+                             qb[key].status.value])
         statuses.append(qb[key].status)
+        for record in qb[key].records:  # B's own checks, as decided in its run: their sentences, not re-worded
+            decision = record.decision()
+            notes += [f"{record.test}: {sentence}" for sentence in decision.problems + decision.undecided]
     return rows, under_strict(Status.worst(statuses), strict), notes
 
 
@@ -145,7 +147,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     """Compare two results files as the in-run gate would; exit 1 when B regressed against A."""
     rows, verdict, notes = compare_runs(load_run(args.a), load_run(args.b), args.max_regression,
                                         args.strict)
-    print(_table(rows, ["test", "metric", "A", "B", "change", "verdict"]) if rows else "nothing to compare")
+    print(_table(rows, ["test", "metric", "A", "B", "verdict"]) if rows else "nothing to compare")
     for note in notes:
         print(note)
     print({Status.FAIL: "REGRESSION", Status.INCONCLUSIVE: "INCONCLUSIVE: could not decide (see above); rerun, or "

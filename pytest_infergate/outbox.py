@@ -19,6 +19,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 # a report's property carrying the Finding of a test skipped with what would make it run (skip)
 SKIP_FINDING_PROPERTY = "infergate.skipped_finding"
+# a report's property carrying a Finding of a check that did not run or decide as asked, as its record (to_dict):
+# the one route of a test's findings to the run's results, from an xdist worker too; JUnit gets its line instead
+FINDING_PROPERTY = "infergate.finding"
 NOT_RUN_PROPERTY = "infergate.not_run"  # JUnit XML: a check of the test that did not run or decide as asked
 
 

@@ -1,8 +1,8 @@
 """InfergateSession: the state of one pytest session (options, model pool, results, baseline, shared caches) and
 the session-level hooks, registered as the plugin `infergate-session` (pytest-xdist's DSession pattern).
 
-On an xdist worker it measures and hands its records, models, warnings and used scopes to the controller; on the
-controller (or in a run without xdist) it collects records, writes the outputs and prints the summary.
+On an xdist worker it measures and hands its records and findings (inside each test's report), models and used
+scopes to the controller; on the controller (or without xdist) it collects them, writes outputs, prints the summary.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pytest_infergate.errors import InfergateError
 from pytest_infergate.models import PRECISIONS
 from pytest_infergate.options import Options
 from pytest_infergate.outbox import (
+    FINDING_PROPERTY,
     NOT_RUN_PROPERTY,
     SKIP_FINDING_PROPERTY,
     Outbox,
@@ -141,16 +142,20 @@ class InfergateSession:
         said = []
         for finding in findings:
             said.append(finding.text())
-            if finding.not_run:
-                self.results.findings.append(finding)
-                item.user_properties.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML
+            if finding.not_run:  # to the run's results inside the report, as a record (pytest_runtest_logreport)
+                item.user_properties.append((FINDING_PROPERTY, json.dumps(finding.to_dict())))
                 outbox.undecided.append(finding.text())
         for result in records:
             item.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
-            # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why: one property each
+            # JUnit XML (CI test tabs) keeps the gate's verdict and, when it did not pass, why, then each check that
+            # did not pass in its own sentence (infergate.perf.fail, ...): one property each
             item.user_properties.append((f"infergate.{result.kind}.verdict", result.status.value))
             if result.status != "pass":
                 item.user_properties.append((f"infergate.{result.kind}.reason", record_message(result)))
+            decision = result.decision()
+            item.user_properties += [(f"infergate.{result.kind}.{status.value}", sentence) for status, sentences in
+                                     ((Status.FAIL, decision.problems), (Status.INCONCLUSIVE, decision.undecided))
+                                     for sentence in sentences]
             item.user_properties.extend((f"infergate.{name}", value) for name, value in result.key_figures())
             if result.status == Status.INCONCLUSIVE:
                 notice = undecided_notice(result)
@@ -234,8 +239,13 @@ class InfergateSession:
                 finding = Finding.from_dict(json.loads(value))
                 finding = finding if finding.test else replace(finding, test=report.nodeid)
                 self.results.skipped_findings[report.nodeid] = finding
-                if (NOT_RUN_PROPERTY, finding.text()) not in report.user_properties:  # warned too (a golden file)
+                if (FINDING_PROPERTY, value) not in report.user_properties:  # warned too (a golden file)
                     kept.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML: the line, not the JSON
+            elif name == FINDING_PROPERTY:  # each phase's report carries the test's findings so far: taken once
+                finding = Finding.from_dict(json.loads(value))
+                if finding not in self.results.findings:
+                    self.results.findings.append(finding)
+                kept.append((NOT_RUN_PROPERTY, finding.text()))  # JUnit XML: the line, not the JSON
             elif name != RESULT_PROPERTY:
                 kept.append((name, value))
             elif report.when == "call":  # the teardown report carries the same properties again
@@ -252,7 +262,8 @@ class InfergateSession:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        """xdist: a worker's models, environment, warnings and used scopes join the controller's."""
+        """xdist: a worker's models, environment and used scopes join the controller's (its findings came inside
+        the reports of the tests that said them)."""
         output = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT)
         if not output:
             return
@@ -260,8 +271,6 @@ class InfergateSession:
         self.results.models.update(data["models"])
         for key, value in data["environment"].items():
             self.results.environment.setdefault(key, value)
-        findings = [Finding.from_dict(f) for f in data["findings"]]
-        self.results.findings += [f for f in findings if f not in self.results.findings]
         for option, scopes in data["used_scopes"].items():
             self.scopes.note(option, scopes)
 
@@ -287,7 +296,6 @@ class InfergateSession:
         if self.is_worker:
             self.config.workeroutput[WORKER_OUTPUT] = json.dumps({
                 "models": self.results.models, "environment": self.results.environment,
-                "findings": [f.to_dict() for f in self.results.findings],
                 "used_scopes": {option: sorted(scopes) for option, scopes in self.scopes.used.items()}}, default=str)
             self.terminate_as_interrupt.restore()
             return

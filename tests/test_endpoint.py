@@ -270,7 +270,7 @@ def test_failed_requests_fail_the_success_budget_with_their_kinds(pytester, run_
         result = run_plugin(f"--infergate-endpoint={server.url}", "--infergate-json=out.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*infergate perf gate failed*test_load*concurrency=3*",
-                                 "*success_rate: measured 50%, budget >= 100%*", "*failed requests*http_500*"])
+                                 "*success_rate 50% < budget 100%*", "*failed requests*http_500*"])
     records = json.loads((pytester.path / "out.json").read_text())["records"]
     assert records[0]["backend"] == "endpoint" and records[0]["measurement"]["engine"]["errors"] == {"http_500": 3}
 

@@ -64,7 +64,7 @@ def test_memory_30_percent_more_fails_quiet_or_busy_and_the_process_drift_alone_
     baseline = served(seed=1)
     more = gated(served(peak_mb=390.0, seed=2, others=others, load_free=load_free), baseline)
     assert by_metric(more)["peak_mem_mb"] == "fail", more.message()
-    assert "% more memory → FAIL" in next(v for v in more.verdicts if v.metric == "peak_mem_mb").headline()
+    assert "% more memory (×" in next(v for v in more.verdicts if v.metric == "peak_mem_mb").sentence()
     drifted = gated(served(peak_mb=309.0, seed=3, others=others, load_free=load_free), baseline)
     assert by_metric(drifted)["peak_mem_mb"] == "pass", drifted.message()
     near = gated(served(peak_mb=324.0, seed=4), baseline)
@@ -114,7 +114,7 @@ def test_the_in_run_gate_infergate_compare_and_the_history_give_one_verdict_per_
     a = RunResults(records=[record(base)], started=1_700_000_000, run_id="a")
     b = RunResults(records=[record(candidate)], started=1_700_003_600, run_id="b")
     rows, verdict, _ = compare_runs(a, b)
-    cli = {row[1]: row[5].split(" ")[0] for row in rows}
+    cli = {row[1]: row[-1].split(" ")[0] for row in rows}
     (outcome,) = compare_records(a.perf, b.perf)[0].values()
     # the history: B's point of each figure against A's, its change from the previous run
     history = {series.metric: series.points[1].against_previous.split(" ")[0].lower()

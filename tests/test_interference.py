@@ -102,7 +102,7 @@ def test_a_time_budget_broken_on_a_busy_runner_is_inconclusive_and_a_memory_budg
     busy = {v.key: v for v in budget_violations(timed(80.0, others=0.55), budget)}
     assert busy["itl_ms"].status == "inconclusive" and busy["peak_mem_mb"].status == "fail"
     assert "the runner was busy: other processes took 55% of the machine's CPU time" in busy["itl_ms"].undecided
-    assert "rerun the job (each run reads the runner's load anew)" in busy["itl_ms"].describe()
+    assert "rerun the job (each run reads the runner's load anew)" in busy["itl_ms"].line()
     # worse than the load can explain (x4 / (1 - 0.55) ≈ x8.9): the failure stands
     beyond = budget_violations(timed(80.0 * 10, others=0.55), parse_budget({"itl_ms": 80}))
     assert [v.status for v in beyond] == ["fail"]
@@ -255,7 +255,7 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
     gate = parse_budget({"max_regression": 0.10, "tokens_per_s": 1e-9})
     outcome = evaluate_perf(candidate, gate, {}, BaselineEntry({}, baseline))
     throughput = next(v for v in outcome.verdicts if v.metric == "tokens_per_s")
-    assert throughput.status == expected, throughput.describe()
+    assert throughput.status == expected, throughput.details()
     if expected == "fail" and (busy_share(candidate.others_share) or busy_share(baseline.others_share)):
         assert "load-corrected by run-queue delay" in throughput.note and "other processes took 74%" in throughput.note
         assert "load-corrected by run-queue delay" in outcome.message()
@@ -265,13 +265,13 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
     same_co_tenant = busy_share(baseline.others_share) and baseline.others_share == candidate.others_share
     if busy_share(baseline.others_share) and not same_co_tenant:
         # a busy baseline's latencies load-corrected keep a team's margin (x1.6): x2 fails, unchanged does not
-        assert itl.status == expected, itl.describe()
+        assert itl.status == expected, itl.details()
         if expected == "fail":
             assert "beyond ×1.76, the most the correction can be off (×1.6 on the threshold)" in itl.note
     if same_co_tenant:
         # beyond even the uneven-load margin: that failure is said first; within it, the steady co-tenant decides
-        assert itl.status == expected and "load-corrected by run-queue delay" in itl.note, itl.describe()
-        assert expected == "fail" or "both sides beside the same co-tenant" in itl.note, itl.describe()
+        assert itl.status == expected and "load-corrected by run-queue delay" in itl.note, itl.details()
+        assert expected == "fail" or "both sides beside the same co-tenant" in itl.note, itl.details()
 
 
 def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_never_fails_one():
@@ -319,8 +319,8 @@ def test_one_thread_drops_the_team_margin_on_figures_the_load_correction_takes_o
 
     expected = "fail" if threads == 1 else "inconclusive"
     for run in (uneven, candidate):
-        assert verdict(run, "tokens_per_s").status == expected, verdict(run, "tokens_per_s").describe()
-    assert verdict(uneven, "itl_ms").status == "inconclusive", verdict(uneven, "itl_ms").describe()
+        assert verdict(run, "tokens_per_s").status == expected, verdict(run, "tokens_per_s").details()
+    assert verdict(uneven, "itl_ms").status == "inconclusive", verdict(uneven, "itl_ms").details()
     assert "load-corrected by run-queue delay" in verdict(candidate, "tokens_per_s").note
 
 
@@ -368,7 +368,7 @@ def test_on_a_gpu_the_load_is_taken_out_by_device_time_and_the_verdict_says_so()
     baseline = on_gpu(loaded(20.0, 0.74, 0.27))
     slower = evaluate_perf(on_gpu(loaded(80.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, baseline))
     throughput = next(v for v in slower.verdicts if v.metric == "tokens_per_s")
-    assert throughput.status == "fail" and throughput.load_corrected, throughput.describe()
+    assert throughput.status == "fail" and throughput.load_corrected, throughput.details()
     assert throughput.evidence() == "load-corrected by device time (CUDA events)"
     assert "load-corrected by device time (CUDA events): ×4" in throughput.note
     unchanged = evaluate_perf(on_gpu(loaded(20.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, baseline))

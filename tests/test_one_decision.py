@@ -73,7 +73,7 @@ def test_gate_compare_report_and_history_agree_on_a_recorded_pair(name):
     # infergate compare A B
     rows, verdict, notes = compare_runs(accepted, candidate)
     assert verdict == expected
-    assert {row[1]: row[5].split(" ")[0] for row in rows if row[1] in timed} == {m: s.value for m, s in timed.items()}
+    assert {row[1]: row[-1].split(" ")[0] for row in rows if row[1] in timed} == {m: s.value for m, s in timed.items()}
     if fingerprint["torch"] != FINGERPRINT["torch"]:
         assert f"{TEST}: changed since A: torch 2.13.0 → 2.14.0" in notes
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from baseline_files import older_baseline, saved_run
 
-from pytest_infergate import context
+from pytest_infergate import context, units
 from pytest_infergate.measurement import scales_with_speed
 from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf import (
@@ -77,8 +77,8 @@ def test_check_budget_lists_every_violation_with_margin():
     violations = check_budget(m, parse_budget({"ttft_ms_p99": 500, "ttft_ms": 200, "tokens_per_s": 12}))
     assert [v.key for v in violations] == ["ttft_ms_p99", "tokens_per_s"]
     assert violations[1].margin == pytest.approx((12 - 9) / 12)
-    text = violations[0].describe()
-    assert "measured p99" in text and "budget <= 500 ms" in text and "n=10" in text
+    text = violations[0].sentence()
+    assert text.startswith("ttft_ms_p99 ") and "ms > budget 500 ms (" in text and "over budget" in text
 
 
 def test_missing_metric_is_a_clear_error():
@@ -119,7 +119,7 @@ def test_interleaved_rounds_compare_pairwise_so_drift_cancels():
     paired = compare_measurements(b, a, budget, paired=True)[0]
     assert independent.status == "inconclusive"  # the drift swamps the 2x effect between runs
     assert paired.paired and paired.status == "fail" and paired.ratio == pytest.approx(2.0, rel=0.05)
-    assert "paired by round" in paired.describe()
+    assert "paired by round" in paired.details()
     # per-request latencies are not paired: they are many samples per round
     ttft = compare_measurements(b, a, parse_budget({"ttft_ms": 100, "max_regression": 0.5}), paired=True)[0]
     assert not ttft.paired
@@ -196,9 +196,10 @@ def test_another_machine_is_inconclusive_and_a_change_under_test_is_compared():
     # the library under test changed: compared, and the message names the change beside the verdict
     upgraded = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.1"}, entry)
     assert upgraded.status == "fail" and upgraded.changes == ["torch 2.0 → 2.1"]
-    assert "torch 2.0 → 2.1: ttft_ms p50 slowdown ×2.0" in upgraded.message()
+    assert f"torch 2.0 → 2.1: {upgraded.verdicts[0].sentence()}: FAIL" in upgraded.message()
+    assert upgraded.verdicts[0].sentence().startswith("TTFT p50 ")
     same = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.0"}, entry)
-    assert same.status == "fail" and "nothing under test changed: ttft_ms" in same.message()
+    assert same.status == "fail" and "nothing under test changed: TTFT p50" in same.message()
 
 
 def test_engine_config_changes_are_named_key_by_key():
@@ -356,14 +357,14 @@ def test_interference_is_set_aside_by_the_least_disturbed_repetitions():
     for seed in (2, 3, 4):
         unchanged = evaluate_perf(interfered(seed=seed), GATE, {}, entry)
         assert unchanged.status == "pass", unchanged.message()
-        assert all("least-disturbed repetitions" in v.describe() for v in unchanged.verdicts if v.repetitions)
+        assert all("least-disturbed repetitions" in v.details() for v in unchanged.verdicts if v.repetitions)
         slower = evaluate_perf(interfered(regression=1.25, seed=seed), GATE, {}, entry)
         assert slower.status == "fail", slower.message()
     # the same repetitions compared by their pooled median (as before, without the split by repetition) cannot tell
     unchanged = interfered(seed=2)
     pooled = [compare_samples(metric, unchanged.samples[metric], entry.measurement.samples[metric], 0.10)
               for metric in ("itl_ms", "tokens_per_s")]
-    assert any(v.status == "inconclusive" for v in pooled), [v.describe() for v in pooled]
+    assert any(v.status == "inconclusive" for v in pooled), [v.details() for v in pooled]
 
 
 def test_inconclusive_message_states_the_interval_width_and_what_narrows_it():
@@ -592,12 +593,13 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
                             machine_slowdown=2.0, repetitions=True)]
 
     itl, tps, provenance, changed = verdict_reasons(Record())
-    assert itl.startswith("itl_ms p50 baseline 20 ms → now 23 ms, 15% slower: ×1.15")
+    assert itl.startswith("ITL p50 15% slower (×1.15 [1.12–1.18], limit ×1.1): INCONCLUSIVE -- itl_ms p50 baseline "
+                          "20 ms → now 23 ms")
     assert provenance == "baseline: 8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
-    # the interval lies above the threshold although the verdict is inconclusive: the line says which, and why
-    assert ("(CI 1.12–1.18) > ×1.1, as measured, least-disturbed repetitions, resolves slowdowns above ×1.03, "
+    # the interval lies above the threshold although the verdict is inconclusive: the line says why
+    assert ("as measured, least-disturbed repetitions, resolves slowdowns above ×1.03, "
             "calibration probe ×1.14: as measured it would fail") in itl
-    assert "≤ ×1.1" in tps and "calibration probe ×2" in tps
+    assert tps.startswith("tokens/s unchanged (×1 [0.95–1.05], limit ×1.1): PASS --") and "calibration probe ×2" in tps
     assert changed == "changed since the baseline: torch 2.0 → 2.1"
 
 
@@ -766,7 +768,7 @@ def test_a_stored_verdict_states_its_resolution_and_says_at_once_when_the_thresh
     entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1, noise=0.03))
     quiet = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {}, entry)
     itl = next(v for v in quiet.verdicts if v.metric == "itl_ms")
-    assert 1.0 < itl.resolution < 1.1 and f"resolves slowdowns above ×{itl.resolution:.3f}" in itl.describe()
+    assert 1.0 < itl.resolution < 1.1 and f"resolves slowdowns above {units.ratio(itl.resolution)}" in itl.details()
     assert any("resolves slowdowns above ×" in line for line in verdict_reasons_of(quiet))
     assert any(f"{v.metric} " in line and ", as measured, least-disturbed repetitions" in line
                for v in quiet.verdicts if v.repetitions for line in verdict_reasons_of(quiet))
@@ -782,7 +784,7 @@ def test_a_stored_verdict_states_its_resolution_and_says_at_once_when_the_thresh
     outcome = evaluate_perf(spread_out(1.05), parse_budget({"max_regression": 0.10, "itl_ms": 1e12}), {},
                             BaselineEntry({}, spread_out(1.0)), remeasure=lambda: calls.append(1))
     undecided = [v for v in outcome.verdicts if v.status == "inconclusive"]
-    assert undecided and all(v.unresolvable for v in undecided), [v.describe() for v in outcome.verdicts]
+    assert undecided and all(v.unresolvable for v in undecided), [v.details() for v in outcome.verdicts]
     assert calls == [] and outcome.remeasured == 0  # said at once
     why = undecided[0].note
     assert why.startswith("this comparison resolves slowdowns above ×") and "infergate_bench.ab" in why
@@ -827,5 +829,6 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     record = SimpleNamespace(violations=[], verdicts=[straddles, decided], baseline_provenance="",
                              relative_check_missing="", machine_mismatch=[], changes=[])
     first, second = verdict_reasons(record)
-    assert "straddles ×1.1, as measured: measure more (a larger `repeats=`" in first and "infergate_bench.ab" in first
+    assert "limit ×1.1): INCONCLUSIVE" in first and "as measured: measure more (a larger `repeats=`" in first
+    assert "infergate_bench.ab" in first
     assert UNDECIDED_ACTION not in second

@@ -84,12 +84,10 @@ def gate_measurement(ctx: TestContext, target: Target, record: PerfRecord,
     outcome.notes[:0] = notes
     if ctx.baseline is not None and budget.max_regression is None:
         # a baseline given and not used would let a slower run PASS with nothing said (issue #45)
-        unused = Finding(RELATIVE_CHECK, key, f"--infergate-baseline {ctx.options.baseline} was given but not "
-                         "compared with: this measurement's budget has no max_regression",
-                         "add max_regression=0.1 to its infergate_budget marker (or the ini infergate_budgets) to "
-                         "gate it against the baseline")
-        outcome.notes.append(unused.text())
-        ctx.say(unused)
+        ctx.say(Finding(RELATIVE_CHECK, key, f"--infergate-baseline {ctx.options.baseline} was given but not "
+                        "compared with: this measurement's budget has no max_regression",
+                        "add max_regression=0.1 to its infergate_budget marker (or the ini infergate_budgets) to "
+                        "gate it against the baseline"))  # said as a finding, typed to every output (not a note)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     busy = busy_share(record.measurement.others_share)
     if ctx.options.save_baseline is not None and busy is not None:

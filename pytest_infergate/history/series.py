@@ -18,9 +18,10 @@ from pytest_infergate.perf.budget import recorded_budget
 from pytest_infergate.perf.fingerprint import diff_fingerprints, machine_key
 from pytest_infergate.perf.gate import PerfGate, StoredReference
 from pytest_infergate.perf.outcome import PerfOutcome
+from pytest_infergate.results.reasons import verdict_line
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import metric_status, verdict_reasons
+from pytest_infergate.results.summary import budget_metric, metric_status
 from pytest_infergate.stats import percentile
 
 DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "tokens_per_s", "peak_mem_mb")
@@ -141,7 +142,8 @@ def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, pre
     if not samples:
         return None
     status = metric_status(record, metric)
-    why = "; ".join(reason for reason in verdict_reasons(record) if reason.startswith(metric))
+    why = "; ".join([v.line() for v in record.violations if budget_metric(v.key) == metric]
+                    + [verdict_line(v) for v in record.verdicts if v.metric == metric])
     point = Point(run_index, percentile(samples, q), percentile(samples, 25), percentile(samples, 75), samples,
                   status.value if status else None, why, _environment(record, run))
     if previous is not None:
@@ -153,7 +155,7 @@ def _point(run_index: int, run: RunResults, record: PerfRecord, metric: str, pre
 def _against_previous(previous: PerfRecord, record: PerfRecord, metric: str) -> str:
     outcome = compare_records([previous], [record])[0][record.test]
     verdict = next((v for v in outcome.verdicts if v.metric == metric), None)
-    return "" if verdict is None else f"{verdict.status.upper()} {verdict.headline().rsplit(' → ', 1)[0]}"
+    return "" if verdict is None else f"{verdict.status.upper()} {verdict.sentence()}"
 
 
 def _segments(points: list[Point]) -> list[Segment]:

@@ -105,15 +105,18 @@ class Violation:
             return units.metric_value(self.key, value)
         return f"{units.number(value)} {self.unit}".strip()
 
-    def describe(self) -> str:
-        bound = ">=" if self.higher_is_better else "<="
-        where = f"p{self.percentile:g} " if self.percentile else ""
-        return (f"{self.key}: measured {where}{self._value(self.measured)}, budget {bound} "
-                f"{self._value(self.limit)} ({self.shortfall()}, n={self.samples})"
-                + (f"; inconclusive because {self.undecided}" if self.undecided else ""))
+    def sentence(self) -> str:
+        """The budget check's one sentence, which every output prints as it is: 'ttft_ms_p95 1,300 ms > budget
+        1,000 ms (30% over budget)'."""
+        bound = "<" if self.higher_is_better else ">"
+        return f"{self.key} {self._value(self.measured)} {bound} budget {self._value(self.limit)} ({self.shortfall()})"
+
+    def line(self) -> str:
+        """The sentence, and why the breach is undecided where it is."""
+        return self.sentence() + (f": inconclusive, {self.undecided}" if self.undecided else "")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "margin": self.margin}
+        return {**asdict(self), "margin": self.margin, "sentence": self.sentence()}  # sentence: not read back
 
     @classmethod
     def from_dict(cls, data: dict) -> Violation:
@@ -183,7 +186,7 @@ class PerfOutcome:
     def decision(self) -> Decision:
         """The shape every gate's outcome shares (status.Decision): the budgets and comparisons that failed, those
         that could not decide, the notes; its status is this outcome's."""
-        checks = [(v.status, v.describe()) for v in self.violations] + [(v.status, v.headline()) for v in self.verdicts]
+        checks = [(v.status, v.sentence()) for v in self.violations + self.verdicts]
         return Decision([text for status, text in checks if status == Status.FAIL],
                         [text for status, text in checks if status == Status.INCONCLUSIVE], list(self.notes))
 
@@ -193,7 +196,7 @@ class PerfOutcome:
             undecided = sum(1 for v in self.violations if v.undecided)
             lines.append(f"{len(self.violations)} budget(s) exceeded"
                          + (f" ({undecided} inconclusive: the runner was busy)" if undecided else "") + ":")
-            lines += ["  " + v.describe() for v in self.violations]
+            lines += ["  " + v.line() for v in self.violations]
         bad = [v for v in self.verdicts if v.status != Status.PASS]
         if bad:
             lines.append("regression against the baseline"
@@ -201,8 +204,7 @@ class PerfOutcome:
             # against a stored baseline, what changed since it was saved (an A/B run names its sides elsewhere)
             what = (", ".join(self.changes) if self.changes else "nothing under test changed") + ": " \
                 if self.baseline_provenance else ""
-            lines += [f"  {what}{v.headline()}" for v in bad]
-            lines += ["    " + v.describe() for v in bad]
+            lines += [f"  {what}{v.sentence()}: {v.status.upper()}\n    {v.details()}" for v in bad]
             if self.remeasured:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
             if self.confirmed:

@@ -22,6 +22,20 @@ from pytest_infergate.stats import (
 )
 from pytest_infergate.status import Status
 
+# the figures as a reviewer names them
+FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL",
+                "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
+                "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
+# what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
+UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
+                    "(infergate_bench.ab) where the runner's speed drifts")
+
+
+def figure_name(metric: str, pct: float | None) -> str:
+    """'tokens/s', 'TTFT p95'."""
+    name = FIGURE_NAMES.get(metric, metric)
+    return f"{name} p{pct:g}" if pct else name
+
 
 @dataclass
 class Verdict:
@@ -67,20 +81,6 @@ class Verdict:
             return math.inf
         return math.sqrt(self.high / self.low)
 
-    def describe(self) -> str:
-        where = f"p{self.percentile} " if self.percentile else ""
-        how = ", paired by round" if self.paired else ""
-        if self.repetitions:
-            how += (f", least-disturbed repetitions (p{FAST_QUANTILE * 100:g} of per-repetition values), "
-                    f"resolves slowdowns above ×{self.resolution:.3f}")
-        if self.machine_slowdown is not None:
-            how += f"; calibration probe ×{self.machine_slowdown:.3f} of the baseline's"
-        if self.note:
-            how += f"; inconclusive because {self.note}" if self.status == Status.INCONCLUSIVE else f"; {self.note}"
-        return (f"{self.metric} {where}{self.status.upper()}: candidate/baseline slowdown ×{self.ratio:.3f} "
-                f"(95% CI {self.low:.3f}-{self.high:.3f}, threshold ×{self.threshold:.3f}; "
-                f"{self.candidate:.4g} vs {self.baseline:.4g}, n={self.samples[0]}/{self.samples[1]}{how})")
-
     def evidence(self) -> str:
         """Which evidence decided the verdict (or failed to), in one short phrase for the report and the terminal:
         the figures as measured (paired by A/B round, or each side's least-disturbed repetitions), or load-corrected
@@ -107,16 +107,24 @@ class Verdict:
             return "median of per-round values, load-corrected"
         return ""
 
-    def headline(self) -> str:
-        """One line a reviewer reads: metric, ratio with its interval and the threshold, the baseline's figure
-        beside the candidate's with the change said in words (and which statistic they are, where not the run's
-        own summary), the verdict."""
+    def sentence(self) -> str:
+        """The comparison's one sentence, which every output prints as it is: 'tokens/s 65.9% lower (×2.93
+        [2.9–3.01], limit ×1.1)'."""
+        return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()} ({units.ratio(self.ratio)} "
+                f"[{units.number(self.low)}–{units.number(self.high)}], limit {units.ratio(self.threshold)})")
+
+    def details(self) -> str:
+        """What the sentence rests on, after it: the two figures, the evidence that decided, why it is undecided.
+        'itl_ms p50 baseline 20 ms → now 23 ms, as measured, least-disturbed repetitions, resolves slowdowns above
+        ×1.03'."""
         where = f" p{self.percentile}" if self.percentile else ""
-        statistic = f" ({self.statistic()})" if self.statistic() else ""
-        return (f"{self.metric}{where} slowdown ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"(threshold ×{self.threshold:.3f}): baseline {units.metric_value(self.metric, self.baseline)} → "
-                f"now {units.metric_value(self.metric, self.candidate)}{statistic}, {self.change_in_words()} "
-                f"→ {self.status.upper()}")
+        note = self.note[len(self.evidence()) + 2:] if self.note.startswith(self.evidence()) else self.note
+        return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
+                f"{units.metric_value(self.metric, self.candidate)}, {self.evidence()}"
+                + (f", resolves slowdowns above {units.ratio(self.resolution)}" if self.repetitions else "")
+                + (f", calibration probe {units.ratio(self.machine_slowdown)}" if self.machine_slowdown else "")
+                + (f": {note}" if note else "")
+                + (f": {UNDECIDED_ACTION}" if self.status == Status.INCONCLUSIVE and not self.note else ""))
 
     def change_in_words(self) -> str:
         """"12% slower", "3% faster", "8% more memory", "60% lower" (a throughput at ×2.5 its baseline's cost):
@@ -134,7 +142,7 @@ class Verdict:
         return f"{units.percent(1.0 - self.ratio)} {better}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "sentence": self.sentence()}  # the sentence for readers of the JSON; not read back
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:

@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_infergate import units
 from pytest_infergate.perf import interference
+from pytest_infergate.perf.verdict import UNDECIDED_ACTION
 from pytest_infergate.quality.policy import default_failure_advice
-from pytest_infergate.stats import interval_status
 from pytest_infergate.status import Status
 
 if TYPE_CHECKING:
@@ -21,15 +20,7 @@ if TYPE_CHECKING:
 
 # where a reason's lead (what a reviewer acts on) ends and its evidence begins, in every output
 EVIDENCE = " -- "
-# the figures as a reviewer names them
-FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL",
-                "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
-                "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
 MOST_CHANGES = 2  # changes named in a lead; the rest are counted ("and 3 more") and listed in the evidence
-
-# what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
-UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
-                    "(infergate_bench.ab) where the runner's speed drifts")
 
 # a perf gate that asked for a relative check (max_regression) and had no baseline: its pass is of budgets only
 NOTHING_COMPARED = "nothing compared"
@@ -82,13 +73,13 @@ def perf_message(record: PerfRecord) -> str:
     status = record.status
     verdicts = [v for v in record.verdicts if v.status == status] if status != Status.PASS else []
     budgets = [v for v in record.violations if v.status == status] if status != Status.PASS else []
-    checks = [violation_sentence(v) for v in budgets] + [verdict_sentence(v) for v in verdicts]
+    checks = [v.sentence() for v in budgets + verdicts]
     if record.relative_check_missing:
         checks.append("no baseline comparison")
     if not checks:
         return "; ".join(verdict_reasons(record)[:3]) or status.value
     lead = f"{'; '.join(checks[:3])}{changes_phrase(named_changes(record)) if verdicts else ''}."
-    evidence = [violation_line(v) for v in budgets] + [verdict_line(v) for v in verdicts]
+    evidence = [v.line() for v in budgets] + [v.details() for v in verdicts]
     if record.relative_check_missing:
         evidence.append(f"no baseline comparison: {record.relative_check_missing}")
     if record.baseline_provenance and verdicts:
@@ -96,25 +87,6 @@ def perf_message(record: PerfRecord) -> str:
     if len(record.changes) > MOST_CHANGES:
         evidence.append("changed since the baseline: " + ", ".join(record.changes))
     return f"{lead} {perf_advice(record, budgets, verdicts)}{EVIDENCE}{'; '.join(evidence)}"
-
-
-def figure_name(metric: str, pct: float | None) -> str:
-    """'tokens/s', 'TTFT p95'."""
-    name = FIGURE_NAMES.get(metric, metric)
-    return f"{name} p{pct:g}" if pct else name
-
-
-def verdict_sentence(v: Verdict) -> str:
-    """A comparison as a reviewer reads it: 'tokens/s 65.9% slower (×2.93 [2.9–3.01], limit ×1.1)'."""
-    return (f"{figure_name(v.metric, v.percentile)} {v.change_in_words()} ({units.ratio(v.ratio)} "
-            f"[{units.number(v.low)}–{units.number(v.high)}], limit {units.ratio(v.threshold)})")
-
-
-def violation_sentence(v: Violation) -> str:
-    """A broken budget: 'ttft_ms_p95 1,300 ms > budget 1,000 ms (30% over budget)'."""
-    bound = "<" if v.higher_is_better else ">"
-    return (f"{v.key} {units.metric_value(v.key, v.measured)} {bound} budget {units.metric_value(v.key, v.limit)} "
-            f"({v.shortfall()})")
 
 
 def named_changes(record: PerfRecord) -> list[str]:
@@ -130,7 +102,7 @@ class ChangeFailure:
     changes: list[str]  # over every such gate, first seen first
     gates: int
     test: str  # the first such gate
-    figures: list[str]  # its failing comparisons' sentences (verdict_sentence), then its broken budgets'
+    figures: list[str]  # its failing comparisons' sentences, then its broken budgets'
 
     def lead(self) -> str:
         """'tokens/s 65.9% lower (×2.93 [2.9–3.01], limit ×1.1) since engine_config.max_batch_size 8 → 1'."""
@@ -146,8 +118,7 @@ def change_failure(records: list) -> ChangeFailure | None:
     if not failed:
         return None
     first = failed[0]
-    figures = ([verdict_sentence(v) for v in first.verdicts if v.status == Status.FAIL]
-               + [violation_sentence(v) for v in first.violations if v.status == Status.FAIL])
+    figures = [v.sentence() for v in first.verdicts + first.violations if v.status == Status.FAIL]
     return ChangeFailure(list(dict.fromkeys(c for r in failed for c in named_changes(r))), len(failed), first.test,
                          figures)
 
@@ -188,31 +159,15 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
 
 
-def violation_line(v: Violation) -> str:
-    """A budget check in one line: its sentence (violation_sentence), and why it is undecided."""
-    return violation_sentence(v) + (f": inconclusive, {v.undecided}" if v.undecided else "")
-
-
 def verdict_line(v: Verdict) -> str:
-    """A comparison in one line: the change with its interval against the threshold, the evidence that decided."""
-    where = f" p{v.percentile}" if v.percentile else ""
-    # from the interval, not the status: a verdict made inconclusive by a disagreement (v.note) lies on one side
-    relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(interval_status(v.low, v.high, v.threshold), "straddles")
-    return (f"{v.metric}{where} baseline {units.metric_value(v.metric, v.baseline)} → now "
-            f"{units.metric_value(v.metric, v.candidate)}, {v.change_in_words()}: "
-            f"{units.ratio(v.ratio)} (CI {units.number(v.low)}–{units.number(v.high)}) {relation} "
-            f"{units.ratio(v.threshold)}, {v.evidence()}"
-            + (f", resolves slowdowns above {units.ratio(v.resolution)}" if v.repetitions else "")
-            + (f", calibration probe {units.ratio(v.machine_slowdown)}" if v.machine_slowdown else "")
-            + (f": {v.note}" if v.note and not v.note.startswith(v.evidence()) else
-               f": {v.note[len(v.evidence()) + 2:]}" if v.note else "")
-            + (f": {UNDECIDED_ACTION}" if v.status == Status.INCONCLUSIVE and not v.note else ""))
+    """A comparison in one line: its sentence and status, then what it rests on after EVIDENCE."""
+    return f"{v.sentence()}: {v.status.upper()}{EVIDENCE}{v.details()}"
 
 
 def verdict_reasons(record: PerfRecord) -> list[str]:
-    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison (ratio,
-    95% CI, threshold), each check that could not run. Each line starts with its metric or key."""
-    reasons = [violation_line(v) for v in record.violations]
+    """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison, each check
+    that could not run. A check's line starts with its own sentence (Violation.line, verdict_line)."""
+    reasons = [v.line() for v in record.violations]
     reasons += [verdict_line(v) for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS)]
     if record.baseline_provenance:
         reasons.append(f"baseline: {record.baseline_provenance}")
