@@ -162,7 +162,7 @@ class InfergateSession:
                 if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
                     said.append(notice)
                 outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
-                                        + "; ".join(result.decision().undecided))
+                                        + "; ".join(decision.undecided))
         for ctx in outbox.contexts:
             item.user_properties.extend(ctx.properties)
             ctx.properties.clear()

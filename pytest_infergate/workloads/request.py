@@ -182,9 +182,9 @@ def chat_prompt_with_length(tokenizer, target_tokens: int, question: str) -> str
 
 def default_chat_workload(tokenizer, num_requests: int | None = None) -> list[Request]:
     """The chat workload a bench call that names none measures on the engine: 6 short chat requests (prompts of
-    20-80 tokens, answers of 12-24). It is the workload whose gate power benchmarks/figure_power.py measures (an
-    unchanged run passes, a x2 or +30% change fails), and a repetition of it takes a couple of seconds on one CPU
-    thread, so a stored comparison's 5-12 repetitions fit in a CI minute."""
+    20-80 tokens, answers of 12-24). benchmarks/figure_power.py measures the gate's power on this workload (on
+    tiny-random-llama: an unchanged run passes, a x2 or +30% change fails), and a repetition of it takes a few
+    seconds on the embedded model on one CPU thread, so a stored comparison's 5-12 repetitions fit in a CI minute."""
     return chat_workload(tokenizer, num_requests or 6, prompt_tokens=(20, 80), max_new_tokens=(12, 24), seed=4)
 
 
