@@ -118,9 +118,12 @@ class Verdict:
         'itl_ms p50 baseline 20 ms → now 23 ms, as measured, least-disturbed repetitions, resolves slowdowns above
         ×1.03'."""
         where = f" p{self.percentile}" if self.percentile else ""
-        note = self.note[len(self.evidence()) + 2:] if self.note.startswith(self.evidence()) else self.note
+        # a note that opens with the evidence phrase (busy.py: "load-corrected by …: …") says it once: after it
+        evidence = self.evidence()
+        opens = self.note.startswith(evidence) and self.note[len(evidence):len(evidence) + 2] in (": ", ", ")
+        note = self.note[len(evidence) + 2:] if opens else self.note
         return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
-                f"{units.metric_value(self.metric, self.candidate)}, {self.evidence()}"
+                f"{units.metric_value(self.metric, self.candidate)}, {evidence}"
                 + (f", resolves slowdowns above {units.ratio(self.resolution)}" if self.repetitions else "")
                 + (f", calibration probe {units.ratio(self.machine_slowdown)}" if self.machine_slowdown else "")
                 + (f": {note}" if note else "")
