@@ -186,9 +186,10 @@ class PerfOutcome:
     def decision(self) -> Decision:
         """The shape every gate's outcome shares (status.Decision): the budgets and comparisons that failed, those
         that could not decide, the notes; its status is this outcome's."""
-        checks = [(v.status, v.sentence()) for v in self.violations + self.verdicts]
-        return Decision([text for status, text in checks if status == Status.FAIL],
-                        [text for status, text in checks if status == Status.INCONCLUSIVE], list(self.notes))
+        checks = self.violations + self.verdicts  # a pass is not worded here: a decision keeps no pass's sentence
+        return Decision([check.sentence() for check in checks if check.status == Status.FAIL],
+                        [check.sentence() for check in checks if check.status == Status.INCONCLUSIVE],
+                        list(self.notes))
 
     def message(self) -> str:
         lines = []
