@@ -61,8 +61,8 @@ from pytest_infergate.perf import lockstep  # noqa: E402
 from pytest_infergate.perf.baseline import load_baseline  # noqa: E402
 from pytest_infergate.perf.baseline_env import BaselineEnv  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.gate import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.injections import QuietForwardTimes, injected_slowdown  # noqa: E402
+from pytest_infergate.perf.interleaved import AB_ROUNDS, by_repetition, evaluate_ab  # noqa: E402
 from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.results.run import RunResults  # noqa: E402
 from pytest_infergate.workloads import chat_workload  # noqa: E402

@@ -6,8 +6,8 @@
 gate_power compares every trial with the one baseline it saved, so its counts depend on how lucky that one save
 was. Every unchanged trial is itself a fresh measurement of the same code, so each can stand in as the baseline:
 this replays every other trial against each of them (the first `--repetitions` repetitions of each, as a first
-decision sees them, before re-measuring) through the gate's own decision (perf.decide), and prints the share of
-pass / inconclusive / fail per slowdown. It also prints each unchanged trial's level (median per-repetition ITL)
+decision sees them, before re-measuring) through the gate's own decision (perf.gate.decide_perf), and prints the share
+of pass / inconclusive / fail per slowdown. It also prints each unchanged trial's level (median per-repetition ITL)
 beside the calibration probe's quiet level and their correlation across trials: whether the machine itself moved
 between trials, and whether the probe saw it.
 """
@@ -29,8 +29,10 @@ from gate_power import budget_values  # noqa: E402
 from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.decide import decide_perf  # noqa: E402
-from pytest_infergate.perf.gate import StoredReference  # noqa: E402
+from pytest_infergate.perf.gate import (
+    StoredReference,  # noqa: E402
+    decide_perf,  # noqa: E402
+)
 
 PER_REPETITION = ("probe_s", "probe_quiet_s", "others_share")
 
@@ -76,7 +78,7 @@ def main() -> int:
     budget = parse_budget(budget_values(args))  # as gate_power's trials were gated
 
     print(f"{len(unchanged)} unchanged trials as baselines, {args.repetitions} repetitions a side, max_regression "
-          f"{args.max_regression:.0%} on {args.metrics}, decided by perf.decide:")
+          f"{args.max_regression:.0%} on {args.metrics}, decided by perf.gate.decide_perf:")
     for slowdown, measured in sorted(trials.items()):
         counts: Counter = Counter()
         for i, (baseline, fingerprint) in enumerate(unchanged):

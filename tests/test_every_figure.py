@@ -6,13 +6,13 @@ compare` and the history decide each figure through one function (PerfGate.check
 import random
 
 import pytest
+from stored_gate import evaluate_perf
 
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.gate import evaluate_perf
 from pytest_infergate.perf.outcome import RELATIVE_DEFAULT
 from pytest_infergate.perf.verdict import MEMORY_DRIFT
 from pytest_infergate.report import render as render_report
@@ -419,8 +419,7 @@ def test_a_pass_straddling_the_bar_at_a_slow_saves_thread_speed_is_measured_more
     against ×1.068). Blamed on the save, it used to be left undecided at once; more of this run narrows that
     interval, so the gate measures more — beside a co-tenant too, where it otherwise does not. A comparison wholly
     beyond the bar at the save's speed (the save's thread ×1.3 slower, its workload not) is not measured more."""
-    from pytest_infergate.perf.decide import undecided_by_noise
-    from pytest_infergate.perf.gate import StoredReference
+    from pytest_infergate.perf.gate import StoredReference, undecided_by_noise
 
     remeasured = []
     straddling = gated(drifted(1.0, seed=2), drifted(1.04, seed=1, probe_speed=1.11))

@@ -7,12 +7,13 @@ import sys
 import time
 
 import pytest
+from stored_gate import evaluate_perf
 
 from pytest_infergate.measurement import BUSY_SHARE, Measurement, busy_share
 from pytest_infergate.perf import interference, stored
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.gate import budget_violations, evaluate_perf
+from pytest_infergate.perf.outcome import budget_violations
 from pytest_infergate.status import under_strict
 
 pytestmark = pytest.mark.load_evidence

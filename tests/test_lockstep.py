@@ -11,8 +11,8 @@ from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.baseline_env import BaselineEnv, BaselineEnvError, Workload
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.decide import compare_measurements
-from pytest_infergate.perf.gate import AB_ROUNDS, evaluate_ab
+from pytest_infergate.perf.gate import compare_measurements
+from pytest_infergate.perf.interleaved import AB_ROUNDS, evaluate_ab
 from pytest_infergate.perf.local_bench import Bench
 from pytest_infergate.perf.verdict import compare_samples
 from pytest_infergate.status import Status

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from browser import needs_chromium, open_page
+from stored_gate import evaluate_perf
 from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, add_repetitions, machine
 
 import pytest_infergate
@@ -17,16 +18,9 @@ from pytest_infergate.gates.gating import record_outcome
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.decide import decide_perf
-from pytest_infergate.perf.gate import (
-    AB_MORE_ROUNDS,
-    Interleaved,
-    NoReference,
-    PerfGate,
-    Route,
-    StoredReference,
-    evaluate_perf,
-)
+from pytest_infergate.perf.gate import NoReference, PerfGate, StoredReference, decide_perf
+from pytest_infergate.perf.interleaved import AB_MORE_ROUNDS, Interleaved
+from pytest_infergate.perf.outcome import Route
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.records import PerfRecord
@@ -221,12 +215,12 @@ def test_a_record_holds_the_gate_outcome_and_reads_it_back_whole():
 
 
 def test_only_the_one_decision_function_makes_verdicts():
-    """No module but perf/decide.py calls the comparison and budget functions a verdict is made of: a new route or
+    """No module but perf/gate.py calls the comparison and budget functions a verdict is made of: a new route or
     output that decides on its own fails here."""
     makers = {"compare_measurements", "compare_stored", "compare_samples", "compare_paired", "check_budget",
               "budget_violations", "judged"}
-    allowed = {"perf/decide.py": makers, "perf/verdict.py": {"compare_samples", "compare_paired",
-                                                            "compare_paired_percentiles"}}
+    allowed = {"perf/gate.py": makers, "perf/outcome.py": {"check_budget"},  # budget_violations: the budgets'
+               "perf/verdict.py": {"compare_samples", "compare_paired", "compare_paired_percentiles"}}
     package = Path(pytest_infergate.__file__).parent
     offenders = []
     for path in sorted(package.rglob("*.py")):
@@ -366,7 +360,7 @@ def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
 # before): a pass decided runs 12, and the unchanged code read inconclusive on a noisy runner (the test still passes
 # without --infergate-strict) 14, its sentence put into words (results/reasons, units). Every outcome's status is
 # made by the one rule, status.Status.worst (#57 point 1), so status.py runs on each path.
-TRACED_FILES_AT_MOST = {"pass": 14, "fail": 16, "inconclusive under --infergate-strict": 15}
+TRACED_FILES_AT_MOST = {"pass": 12, "fail": 15, "inconclusive under --infergate-strict": 14}
 
 
 @pytest.mark.slow
@@ -386,7 +380,7 @@ def test_a_stored_perf_gate_runs_no_more_project_files_than_counted_on_each_path
     assert set(counted) == set(TRACED_FILES_AT_MOST), done.stdout
     for path, most in TRACED_FILES_AT_MOST.items():
         assert counted[path] <= most, f"{path}: {counted[path]} files, at most {most}\n{done.stdout}"
-    assert "perf/gate.py" in done.stdout and "perf/decide.py" in done.stdout and "session.py" in done.stdout
+    assert "perf/gate.py" in done.stdout and "session.py" in done.stdout
 
 
 # --- a verdict a reviewer acts on (issue #56) -------------------------------------------------------------------------

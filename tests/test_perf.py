@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 from baseline_files import older_baseline, saved_run
+from stored_gate import evaluate_perf
 
 from pytest_infergate import context, units
 from pytest_infergate.measurement import scales_with_speed
@@ -19,7 +20,6 @@ from pytest_infergate.perf import (
     compare_measurements,
     compare_paired,
     compare_samples,
-    evaluate_perf,
     load_baseline,
     merge_budgets,
     parse_budget,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
-from pytest_infergate.perf.gate import RoundRunner, Route, evaluate_ab
-from pytest_infergate.perf.outcome import Budget
+from pytest_infergate.perf.interleaved import RoundRunner, evaluate_ab
+from pytest_infergate.perf.outcome import Budget, Route
 from pytest_infergate.results.records import PerfRecord
 
 

@@ -16,7 +16,8 @@ from pytest_infergate.gates.gating import WorkloadRun
 from pytest_infergate.gates.pair import REFERENCE_ENDPOINT
 from pytest_infergate.gates.target import SPEEDUP, Served
 from pytest_infergate.measurement import Measurement
-from pytest_infergate.perf.gate import Route, by_repetition
+from pytest_infergate.perf.interleaved import by_repetition
+from pytest_infergate.perf.outcome import Route
 from pytest_infergate.perf.repetitions import RepetitionPlan
 from pytest_infergate.requirements import require_local_model_stack
 from pytest_infergate.results.records import PerfRecord

@@ -13,14 +13,14 @@ from pytest_infergate.gates.gating import WorkloadRun, budget_for, record_side
 from pytest_infergate.gates.target import SERVED_LOAD_TOOLS, Target
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
-from pytest_infergate.perf.gate import AB_ROUNDS
+from pytest_infergate.perf.interleaved import AB_ROUNDS
 from pytest_infergate.perf.repetitions import RepetitionPlan, probe_wanted
 from pytest_infergate.requirements import import_torch
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.status import ENGINE_CHECK, Finding
 
 # Rounds of an A/B against --infergate-baseline-python at the least (infergate_bench.ab()'s default): the paired
-# comparison's interval needs perf.gate.AB_ROUNDS rounds whatever `repeats` the test asked for.
+# comparison's interval needs perf.interleaved.AB_ROUNDS rounds whatever `repeats` the test asked for.
 ENV_MIN_ROUNDS = AB_ROUNDS
 
 

@@ -17,7 +17,8 @@ from pytest_infergate.gates.local_runs import LocalRuns
 from pytest_infergate.gates.target import SPEEDUP, OnEngine, Runs
 from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import lockstep
-from pytest_infergate.perf.gate import AB_ROUNDS, NoReference, PerfGate
+from pytest_infergate.perf.gate import NoReference, PerfGate
+from pytest_infergate.perf.interleaved import AB_ROUNDS
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.status import SPEED_EXPERIMENT_CHECK, Finding, Status
 

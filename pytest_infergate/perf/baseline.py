@@ -39,7 +39,7 @@ def for_baseline(measurement: Measurement, compared: Iterable[str]) -> Measureme
     evidence, which decide; the per-token samples only of `compared` (the metrics its gate compares) or where they
     are all it has; not this run's detail that only its own report draws (the engine's step timeline, an endpoint's
     per-request records). A later gate that compares a metric the baseline dropped says so
-    (perf.decide.stored_comparison): re-save it."""
+    (perf.gate.stored_comparison): re-save it."""
     dropped = PER_TOKEN - set(compared)
     if not any(values for metric, values in measurement.samples.items() if metric not in dropped):
         dropped = frozenset()  # per-token samples alone: all it measured, and what a later run compares

@@ -25,7 +25,7 @@ from pytest_infergate.options import BASELINE_PYTHON_FLAG as FLAG
 from pytest_infergate.options import resolve_python
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.env_worker import PROTOCOL, WireError, config_to_wire, decode, encode, item_to_wire
-from pytest_infergate.perf.gate import by_repetition, evaluate_ab
+from pytest_infergate.perf.interleaved import by_repetition, evaluate_ab
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
 
 STDERR_TAIL = 2000  # characters of the worker's stderr quoted in an error
@@ -167,7 +167,7 @@ class BaselineEnv:
     def ab(self, measurement_id: str, workload: Workload, bench, budget: Budget, rounds: int
            ) -> tuple[Measurement, PerfOutcome, str, str]:
         """The workload here on `bench` (perf.local_bench.Bench: B) against this environment (A), alternately
-        (step-locked where both sides can step), gated as an interleaved A/B on `budget` (perf.gate.evaluate_ab).
+        (step-locked where both sides can step), gated as an interleaved A/B on `budget` (perf.interleaved.evaluate_ab).
         Returns B's Measurement, the outcome, the backend A ran on, and why it is not step-locked ("" if it is)."""
         requests, config, warmup = workload.requests, workload.config, workload.warmup
         theirs = self.prepare(workload)

@@ -1,46 +1,59 @@
-"""The perf gate: a candidate measurement and its reference, one decision (perf.decide), and while a verdict is
-undecided by noise alone one more measurement through the reference; a failure the route needs confirmed is decided
-again after a fresh block. Each reference is a strategy (the perf.decide.Reference protocol): NoReference (budgets
-alone), StoredReference (a baseline an earlier run saved, or an accepted run's record: the fingerprints say what
-changed since) and Interleaved (A and B measured in alternating rounds: another environment, model, precision,
-config or server). A gate is made before its candidate is measured (what changed is known then), so after the
-measurement only the decision runs; no reference measures when it is built (Interleaved.measure takes the rounds)."""
+"""The perf gate and its one decision: a candidate measurement against its budget and its reference (a strategy of
+the Reference protocol: NoReference, StoredReference, perf.interleaved.Interleaved) → a PerfOutcome. PerfGate.check
+is the one way in — the in-run gate, `infergate compare` and the history go through it, so they cannot disagree on
+the same data: it decides (decide_perf, pure), measures once more through the reference while noise alone leaves a
+verdict undecided, and decides again after a fresh block where a failure needs confirming. Made before its
+candidate is measured, so that after the measurement only the decision runs; verdicts are made here alone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
-from pytest_infergate.measurement import Measurement, busy_share, scales_with_speed
-from pytest_infergate.perf.baseline import BaselineEntry
-from pytest_infergate.perf.decide import (
-    Reference,
-    budget_violations,
-    decide_perf,
-    interleaved_comparison,
-    no_comparison,
-    stored_comparison,
-    undecided_by_noise,
-)
+from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share, scales_with_speed
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
-from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route
-from pytest_infergate.perf.stored import STORED_MORE, beyond_doubt, fresh_repetitions_confirm
-from pytest_infergate.stats import min_rounds
+from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, budget_violations
+from pytest_infergate.perf.stored import RUN_DRIFT, STORED_MORE, beyond_doubt, compare_stored, fresh_repetitions_confirm
+from pytest_infergate.perf.verdict import (
+    Verdict,
+    compare_memory,
+    compare_paired,
+    compare_paired_percentiles,
+    compare_samples,
+    load_aware_paired,
+)
 from pytest_infergate.status import Status
 
-__all__ = ["AB_MORE_ROUNDS", "AB_ROUNDS", "CONFIRM_REPETITIONS", "Interleaved", "NoReference", "PerfGate",
-           "PerfOutcome", "Reference", "RoundRunner", "Route", "StoredReference", "budget_violations",
-           "by_repetition", "evaluate_ab", "evaluate_perf"]
+if TYPE_CHECKING:  # the entry's type only: reading a baseline file is not the decision's (it reads the clock)
+    from pytest_infergate.perf.baseline import BaselineEntry
 
-# An interleaved A/B's rounds: the fewest whose extremes bound the median per-round ratio at 95% (stats.min_rounds),
-# and up to AB_MORE_ROUNDS more while inconclusive: at 9 rounds the interval leaves out the most extreme round on
-# each side, which is what a spell of co-tenant load on one round needs.
-AB_ROUNDS = min_rounds()
-AB_MORE_ROUNDS = 3
-
-RoundRunner = Callable[[Measurement, Measurement, int], None]  # one round into (A, B); the int: which round
 # the fresh block after which a failure against a stored baseline is decided again (at most as many as the first)
 CONFIRM_REPETITIONS = 8
+
+
+class Reference(Protocol):
+    """What a candidate is compared with: a strategy per route (NoReference, StoredReference below;
+    perf.interleaved.Interleaved). `compare` makes the verdicts (by the functions below) into the relative part of a
+    PerfOutcome (its verdicts, notes, what changed, the baseline's provenance, why a relative check asked for is
+    missing), given what changed since the reference (`diff`, from `changes`); `measure_more` measures once more
+    where that could decide (False: it could not, or nothing more can be measured); `confirm` re-measures a failure
+    where the route needs it (returns how many repetitions); `beyond_doubt` says why a failure needs neither
+    (perf.stored.BEYOND_DOUBT), "" where none does."""
+
+    route: Route
+    baseline: Measurement | None
+
+    def changes(self, fingerprint: dict | None) -> FingerprintDiff | None: ...
+
+    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome: ...
+
+    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool: ...
+
+    def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int: ...
+
+    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str: ...
 
 
 class NoReference:
@@ -127,47 +140,6 @@ class StoredReference:
                      if (why := beyond_doubt(candidate, self.baseline, v.metric, v.percentile, v.threshold))), "")
 
 
-class Interleaved:
-    """An interleaved A/B on `route`: `run_round` adds one repetition to A (the baseline side) and one to B (the
-    candidate), step-locked or a repetition per side and turn. `measure(rounds)` takes the first rounds and returns
-    B; `measure_more` one more round while a verdict is inconclusive."""
-
-    def __init__(self, route: Route, run_round: RoundRunner):
-        if not route.interleaved:
-            raise ValueError(f"{route} is not an interleaved route")
-        self.route, self.run_round = route, run_round
-        self.baseline = Measurement(label="A")
-        self.candidate = Measurement(label="B")
-        self.rounds = 0
-
-    def measure(self, rounds: int) -> Measurement:
-        for _ in range(rounds):
-            self._one_round()
-        return self.candidate
-
-    def _one_round(self) -> None:
-        self.run_round(self.baseline, self.candidate, self.rounds)
-        self.rounds += 1
-
-    def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
-        return None
-
-    def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome:
-        return interleaved_comparison(candidate, self.baseline, budget)
-
-    def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
-        if not undecided_by_noise(outcome, None):
-            return False
-        self._one_round()
-        return True
-
-    def confirm(self, candidate: Measurement, outcome: PerfOutcome) -> int:
-        return 0  # the rounds pair up in time: a spell of load hits both sides of a round
-
-    def beyond_doubt(self, candidate: Measurement, outcome: PerfOutcome) -> str:
-        return ""  # its rounds are taken before the decision (measure), not cut short
-
-
 @dataclass
 class PerfGate:
     """A budget and a reference. `fingerprint`: the candidate's machine and software (what changed since a stored
@@ -207,10 +179,8 @@ class PerfGate:
         return outcome
 
     def failed_beyond_doubt(self, candidate: Measurement) -> str:
-        """Why the candidate, as measured so far, already fails beyond doubt against its reference (the reference's
-        beyond_doubt of the decision); "" where it does not. The measuring loop stops adding repetitions then, below
-        its plan's least too (gates.perf). The repetitions are looked at first, so the decision is made only where
-        a figure could fail so."""
+        """Why the candidate as measured so far fails beyond doubt (the reference's beyond_doubt of the decision: the
+        measuring loop stops then, below its plan's least too); "" where not. Decided only where a figure could."""
         baseline, budget = self.reference.baseline, self.budget
         if budget.max_regression is None or baseline is None or not any(
                 beyond_doubt(candidate, baseline, metric, budget.percentile_of(metric), 1.0 + budget.max_regression)
@@ -220,30 +190,160 @@ class PerfGate:
         return self.reference.beyond_doubt(candidate, outcome)
 
 
-def evaluate_perf(measurement: Measurement, budget: Budget, fingerprint: dict, baseline_entry: BaselineEntry | None,
-                  remeasure: Callable[[], None] | None = None, baseline_given: bool = True,
-                  other_model: bool = True) -> PerfOutcome:
-    """The budget-only or stored gate of `measurement`: the stored baseline's entry for it, if any.
-    `baseline_given`: a baseline file was passed, so a missing entry means a check that silently did not run."""
-    reference = (StoredReference(baseline_entry, remeasure) if baseline_entry is not None
-                 else NoReference(baseline_given))
-    return PerfGate(budget, reference, fingerprint, other_model=other_model).check(measurement)
+def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fingerprint: dict | None = None,
+                diff: FingerprintDiff | None = None, other_model: bool = True) -> PerfOutcome:
+    """Budgets on the candidate (a key it has no figure for is not checked: the gate warns about those), then, when
+    the budget has a max_regression, the reference's comparison. `fingerprint`: the candidate's, for what changed
+    since a stored baseline; `diff`: what changed, worked out by the caller (PerfGate does, once, before the
+    candidate is measured), else here from `fingerprint`. A stored
+    baseline of another model is compared and said (outcome.model_change) where `other_model` (under
+    --infergate-strict only with --infergate-allow-model-change: gates.gating.prepare_gate): else the relative check
+    is missing."""
+    diff = diff if diff is not None else reference.changes(fingerprint)
+    notes: list[str] = []
+    outcome = PerfOutcome(violations=budget_violations(candidate, budget, notes), route=reference.route.value)
+    outcome.notes += notes
+    if budget.max_regression is None:
+        return outcome
+    model_change = diff.model_text if diff else ""
+    outcome.model_change = model_change
+    if model_change and not other_model:
+        outcome.relative_check_missing = (
+            f"the baseline is of another model ({model_change}): under --infergate-strict it is compared only with "
+            "--infergate-allow-model-change (a model upgrade on purpose), else save a baseline of this model")
+        return outcome
+    compared = reference.compare(candidate, budget, diff)
+    outcome.verdicts, outcome.baseline = compared.verdicts, reference.baseline
+    outcome.relative_check_missing = compared.relative_check_missing
+    outcome.machine_mismatch, outcome.changes = compared.machine_mismatch, compared.changes
+    outcome.baseline_provenance = compared.baseline_provenance
+    outcome.notes += compared.notes
+    return outcome
 
 
-def by_repetition(run_a: Callable[[Measurement], None], run_b: Callable[[Measurement], None]) -> RoundRunner:
-    """Rounds of one whole repetition per side, A then B (`run_x(measurement)` adds one repetition): for what
-    cannot run step-locked (perf.lockstep)."""
-    def run_round(a: Measurement, b: Measurement, index: int) -> None:
-        run_a(a)
-        run_b(b)
-    return run_round
+def no_comparison(missing: str) -> PerfOutcome:
+    """No reference: the relative check is skipped, said in a note (`missing`: why, where one was asked for)."""
+    return PerfOutcome(relative_check_missing=missing, notes=["relative check skipped: " + (
+        missing or "no baseline was given (--infergate-baseline PATH)")])
 
 
-def evaluate_ab(run_round: RoundRunner, budget: Budget, rounds: int = AB_ROUNDS,
-                route: Route = Route.IN_PROCESS) -> tuple[Measurement, PerfOutcome]:
-    """An interleaved gate: `rounds` rounds, then one more at a time while a verdict is inconclusive, up to
-    AB_MORE_ROUNDS; B's budgets checked and every metric compared round by round. Returns B's Measurement and the
-    outcome, whose `baseline` is A's."""
-    reference = Interleaved(route, run_round)
-    candidate = reference.measure(rounds)
-    return candidate, PerfGate(budget, reference, max_more=AB_MORE_ROUNDS).check(candidate)
+def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> PerfOutcome:
+    """An interleaved A/B: every metric compared round by round."""
+    return PerfOutcome(verdicts=compare_measurements(candidate, baseline, budget, paired=True))
+
+
+def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Budget, diff: FingerprintDiff | None,
+                      provenance: str) -> PerfOutcome:
+    """A stored baseline: compared repetition by repetition, with what under test changed since it named and a
+    baseline from another machine making timings inconclusive (`diff`)."""
+    diff = diff or diff_fingerprints({}, {})
+    verdicts = judged(compare_measurements(candidate, baseline, budget, stored_baseline=True), diff)
+    # a metric the candidate has and the baseline lacks: a baseline saved when no gate compared it (its per-token
+    # samples are dropped then: perf.baseline.for_baseline), or of an older version; said, never skipped in silence
+    lacking = [metric for metric in budget.relative_metrics() if metric != "load_s"
+               and candidate.samples.get(metric) and not baseline.samples.get(metric)]
+    missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
+               "--infergate-save-baseline" if lacking else "")
+    return PerfOutcome(verdicts=verdicts, notes=[calibration_note(candidate, baseline, verdicts)],
+                       machine_mismatch=list(diff.machine_described), changes=list(diff.under_test_described),
+                       baseline_provenance=provenance,
+                       relative_check_missing=missing)
+
+
+def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
+    """Whether measuring more could decide: a verdict inconclusive by its interval (not by a stored baseline from
+    another machine, `diff`, nor by one saved on a busy runner: no repetition of this run makes those comparable —
+    unless its interval at the save's thread speed straddles the bar, which more of this run narrows; nor by a
+    spread that more repetitions cannot narrow below the threshold: stored.beyond_remeasure)."""
+    return any(v.status == Status.INCONCLUSIVE and (not v.baseline_at_fault or v.narrowable) and not v.unresolvable
+               and not (diff is not None and machine_bound(v, diff)) for v in outcome.verdicts)
+
+
+def machine_bound(verdict: Verdict, diff: FingerprintDiff) -> bool:
+    """Whether `verdict` compares figures that the baseline's other machine makes incomparable: timings, and
+    every figure where the device changed. Re-measuring cannot decide such a verdict."""
+    return bool(diff.machine) and (scales_with_speed(verdict.metric) or diff.device_changed)
+
+
+def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
+    """The verdicts with what the fingerprints say applied: against another machine, timings (and, where the
+    device changed, every figure) are inconclusive; with nothing under test changed, a candidate much faster than
+    its baseline says the baseline was disturbed, not that anything improved."""
+    out = []
+    for v in verdicts:
+        timing = scales_with_speed(v.metric)
+        if machine_bound(v, diff):
+            v = replace(v, status=Status.INCONCLUSIVE,
+                        note=f"the baseline was measured on another machine ({diff.machine_text}), so its "
+                             f"figures are no yardstick here; re-save the baseline on this runner")
+        elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / (v.threshold * RUN_DRIFT):
+            # faster than the runs' own drift allows, as a failure must be slower than it (perf.stored.RUN_DRIFT):
+            # the host's speed moves between processes, and a pass within that drift is no sign of a bad baseline
+            v = replace(v, status=Status.INCONCLUSIVE, baseline_at_fault=True,
+                        note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
+                             f"baseline: the baseline was likely measured on a busy runner; {interference.RESAVE}")
+        out.append(v)
+    return out
+
+
+def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: list[Verdict]) -> str:
+    """What the outcome says about the calibration probe (perf.stored: it tells which way the machine moved,
+    never scales a figure)."""
+    probed = next((v for v in verdicts if v.machine_slowdown is not None), None)
+    if probed is not None:
+        which = "quiet probes before and after" if measurement.probe_quiet_s and baseline.probe_quiet_s \
+            else "probes during"
+        moved = probed.machine_slowdown
+        threshold = probed.threshold
+        how = ("the machine is slower now by more than the threshold: only a pass as measured stands"
+               if moved > threshold else
+               "the machine is faster now by more than the threshold: only a failure as measured stands"
+               if moved < 1.0 / threshold else "within the threshold: compared as measured")
+        return (f"calibration probe ({measurement.probe}) ×{moved:.3f} its time at the baseline "
+                f"({which} each of {measurement.repetitions}/{baseline.repetitions} repetitions): {how}")
+    if measurement.probe and not baseline.probe:
+        return ("machine speed not checked: the baseline has no calibration probe (saved by an older "
+                "pytest-infergate); re-save it with --infergate-save-baseline to gate robustly on a shared machine")
+    if measurement.probe and baseline.probe != measurement.probe:
+        return (f"machine speed not checked: the baseline's calibration probe is {baseline.probe!r}, this "
+                f"one is {measurement.probe!r}; re-save the baseline with --infergate-save-baseline")
+    if measurement.probe:
+        return "machine speed not checked: no time-like metric was compared repetition by repetition"
+    if not baseline.probe:
+        return ("machine speed not checked: neither side took the calibration probe (the baseline, an older file or "
+                "a run's results, has none, so this run measured without it too; on the CPU, a baseline saved with "
+                "--infergate-save-baseline has it)")
+    return "machine speed not checked: no calibration probe ran with this measurement"
+
+
+def compare_measurements(candidate: Measurement, baseline: Measurement, budget: Budget,
+                         metrics: list[str] | None = None, paired: bool = False,
+                         stored_baseline: bool = False) -> list[Verdict]:
+    """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
+    the two were measured in interleaved rounds, so per-repetition metrics compare round by round.
+    `stored_baseline`: the baseline was measured at another time; time-like metrics compare repetition by
+    repetition, normalized for machine speed where needed (compare_stored); memory compares its samples."""
+    if budget.max_regression is None:
+        return []
+    names = metrics or budget.relative_metrics()
+    verdicts = []
+    for metric in names:
+        a, b = candidate.samples.get(metric), baseline.samples.get(metric)
+        if not a or not b or metric in ("load_s",):
+            continue
+        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
+            verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
+                                              baseline, budget.max_regression))
+            continue
+        pct = budget.percentile_of(metric)
+        by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
+            if paired and METRICS[metric][2] else None
+        if by_round is not None:
+            verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
+            continue
+        if stored_baseline and metric in MEMORY_METRICS:
+            verdicts.append(compare_memory(metric, a, b, budget.max_regression))
+            continue
+        verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
+        verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
+    return verdicts

@@ -2,7 +2,7 @@
 timing cannot tell a slow change from a busy machine; the kernel can: over one repetition, the machine's busy time
 (a VM's steal included) less our own processes' CPU time (this one and the calibration probe's sampler) is what
 other jobs took, kept as a share of the machine's CPU time so that it reads the same on any number of cores. The
-gate (perf.stored, perf.decide) keeps a failure on a busy runner only where the figures with the load taken out
+gate (perf.stored, perf.outcome) keeps a failure on a busy runner only where the figures with the load taken out
 (run-queue delay, device time) fail beyond what that correction can be off; a pass is never made by it. Not
 measured elsewhere than Linux (no /proc). Why, with the measurements: docs/explanation/perf-gates.md, 'The kernel's
 evidence comes first'; docs/measurements.md, 'The README's main command under a CPU hog, with the kernel's

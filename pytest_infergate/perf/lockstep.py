@@ -17,7 +17,7 @@ from typing import Protocol
 
 from pytest_infergate.measurement import METRICS, Measurement, note_per_repetition
 from pytest_infergate.perf import interference
-from pytest_infergate.perf.gate import by_repetition
+from pytest_infergate.perf.interleaved import by_repetition
 from pytest_infergate.process_meters import LoadFreeTimer, PeakMemory, PeakMemoryResult
 from pytest_infergate.stats import paired_bootstrap_ci, percentile
 from pytest_infergate.status import Status
@@ -174,7 +174,8 @@ def lockstep_round(a: StepSide, b: StepSide, into_a: Measurement, into_b: Measur
 
 
 def rounds(a: StepSide, b: StepSide):
-    """A RoundRunner (perf.gate.evaluate_ab) of step-locked rounds; which side steps first alternates by round."""
+    """A RoundRunner (perf.interleaved.evaluate_ab) of step-locked rounds; which side steps first alternates by
+    round."""
     def run_round(into_a: Measurement, into_b: Measurement, index: int) -> None:
         lockstep_round(a, b, into_a, into_b, a_first=index % 2 == 0)
     return run_round

@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate import units
 from pytest_infergate.errors import OptionError
-from pytest_infergate.measurement import METRICS, Measurement
+from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.verdict import Verdict
+from pytest_infergate.stats import percentile
 from pytest_infergate.status import Decision, Status
 
 # what max_regression compares where no limit names a metric: what a serving team gates — throughput, time to
@@ -135,6 +137,72 @@ def check_budget(measurement: Measurement, budget: Budget) -> list[Violation]:
             violations.append(Violation(limit.key, measured, limit.value, METRICS[limit.metric][0], limit.percentile,
                                         len(measurement.samples[limit.metric]), limit.higher_is_better))
     return violations
+
+
+def budget_violations(measurement: Measurement, budget: Budget, notes: list[str] | None = None) -> list[Violation]:
+    """The budgets `measurement` breaks (keys it has no figure for are not checked). A breach made by time while
+    other processes kept the runner busy (perf.interference) is inconclusive with that reason, not a failure: the
+    figure measured the machine's load as much as the code — unless it is worse than the load can explain, or the
+    figure load-corrected (load_free_value: by the kernel's run-queue delays, or the device's time) meets the
+    budget with room for the correction's error (interference.load_free_residual): then the breach is cleared,
+    said in `notes`. The correction never makes a failure (an open-loop workload's queue grows faster than its
+    service slows, which a per-repetition share does not take out). A breach of memory, counts or rates of success
+    stands whatever the load (how busy: the others' share on the measurement's median repetition,
+    measurement.busy_share)."""
+    measured = replace(budget, limits=tuple(limit for limit in budget.limits
+                                            if measurement.samples.get(limit.metric)))
+    violations = check_budget(measurement, measured)
+    share = busy_share(measurement.others_share)
+    if share is None:
+        return violations
+    metric_of = {limit.key: limit.metric for limit in budget.limits}
+    bound = interference.explainable_slowdown(share)
+    residual = interference.load_free_residual(measurement)
+    corrected_by = interference.load_corrected(measurement.load_free_source())
+    out = []
+    for v in violations:
+        metric = metric_of.get(v.key, "")
+        if not scales_with_speed(metric) or _times_worse(v.measured, v) > bound:
+            out.append(v)
+            continue
+        corrected = load_free_value(measurement, metric, v.percentile)
+        if corrected is not None and _times_worse(corrected, v) <= 1.0 / residual:
+            if notes is not None:
+                shown = units.metric_value(metric, corrected)
+                notes.append(f"{v.key}: {units.metric_value(metric, v.measured)} as measured breaks the budget "
+                             f"{units.metric_value(metric, v.limit)} on a busy runner "
+                             f"({interference.describe(share)}); {corrected_by} it is {shown}, within the "
+                             f"budget by more than the correction can be off (×{residual}): met")
+            continue
+        aside = (f"; {corrected_by} it is {units.metric_value(metric, corrected)}, too close to the budget "
+                 f"to tell" if corrected is not None else "")
+        out.append(replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the "
+                                        f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}; "
+                                        f"{interference.RERUN}"))
+    return out
+
+
+def _times_worse(value: float, violation: Violation) -> float:
+    """How many times worse than its budget `value` is (below 1: within it)."""
+    worse, better = (violation.limit, value) if violation.higher_is_better else (value, violation.limit)
+    return worse / better if better > 0 else float("inf")
+
+
+def load_free_value(measurement: Measurement, metric: str, pct: float | None = 50) -> float | None:
+    """`metric` with the co-tenants' load taken out: a per-request latency's percentile `pct` over each request's
+    own load-free figure (Measurement.load_free_samples), a repetition's figure scaled by its load-free share
+    (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile not measured per
+    request (the share is the repetition's, not each request's), where the shares were not measured for every
+    repetition or the samples are not split by repetition."""
+    if METRICS[metric][2] and measurement.load_free_by_repetition(metric):
+        return percentile(measurement.load_free_samples[metric], pct or 50)
+    shares, reps = measurement.load_free_share, measurement.by_repetition(metric)
+    if METRICS[metric][2] or not reps or len(shares) != len(reps) or min(shares) <= 0:
+        return None  # a per-request percentile: the repetition's share is not each request's (perf.stored.side)
+    higher_is_better = METRICS[metric][1]
+    scaled = [value / share if higher_is_better else value * share for values, share in zip(reps, shares)
+              for value in values]
+    return percentile(scaled, 50)
 
 
 class Route(str, enum.Enum):
