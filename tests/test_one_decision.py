@@ -355,11 +355,10 @@ def test_every_gate_outcome_has_one_shape_whose_status_is_the_gates():
 
 
 # The project files a stored gate runs from the end of its measurement to the session's taking of the call's report
-# (benchmarks/gate_trace.py), per path, as counted when the trace was made honest (#57): no change may add one. The
-# target is 8 on each path (#57); these are where it stands after steps were removed from the paths (15, 18 and 17
-# before): a pass decided runs 12, and the unchanged code read inconclusive on a noisy runner (the test still passes
-# without --infergate-strict) 14, its sentence put into words (results/reasons, units). Every outcome's status is
-# made by the one rule, status.Status.worst (#57 point 1), so status.py runs on each path.
+# (benchmarks/gate_trace.py, its figures fixed per path so that the path is the same on any machine), per path, as
+# counted after the steps and modules the paths went through were cut (#57: 15, 18 and 17 before): no change may add
+# one. The target is 8 on each path (#57). Every outcome's status is made by the one rule, status.Status.worst (#57
+# point 1), so status.py runs on each path; a failure or an undecided check is put into words (results/reasons, units).
 TRACED_FILES_AT_MOST = {"pass": 12, "fail": 15, "inconclusive under --infergate-strict": 14}
 
 
