@@ -14,13 +14,42 @@ from test_perf import BASELINE_SPEEDS, SLOW_SPEEDS, machine
 
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.history.series import build_history
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import NoReference, PerfGate
+from pytest_infergate.perf.lockstep import Speedup, conclusion, faster
+from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult
+from pytest_infergate.quality.corpus_figures import CorpusResult, decide_corpus
+from pytest_infergate.quality.golden_files import BUILTIN_NOTICE
 from pytest_infergate.quality.metrics import QualityResult
-from pytest_infergate.quality.policy import ResolvedPolicy, decide_quality
+from pytest_infergate.quality.policy import (
+    CORPUS_KEYS,
+    ResolvedPolicy,
+    decide_batch_invariance,
+    decide_quality,
+    parse_policy,
+)
 from pytest_infergate.results import RunResults
-from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
-from pytest_infergate.status import RELATIVE_CHECK, Finding, Status
+from pytest_infergate.results.records import (
+    BatchInvarianceRecord,
+    CorpusRecord,
+    GoldenRecord,
+    PerfRecord,
+    QualityRecord,
+)
+from pytest_infergate.status import (
+    BASELINE_CHECK,
+    BUDGET_KEY_CHECK,
+    ENDPOINT_CHECK,
+    ENGINE_CHECK,
+    GOLDEN_CHECK,
+    INI_SCOPE_CHECK,
+    QUALITY_CHECK,
+    RELATIVE_CHECK,
+    SPEED_EXPERIMENT_CHECK,
+    Finding,
+    Status,
+)
 
 NODE = "test_checks.py::test_check[{}]"
 # each test of the inner run records the checks of its name, and says its findings, through the test's context
@@ -43,6 +72,8 @@ def test_check(request, name):
         ctx.record(record_from_dict(data))
     for data in CHECKS[name]["findings"]:
         ctx.say(Finding.from_dict(data))
+    if CHECKS[name]["skip"]:
+        ctx.skip(Finding.from_dict(CHECKS[name]["skip"]))
 """
 
 
@@ -58,6 +89,38 @@ def _quality(name: str, precision: str, top1: float) -> QualityRecord:
     decision = decide_quality(result, policy)
     return QualityRecord(NODE.format(name), decision.status, result, policy.rules, decision.problems,
                          undecided=decision.undecided, decided_by=policy.decided_by())
+
+
+def _batch(name: str, changed: int) -> BatchInvarianceRecord:
+    """Eight int8 samples, `changed` of them answering otherwise in the fixed-composition batch, under a policy
+    that allows none."""
+    samples = [f"q{i}" for i in range(8)]
+    diverged = [Divergence(sample, 3, 0.02, "Paris is the", "Paris was the") for sample in samples[:changed]]
+    result = BatchInvariance("int8", samples, [VariantResult("batch", "the fixed composition", diverged, 8, 1e-4)])
+    rules = {"max_batch_variant_share": 0.0}
+    decision = decide_batch_invariance(result, rules)
+    return BatchInvarianceRecord(NODE.format(name), decision.status, result, rules, decision.problems)
+
+
+# int8 and nf4 of the embedded model over the built-in corpus as measured (tests/test_corpus.py INT8, NF4)
+CORPUS_INT8 = {"chunks": 21, "tokens": 10109, "mean_kl": 0.03945, "mean_kl_ci": [0.02964, 0.0506], "top1": 0.9,
+               "top1_ci": [0.8915, 0.9082], "delta_ppl_rel": 0.032, "delta_ppl_rel_ci": [0.024, 0.039],
+               "p99_kl": 0.348, "p999_kl": 0.675}
+CORPUS_NF4 = {"chunks": 21, "tokens": 10109, "mean_kl": 0.5802, "mean_kl_ci": [0.4389, 0.7329], "top1": 0.6514,
+              "top1_ci": [0.6281, 0.672], "delta_ppl_rel": 0.647, "delta_ppl_rel_ci": [0.44, 0.89], "p99_kl": 3.93,
+              "p999_kl": 6.11}
+
+
+def _corpus(name: str, precision: str, summary: dict, policy: dict | None) -> CorpusRecord:
+    """Decided as check_corpus decides (gates/corpus.py): under `policy`, else the precision's default."""
+    result = CorpusResult(precision, "fp32", "built-in", "d1g35t", 512, [], dict(summary), 28.0).with_accepted(
+        None, f"no corpus figures accepted at golden/cpu-{precision}.corpus.json: accept them with "
+              "--infergate-update-golden")
+    resolved = (ResolvedPolicy.given(parse_policy(policy)) if policy else ResolvedPolicy()).for_corpus(precision)
+    decision = decide_corpus(result, resolved)
+    rules = {key: value for key, value in resolved.rules.items() if key in CORPUS_KEYS}
+    return CorpusRecord(NODE.format(name), decision.status, result, rules, decision.problems,
+                        undecided=decision.undecided, decided_by=resolved.decided_by(tuple(CORPUS_KEYS)))
 
 
 def _checks():
@@ -79,14 +142,62 @@ def _checks():
                                     problems=["drift in 3 of 48 outputs (6.2%), policy max_drift_share 0"]),
         "golden-inconclusive": GoldenRecord(NODE.format("golden-inconclusive"), Status.INCONCLUSIVE, "nf4",
                                             "golden/y.jsonl", undecided=["a near tie at sample q3: accept it or not"]),
+        "batch-fail": _batch("batch-fail", changed=2),
+        "batch-pass": _batch("batch-pass", changed=0),
+        "corpus-fail": _corpus("corpus-fail", "nf4", CORPUS_NF4, None),
+        "corpus-inconclusive": _corpus("corpus-inconclusive", "int8", CORPUS_INT8,
+                                       {"min_corpus_top1": 0.9, "max_corpus_kl_rise": 0.5}),
+        "corpus-pass": _corpus("corpus-pass", "int8", CORPUS_INT8, None),
     }
     assert [records[name].status for name in ("perf-fail", "perf-pass", "perf-inconclusive", "perf-budget")] == [
         Status.FAIL, Status.PASS, Status.INCONCLUSIVE, Status.FAIL]
     assert records["perf-fail"].changes == ["torch 2.13.0 → 2.14.0"]
     assert [records[name].status for name in ("quality-pass", "quality-fail")] == [Status.PASS, Status.FAIL]
-    finding = Finding(RELATIVE_CHECK, NODE.format("not-run"), "relative check not run: the baseline file has no "
-                      "entry for this measurement", "record one with --infergate-save-baseline")
-    return records, finding, accepted
+    assert [records[name].status for name in ("batch-fail", "batch-pass")] == [Status.FAIL, Status.PASS]
+    assert [records[name].status for name in ("corpus-fail", "corpus-inconclusive", "corpus-pass")] == [
+        Status.FAIL, Status.INCONCLUSIVE, Status.PASS]
+    assert len(records["corpus-inconclusive"].undecided) == 2  # a straddling interval, a rise with nothing accepted
+    return records, accepted
+
+
+def _findings() -> tuple[dict[str, Finding], dict[str, Finding], dict[str, Finding]]:
+    """Every kind of finding once, worded as the check that says it words it (status.py's kinds; gates/gating.py,
+    gates/perf.py, gates/golden.py, gates/endpoint.py, gates/served_loads.py), by the inner test that says it:
+    (said: a check not run or not decided as asked; skipped with: what would make the test run; notes: said of a
+    check that ran and decided). The ini scope's is the session's own, said by the inner run itself."""
+    golden_missing = Finding(GOLDEN_CHECK, NODE.format("golden-missing"), "golden regression check not run: no "
+                             "accepted golden outputs at golden/m/cpu-int8.jsonl", "review a run with "
+                             "--infergate-update-golden and commit the file")
+    said = {
+        "not-run": Finding(RELATIVE_CHECK, NODE.format("not-run"), "relative check not run: the baseline file has no "
+                           "entry for this measurement", "record one with --infergate-save-baseline"),
+        "budget-key": Finding(BUDGET_KEY_CHECK, NODE.format("budget-key"), "budget key(s) peak_mem_mb not checked: "
+                              "this endpoint measurement has no such figure"),
+        "busy-baseline": Finding(BASELINE_CHECK, NODE.format("busy-baseline"), "this baseline entry was measured on a "
+                                 "busy runner", f"{interference.UNDER_LOAD}; to make it decisive, "
+                                 f"{interference.RESAVE}", evidence=interference.describe(0.52)),
+        "speed-experiment": Finding(SPEED_EXPERIMENT_CHECK, NODE.format("speed-experiment"), conclusion(
+            "prefix caching", [faster(Speedup("cached", 1.04, 0.97, 1.12, 8))])[1]),
+        "golden-missing": golden_missing,  # said, then skipped with: one row, one JUnit line
+    }
+    skipped = {
+        "golden-missing": golden_missing,
+        "engine-refused": Finding(ENGINE_CHECK, NODE.format("engine-refused"), "engine experiment (batching=static, "
+                                  "cache_mode=contiguous): a server's batching and KV cache are its own",
+                                  "run it without --infergate-endpoint"),
+        "no-server": Finding(ENDPOINT_CHECK, NODE.format("no-server"), "an A/B against an endpoint needs the other "
+                             "deployment", "pass --infergate-reference-endpoint URL (or compare runs with "
+                             "--infergate-baseline)"),
+    }
+    notes = {
+        "quality-note": Finding(QUALITY_CHECK, NODE.format("quality-note"), "int8 vs fp32: min_exact_match: "
+                                "exact_match = 1 >= 0.5 (check(policy=...)), decided on the point (every sample "
+                                "agreed)", status=Status.PASS),
+        "golden-note": Finding(GOLDEN_CHECK, "", BUILTIN_NOTICE.format(folder="golden"), status=Status.PASS),
+        "endpoint-note": Finding(ENDPOINT_CHECK, NODE.format("endpoint-note"), "loads sized from the server's "
+                                 "synchronous rate, 3.1 req/s (8 requests one at a time)", status=Status.PASS),
+    }
+    return said, skipped, notes
 
 
 def _sentences(record) -> list[tuple[Status, str]]:
@@ -101,15 +212,26 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+def _row(finding: Finding) -> str:
+    """The finding's row of the report's not-run table, its parts as made (check, test, why and evidence, fix)."""
+    why = finding.why + (f" ({finding.evidence})" if finding.evidence else "")
+    return _words(f"{finding.check} {finding.test or 'the run'} {why} {finding.fix or '–'}")
+
+
 def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pytester, tmp_path, capsys):
-    records, finding, accepted = _checks()
-    checks = {name: {"records": [record.to_dict()], "findings": []} for name, record in records.items()}
-    checks["not-run"] = {"records": [], "findings": [finding.to_dict()]}
+    records, accepted = _checks()
+    said, skipped, notes = _findings()
+    checks = {name: {"records": [record.to_dict()], "findings": [], "skip": None} for name, record in records.items()}
+    for name in {**said, **skipped, **notes}:
+        checks[name] = {"records": [], "skip": skipped[name].to_dict() if name in skipped else None,
+                        "findings": [f.to_dict() for f in (said.get(name), notes.get(name)) if f is not None]}
     (tmp_path / "checks.json").write_text(json.dumps(checks))
     pytester.makepyfile(test_checks=INNER.format(path=str(tmp_path / "checks.json")))
+    # a scope of the ini that matches no test: the session's own finding, said once the run is over
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp23: tokens_per_s=1e9\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--infergate-json=out.json",
                                 "--infergate-report=report.html", "--junitxml=junit.xml")
-    result.assert_outcomes(passed=len(checks))
+    result.assert_outcomes(passed=len(checks) - len(skipped), skipped=len(skipped))
     terminal = _words(result.stdout.str())
     html = _words(unescape(re.sub(r"<[^>]+>", " ", (pytester.path / "report.html").read_text())))
     data = json.loads((pytester.path / "out.json").read_text())
@@ -119,11 +241,11 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
     assert cli_main(["summary", str(pytester.path / "out.json")]) == 0
     summary = _words(capsys.readouterr().out)
 
-    said = 0
+    worded = 0
     for name, record in records.items():
         written = by_test[record.test]
         for status, sentence in _sentences(record):
-            said += 1
+            worded += 1
             words = _words(sentence)
             assert words in terminal and words in summary and words in html, (name, sentence)
             # the JSON: the check's own record says it; a check that made its gate's status (fail, inconclusive) is
@@ -135,18 +257,55 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
                 assert any(sentence in r["message"] for r in data["reasons"]), (name, sentence)
             if status != Status.PASS:  # JUnit: one property per check that did not pass, its sentence as it is
                 assert (f"infergate.{record.kind}.{status.value}", sentence) in junit[f"test_check[{name}]"], name
-    assert said >= 10
+    assert worded >= 16
+    # every kind of record was worded at least once, by a check that did not pass
+    assert {record.kind for record in records.values() if record.status != Status.PASS} == {
+        "perf", "quality", "golden", "batch_invariance", "corpus"}
     # what each check used to be re-worded as is gone from every output
     for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
         assert old not in terminal and old not in html and old not in summary, old
 
-    # a check not run as asked: its finding, typed, in the JSON (from an xdist worker, inside the test's report);
-    # its line in the terminal, the report, the verdict's reasons and JUnit
-    assert data["findings"] == [finding.to_dict()]
-    assert Finding.from_dict(data["findings"][0]) == finding
-    assert _words(finding.text()) in terminal and _words(finding.text()) in html
-    assert ("infergate.not_run", finding.text()) in junit["test_check[not-run]"]
-    assert any(r["what"] == "not as asked" and r["message"] == finding.text() for r in data["reasons"])
+    # each check not run (or not decided) as asked: its finding, typed, in the JSON (from an xdist worker, inside the
+    # test's report; the ini scope's from the controller); its line in the terminal, the report, `infergate summary`,
+    # the verdict's reasons and (a test's) JUnit
+    scope = Finding(INI_SCOPE_CHECK, "", "infergate_budgets: scope 'fp23' (infergate_budgets line 1) matched no test "
+                    "in this run, so its limits were never checked", "fix the scope (a precision, *, or part of a test "
+                    "id)")
+    warned = [*said.values(), scope]
+    assert sorted(data["findings"], key=str) == sorted((f.to_dict() for f in warned), key=str)
+    assert sorted(map(repr, map(Finding.from_dict, data["findings"]))) == sorted(map(repr, warned))
+    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, BASELINE_CHECK, SPEED_EXPERIMENT_CHECK,
+                                         GOLDEN_CHECK, INI_SCOPE_CHECK}
+    for finding in warned:
+        text = finding.text()
+        assert _words(text) in terminal and _words(text) in html and _words(text) in summary, text
+        assert _row(finding) in html, finding
+        assert [r["message"] for r in data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
+    for name, finding in said.items():
+        assert [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"] == [
+            ("infergate.not_run", finding.text())], name
+
+    # a test skipped with what would make it run: its finding, typed, in the JSON by test; its line in the terminal
+    # and `infergate summary`, its row in the report's not-run table, and JUnit (said too, as the golden check's: one
+    # row, one line); not the verdict's (a skip is the test's own outcome)
+    assert data["skipped_findings"] == {f.test: f.to_dict() for f in skipped.values()}
+    assert {t: Finding.from_dict(f) for t, f in data["skipped_findings"].items()} == {
+        f.test: f for f in skipped.values()}
+    assert {f.check for f in skipped.values()} == {GOLDEN_CHECK, ENGINE_CHECK, ENDPOINT_CHECK}
+    for name, finding in skipped.items():
+        text = finding.text()
+        assert _words(text) in terminal and _words(text) in summary and html.count(_row(finding)) == 1, text
+        assert (text in str(data["reasons"])) == (name in said)  # said too: a warning of the run
+        assert [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"] == [
+            ("infergate.not_run", text)], name
+
+    # a note of a check that ran and decided: said in the terminal as it is; its record carries the decision, so it
+    # is no finding of the JSON, no JUnit line and no reason of the verdict
+    assert {f.check for f in notes.values()} == {QUALITY_CHECK, GOLDEN_CHECK, ENDPOINT_CHECK}
+    for name, finding in notes.items():
+        assert _words(finding.text()) in terminal, finding
+        assert finding.to_dict() not in data["findings"] and finding.text() not in str(data["reasons"])
+        assert not [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"]
 
     # `infergate compare` and the history decide B against A by the same check, worded by it
     a = copy.deepcopy(accepted)
