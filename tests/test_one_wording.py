@@ -13,6 +13,8 @@ from test_one_decision import FINGERPRINT, recorded_run
 from test_perf import BASELINE_SPEEDS, SLOW_SPEEDS, machine
 
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.endpoint.capacity_records import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
+from pytest_infergate.endpoint.load_run import Slo
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import parse_budget
@@ -123,6 +125,22 @@ def _corpus(name: str, precision: str, summary: dict, policy: dict | None) -> Co
                         undecided=decision.undecided, decided_by=resolved.decided_by(tuple(CORPUS_KEYS)))
 
 
+def _capacity(name: str) -> PerfRecord:
+    """A concurrency capacity search that found 4 in flight (4.8 req/s), gated as gates.served_loads.capacity gates
+    it (its description a note) under min_capacity_rps=12: no server, the search's points as measured."""
+    points = [CapacityPoint(load, 20, met, met / 20, (max(0.0, met / 20 - 0.12), min(1.0, met / 20 + 0.04)), passed,
+                            "" if passed else "clearly over", 4.0, load * 1.2, load * 1.2 * met / 20)
+              for load, met, passed in ((1, 20, True), (2, 20, True), (4, 19, True), (8, 6, False), (6, 12, False))]
+    result = CapacityResult(CapacitySpec(Slo(e2e_ms=800), target_goodput=0.9, search="concurrency", bounds=(1, 16)),
+                            points, 4, 4.8, (4, 6), "bracket resolved", 41.0)
+    record = PerfRecord(test=NODE.format(name), label="capacity", precision="endpoint",
+                        measurement=capacity_measurement(result), backend="endpoint",
+                        tags={"experiment": "capacity", "search": "concurrency"}, budget={"min_capacity_rps": 12.0})
+    record.outcome = PerfGate(parse_budget(record.budget), NoReference()).check(record.measurement)
+    record.outcome.notes.append(result.describe())
+    return record
+
+
 def _checks():
     """Every kind of check once, by the name of the inner test that records it; and the accepted run (the stored
     baseline's, and what `infergate compare` takes as A)."""
@@ -148,6 +166,7 @@ def _checks():
         "corpus-inconclusive": _corpus("corpus-inconclusive", "int8", CORPUS_INT8,
                                        {"min_corpus_top1": 0.9, "max_corpus_kl_rise": 0.5}),
         "corpus-pass": _corpus("corpus-pass", "int8", CORPUS_INT8, None),
+        "capacity-fail": _capacity("capacity-fail"),
     }
     assert [records[name].status for name in ("perf-fail", "perf-pass", "perf-inconclusive", "perf-budget")] == [
         Status.FAIL, Status.PASS, Status.INCONCLUSIVE, Status.FAIL]
@@ -156,6 +175,7 @@ def _checks():
     assert [records[name].status for name in ("batch-fail", "batch-pass")] == [Status.FAIL, Status.PASS]
     assert [records[name].status for name in ("corpus-fail", "corpus-inconclusive", "corpus-pass")] == [
         Status.FAIL, Status.INCONCLUSIVE, Status.PASS]
+    assert records["capacity-fail"].status == Status.FAIL and len(records["capacity-fail"].violations) == 1
     assert len(records["corpus-inconclusive"].undecided) == 2  # a straddling interval, a rise with nothing accepted
     return records, accepted
 
@@ -240,6 +260,8 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
              for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
     assert cli_main(["summary", str(pytester.path / "out.json")]) == 0
     summary = _words(capsys.readouterr().out)
+    assert cli_main(["summary", "--markdown", str(pytester.path / "out.json")]) == 0
+    markdown = _words(capsys.readouterr().out)  # a CI step summary: the verdict's reasons, the not-run lines
 
     worded = 0
     for name, record in records.items():
@@ -255,15 +277,21 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
             assert sentence in kept, (name, sentence, kept)
             if status == record.status != Status.PASS:
                 assert any(sentence in r["message"] for r in data["reasons"]), (name, sentence)
+                assert words in markdown, (name, sentence)
             if status != Status.PASS:  # JUnit: one property per check that did not pass, its sentence as it is
                 assert (f"infergate.{record.kind}.{status.value}", sentence) in junit[f"test_check[{name}]"], name
     assert worded >= 16
+    # the capacity search's description, a note beside its gate: as it is in the JSON and the report (the terminal
+    # shows a perf gate's figures and checks, not its notes)
+    described = records["capacity-fail"].notes[-1]
+    assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in html, described
     # every kind of record was worded at least once, by a check that did not pass
     assert {record.kind for record in records.values() if record.status != Status.PASS} == {
         "perf", "quality", "golden", "batch_invariance", "corpus"}
     # what each check used to be re-worded as is gone from every output
     for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
-        assert old not in terminal and old not in html and old not in summary, old
+        for where, text in (("terminal", terminal), ("html", html), ("summary", summary)):
+            assert old not in text, (old, where, text[text.index(old) - 300:text.index(old) + 100])
 
     # each check not run (or not decided) as asked: its finding, typed, in the JSON (from an xdist worker, inside the
     # test's report; the ini scope's from the controller); its line in the terminal, the report, `infergate summary`,
@@ -278,7 +306,7 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
                                          GOLDEN_CHECK, INI_SCOPE_CHECK}
     for finding in warned:
         text = finding.text()
-        assert _words(text) in terminal and _words(text) in html and _words(text) in summary, text
+        assert all(_words(text) in output for output in (terminal, html, summary, markdown)), text
         assert _row(finding) in html, finding
         assert [r["message"] for r in data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
     for name, finding in said.items():
@@ -294,7 +322,8 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
     assert {f.check for f in skipped.values()} == {GOLDEN_CHECK, ENGINE_CHECK, ENDPOINT_CHECK}
     for name, finding in skipped.items():
         text = finding.text()
-        assert _words(text) in terminal and _words(text) in summary and html.count(_row(finding)) == 1, text
+        assert _words(text) in terminal and _words(text) in summary and _words(text) in markdown, text
+        assert html.count(_row(finding)) == 1, finding
         assert (text in str(data["reasons"])) == (name in said)  # said too: a warning of the run
         assert [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"] == [
             ("infergate.not_run", text)], name
