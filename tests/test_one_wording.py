@@ -7,6 +7,7 @@ import copy
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, replace
 from html import unescape
 
 from test_one_decision import FINGERPRINT, recorded_run
@@ -15,6 +16,7 @@ from test_perf import BASELINE_SPEEDS, SLOW_SPEEDS, machine
 from pytest_infergate.cli import main as cli_main
 from pytest_infergate.endpoint.capacity_records import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
 from pytest_infergate.endpoint.load_run import Slo
+from pytest_infergate.gates.target import NEEDS_A_SERVER
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import parse_budget
@@ -46,6 +48,7 @@ from pytest_infergate.status import (
     ENGINE_CHECK,
     GOLDEN_CHECK,
     INI_SCOPE_CHECK,
+    OTHER_CHECK,
     QUALITY_CHECK,
     RELATIVE_CHECK,
     SPEED_EXPERIMENT_CHECK,
@@ -205,9 +208,10 @@ def _findings() -> tuple[dict[str, Finding], dict[str, Finding], dict[str, Findi
         "engine-refused": Finding(ENGINE_CHECK, NODE.format("engine-refused"), "engine experiment (batching=static, "
                                   "cache_mode=contiguous): a server's batching and KV cache are its own",
                                   "run it without --infergate-endpoint"),
-        "no-server": Finding(ENDPOINT_CHECK, NODE.format("no-server"), "an A/B against an endpoint needs the other "
-                             "deployment", "pass --infergate-reference-endpoint URL (or compare runs with "
-                             "--infergate-baseline)"),
+        "no-reference": Finding(ENDPOINT_CHECK, NODE.format("no-reference"), "an A/B against an endpoint needs the "
+                                "other deployment", "pass --infergate-reference-endpoint URL (or compare runs with "
+                                "--infergate-baseline)"),
+        "no-server": NEEDS_A_SERVER,  # made once, for no test: the session names the test it skipped
     }
     notes = {
         "quality-note": Finding(QUALITY_CHECK, NODE.format("quality-note"), "int8 vs fp32: min_exact_match: "
@@ -238,6 +242,127 @@ def _row(finding: Finding) -> str:
     return _words(f"{finding.check} {finding.test or 'the run'} {why} {finding.fix or '–'}")
 
 
+@dataclass
+class Outputs:
+    """What the inner run printed and wrote, each text whitespace-normalized: the terminal, the HTML report's text,
+    `infergate summary` (text, Markdown), the results JSON and JUnit XML's properties by test."""
+
+    terminal: str
+    html: str
+    summary: str
+    markdown: str
+    data: dict
+    junit: dict[str, list[tuple[str, str]]]
+
+    @property
+    def reasons(self) -> list[str]:
+        """The verdict's reasons' messages."""
+        return [reason["message"] for reason in self.data["reasons"]]
+
+    def not_run(self, name: str) -> list[tuple[str, str]]:
+        """The inner test's JUnit lines of its checks not run as asked."""
+        return [p for p in self.junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"]
+
+
+def _run(pytester, capsys, checks_file) -> Outputs:
+    pytester.makepyfile(test_checks=INNER.format(path=str(checks_file)))
+    # a scope of the ini that matches no test: the session's own finding, said once the run is over
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp23: tokens_per_s=1e9\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--infergate-json=out.json",
+                                "--infergate-report=report.html", "--junitxml=junit.xml")
+    checks = json.loads(checks_file.read_text())
+    skipping = sum(1 for check in checks.values() if check["skip"])
+    result.assert_outcomes(passed=len(checks) - skipping, skipped=skipping)
+    html = _words(unescape(re.sub(r"<[^>]+>", " ", (pytester.path / "report.html").read_text())))
+    junit = {case.get("name"): [(p.get("name"), p.get("value")) for p in case.iter("property")]
+             for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
+    assert cli_main(["summary", str(pytester.path / "out.json")]) == 0
+    summary = _words(capsys.readouterr().out)
+    assert cli_main(["summary", "--markdown", str(pytester.path / "out.json")]) == 0
+    markdown = _words(capsys.readouterr().out)  # a CI step summary: the verdict's reasons, the not-run lines
+    return Outputs(_words(result.stdout.str()), html, summary, markdown,
+                   json.loads((pytester.path / "out.json").read_text()), junit)
+
+
+def _assert_records_worded(out: Outputs, records: dict) -> None:
+    """Each record's checks, each in its one sentence, in every output (module docstring)."""
+    by_test = {r["test"]: r for r in out.data["records"]}
+    worded = 0
+    for name, record in records.items():
+        written = by_test[record.test]
+        for status, sentence in _sentences(record):
+            worded += 1
+            words = _words(sentence)
+            assert words in out.terminal and words in out.summary and words in out.html, (name, sentence)
+            # the JSON: the check's own record says it; a check that made its gate's status (fail, inconclusive) is
+            # in the verdict's reasons too, and so in the CI step summary
+            kept = [v["sentence"] for v in written.get("violations", []) + written.get("verdicts", [])] \
+                + written.get("problems", []) + written.get("undecided", [])
+            assert sentence in kept, (name, sentence, kept)
+            if status == record.status != Status.PASS:
+                assert any(sentence in message for message in out.reasons), (name, sentence)
+                assert words in out.markdown, (name, sentence)
+            if status != Status.PASS:  # JUnit: one property per check that did not pass, its sentence as it is
+                assert (f"infergate.{record.kind}.{status.value}", sentence) in out.junit[f"test_check[{name}]"], name
+    assert worded >= 16
+    # every kind of record was worded at least once, by a check that did not pass
+    assert {record.kind for record in records.values() if record.status != Status.PASS} == {
+        "perf", "quality", "golden", "batch_invariance", "corpus"}
+    # the capacity search's description, a note beside its gate: as it is in the JSON and the report (the terminal
+    # shows a perf gate's figures and checks, not its notes)
+    described = records["capacity-fail"].notes[-1]
+    assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in out.html
+    # what each check used to be re-worded as is gone from every output
+    for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
+        for where, text in (("terminal", out.terminal), ("html", out.html), ("summary", out.summary),
+                            ("markdown", out.markdown)):
+            assert old not in text, (old, where, text[max(0, text.index(old) - 300):text.index(old) + 100])
+
+
+def _assert_findings_said(out: Outputs, said: dict, skipped: dict, notes: dict) -> None:
+    """Each finding's one line (Finding.text) where its kind of finding goes (status.Finding)."""
+    # each check not run (or not decided) as asked: its finding, typed, in the JSON (from an xdist worker, inside the
+    # test's report; the ini scope's from the controller); its line in the terminal, the report (and its row of the
+    # not-run table), `infergate summary`, the verdict's reasons and (a test's) JUnit
+    scope = Finding(INI_SCOPE_CHECK, "", "infergate_budgets: scope 'fp23' (infergate_budgets line 1) matched no test "
+                    "in this run, so its limits were never checked", "fix the scope (a precision, *, or part of a test "
+                    "id)")
+    warned = [*said.values(), scope]
+    assert sorted(out.data["findings"], key=str) == sorted((f.to_dict() for f in warned), key=str)
+    assert sorted(map(repr, map(Finding.from_dict, out.data["findings"]))) == sorted(map(repr, warned))
+    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, BASELINE_CHECK, SPEED_EXPERIMENT_CHECK,
+                                         GOLDEN_CHECK, INI_SCOPE_CHECK}
+    for finding in warned:
+        text = finding.text()
+        assert all(_words(text) in output for output in (out.terminal, out.html, out.summary, out.markdown)), text
+        assert _row(finding) in out.html, finding
+        assert [r["message"] for r in out.data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
+    for name, finding in said.items():
+        assert out.not_run(name) == [("infergate.not_run", finding.text())], name
+
+    # a test skipped with what would make it run: its finding, typed, in the JSON by test; its line in the terminal
+    # and `infergate summary`, its row in the report's not-run table, and JUnit (said too, as the golden check's: one
+    # row, one line); not the verdict's (a skip is the test's own outcome)
+    assert out.data["skipped_findings"] == {f.test: f.to_dict() for f in skipped.values()}
+    assert {t: Finding.from_dict(f) for t, f in out.data["skipped_findings"].items()} == {
+        f.test: f for f in skipped.values()}
+    assert {f.check for f in skipped.values()} == {GOLDEN_CHECK, ENGINE_CHECK, ENDPOINT_CHECK}
+    for name, finding in skipped.items():
+        text = finding.text()
+        assert _words(text) in out.terminal and _words(text) in out.summary and _words(text) in out.markdown, text
+        assert out.html.count(_row(finding)) == 1, finding
+        assert (text in out.reasons) == (name in said), name  # said too: a warning of the run
+        assert out.not_run(name) == [("infergate.not_run", text)], name
+
+    # a note of a check that ran and decided: said in the terminal as it is; its record carries the decision, so it
+    # is no finding of the JSON, no JUnit line and no reason of the verdict
+    assert {f.check for f in notes.values()} == {QUALITY_CHECK, GOLDEN_CHECK, ENDPOINT_CHECK}
+    for name, finding in notes.items():
+        assert _words(finding.text()) in out.terminal, finding
+        assert finding.to_dict() not in out.data["findings"] and finding.text() not in out.reasons
+        assert not out.not_run(name), name
+
+
 def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pytester, tmp_path, capsys):
     records, accepted = _checks()
     said, skipped, notes = _findings()
@@ -246,95 +371,20 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
         checks[name] = {"records": [], "skip": skipped[name].to_dict() if name in skipped else None,
                         "findings": [f.to_dict() for f in (said.get(name), notes.get(name)) if f is not None]}
     (tmp_path / "checks.json").write_text(json.dumps(checks))
-    pytester.makepyfile(test_checks=INNER.format(path=str(tmp_path / "checks.json")))
-    # a scope of the ini that matches no test: the session's own finding, said once the run is over
-    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp23: tokens_per_s=1e9\n")
-    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--infergate-json=out.json",
-                                "--infergate-report=report.html", "--junitxml=junit.xml")
-    result.assert_outcomes(passed=len(checks) - len(skipped), skipped=len(skipped))
-    terminal = _words(result.stdout.str())
-    html = _words(unescape(re.sub(r"<[^>]+>", " ", (pytester.path / "report.html").read_text())))
-    data = json.loads((pytester.path / "out.json").read_text())
-    by_test = {r["test"]: r for r in data["records"]}
-    junit = {case.get("name"): [(p.get("name"), p.get("value")) for p in case.iter("property")]
-             for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
-    assert cli_main(["summary", str(pytester.path / "out.json")]) == 0
-    summary = _words(capsys.readouterr().out)
-    assert cli_main(["summary", "--markdown", str(pytester.path / "out.json")]) == 0
-    markdown = _words(capsys.readouterr().out)  # a CI step summary: the verdict's reasons, the not-run lines
+    out = _run(pytester, capsys, tmp_path / "checks.json")
+    data = out.data
+    _assert_records_worded(out, records)
+    # a finding made for no test names the test the session skipped (NEEDS_A_SERVER)
+    _assert_findings_said(out, said, {name: f if f.test else replace(f, test=NODE.format(name))
+                                      for name, f in skipped.items()}, notes)
 
-    worded = 0
-    for name, record in records.items():
-        written = by_test[record.test]
-        for status, sentence in _sentences(record):
-            worded += 1
-            words = _words(sentence)
-            assert words in terminal and words in summary and words in html, (name, sentence)
-            # the JSON: the check's own record says it; a check that made its gate's status (fail, inconclusive) is
-            # in the verdict's reasons too
-            kept = [v["sentence"] for v in written.get("violations", []) + written.get("verdicts", [])] \
-                + written.get("problems", []) + written.get("undecided", [])
-            assert sentence in kept, (name, sentence, kept)
-            if status == record.status != Status.PASS:
-                assert any(sentence in r["message"] for r in data["reasons"]), (name, sentence)
-                assert words in markdown, (name, sentence)
-            if status != Status.PASS:  # JUnit: one property per check that did not pass, its sentence as it is
-                assert (f"infergate.{record.kind}.{status.value}", sentence) in junit[f"test_check[{name}]"], name
-    assert worded >= 16
-    # the capacity search's description, a note beside its gate: as it is in the JSON and the report (the terminal
-    # shows a perf gate's figures and checks, not its notes)
-    described = records["capacity-fail"].notes[-1]
-    assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in html, described
-    # every kind of record was worded at least once, by a check that did not pass
-    assert {record.kind for record in records.values() if record.status != Status.PASS} == {
-        "perf", "quality", "golden", "batch_invariance", "corpus"}
-    # what each check used to be re-worded as is gone from every output
-    for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
-        for where, text in (("terminal", terminal), ("html", html), ("summary", summary)):
-            assert old not in text, (old, where, text[text.index(old) - 300:text.index(old) + 100])
-
-    # each check not run (or not decided) as asked: its finding, typed, in the JSON (from an xdist worker, inside the
-    # test's report; the ini scope's from the controller); its line in the terminal, the report, `infergate summary`,
-    # the verdict's reasons and (a test's) JUnit
-    scope = Finding(INI_SCOPE_CHECK, "", "infergate_budgets: scope 'fp23' (infergate_budgets line 1) matched no test "
-                    "in this run, so its limits were never checked", "fix the scope (a precision, *, or part of a test "
-                    "id)")
-    warned = [*said.values(), scope]
-    assert sorted(data["findings"], key=str) == sorted((f.to_dict() for f in warned), key=str)
-    assert sorted(map(repr, map(Finding.from_dict, data["findings"]))) == sorted(map(repr, warned))
-    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, BASELINE_CHECK, SPEED_EXPERIMENT_CHECK,
-                                         GOLDEN_CHECK, INI_SCOPE_CHECK}
-    for finding in warned:
-        text = finding.text()
-        assert all(_words(text) in output for output in (terminal, html, summary, markdown)), text
-        assert _row(finding) in html, finding
-        assert [r["message"] for r in data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
-    for name, finding in said.items():
-        assert [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"] == [
-            ("infergate.not_run", finding.text())], name
-
-    # a test skipped with what would make it run: its finding, typed, in the JSON by test; its line in the terminal
-    # and `infergate summary`, its row in the report's not-run table, and JUnit (said too, as the golden check's: one
-    # row, one line); not the verdict's (a skip is the test's own outcome)
-    assert data["skipped_findings"] == {f.test: f.to_dict() for f in skipped.values()}
-    assert {t: Finding.from_dict(f) for t, f in data["skipped_findings"].items()} == {
-        f.test: f for f in skipped.values()}
-    assert {f.check for f in skipped.values()} == {GOLDEN_CHECK, ENGINE_CHECK, ENDPOINT_CHECK}
-    for name, finding in skipped.items():
-        text = finding.text()
-        assert _words(text) in terminal and _words(text) in summary and _words(text) in markdown, text
-        assert html.count(_row(finding)) == 1, finding
-        assert (text in str(data["reasons"])) == (name in said)  # said too: a warning of the run
-        assert [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"] == [
-            ("infergate.not_run", text)], name
-
-    # a note of a check that ran and decided: said in the terminal as it is; its record carries the decision, so it
-    # is no finding of the JSON, no JUnit line and no reason of the verdict
-    assert {f.check for f in notes.values()} == {QUALITY_CHECK, GOLDEN_CHECK, ENDPOINT_CHECK}
-    for name, finding in notes.items():
-        assert _words(finding.text()) in terminal, finding
-        assert finding.to_dict() not in data["findings"] and finding.text() not in str(data["reasons"])
-        assert not [p for p in junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"]
+    # a line of a file written before findings were typed: read whole as a finding of its own kind, said as written
+    line = "suites/test_speed.py::test_chat[fp32]: relative check not run: no entry; save a baseline"
+    older = {key: value for key, value in data.items() if key != "findings"} | {"warnings": [line]}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert RunResults.from_dict(older).findings == [Finding(OTHER_CHECK, "", line)]
+    assert cli_main(["summary", str(tmp_path / "older.json")]) == 0
+    assert f"WARNING {line}" in capsys.readouterr().out
 
     # `infergate compare` and the history decide B against A by the same check, worded by it
     a = copy.deepcopy(accepted)
