@@ -226,7 +226,10 @@ class InfergateSession:
         outcome = yield
         finding = getattr(call.excinfo.value, "infergate_finding", None) if call.excinfo is not None else None
         if finding is not None:
-            outcome.get_result().user_properties.append((SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict())))
+            carried = (SKIP_FINDING_PROPERTY, json.dumps(finding.to_dict()))
+            outcome.get_result().user_properties.append(carried)
+            # and the item's, for its teardown report: JUnit XML writes a test's properties from that one
+            item.user_properties.append(carried)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

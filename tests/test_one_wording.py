@@ -7,20 +7,54 @@ import copy
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, replace
 from html import unescape
 
 from test_one_decision import FINGERPRINT, recorded_run
 from test_perf import BASELINE_SPEEDS, SLOW_SPEEDS, machine
 
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.endpoint.capacity_records import CapacityPoint, CapacityResult, CapacitySpec, capacity_measurement
+from pytest_infergate.endpoint.load_run import Slo
+from pytest_infergate.gates.target import NEEDS_A_SERVER
 from pytest_infergate.history.series import build_history
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import NoReference, PerfGate
+from pytest_infergate.perf.lockstep import Speedup, conclusion, faster
+from pytest_infergate.quality.batch_invariance import BatchInvariance, Divergence, VariantResult
+from pytest_infergate.quality.corpus_figures import CorpusResult, decide_corpus
+from pytest_infergate.quality.golden_files import BUILTIN_NOTICE
 from pytest_infergate.quality.metrics import QualityResult
-from pytest_infergate.quality.policy import ResolvedPolicy, decide_quality
+from pytest_infergate.quality.policy import (
+    CORPUS_KEYS,
+    ResolvedPolicy,
+    decide_batch_invariance,
+    decide_quality,
+    parse_policy,
+)
 from pytest_infergate.results import RunResults
-from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
-from pytest_infergate.status import RELATIVE_CHECK, Finding, Status
+from pytest_infergate.results.records import (
+    BatchInvarianceRecord,
+    CorpusRecord,
+    GoldenRecord,
+    PerfRecord,
+    QualityRecord,
+)
+from pytest_infergate.status import (
+    BASELINE_CHECK,
+    BUDGET_KEY_CHECK,
+    ENDPOINT_CHECK,
+    ENGINE_CHECK,
+    GOLDEN_CHECK,
+    INI_SCOPE_CHECK,
+    OTHER_CHECK,
+    QUALITY_CHECK,
+    RELATIVE_CHECK,
+    SPEED_EXPERIMENT_CHECK,
+    Finding,
+    Status,
+)
 
 NODE = "test_checks.py::test_check[{}]"
 # each test of the inner run records the checks of its name, and says its findings, through the test's context
@@ -43,6 +77,8 @@ def test_check(request, name):
         ctx.record(record_from_dict(data))
     for data in CHECKS[name]["findings"]:
         ctx.say(Finding.from_dict(data))
+    if CHECKS[name]["skip"]:
+        ctx.skip(Finding.from_dict(CHECKS[name]["skip"]))
 """
 
 
@@ -58,6 +94,54 @@ def _quality(name: str, precision: str, top1: float) -> QualityRecord:
     decision = decide_quality(result, policy)
     return QualityRecord(NODE.format(name), decision.status, result, policy.rules, decision.problems,
                          undecided=decision.undecided, decided_by=policy.decided_by())
+
+
+def _batch(name: str, changed: int) -> BatchInvarianceRecord:
+    """Eight int8 samples, `changed` of them answering otherwise in the fixed-composition batch, under a policy
+    that allows none."""
+    samples = [f"q{i}" for i in range(8)]
+    diverged = [Divergence(sample, 3, 0.02, "Paris is the", "Paris was the") for sample in samples[:changed]]
+    result = BatchInvariance("int8", samples, [VariantResult("batch", "the fixed composition", diverged, 8, 1e-4)])
+    rules = {"max_batch_variant_share": 0.0}
+    decision = decide_batch_invariance(result, rules)
+    return BatchInvarianceRecord(NODE.format(name), decision.status, result, rules, decision.problems)
+
+
+# int8 and nf4 of the embedded model over the built-in corpus as measured (tests/test_corpus.py INT8, NF4)
+CORPUS_INT8 = {"chunks": 21, "tokens": 10109, "mean_kl": 0.03945, "mean_kl_ci": [0.02964, 0.0506], "top1": 0.9,
+               "top1_ci": [0.8915, 0.9082], "delta_ppl_rel": 0.032, "delta_ppl_rel_ci": [0.024, 0.039],
+               "p99_kl": 0.348, "p999_kl": 0.675}
+CORPUS_NF4 = {"chunks": 21, "tokens": 10109, "mean_kl": 0.5802, "mean_kl_ci": [0.4389, 0.7329], "top1": 0.6514,
+              "top1_ci": [0.6281, 0.672], "delta_ppl_rel": 0.647, "delta_ppl_rel_ci": [0.44, 0.89], "p99_kl": 3.93,
+              "p999_kl": 6.11}
+
+
+def _corpus(name: str, precision: str, summary: dict, policy: dict | None) -> CorpusRecord:
+    """Decided as check_corpus decides (gates/corpus.py): under `policy`, else the precision's default."""
+    result = CorpusResult(precision, "fp32", "built-in", "d1g35t", 512, [], dict(summary), 28.0).with_accepted(
+        None, f"no corpus figures accepted at golden/cpu-{precision}.corpus.json: accept them with "
+              "--infergate-update-golden")
+    resolved = (ResolvedPolicy.given(parse_policy(policy)) if policy else ResolvedPolicy()).for_corpus(precision)
+    decision = decide_corpus(result, resolved)
+    rules = {key: value for key, value in resolved.rules.items() if key in CORPUS_KEYS}
+    return CorpusRecord(NODE.format(name), decision.status, result, rules, decision.problems,
+                        undecided=decision.undecided, decided_by=resolved.decided_by(tuple(CORPUS_KEYS)))
+
+
+def _capacity(name: str) -> PerfRecord:
+    """A concurrency capacity search that found 4 in flight (4.8 req/s), gated as gates.served_loads.capacity gates
+    it (its description a note) under min_capacity_rps=12: no server, the search's points as measured."""
+    points = [CapacityPoint(load, 20, met, met / 20, (max(0.0, met / 20 - 0.12), min(1.0, met / 20 + 0.04)), passed,
+                            "" if passed else "clearly over", 4.0, load * 1.2, load * 1.2 * met / 20)
+              for load, met, passed in ((1, 20, True), (2, 20, True), (4, 19, True), (8, 6, False), (6, 12, False))]
+    result = CapacityResult(CapacitySpec(Slo(e2e_ms=800), target_goodput=0.9, search="concurrency", bounds=(1, 16)),
+                            points, 4, 4.8, (4, 6), "bracket resolved", 41.0)
+    record = PerfRecord(test=NODE.format(name), label="capacity", precision="endpoint",
+                        measurement=capacity_measurement(result), backend="endpoint",
+                        tags={"experiment": "capacity", "search": "concurrency"}, budget={"min_capacity_rps": 12.0})
+    record.outcome = PerfGate(parse_budget(record.budget), NoReference()).check(record.measurement)
+    record.outcome.notes.append(result.describe())
+    return record
 
 
 def _checks():
@@ -79,14 +163,65 @@ def _checks():
                                     problems=["drift in 3 of 48 outputs (6.2%), policy max_drift_share 0"]),
         "golden-inconclusive": GoldenRecord(NODE.format("golden-inconclusive"), Status.INCONCLUSIVE, "nf4",
                                             "golden/y.jsonl", undecided=["a near tie at sample q3: accept it or not"]),
+        "batch-fail": _batch("batch-fail", changed=2),
+        "batch-pass": _batch("batch-pass", changed=0),
+        "corpus-fail": _corpus("corpus-fail", "nf4", CORPUS_NF4, None),
+        "corpus-inconclusive": _corpus("corpus-inconclusive", "int8", CORPUS_INT8,
+                                       {"min_corpus_top1": 0.9, "max_corpus_kl_rise": 0.5}),
+        "corpus-pass": _corpus("corpus-pass", "int8", CORPUS_INT8, None),
+        "capacity-fail": _capacity("capacity-fail"),
     }
     assert [records[name].status for name in ("perf-fail", "perf-pass", "perf-inconclusive", "perf-budget")] == [
         Status.FAIL, Status.PASS, Status.INCONCLUSIVE, Status.FAIL]
     assert records["perf-fail"].changes == ["torch 2.13.0 → 2.14.0"]
     assert [records[name].status for name in ("quality-pass", "quality-fail")] == [Status.PASS, Status.FAIL]
-    finding = Finding(RELATIVE_CHECK, NODE.format("not-run"), "relative check not run: the baseline file has no "
-                      "entry for this measurement", "record one with --infergate-save-baseline")
-    return records, finding, accepted
+    assert [records[name].status for name in ("batch-fail", "batch-pass")] == [Status.FAIL, Status.PASS]
+    assert [records[name].status for name in ("corpus-fail", "corpus-inconclusive", "corpus-pass")] == [
+        Status.FAIL, Status.INCONCLUSIVE, Status.PASS]
+    assert records["capacity-fail"].status == Status.FAIL and len(records["capacity-fail"].violations) == 1
+    assert len(records["corpus-inconclusive"].undecided) == 2  # a straddling interval, a rise with nothing accepted
+    return records, accepted
+
+
+def _findings() -> tuple[dict[str, Finding], dict[str, Finding], dict[str, Finding]]:
+    """Every kind of finding once, worded as the check that says it words it (status.py's kinds; gates/gating.py,
+    gates/perf.py, gates/golden.py, gates/endpoint.py, gates/served_loads.py), by the inner test that says it:
+    (said: a check not run or not decided as asked; skipped with: what would make the test run; notes: said of a
+    check that ran and decided). The ini scope's is the session's own, said by the inner run itself."""
+    golden_missing = Finding(GOLDEN_CHECK, NODE.format("golden-missing"), "golden regression check not run: no "
+                             "accepted golden outputs at golden/m/cpu-int8.jsonl", "review a run with "
+                             "--infergate-update-golden and commit the file")
+    said = {
+        "not-run": Finding(RELATIVE_CHECK, NODE.format("not-run"), "relative check not run: the baseline file has no "
+                           "entry for this measurement", "record one with --infergate-save-baseline"),
+        "budget-key": Finding(BUDGET_KEY_CHECK, NODE.format("budget-key"), "budget key(s) peak_mem_mb not checked: "
+                              "this endpoint measurement has no such figure"),
+        "busy-baseline": Finding(BASELINE_CHECK, NODE.format("busy-baseline"), "this baseline entry was measured on a "
+                                 "busy runner", f"{interference.UNDER_LOAD}; to make it decisive, "
+                                 f"{interference.RESAVE}", evidence=interference.describe(0.52)),
+        "speed-experiment": Finding(SPEED_EXPERIMENT_CHECK, NODE.format("speed-experiment"), conclusion(
+            "prefix caching", [faster(Speedup("cached", 1.04, 0.97, 1.12, 8))])[1]),
+        "golden-missing": golden_missing,  # said, then skipped with: one row, one JUnit line
+    }
+    skipped = {
+        "golden-missing": golden_missing,
+        "engine-refused": Finding(ENGINE_CHECK, NODE.format("engine-refused"), "engine experiment (batching=static, "
+                                  "cache_mode=contiguous): a server's batching and KV cache are its own",
+                                  "run it without --infergate-endpoint"),
+        "no-reference": Finding(ENDPOINT_CHECK, NODE.format("no-reference"), "an A/B against an endpoint needs the "
+                                "other deployment", "pass --infergate-reference-endpoint URL (or compare runs with "
+                                "--infergate-baseline)"),
+        "no-server": NEEDS_A_SERVER,  # made once, for no test: the session names the test it skipped
+    }
+    notes = {
+        "quality-note": Finding(QUALITY_CHECK, NODE.format("quality-note"), "int8 vs fp32: min_exact_match: "
+                                "exact_match = 1 >= 0.5 (check(policy=...)), decided on the point (every sample "
+                                "agreed)", status=Status.PASS),
+        "golden-note": Finding(GOLDEN_CHECK, "", BUILTIN_NOTICE.format(folder="golden"), status=Status.PASS),
+        "endpoint-note": Finding(ENDPOINT_CHECK, NODE.format("endpoint-note"), "loads sized from the server's "
+                                 "synchronous rate, 3.1 req/s (8 requests one at a time)", status=Status.PASS),
+    }
+    return said, skipped, notes
 
 
 def _sentences(record) -> list[tuple[Status, str]]:
@@ -101,52 +236,155 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pytester, tmp_path, capsys):
-    records, finding, accepted = _checks()
-    checks = {name: {"records": [record.to_dict()], "findings": []} for name, record in records.items()}
-    checks["not-run"] = {"records": [], "findings": [finding.to_dict()]}
-    (tmp_path / "checks.json").write_text(json.dumps(checks))
-    pytester.makepyfile(test_checks=INNER.format(path=str(tmp_path / "checks.json")))
+def _row(finding: Finding) -> str:
+    """The finding's row of the report's not-run table, its parts as made (check, test, why and evidence, fix)."""
+    why = finding.why + (f" ({finding.evidence})" if finding.evidence else "")
+    return _words(f"{finding.check} {finding.test or 'the run'} {why} {finding.fix or '–'}")
+
+
+@dataclass
+class Outputs:
+    """What the inner run printed and wrote, each text whitespace-normalized: the terminal, the HTML report's text,
+    `infergate summary` (text, Markdown), the results JSON and JUnit XML's properties by test."""
+
+    terminal: str
+    html: str
+    summary: str
+    markdown: str
+    data: dict
+    junit: dict[str, list[tuple[str, str]]]
+
+    @property
+    def reasons(self) -> list[str]:
+        """The verdict's reasons' messages."""
+        return [reason["message"] for reason in self.data["reasons"]]
+
+    def not_run(self, name: str) -> list[tuple[str, str]]:
+        """The inner test's JUnit lines of its checks not run as asked."""
+        return [p for p in self.junit[f"test_check[{name}]"] if p[0] == "infergate.not_run"]
+
+
+def _run(pytester, capsys, checks_file) -> Outputs:
+    pytester.makepyfile(test_checks=INNER.format(path=str(checks_file)))
+    # a scope of the ini that matches no test: the session's own finding, said once the run is over
+    pytester.makeini("[pytest]\ninfergate_budgets =\n    fp23: tokens_per_s=1e9\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--infergate-json=out.json",
                                 "--infergate-report=report.html", "--junitxml=junit.xml")
-    result.assert_outcomes(passed=len(checks))
-    terminal = _words(result.stdout.str())
+    checks = json.loads(checks_file.read_text())
+    skipping = sum(1 for check in checks.values() if check["skip"])
+    result.assert_outcomes(passed=len(checks) - skipping, skipped=skipping)
     html = _words(unescape(re.sub(r"<[^>]+>", " ", (pytester.path / "report.html").read_text())))
-    data = json.loads((pytester.path / "out.json").read_text())
-    by_test = {r["test"]: r for r in data["records"]}
     junit = {case.get("name"): [(p.get("name"), p.get("value")) for p in case.iter("property")]
              for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
     assert cli_main(["summary", str(pytester.path / "out.json")]) == 0
     summary = _words(capsys.readouterr().out)
+    assert cli_main(["summary", "--markdown", str(pytester.path / "out.json")]) == 0
+    markdown = _words(capsys.readouterr().out)  # a CI step summary: the verdict's reasons, the not-run lines
+    return Outputs(_words(result.stdout.str()), html, summary, markdown,
+                   json.loads((pytester.path / "out.json").read_text()), junit)
 
-    said = 0
+
+def _assert_records_worded(out: Outputs, records: dict) -> None:
+    """Each record's checks, each in its one sentence, in every output (module docstring)."""
+    by_test = {r["test"]: r for r in out.data["records"]}
+    worded = 0
     for name, record in records.items():
         written = by_test[record.test]
         for status, sentence in _sentences(record):
-            said += 1
+            worded += 1
             words = _words(sentence)
-            assert words in terminal and words in summary and words in html, (name, sentence)
+            assert words in out.terminal and words in out.summary and words in out.html, (name, sentence)
             # the JSON: the check's own record says it; a check that made its gate's status (fail, inconclusive) is
-            # in the verdict's reasons too
+            # in the verdict's reasons too, and so in the CI step summary
             kept = [v["sentence"] for v in written.get("violations", []) + written.get("verdicts", [])] \
                 + written.get("problems", []) + written.get("undecided", [])
             assert sentence in kept, (name, sentence, kept)
             if status == record.status != Status.PASS:
-                assert any(sentence in r["message"] for r in data["reasons"]), (name, sentence)
+                assert any(sentence in message for message in out.reasons), (name, sentence)
+                assert words in out.markdown, (name, sentence)
             if status != Status.PASS:  # JUnit: one property per check that did not pass, its sentence as it is
-                assert (f"infergate.{record.kind}.{status.value}", sentence) in junit[f"test_check[{name}]"], name
-    assert said >= 10
+                assert (f"infergate.{record.kind}.{status.value}", sentence) in out.junit[f"test_check[{name}]"], name
+    assert worded >= 16
+    # every kind of record was worded at least once, by a check that did not pass
+    assert {record.kind for record in records.values() if record.status != Status.PASS} == {
+        "perf", "quality", "golden", "batch_invariance", "corpus"}
+    # the capacity search's description, a note beside its gate: as it is in the JSON and the report (the terminal
+    # shows a perf gate's figures and checks, not its notes)
+    described = records["capacity-fail"].notes[-1]
+    assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in out.html
     # what each check used to be re-worded as is gone from every output
     for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
-        assert old not in terminal and old not in html and old not in summary, old
+        for where, text in (("terminal", out.terminal), ("html", out.html), ("summary", out.summary),
+                            ("markdown", out.markdown)):
+            assert old not in text, (old, where, text[max(0, text.index(old) - 300):text.index(old) + 100])
 
-    # a check not run as asked: its finding, typed, in the JSON (from an xdist worker, inside the test's report);
-    # its line in the terminal, the report, the verdict's reasons and JUnit
-    assert data["findings"] == [finding.to_dict()]
-    assert Finding.from_dict(data["findings"][0]) == finding
-    assert _words(finding.text()) in terminal and _words(finding.text()) in html
-    assert ("infergate.not_run", finding.text()) in junit["test_check[not-run]"]
-    assert any(r["what"] == "not as asked" and r["message"] == finding.text() for r in data["reasons"])
+
+def _assert_findings_said(out: Outputs, said: dict, skipped: dict, notes: dict) -> None:
+    """Each finding's one line (Finding.text) where its kind of finding goes (status.Finding)."""
+    # each check not run (or not decided) as asked: its finding, typed, in the JSON (from an xdist worker, inside the
+    # test's report; the ini scope's from the controller); its line in the terminal, the report (and its row of the
+    # not-run table), `infergate summary`, the verdict's reasons and (a test's) JUnit
+    scope = Finding(INI_SCOPE_CHECK, "", "infergate_budgets: scope 'fp23' (infergate_budgets line 1) matched no test "
+                    "in this run, so its limits were never checked", "fix the scope (a precision, *, or part of a test "
+                    "id)")
+    warned = [*said.values(), scope]
+    assert sorted(out.data["findings"], key=str) == sorted((f.to_dict() for f in warned), key=str)
+    assert sorted(map(repr, map(Finding.from_dict, out.data["findings"]))) == sorted(map(repr, warned))
+    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, BASELINE_CHECK, SPEED_EXPERIMENT_CHECK,
+                                         GOLDEN_CHECK, INI_SCOPE_CHECK}
+    for finding in warned:
+        text = finding.text()
+        assert all(_words(text) in output for output in (out.terminal, out.html, out.summary, out.markdown)), text
+        assert _row(finding) in out.html, finding
+        assert [r["message"] for r in out.data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
+    for name, finding in said.items():
+        assert out.not_run(name) == [("infergate.not_run", finding.text())], name
+
+    # a test skipped with what would make it run: its finding, typed, in the JSON by test; its line in the terminal
+    # and `infergate summary`, its row in the report's not-run table, and JUnit (said too, as the golden check's: one
+    # row, one line); not the verdict's (a skip is the test's own outcome)
+    assert out.data["skipped_findings"] == {f.test: f.to_dict() for f in skipped.values()}
+    assert {t: Finding.from_dict(f) for t, f in out.data["skipped_findings"].items()} == {
+        f.test: f for f in skipped.values()}
+    assert {f.check for f in skipped.values()} == {GOLDEN_CHECK, ENGINE_CHECK, ENDPOINT_CHECK}
+    for name, finding in skipped.items():
+        text = finding.text()
+        assert _words(text) in out.terminal and _words(text) in out.summary and _words(text) in out.markdown, text
+        assert out.html.count(_row(finding)) == 1, finding
+        assert (text in out.reasons) == (name in said), name  # said too: a warning of the run
+        assert out.not_run(name) == [("infergate.not_run", text)], name
+
+    # a note of a check that ran and decided: said in the terminal as it is; its record carries the decision, so it
+    # is no finding of the JSON, no JUnit line and no reason of the verdict
+    assert {f.check for f in notes.values()} == {QUALITY_CHECK, GOLDEN_CHECK, ENDPOINT_CHECK}
+    for name, finding in notes.items():
+        assert _words(finding.text()) in out.terminal, finding
+        assert finding.to_dict() not in out.data["findings"] and finding.text() not in out.reasons
+        assert not out.not_run(name), name
+
+
+def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pytester, tmp_path, capsys):
+    records, accepted = _checks()
+    said, skipped, notes = _findings()
+    checks = {name: {"records": [record.to_dict()], "findings": [], "skip": None} for name, record in records.items()}
+    for name in {**said, **skipped, **notes}:
+        checks[name] = {"records": [], "skip": skipped[name].to_dict() if name in skipped else None,
+                        "findings": [f.to_dict() for f in (said.get(name), notes.get(name)) if f is not None]}
+    (tmp_path / "checks.json").write_text(json.dumps(checks))
+    out = _run(pytester, capsys, tmp_path / "checks.json")
+    data = out.data
+    _assert_records_worded(out, records)
+    # a finding made for no test names the test the session skipped (NEEDS_A_SERVER)
+    _assert_findings_said(out, said, {name: f if f.test else replace(f, test=NODE.format(name))
+                                      for name, f in skipped.items()}, notes)
+
+    # a line of a file written before findings were typed: read whole as a finding of its own kind, said as written
+    line = "suites/test_speed.py::test_chat[fp32]: relative check not run: no entry; save a baseline"
+    older = {key: value for key, value in data.items() if key != "findings"} | {"warnings": [line]}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert RunResults.from_dict(older).findings == [Finding(OTHER_CHECK, "", line)]
+    assert cli_main(["summary", str(tmp_path / "older.json")]) == 0
+    assert f"WARNING {line}" in capsys.readouterr().out
 
     # `infergate compare` and the history decide B against A by the same check, worded by it
     a = copy.deepcopy(accepted)

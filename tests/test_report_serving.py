@@ -154,7 +154,7 @@ def test_capacity_is_drawn_with_the_slo_and_the_knee(html):
     assert capacity.count("<svg") == 2  # goodput vs load, latency p99 vs load
     assert "Goodput vs load" in capacity and "Latency p99 vs load" in capacity
     assert "SLO e2e ≤ 800 ms" in capacity  # the SLO line
-    assert "capacity 4: 95% in SLO (CI 83%–99%)" in capacity  # the knee, with its CI
+    assert "capacity 4: 95% in SLO (95% CI 83%–99%)" in capacity  # the knee, with its CI, as describe() names it
     assert "the knee lies in here" in capacity  # the band between 4 (pass) and 6 (fail)
     rows = re.findall(r"<tr>(.*?)</tr>", capacity, re.S)[1:]
     assert [cells(r)[0][0] for r in rows] == ["1", "2", "4", "6", "8"]  # by load, not in search order

@@ -199,13 +199,18 @@ def _load_unit(result: CapacityResult) -> str:
     return "req/s offered" if result.spec.search == "rate" else "requests in flight"
 
 
+def _interval(ci: tuple[float, float]) -> str:
+    """An attainment's interval, named as CapacityResult.describe names it: '(95% CI 83%–99%)'."""
+    return f"(95% CI {units.percent(ci[0])}–{units.percent(ci[1])})"
+
+
 def _capacity_charts(test: str, result: CapacityResult) -> list[Markup]:
     x_unit = _load_unit(result)
     best = result.best
     mark = band = None
     if best is not None:
         mark = (best.load, f"capacity {units.number(best.load)}: {units.percent(best.attainment)} in SLO "
-                           f"(CI {units.percent(best.ci[0])}–{units.percent(best.ci[1])})")
+                           f"{_interval(best.ci)}")
     low, high = result.bracket
     if low is not None and high is not None:
         band = (low, high)
@@ -240,8 +245,7 @@ def capacity_sections(records: list[PerfRecord]) -> list[CapacitySection]:
         metrics = [m for m, limit in (("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms), ("e2e_ms", slo.e2e_ms))
                    if limit is not None]
         rows = [CapacityPointRow(units.number(p.load), p.requests,
-                                 f"{units.percent(p.attainment)} (CI {units.percent(p.ci[0])}–"
-                                 f"{units.percent(p.ci[1])})",
+                                 f"{units.percent(p.attainment)} {_interval(p.ci)}",
                                  p.verdict,
                                  f"{units.number(p.goodput_rps)} req/s", f"{units.number(p.throughput_rps)} req/s",
                                  [units.duration_ms(p.latency_ms.get(f"{m}_{SLO_PERCENTILE}")) for m in metrics],

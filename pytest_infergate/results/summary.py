@@ -262,6 +262,8 @@ def summary_lines(results: RunResults) -> list[Line]:
         lines.append(counts)
     for warning in results.warnings:
         lines.append(Line(f"WARNING {warning}", "yellow"))
+    # a test skipped with what would make it run is a row of the not-run table too: said as made, not only by -rs
+    lines += [Line(f"SKIPPED {finding.text()}", "yellow") for finding in skipped_not_run(results)]
     if any(m.get("fallback") for m in results.models.values()) or any(
             getattr(r, "fallback", False) for r in results.records):
         lines.append(Line("infergate: some precisions ran as FALLBACK to the reference precision; their results do "
@@ -291,6 +293,7 @@ def summary_markdown(results: RunResults) -> str:
         lines.append(f"- **{count_name(group)}**: " + ", ".join(f"{n} {status}" for status, n in c.items() if n))
     for warning in results.warnings:
         lines.append(f"- ⚠ {warning}")
+    lines += [f"- skipped: {finding.text()}" for finding in skipped_not_run(results)]
     if results.perf:
         keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
         lines += _markdown_table(["test", "precision", "verdict", "TTFT p50", "TPOT p50", "throughput", "peak memory"],
@@ -324,3 +327,8 @@ def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
         if test not in results.skipped_findings:
             by_design[reason] = by_design.get(reason, 0) + 1
     return rows, by_design
+
+
+def skipped_not_run(results: RunResults) -> list[Finding]:
+    """The not-run table's rows of tests skipped with a finding, beyond the run's findings (said as warnings)."""
+    return [row for row in not_run(results)[0] if row not in results.findings]
