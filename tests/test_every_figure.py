@@ -511,6 +511,9 @@ def test_a_pass_at_the_threads_speed_says_so_and_keeps_the_measured_figure():
     assert tokens.status == "pass" and tokens.at_thread_speed
     assert tokens.evidence() == "least-disturbed repetitions at the save's thread speed"
     assert tokens.ratio < 1.05 and tokens.candidate < 50.0 / 1.1  # the ratio normalized, the figure as measured
+    # and the words say which is which: the figures beside a ratio they do not make are as measured
+    assert " tok/s as measured, the ratio compared by least-disturbed repetitions at the save's thread speed" \
+        in tokens.details(), tokens.details()
 
 
 def test_the_bench_reads_the_engine_threads_speed_around_each_repetition(tiny_fp32):
