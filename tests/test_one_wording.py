@@ -309,9 +309,11 @@ def _assert_records_worded(out: Outputs, records: dict) -> None:
     assert {record.kind for record in records.values() if record.status != Status.PASS} == {
         "perf", "quality", "golden", "batch_invariance", "corpus"}
     # the capacity search's description, a note beside its gate: as it is in the JSON and the report (the terminal
-    # shows a perf gate's figures and checks, not its notes)
+    # shows a perf gate's figures and checks, not its notes: the load the search found among its figures)
     described = records["capacity-fail"].notes[-1]
     assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in out.html
+    for text in (out.terminal, out.summary):
+        assert "capacity_concurrency 4 requests, capacity_rps 4.8 req/s" in text
     # what each check used to be re-worded as is gone from every output
     for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
         for where, text in (("terminal", out.terminal), ("html", out.html), ("summary", out.summary),
