@@ -314,6 +314,8 @@ def _assert_records_worded(out: Outputs, records: dict) -> None:
     assert described in by_test[records["capacity-fail"].test]["notes"] and _words(described) in out.html
     for text in (out.terminal, out.summary):
         assert "capacity_concurrency 4 requests, capacity_rps 4.8 req/s" in text
+    assert "| capacity (in flight) | capacity (req/s) |" in out.markdown
+    assert "| 4 requests | 4.8 req/s |" in out.markdown
     # what each check used to be re-worded as is gone from every output
     for old in ("candidate/baseline slowdown", "slowdown ×", "(threshold ×", ": measured", "(CI "):
         for where, text in (("terminal", out.terminal), ("html", out.html), ("summary", out.summary),

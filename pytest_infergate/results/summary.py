@@ -296,10 +296,13 @@ def summary_markdown(results: RunResults) -> str:
         lines.append(f"- ⚠ {warning}")
     lines += [f"- skipped: {finding.text()}" for finding in skipped_not_run(results)]
     if results.perf:
-        keys = ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_s", "peak_mem_mb")
-        lines += _markdown_table(["test", "precision", "verdict", "TTFT p50", "TPOT p50", "throughput", "peak memory"],
+        columns = {"ttft_ms_p50": "TTFT p50", "tpot_ms_p50": "TPOT p50", "tokens_per_s": "throughput",
+                   "peak_mem_mb": "peak memory"}
+        if any("capacity_rps" in r.summary for r in results.perf):  # a capacity search: the load it found
+            columns = {"capacity_concurrency": "capacity (in flight)", "capacity_rps": "capacity (req/s)", **columns}
+        lines += _markdown_table(["test", "precision", "verdict", *columns.values()],
                                  [[f"`{r.test}`", r.precision, _why_markdown(r),
-                                   *[figure(r.summary, k) for k in keys]] for r in results.perf])
+                                   *[figure(r.summary, k) for k in columns]] for r in results.perf])
     if results.quality:
         lines += _markdown_table(["precision", "vs", "verdict", *(QUALITY_NAMES[k] for k in QUALITY_KEYS)],
                                  [[g.precision, g.reference, g.status.value,
