@@ -29,10 +29,7 @@ from gate_power import budget_values  # noqa: E402
 from pytest_infergate.measurement import Measurement  # noqa: E402
 from pytest_infergate.perf.baseline import BaselineEntry  # noqa: E402
 from pytest_infergate.perf.budget import parse_budget  # noqa: E402
-from pytest_infergate.perf.gate import (
-    StoredReference,  # noqa: E402
-    decide_perf,  # noqa: E402
-)
+from pytest_infergate.perf.gate import StoredReference, decide_perf  # noqa: E402
 
 PER_REPETITION = ("probe_s", "probe_quiet_s", "others_share")
 

@@ -325,7 +325,7 @@ class InfergateSession:
         from pytest_infergate.results.summary import summary_lines
 
         if not self.results.models and not self.results.records and not self.results.findings \
-                and not self.written.errors and not self.written.notes:
+                and not self.results.skipped_findings and not self.written.errors and not self.written.notes:
             return
         terminalreporter.section("infergate")
         for line in summary_lines(self.results):

@@ -4,6 +4,7 @@ tokens/s; unchanged code beside the same steady co-tenant on both sides passes; 
 compare` and the history decide each figure through one function (PerfGate.check) on the same figures."""
 
 import random
+from dataclasses import replace
 
 import pytest
 from stored_gate import evaluate_perf
@@ -514,6 +515,10 @@ def test_a_pass_at_the_threads_speed_says_so_and_keeps_the_measured_figure():
     # and the words say which is which: the figures beside a ratio they do not make are as measured
     assert " tok/s as measured, the ratio compared by least-disturbed repetitions at the save's thread speed" \
         in tokens.details(), tokens.details()
+    # load-corrected beside a steady co-tenant too: the ratio's evidence named once, no "compared by load-corrected"
+    steady = replace(tokens, load_corrected=True, load_free_by="run-queue delay")
+    assert " tok/s as measured, the ratio load-corrected by run-queue delay, at the save's thread speed" \
+        in steady.details(), steady.details()
 
 
 def test_the_bench_reads_the_engine_threads_speed_around_each_repetition(tiny_fp32):

@@ -215,7 +215,8 @@ def test_a_record_holds_the_gate_outcome_and_reads_it_back_whole():
 
 
 def test_only_the_one_decision_function_makes_verdicts():
-    """No module but perf/gate.py calls the comparison and budget functions a verdict is made of: a new route or
+    """No module but perf/gate.py calls the comparison and budget functions a verdict is made of (perf/outcome.py
+    checks the budgets, for budget_violations beside it): a new route or
     output that decides on its own fails here."""
     makers = {"compare_measurements", "compare_stored", "compare_samples", "compare_paired", "check_budget",
               "budget_violations", "judged"}

@@ -409,3 +409,20 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
             assert series.points[1].against_previous == f"{verdict.status.upper()} {verdict.sentence()}"
             assert f"{verdict.status} {_words(verdict.sentence())}" in compared, (name, compared)
     assert f"{NODE.format('quality-fail')}: {records['quality-fail'].problems[0]}" in compared
+
+
+def test_a_run_whose_only_news_is_a_skip_with_a_finding_still_says_it(pytester):
+    """A run that loads no model and records nothing, whose one test skips saying what would make it run (no server
+    given): its infergate section still prints the SKIPPED line (docs/reference/options.md)."""
+    pytester.makepyfile(test_served="""
+from pytest_infergate.session import session_of
+from pytest_infergate.status import ENDPOINT_CHECK, Finding
+
+
+def test_served(request):
+    ctx = session_of(request.config).context(request.node)
+    ctx.skip(Finding(ENDPOINT_CHECK, request.node.nodeid, "needs a live server", "pass --infergate-endpoint URL"))
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*infergate*", "*SKIPPED*needs a live server*--infergate-endpoint URL*"])

@@ -1,6 +1,6 @@
 """Perf gates: the metrics and their Measurement, budgets, noise-aware verdicts, stored baselines, the references
-a candidate is compared with (a strategy per route) and the gate that measures more while it cannot decide
-and the one decision over them (perf.gate.PerfGate.check, one PerfOutcome whatever the route). No
+a candidate is compared with (a strategy per route), and the gate that makes the one decision over them and
+measures more while it cannot decide (perf.gate.PerfGate.check, one PerfOutcome whatever the route). No
 pytest and no torch here; the engine bench (`perf.local_bench`) imports the engine when it is used; the fixture
 object is `gates.perf`."""
 

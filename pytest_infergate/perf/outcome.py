@@ -1,6 +1,8 @@
 """What a perf gate checks and what it concluded: the Budget (limits and max_regression; perf.budget parses it), the
 Violations of it, and PerfOutcome (budgets broken, verdicts against its reference, why a check could not decide):
-the one record every route of the gate returns and every output reads (results.records.PerfRecord holds it)."""
+the one record every route of the gate returns and every output reads (results.records.PerfRecord holds it); and
+the budgets' check on a busy runner (budget_violations: a breach made by the runner's load is undecided, or cleared
+by the load-free figure)."""
 
 from __future__ import annotations
 
@@ -206,7 +208,7 @@ def load_free_value(measurement: Measurement, metric: str, pct: float | None = 5
 
 
 class Route(str, enum.Enum):
-    """What a candidate is compared with (perf.gate: a strategy each)."""
+    """What a candidate is compared with (a strategy each: perf.gate, perf.interleaved)."""
 
     BUDGET = "budget"  # nothing: the absolute budgets decide alone
     STORED = "stored"  # a baseline an earlier run saved, or run A's record (`infergate compare`, the history)
