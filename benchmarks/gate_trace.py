@@ -47,6 +47,7 @@ import sys
 import pytest
 
 import pytest_infergate
+from pytest_infergate.measurement import MEMORY_METRICS, THROUGHPUT_METRICS
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.local_bench import Bench
 
@@ -76,7 +77,6 @@ def measuring(original, after):
 # the figures the gate reads, per repetition: a latency in ms, a throughput per second, memory in MiB
 STEADY = {"ttft_ms": 20.0, "tpot_ms": 5.0, "itl_ms": 5.0, "e2e_ms": 45.0, "queue_ms": 1.0, "tokens_per_s": 400.0,
           "requests_per_s": 60.0, "peak_mem_mb": 300.0, "kv_mem_mb": 1.0}
-THROUGHPUTS = ("tokens_per_s", "requests_per_s")
 
 
 def steady(original):
@@ -90,7 +90,7 @@ def steady(original):
             if metric not in STEADY or len(ends) != into.repetitions:
                 continue
             start = ends[-2] if len(ends) > 1 else 0
-            scale = 1.0 if metric.endswith("mem_mb") else 1.0 / slower if metric in THROUGHPUTS else slower
+            scale = 1.0 if metric in MEMORY_METRICS else 1.0 / slower if metric in THROUGHPUT_METRICS else slower
             values[start:ends[-1]] = [STEADY[metric] * scale] * (ends[-1] - start)
             if metric in into.load_free_samples:
                 into.load_free_samples[metric][start:ends[-1]] = values[start:ends[-1]]
