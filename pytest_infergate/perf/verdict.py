@@ -124,8 +124,9 @@ class Verdict:
         note = self.note[len(evidence) + 2:] if opens else self.note
         # at the save's thread speed the two figures stay each side's as measured, and the ratio is not theirs: said,
         # or "45.2 → 39.3 tok/s" beside "0.6% lower" reads as a contradiction (a new user's first reading)
-        measured = (" as measured, the ratio" if self.load_corrected else " as measured, the ratio compared by") \
-            if self.at_thread_speed else ","
+        measured = ","
+        if self.at_thread_speed:
+            measured = " as measured, the ratio" + ("" if self.load_corrected else " compared by")
         return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
                 f"{units.metric_value(self.metric, self.candidate)}{measured} {evidence}"
                 + (f", resolves slowdowns above {units.ratio(self.resolution)}" if self.repetitions else "")
