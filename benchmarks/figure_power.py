@@ -92,7 +92,7 @@ def measure(args, loaded, requests, config, baseline: dict | None, injection: st
         elif injection.startswith("tps") and injection[3:].isdigit():
             stack.enter_context(injected_slowdown(loaded.model, int(injection[3:]) / 100 - 1, quiet=args.quiet_times))
         elif injection == "mem30":
-            stack.enter_context(held_allocation(bench.bench, 0.3 * baseline_peak_mb))
+            stack.enter_context(held_allocation(bench.runs.bench, 0.3 * baseline_peak_mb))
         try:
             bench(requests, config, warmup=2, repeats=3)
         except GateFailed:

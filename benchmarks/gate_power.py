@@ -122,7 +122,7 @@ def measure_as_a_test(args, loaded, requests, config, baseline: dict | None, slo
     records: list = []
     bench = PerfBench(context(args, records, baseline, env.python if env is not None else None), loaded,
                       compare_side=lambda: loaded, baseline_env=(lambda: env) if env is not None else None)
-    bench.bench.calibrate = bench.bench.calibrate and not args.no_calibration
+    bench.runs.bench.calibrate = bench.runs.bench.calibrate and not args.no_calibration
     try:
         # no hook at all when unchanged: the baseline side (saved, or in the other process) runs without one
         with injected_slowdown(loaded.model, slowdown, busy=args.slowdown == "busy", quiet=args.quiet_times) \
