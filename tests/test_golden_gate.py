@@ -47,7 +47,14 @@ from pytest_infergate.quality.regression import (
     margin_as_generated,
 )
 from pytest_infergate.quality.scoring import topk_kl
-from pytest_infergate.quality.travel import ACCEPTED_HERE, SampleFigures, TravelMargins, decide_against, decide_travel
+from pytest_infergate.quality.travel import (
+    ACCEPTED_HERE,
+    SampleFigures,
+    TravelFigure,
+    TravelMargins,
+    decide_against,
+    decide_travel,
+)
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, record_from_dict
 from pytest_infergate.status import Status
 
@@ -253,7 +260,7 @@ def test_on_this_machine_quality_decides_and_the_changed_tokens_are_listed():
                                       regression.policy.travel, ACCEPTED_HERE)
     (why,) = regression.problems()
     assert why.startswith("quality against the reference fell beyond the margins compared with those accepted with "
-                          "the outputs: top1 0.939 accepted → 0.792 now, worse by 0.147 (95% CI ")
+                          "the outputs: top1 0.939 accepted → 0.792 now, worse by 0.147 (95% CI of the worsening ")
     assert "> margin 0.05" in why and "mean_kl 0.0204 accepted → 0.269 now" in why and "> margin 0.0102" in why
     assert "categories that fell most: " in why and "samples: q" in why
 
@@ -558,3 +565,17 @@ def test_avx2_emulation_reaches_the_kernel_path_every_process_reports(tmp_path):
     usage = subprocess.run([sys.executable, str(root / "benchmarks" / "emulate_avx2.py")], capture_output=True,
                            text=True, timeout=60)
     assert usage.returncode != 0 and "emulate_avx2.py .venv/bin/pytest suites/" in usage.stderr
+
+
+def test_a_figure_the_same_up_to_float_noise_reads_unchanged_and_a_gain_reads_better():
+    """The suites' golden line read 'worse by -6.7×10⁻⁸ (95% CI -1.5×10⁻⁷ to 1.7×10⁻⁸)': a change a thousandth of
+    the margin or less is float noise and reads 0; a figure that improved says so."""
+    same = TravelFigure("mean_kl", 0.277, 0.277, -6.7e-8, -1.5e-7, 1.7e-8, 0.138, 48)
+    assert same.describe() == ("mean_kl 0.277 accepted → 0.277 now, unchanged (95% CI of the worsening 0 to 0) "
+                               "≤ margin 0.138 (48 samples)")
+    better = TravelFigure("top1", 0.80, 0.83, -0.03, -0.05, -0.01, 0.05, 48)
+    assert better.describe() == ("top1 0.8 accepted → 0.83 now, better by 0.03 (95% CI of the worsening -0.05 to "
+                                 "-0.01) ≤ margin 0.05 (48 samples)")
+    worse = TravelFigure("top1", 0.94, 0.79, 0.15, 0.11, 0.19, 0.05, 48)
+    assert worse.status == Status.FAIL and "worse by 0.15 (95% CI of the worsening 0.11 to 0.19) > margin" in \
+        worse.describe()

@@ -92,11 +92,19 @@ class TravelFigure:
         return Status.PASS if self.high <= self.margin else Status.INCONCLUSIVE
 
     def describe(self) -> str:
+        """'top1 0.939 accepted → 0.792 now, worse by 0.147 (95% CI of the worsening 0.11 to 0.19) > margin 0.05';
+        a change a thousandth of the margin or less reads 0 (its float noise, 6.7×10⁻⁹, says nothing)."""
         relation = {Status.FAIL: ">", Status.PASS: "≤"}.get(self.status, "straddles")
+        worsening, low, high = (self._resolved(value) for value in (self.worsening, self.low, self.high))
+        change = ("unchanged" if worsening == 0 else f"worse by {units.number(worsening, 3)}" if worsening > 0
+                  else f"better by {units.number(-worsening, 3)}")
         return (f"{self.metric} {units.number(self.accepted, 3)} accepted → {units.number(self.now, 3)} now, "
-                f"worse by {units.number(self.worsening, 3)} (95% CI {units.number(self.low, 3)} to "
-                f"{units.number(self.high, 3)}) {relation} margin {units.number(self.margin, 3)} "
-                f"({self.samples} samples)")
+                f"{change} (95% CI of the worsening {units.number(low, 3)} to {units.number(high, 3)}) "
+                f"{relation} margin {units.number(self.margin, 3)} ({self.samples} samples)")
+
+    def _resolved(self, value: float) -> float:
+        """0 where `value` is within a thousandth of the margin: below what the margin can tell apart."""
+        return 0.0 if abs(value) <= self.margin / 1000 else value
 
 
 ACCEPTED_ELSEWHERE = "the accepted machine's"
