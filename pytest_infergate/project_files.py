@@ -34,7 +34,7 @@ in the precisions of pytest.ini's infergate_precisions (fp32,int8 as written: ea
 quality policy; to gate nf4 too, add it there with the policy its loss is accepted under, as the ini says).
 
 - test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
-  a saved baseline (--infergate-baseline perf/baseline.json) a slowdown beyond 10% fails. On the CPU it measures
+  a saved baseline (--infergate-baseline=perf/baseline.json) a slowdown beyond 10% fails. On the CPU it measures
   the reference precision only (int8 and nf4 speed is gated where --infergate-gpu runs them);
 - test_quantized_outputs: each quantized precision's greedy answers to golden/*.jsonl against the reference
   precision's: top-1 agreement and mean KL under the default policy of its class, written out below.

@@ -1,8 +1,9 @@
 """Defaults of the ready-made gate suites: workloads, budgets and quality policy per device.
 
-Run them with `pytest suites/` (CPU, embedded SmolLM2-135M) or `pytest suites/ --infergate-gpu --infergate-model
-ORG/NAME`. A team adjusts them without editing this file: any `infergate_budgets` / `infergate_quality_policy`
-line in its own ini replaces the defaults below for the same scope (see the README, "Suites").
+Run them with `pytest suites/` (CPU, embedded SmolLM2-135M) or `pytest suites/ --infergate-gpu
+--infergate-model=ORG/NAME`. A team adjusts them without editing this file: any `infergate_budgets` /
+`infergate_quality_policy` line in its own ini replaces the defaults below for the same scope
+(docs/guides/suites.md).
 """
 
 from __future__ import annotations

@@ -581,3 +581,22 @@ def test_a_record_keeps_the_percentile_its_gate_compared_so_compare_and_the_hist
     assert record.budget == ({"percentile": 95} if percentile == 95 else {}) | {"max_regression": 0.1}
     again = recorded_budget(record.budget, measurement)
     assert again.percentile == percentile and again.percentile_of("ttft_ms") == budget.percentile_of("ttft_ms")
+
+
+@pytest.mark.slow
+def test_the_power_benchmark_runs_and_its_memory_injection_fails_peak_memory():
+    """benchmarks/figure_power.py end to end, one trial (a fresh process saves the baseline, another measures against
+    it): 30% more memory held through each repetition fails the peak memory figure. The script's memory injection
+    once broke unnoticed (it reached the Bench by an attribute a refactor removed)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "figure_power.py"
+    done = subprocess.run([sys.executable, str(script), "--trials", "1", "--injections", "mem30"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    trial = re.search(r"trial +1 mem30 *: (.*)", done.stdout)
+    assert trial is not None, done.stdout
+    assert re.search(r"peak_mem_mb ×1\.[23]\d \[[\d.]+, [\d.]+\] fail", trial.group(1)), trial.group(1)
