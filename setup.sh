@@ -64,7 +64,11 @@ elif python -m pip install --quiet --no-index --no-deps torch==2.13.0 2>/dev/nul
   python -m pip install --quiet torch==2.13.0   # the CPU wheel this machine keeps on disk; its dependencies
 else
   # not on this machine's disk: PyTorch's CPU index, since PyPI's torch for Linux is the multi-GB CUDA build
-  python -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  python -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu || {
+    echo "setup.sh: could not install torch==2.13.0's CPU build from https://download.pytorch.org/whl/cpu; name" \
+         "the torch your index has, e.g. INFERGATE_TORCH=\"torch==2.13.0\" bash setup.sh" >&2
+    exit 1
+  }
 fi
 python -m pip install --quiet -e "$target"
 if [ "$target" = ".[test]" ]; then
