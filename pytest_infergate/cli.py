@@ -191,12 +191,12 @@ def _cmd_init(args: argparse.Namespace) -> int:
     stale_job = any(written.kept and "does not install" in written.note for written in files)
     print(f"next: pytest {args.tests} --infergate-save-baseline=local-baseline.json (the embedded model; yours with "
           f"--infergate-model=PATH_OR_GGUF or the ini's infergate_model), then after a change: pytest {args.tests} "
-          "--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
-          "workloads/*.jsonl. Commit the rest (.gitignore keeps the local files out): the CI job's first run on "
-          "your default branch saves and commits its own perf/baseline.json (docs/guides/ci.md)")
+          f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
+          f"{args.tests}/workloads/*.jsonl. Commit the rest (.gitignore keeps the local files out): the CI job's "
+          "first run on your default branch saves and commits its own perf/baseline.json (docs/guides/ci.md)")
     if wheel is not None and not stale_job:
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
-    elif args.ci != "none" and args.install == DEFAULT_INSTALL:
+    elif wheel is None and args.ci != "none" and args.install == DEFAULT_INSTALL:
         print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, build a wheel in a "
               "pytest-infergate checkout (`pip wheel --no-deps -w dist .`) and rerun with --wheel "
               "dist/pytest_infergate-<version>-py3-none-any.whl: it is copied into wheels/ for you to commit")

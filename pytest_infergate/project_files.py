@@ -65,9 +65,9 @@ DEFAULT_POLICIES_TEXT
     infergate_golden.check(limit=16)
 '''
 
-CONFTEST = '''"""The project's workload (written by `infergate init`): the requests of workloads/*.jsonl — prompts, chat
-messages or ShareGPT conversations, one JSON object a line — or, while that folder has none, the plugin's default
-chat workload."""
+CONFTEST = '''"""The project's workload (written by `infergate init`): the requests of workloads/*.jsonl beside
+this file — prompts, chat messages or ShareGPT conversations, one JSON object a line — or, while that folder has
+none, the plugin's default chat workload."""
 
 from pathlib import Path
 
@@ -101,8 +101,8 @@ infergate_precisions = {PRECISIONS}
 # What the gate runs leave in the project and nobody commits: a local try's baseline and report (perf/baseline.json
 # is the CI job's own, saved on its runner: one saved on a laptop beside it would block the pull of the job's
 # commit), the CI job's results, history and A/B environment, a venv, and dist/ where the plugin's wheel is built
-# before init copies it into wheels/.
-GITIGNORE_LINES = (".venv/", "dist/", "local-baseline.json", "report.html", "infergate-results.json",
+# before init copies it into wheels/, and Python's bytecode.
+GITIGNORE_LINES = (".venv/", "dist/", "__pycache__/", "local-baseline.json", "report.html", "infergate-results.json",
                    "infergate-report.html", "infergate-history/", "base-env/", "base-requirements.txt")
 GITIGNORE = "# written by `infergate init`: what gate runs leave here and nobody commits\n" + "\n".join(
     GITIGNORE_LINES) + "\n"

@@ -59,14 +59,16 @@ def test_init_ignores_what_gate_runs_leave_and_names_the_lines_an_existing_gitig
     baseline (the job must `git add` it); an existing .gitignore is kept, with the lines it lacks named."""
     assert main(["init", str(tmp_path)]) == 0
     ignored = (tmp_path / ".gitignore").read_text().split()
-    assert {"local-baseline.json", "report.html", "infergate-results.json", "infergate-history/", ".venv/"} <= set(
-        ignored) and "perf/baseline.json" not in ignored
-    assert "--infergate-save-baseline=local-baseline.json" in capsys.readouterr().out
+    assert {"local-baseline.json", "report.html", "infergate-results.json", "infergate-history/", ".venv/",
+            "__pycache__/"} <= set(ignored) and "perf/baseline.json" not in ignored
+    said = capsys.readouterr().out
+    assert "--infergate-save-baseline=local-baseline.json" in said
+    assert "Traffic files go in tests/workloads/*.jsonl" in said  # where the starter's conftest reads them
     own = tmp_path / "own"
     own.mkdir()
     (own / ".gitignore").write_text(".venv/\nreport.html\n")
     kept = next(w for w in init_project(own) if w.path.name == ".gitignore")
-    assert kept.kept and kept.note.startswith("add dist/, local-baseline.json, infergate-results.json, "
+    assert kept.kept and kept.note.startswith("add dist/, __pycache__/, local-baseline.json, infergate-results.json, "
                                               "infergate-report.html, infergate-history/, base-env/, "
                                               "base-requirements.txt to it")
     assert (own / ".gitignore").read_text() == ".venv/\nreport.html\n"
@@ -213,6 +215,7 @@ def test_a_rerun_with_a_wheel_says_the_job_an_earlier_init_wrote_still_installs_
     out = capsys.readouterr().out
     assert f"does not install ./wheels/{built.name}: remove it and rerun `infergate init`" in out, out
     assert "the CI job installs it from there" not in out
+    assert "rerun with --wheel" not in out, out  # the note asking for what this rerun did (a new-user trial read both)
     (project / ".github/workflows/infergate.yml").unlink()
     assert main(["init", str(project), "--wheel", str(built)]) == 0
     out = capsys.readouterr().out

@@ -39,9 +39,10 @@ IN_ONE_RUN = ("compare in one run, where the load hits both sides alike and no s
               "(--infergate-baseline-python OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, "
               "precision or config)")
 RERUN = f"rerun the job (each run reads the runner's load anew), or {IN_ONE_RUN}"
-# a baseline saved under load: slower than the code is, so a failure against it stands and a pass cannot
+# a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
+# load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
 UNDER_LOAD = ("a later run still fails a slowdown against it (the load only made the baseline slower), but a run "
-              "no slower cannot pass")
+              "no slower passes only beside a steady load like the save's")
 RESAVE = ("re-save the baseline with --infergate-save-baseline in a later run (the CI job saves a new one once the "
           f"file is deleted on the default branch: docs/guides/ci.md), or {IN_ONE_RUN}")
 
