@@ -68,7 +68,7 @@ def check_ab_run(run: Run, gate: str, origin: Path, head: str) -> None:
     assert (run.workspace / "base-env/bin/python").is_file()
     assert "starting the baseline environment's worker (base-env/bin/python" in gate, gate[-3000:]
     assert perf_routes(run) == ["environment"]
-    assert "nothing compared" not in run.verdict, run.verdict
+    assert "had no baseline to compare with" not in run.verdict, run.verdict
     assert git("rev-parse", "main", cwd=origin) == head
     assert len(list((run.workspace / "infergate-history").glob("*.json"))) == 2  # the history cache came back
 
@@ -83,7 +83,7 @@ def check_first_run(run: Run, origin: Path) -> None:
     """Exit 0 everywhere; the baseline saved and committed to the default branch; the verdict says nothing was
     compared; the results, report and history written."""
     assert not run.failed, run.failed
-    assert "on budgets only, nothing compared with a baseline" in run.verdict, run.verdict
+    assert "had no baseline to compare with" in run.verdict, run.verdict
     assert perf_routes(run) == ["budget"]
     saved = run.workspace / "perf/baseline.json"
     assert json.loads(saved.read_text())["records"]
@@ -141,7 +141,7 @@ def test_the_github_cpu_recipe_saves_and_commits_the_baseline_gates_a_library_ch
     third = run_github(runner, origin, job, 3, "push", "main")  # the next push: the committed baseline compared
     assert not third.failed, third.failed
     assert perf_routes(third) == ["stored"], third.step("gate").output[-3000:]
-    assert "nothing compared" not in third.verdict, third.verdict
+    assert "had no baseline to compare with" not in third.verdict, third.verdict
     assert git("rev-parse", "main", cwd=origin) == head  # nothing new to commit
     assert len(list((third.workspace / "infergate-history").glob("*.json"))) == 3
 
@@ -168,7 +168,7 @@ def test_the_gitlab_recipe_saves_and_commits_the_baseline_gates_a_library_change
     third = run_gitlab(runner, origin, job, 3, "main")  # the next push: the committed baseline compared
     assert not third.failed, third.failed
     assert perf_routes(third) == ["stored"], third.step("script[3]").output[-3000:]
-    assert "nothing compared" not in third.verdict and git("rev-parse", "main", cwd=origin) == head
+    assert "had no baseline to compare with" not in third.verdict and git("rev-parse", "main", cwd=origin) == head
 
 
 @pytest.mark.gpu
@@ -187,12 +187,13 @@ def test_the_github_gpu_recipe_saves_without_strict_then_compares_strictly(tmp_p
 
     first = run_github(runner, origin, job, 1, "push", "main")  # the first save: not strict, whatever the runner
     assert not first.failed, first.failed
-    assert "nothing compared with a baseline" in first.verdict
+    assert "had no baseline to compare with" in first.verdict
     assert git("show", "main:perf/baseline-gpu.json", cwd=origin)
     assert first.summary.count("## pytest-infergate") == 1, first.summary
 
     second = run_github(runner, origin, job, 2, "push", "main")  # the compare: strict, against the committed file
     gate = second.step("gate")
-    assert set(perf_routes(second)) == {"stored"} and "nothing compared" not in second.verdict, gate.output[-3000:]
+    assert set(perf_routes(second)) == {"stored"}, gate.output[-3000:]
+    assert "had no baseline to compare with" not in second.verdict, gate.output[-3000:]
     # strict: exit 0 where the verdict decided, 1 only where it is INCONCLUSIVE (what strict is for)
     assert gate.returncode == 0 or (gate.returncode == 1 and "INCONCLUSIVE" in second.verdict), gate.output[-3000:]

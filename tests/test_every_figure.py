@@ -137,15 +137,15 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     verdict = run.verdict()
     assert verdict.status == Status.PASS and verdict.compared_nothing == 2
     terminal = [line.text for line in summary_lines(run)]
-    assert terminal[-1] == "infergate verdict: PASS — 2 perf gates on budgets only, nothing compared with a baseline"
+    assert terminal[-1] == "infergate verdict: PASS — 2 perf gates had no baseline to compare with"
     assert any(line.startswith("  perf NO-BASELINE") for line in terminal)
     assert any("PASS nothing compared test_gate.py::test_serving[int8]: max_regression asked for a comparison, but "
                "no baseline was given" in line and "--infergate-save-baseline PATH" in line for line in terminal)
     html = render_report(run)
-    assert "Verdict: PASS — 2 perf gates on budgets only, nothing compared with a baseline" in html
-    assert "(2 on budgets only: no baseline)" in html
+    assert "Verdict: PASS — 2 perf gates had no baseline to compare with" in html
+    assert "(2 with no baseline)" in html
     data = run.to_dict()
-    assert data["verdict"] == "pass" and "nothing compared" in data["verdict_line"]
+    assert data["verdict"] == "pass" and "had no baseline to compare with" in data["verdict_line"]
     # compared with a baseline: a plain pass
     compared = RunResults(records=[record(served(seed=2))])
     compared.perf[0].outcome = gated(served(seed=2), served(seed=1))
@@ -172,7 +172,7 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
     saved, results = tmp_path / "baseline.json", tmp_path / "results.json"
     run = first_run()
     assert not write_outputs(run, Options(save_baseline=saved, json=results)).errors
-    headline = ("infergate verdict: PASS — 1 perf gate on budgets only, nothing compared with a baseline: this run "
+    headline = ("infergate verdict: PASS — 1 perf gate had no baseline to compare with: this run "
                 f"saved the baseline to {saved}")
     message = (f"this run saved the baseline to {saved}; nothing was compared this run, only its budgets were "
                f"checked: later runs compare with --infergate-baseline {saved}")

@@ -237,13 +237,13 @@ class RunVerdict:
         return sum(1 for r in self.reasons if r.what == NOTHING_COMPARED)
 
     def qualifier(self) -> str:
-        """What the verdict rests on where relative checks compared nothing: " — 3 perf gates on budgets only,
-        nothing compared with a baseline" (a first run, the run that saves one); "" otherwise."""
+        """What the verdict rests on where relative checks compared nothing: " — 3 perf gates had no baseline to
+        compare with" (a first run, the run that saves one; said whether or not they have budgets); "" otherwise."""
         if not self.compared_nothing:  # said whatever the status: a warning may make a first run inconclusive
             return ""
         n = self.compared_nothing
         saved = f": this run saved the baseline to {self.saved_baseline}" if self.saved_baseline else ""
-        return f" — {n} perf gate{'s' if n != 1 else ''} on budgets only, nothing compared with a baseline{saved}"
+        return f" — {n} perf gate{'s' if n != 1 else ''} had no baseline to compare with{saved}"
 
     def to_dict(self) -> dict:
         return {"verdict": self.status.value, "verdict_line": self.headline(),
