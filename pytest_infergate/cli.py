@@ -182,6 +182,7 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
+    from pytest_infergate.ci_jobs import CI_FILES
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
     wheel = Path(args.wheel) if args.wheel else None
@@ -197,8 +198,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if wheel is not None and not stale_job:
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif wheel is None and args.ci != "none" and args.install == DEFAULT_INSTALL:
+        job = CI_FILES[args.ci][0]  # kept by a rerun, as every file that exists: the rerun needs it gone
         print("note: the CI job runs `pip install pytest-infergate`; until it is on PyPI, build a wheel in a "
-              "pytest-infergate checkout (`pip wheel --no-deps -w dist .`) and rerun with --wheel "
+              f"pytest-infergate checkout (`pip wheel --no-deps -w dist .`), delete {job} and rerun with --wheel "
               "dist/pytest_infergate-<version>-py3-none-any.whl: it is copied into wheels/ for you to commit")
     return 0
 

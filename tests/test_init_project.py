@@ -210,7 +210,8 @@ def test_a_rerun_with_a_wheel_says_the_job_an_earlier_init_wrote_still_installs_
     built.write_bytes(b"PK")
     project = tmp_path / "project"
     assert main(["init", str(project)]) == 0
-    capsys.readouterr()
+    # the rerun keeps every file that exists: the note says to delete the job first
+    assert "delete .github/workflows/infergate.yml and rerun with --wheel" in capsys.readouterr().out
     assert main(["init", str(project), "--wheel", str(built)]) == 0
     out = capsys.readouterr().out
     assert f"does not install ./wheels/{built.name}: remove it and rerun `infergate init`" in out, out
