@@ -58,15 +58,17 @@ if [ "$target" = "endpoint" ]; then
   echo "pytest-infergate (endpoint gating, no torch) installed in $(pwd)/.venv"
   exit 0
 fi
+CPU_TORCH="torch==2.13.0"   # the pin, once: a bump changes it here
+CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 if [ -n "${INFERGATE_TORCH:-}" ]; then
   python -m pip install --quiet "$INFERGATE_TORCH"
-elif python -m pip install --quiet --no-index --no-deps torch==2.13.0 2>/dev/null; then
-  python -m pip install --quiet torch==2.13.0   # the CPU wheel this machine keeps on disk; its dependencies
+elif python -m pip install --quiet --no-index --no-deps "$CPU_TORCH" 2>/dev/null; then
+  python -m pip install --quiet "$CPU_TORCH"   # the CPU wheel this machine keeps on disk; its dependencies
 else
   # not on this machine's disk: PyTorch's CPU index, since PyPI's torch for Linux is the multi-GB CUDA build
-  python -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu || {
-    echo "setup.sh: could not install torch==2.13.0's CPU build from https://download.pytorch.org/whl/cpu; name" \
-         "the torch your index has, e.g. INFERGATE_TORCH=\"torch==2.13.0\" bash setup.sh" >&2
+  python -m pip install --quiet "$CPU_TORCH" --index-url "$CPU_TORCH_INDEX" || {
+    echo "setup.sh: could not install $CPU_TORCH's CPU build from $CPU_TORCH_INDEX; name the torch your index" \
+         "has, e.g. INFERGATE_TORCH=\"$CPU_TORCH\" bash setup.sh" >&2
     exit 1
   }
 fi
