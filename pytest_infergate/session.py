@@ -141,7 +141,7 @@ class InfergateSession:
         outbox.records.clear()
         said = []
         for finding in findings:
-            said.append(finding.text())
+            said.append(finding.warning())
             if finding.not_run:  # to the run's results inside the report, as a record (pytest_runtest_logreport)
                 item.user_properties.append((FINDING_PROPERTY, json.dumps(finding.to_dict())))
                 outbox.undecided.append(finding.text())

@@ -90,7 +90,18 @@ class Finding:
 
     def reason(self) -> str:
         """Why (on what evidence), and what to do: the line without the test (a skip's reason, of its own test)."""
-        return f"{self.why}{f' ({self.evidence})' if self.evidence else ''}{'; ' + self.fix if self.fix else ''}"
+        return f"{self.lead()}{'; ' + self.fix if self.fix else ''}"
+
+    def warning(self) -> str:
+        """What its test's pytest warning says: a check not run as asked is a reason of the run's verdict, said
+        whole there with what to do, so the warning names it and points there; a decided check's note is whole."""
+        if not self.not_run or not self.fix:
+            return self.text()
+        return f"{self.test + ': ' if self.test else ''}{self.lead()} (what to do: the infergate verdict below)"
+
+    def lead(self) -> str:
+        """Why, on what evidence: the reason without what to do."""
+        return f"{self.why}{f' ({self.evidence})' if self.evidence else ''}"
 
     def to_dict(self) -> dict[str, str]:
         out = {"check": self.check, "test": self.test, "why": self.why, "fix": self.fix}

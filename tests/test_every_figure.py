@@ -140,7 +140,15 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     assert terminal[-1] == "infergate verdict: PASS — 2 perf gates had no baseline to compare with"
     assert any(line.startswith("  perf NO-BASELINE") for line in terminal)
     assert any("PASS nothing compared test_gate.py::test_serving[int8]: max_regression asked for a comparison, but "
-               "no baseline was given" in line and "--infergate-save-baseline PATH" in line for line in terminal)
+               "no baseline was given: nothing was checked; accept a run with --infergate-save-baseline PATH" in line
+               for line in terminal)
+    assert not any("budgets were checked" in line for line in terminal)  # the starter has no budget limit
+    # a budget with a limit says its limits were checked
+    limited = record(served(seed=1), test="test_gate.py::test_limited")
+    limited.budget = {"max_regression": 0.10, "ttft_ms_p95": 10_000.0}
+    limited.outcome = evaluate_perf(limited.measurement, parse_budget(limited.budget), {}, None, baseline_given=False)
+    assert "no baseline was given: only its budgets were checked" in RunResults(records=[limited]).verdict() \
+        .reasons[0].message
     html = render_report(run)
     assert "Verdict: PASS — 2 perf gates had no baseline to compare with" in html
     assert "(2 with no baseline)" in html
@@ -174,8 +182,9 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
     assert not write_outputs(run, Options(save_baseline=saved, json=results)).errors
     headline = ("infergate verdict: PASS — 1 perf gate had no baseline to compare with: this run "
                 f"saved the baseline to {saved}")
-    message = (f"this run saved the baseline to {saved}; nothing was compared this run, only its budgets were "
-               f"checked: later runs compare with --infergate-baseline {saved}")
+    # the starter's test has no budget limit: nothing else was checked, and the message does not claim budgets
+    message = f"this run saved the baseline to {saved}; nothing was compared this run: later runs compare with " \
+              f"--infergate-baseline {saved}"
     terminal = [line.text for line in summary_lines(run)]
     assert terminal[-1] == headline
     assert f"  PASS nothing compared test_gate.py::test_serving[fp32]: {message}" in terminal

@@ -32,21 +32,20 @@ def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Sta
             return StoredVerdict(status, measured, None, "")  # passed despite the load, or beyond what it explains
         return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                              f"the runner was busy: {interference.describe(now)} during this run, so a slowdown as "
-                             f"measured (×{measured.ratio:.3f}) cannot be told from the machine's load; "
-                             f"{interference.RERUN}")
+                             f"measured (×{measured.ratio:.3f}) cannot be told from the machine's load")
     if then is not None and now is None:
         if status == Status.FAIL:
             return StoredVerdict(status, measured, None, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                              f"the baseline was saved on a busy runner: {interference.describe(then)} while it was "
-                             f"measured, so this run being no slower (×{measured.ratio:.3f}) says nothing: "
-                             f"{interference.UNDER_LOAD}; {interference.RESAVE}", baseline_at_fault=True)
+                             f"measured, so this run being no slower (×{measured.ratio:.3f}) says nothing",
+                             baseline_at_fault=True)
     steady = steady_co_tenant(candidate, baseline, measured, threshold, now, then)
     if steady is not None:
         return steady
     return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                          f"the runner was busy on both sides, unevenly: {interference.describe(now)} during this run "
-                         f"and {interference.taken(then)} while the baseline was saved: {interference.RESAVE}",
+                         f"and {interference.taken(then)} while the baseline was saved",
                          baseline_at_fault=True)
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share, scales_with_speed
-from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, budget_violations
 from pytest_infergate.perf.stored import RUN_DRIFT, STORED_MORE, beyond_doubt, compare_stored, fresh_repetitions_confirm
@@ -275,13 +274,13 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
         if machine_bound(v, diff):
             v = replace(v, status=Status.INCONCLUSIVE,
                         note=f"the baseline was measured on another machine ({diff.machine_text}), so its "
-                             f"figures are no yardstick here; re-save the baseline on this runner")
+                             f"figures are no yardstick here")
         elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / (v.threshold * RUN_DRIFT):
             # faster than the runs' own drift allows, as a failure must be slower than it (perf.stored.RUN_DRIFT):
             # the host's speed moves between processes, and a pass within that drift is no sign of a bad baseline
             v = replace(v, status=Status.INCONCLUSIVE, baseline_at_fault=True,
                         note=f"nothing under test changed, yet this run is ×{1.0 / v.ratio:.2f} as fast as the "
-                             f"baseline: the baseline was likely measured on a busy runner; {interference.RESAVE}")
+                             f"baseline: the baseline was likely measured on a busy runner")
         out.append(v)
     return out
 

@@ -179,8 +179,7 @@ def budget_violations(measurement: Measurement, budget: Budget, notes: list[str]
         aside = (f"; {corrected_by} it is {units.metric_value(metric, corrected)}, too close to the budget "
                  f"to tell" if corrected is not None else "")
         out.append(replace(v, undecided=f"the runner was busy: {interference.describe(share)} during the "
-                                        f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}; "
-                                        f"{interference.RERUN}"))
+                                        f"measurement, which alone can slow a time up to ×{bound:.1f}{aside}"))
     return out
 
 

@@ -227,8 +227,7 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
                              f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                             f"from the machine's{_normalized_aside(candidate, baseline, threshold)}; "
-                             f"{interference.RERUN}")
+                             f"from the machine's{_normalized_aside(candidate, baseline, threshold)}")
     if change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
@@ -236,8 +235,7 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
                              f"the baseline was saved on a busy runner: the calibration probe ran "
                              f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
                              f"(×{measured.ratio:.3f}) says nothing"
-                             f"{_normalized_aside(candidate, baseline, threshold)}: {interference.UNDER_LOAD}; "
-                             f"{interference.RESAVE}", baseline_at_fault=True)
+                             f"{_normalized_aside(candidate, baseline, threshold)}", baseline_at_fault=True)
     if status == Status.INCONCLUSIVE:
         return StoredVerdict(status, measured, change, "")
     adjusted = normalized(candidate, baseline)

@@ -131,8 +131,7 @@ class Verdict:
                 f"{units.metric_value(self.metric, self.candidate)}{measured} {evidence}"
                 + (f", resolves slowdowns above {units.ratio(self.resolution)}" if self.repetitions else "")
                 + (f", calibration probe {units.ratio(self.machine_slowdown)}" if self.machine_slowdown else "")
-                + (f": {note}" if note else "")
-                + (f": {UNDECIDED_ACTION}" if self.status == Status.INCONCLUSIVE and not self.note else ""))
+                + (f": {note}" if note else ""))
 
     def change_in_words(self) -> str:
         """"12% slower", "3% faster", "8% more memory", "60% lower" (a throughput at ×2.5 its baseline's cost):

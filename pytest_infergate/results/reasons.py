@@ -22,16 +22,22 @@ if TYPE_CHECKING:
 EVIDENCE = " -- "
 MOST_CHANGES = 2  # changes named in a lead; the rest are counted ("and 3 more") and listed in the evidence
 
-# a perf gate that asked for a relative check (max_regression) and had no baseline: its pass is of budgets only
+# a perf gate that asked for a relative check (max_regression) and had no baseline (no_baseline_message)
 NOTHING_COMPARED = "nothing compared"
-NO_BASELINE = ("max_regression asked for a comparison, but no baseline was given: only its budgets were checked; "
-               "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
 
 
-def saved_baseline_message(path: str) -> str:
-    """NO_BASELINE of the run that saved the baseline: what it did instead of advising the save it made."""
-    return (f"this run saved the baseline to {path}; nothing was compared this run, only its budgets were checked: "
-            f"later runs compare with --infergate-baseline {path}")
+def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
+    """Why a perf gate that asked for a relative check (max_regression) compared nothing: no baseline was given,
+    or this run saved it (`saved`: where; its advice is then that path, not the save it made). What was checked
+    instead is said as it was: its budgets' limits, or nothing where the budget has none (the starter)."""
+    if saved:
+        budgets = ", only its budgets were checked" if record.has_limits else ""
+        return (f"this run saved the baseline to {saved}; nothing was compared this run{budgets}: "
+                f"later runs compare with --infergate-baseline {saved}")
+    checked = "only its budgets were checked" if record.has_limits else "nothing was checked"
+    return (f"max_regression asked for a comparison, but no baseline was given: {checked}; "
+            "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
+
 
 def undecided_notice(record) -> str | None:
     """What the terminal says of an inconclusive record, a gate's own undecided verdict (its record carries it to
@@ -40,7 +46,8 @@ def undecided_notice(record) -> str | None:
 
     if isinstance(record, PerfRecord):
         again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
-        return f"{record.test}: perf gate inconclusive{again}:\n{record.outcome.message()}"
+        return (f"{record.test}: perf gate inconclusive{again} (what to do: the infergate verdict below):\n"
+                f"{record.outcome.message()}")
     if isinstance(record, GoldenRecord) and record.undecided:
         return (f"{record.test}: {len(record.changed)} of {record.compared} golden outputs of {record.precision} "
                 f"changed: {len(record.drift)} drift, {len(record.near_ties)} near-ties (accepted: {record.path}); "

@@ -55,14 +55,18 @@ class PerfRecord:
     def gated(self) -> bool:
         """Whether a gate checked anything of it: a budget limit, or a comparison with a reference. A pass of an
         ungated measurement says it checked nothing (the report: "measured, not gated")."""
-        limits = any(key != "max_regression" for key in self.budget)
-        return limits or self.budget.get("max_regression") is not None or bool(self.verdicts)
+        return self.has_limits or self.budget.get("max_regression") is not None or bool(self.verdicts)
+
+    @property
+    def has_limits(self) -> bool:
+        """Whether its budget names an absolute limit (any key but max_regression)."""
+        return any(key != "max_regression" for key in self.budget)
 
     @property
     def compared_nothing(self) -> bool:
         """A relative check was asked for (max_regression) and there was nothing to compare with: no baseline given
-        (a first run, or the run that saves one). Its pass is of the budgets only, and every output says so (a
-        baseline given that had no entry is a check not run as asked: relative_check_missing)."""
+        (a first run, or the run that saves one). Its pass is of its budget's limits, if any, and every output says
+        so (a baseline given that had no entry is a check not run as asked: relative_check_missing)."""
         return (self.budget.get("max_regression") is not None and not self.verdicts
                 and self.outcome.route == "budget" and not self.relative_check_missing)
 
@@ -89,10 +93,6 @@ class PerfRecord:
     @property
     def model_change(self) -> str:  # the baseline is of another model ("model_name a → b, architecture ...")
         return self.outcome.model_change
-
-    @property
-    def remeasured(self) -> int:
-        return self.outcome.remeasured
 
     @property
     def relative_check_missing(self) -> str:

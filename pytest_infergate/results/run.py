@@ -17,12 +17,11 @@ from pytest_infergate.environment import run_fingerprint
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.reasons import (
     EVIDENCE,
-    NO_BASELINE,
     NOTHING_COMPARED,
     ChangeFailure,
     change_failure,
+    no_baseline_message,
     record_message,
-    saved_baseline_message,
 )
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
@@ -173,8 +172,9 @@ class Reason:
     name: str  # the test id ("" for a check not run: its message names it)
     message: str
 
-    def text(self) -> str:
-        return f"{self.status.upper()} {self.what}{' ' + self.name if self.name else ''}: {self.message}"
+    def text(self, lead_only: bool = False) -> str:
+        said = self.lead if lead_only else self.message
+        return f"{self.status.upper()} {self.what}{' ' + self.name if self.name else ''}: {said}"
 
     @property
     def lead(self) -> str:
@@ -284,8 +284,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
                                   record.test, record_message(record)))
         elif getattr(record, "compared_nothing", False):  # a pass of the budgets alone: said, never a bare pass
             reasons.append(Reason(Status.PASS, NOTHING_COMPARED, record.test,
-                                  saved_baseline_message(results.saved_baseline) if results.saved_baseline
-                                  else NO_BASELINE))
+                                  no_baseline_message(record, results.saved_baseline)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))

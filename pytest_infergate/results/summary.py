@@ -261,8 +261,7 @@ def summary_lines(results: RunResults) -> list[Line]:
     counts = gate_counts_line(results)
     if counts:
         lines.append(counts)
-    for warning in results.warnings:
-        lines.append(Line(f"WARNING {warning}", "yellow"))
+    # each check not run as asked is a reason of the verdict below ("INCONCLUSIVE not as asked"), said there once
     # a test skipped with what would make it run is a row of the not-run table too: said as made, not only by -rs
     lines += [Line(f"SKIPPED {finding.text()}", "yellow") for finding in skipped_not_run(results)]
     if any(m.get("fallback") for m in results.models.values()) or any(
@@ -273,9 +272,10 @@ def summary_lines(results: RunResults) -> list[Line]:
 
 
 def verdict_lines(results: RunResults) -> list[Line]:
-    """One line per reason, then the run's verdict: the last line, the one a CI log is read from."""
+    """One line per reason, then the run's verdict: the last line, the one a CI log is read from. A reason is said by
+    its lead, what a reviewer acts on: its evidence is its gate's lines above (perf_lines)."""
     verdict = results.verdict()
-    return [Line(f"  {reason.text()}", _color(reason.status)) for reason in verdict.reasons] + [
+    return [Line(f"  {reason.text(lead_only=True)}", _color(reason.status)) for reason in verdict.reasons] + [
         Line(verdict.headline(), _color(verdict.status))]
 
 
