@@ -152,7 +152,7 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
             return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
         return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                              f"{at_speed.sentence(threshold)}: the host slowed the save's process, so its figures are "
-                             "no yardstick; re-save the baseline", baseline_at_fault=True,
+                             "no yardstick", baseline_at_fault=True,
                              load_corrected=verdict.load_corrected,
                              narrowable=at_speed.may_pass(threshold))
     if at_speed.low > fail_bound:
@@ -162,5 +162,5 @@ def held_to_save_speed(verdict: StoredVerdict, candidate_costs: list[float], bas
         return _passed_at_speed(verdict, at_speed, threshold, evidence, verdict.load_corrected)
     return StoredVerdict(Status.INCONCLUSIVE, verdict.measured, verdict.machine,
                          f"{evidence + '; ' if evidence else ''}{at_speed.describe()}, not beyond ×{fail_bound:.2f}: "
-                         "the host slowed this run's process, so the slowdown cannot be told from it; rerun",
+                         "the host slowed this run's process (a busy runner), so the slowdown cannot be told from it",
                          load_corrected=verdict.load_corrected)
