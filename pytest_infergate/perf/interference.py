@@ -35,16 +35,15 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 
 # What a user can do about a busy runner, said by every verdict a runner's load left undecided: actions a CI job can
 # take, where nobody picks the runner ("a quiet runner" is none).
-IN_ONE_RUN = ("compare in one run, where the load hits both sides alike and no stored baseline is needed "
-              "(--infergate-baseline-python OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, "
-              "precision or config)")
+IN_ONE_RUN = ("compare in one run, where the load hits both sides alike (--infergate-baseline-python "
+              "OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, precision or config)")
 RERUN = f"rerun the job (each run reads the runner's load anew), or {IN_ONE_RUN}"
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
 UNDER_LOAD = ("a later run still fails a slowdown against it (the load only made the baseline slower), but a run "
               "no slower passes only beside a steady load like the save's")
-RESAVE = ("re-save the baseline with --infergate-save-baseline in a later run (the CI job saves a new one once the "
-          f"file is deleted on the default branch: docs/guides/ci.md), or {IN_ONE_RUN}")
+RESAVE = ("re-save the baseline in a later run (--infergate-save-baseline; in CI, delete the baseline file on the "
+          f"default branch: docs/guides/ci.md), or {IN_ONE_RUN}")
 
 # what measured a load-free share (process_meters.LoadFreeTimer)
 RUN_QUEUE, DEVICE_TIME = process_meters.RUN_QUEUE, process_meters.DEVICE_TIME
