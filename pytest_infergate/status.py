@@ -39,6 +39,9 @@ class Decision:
     problems: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the typed figures it rests on, where a gate decides on figures (quality.travel.TravelFigure): what reads them
+    # as figures, not words (benchmarks/quality_power.py), reads them here
+    figures: list = field(default_factory=list)
 
     @property
     def status(self) -> Status:

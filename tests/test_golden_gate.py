@@ -176,6 +176,9 @@ def test_quality_that_travels_passes_numerics_and_fails_a_real_drop():
     assert same.status == Status.PASS and [note.split(" ")[0] for note in same.notes[0].split("; ")] == [
         "top1", "mean_kl", "task"]
     assert same.problems == [] and same.undecided == []
+    # the figures it rests on, typed (benchmarks/quality_power.py reads them so)
+    assert [f.metric for f in same.figures] == ["top1", "mean_kl", "task deficit"]
+    assert all(f.low <= f.worsening <= f.high and f.margin > 0 for f in same.figures)
 
     broken = {id_: SampleFigures(f.top1 - (0.4 if categories[id_] == "chat" else 0.0),
                                  f.mean_kl + (1.0 if categories[id_] == "chat" else 0.0),

@@ -151,13 +151,13 @@ def decide_travel(accepted: dict[str, SampleFigures], now: dict[str, SampleFigur
         worst_samples = _worst_samples(accepted, now, paired, categories)
         where += "; samples: " + ", ".join(worst_samples) if worst_samples else ""
         return Decision([f"quality against the reference fell beyond the margins compared with {accepted_as}: "
-                         f"{fell}{where}"], notes=[summary])
+                         f"{fell}{where}"], notes=[summary], figures=figures)
     if status == Status.INCONCLUSIVE:
         straddling = "; ".join(f.describe() for f in figures if f.status == Status.INCONCLUSIVE)
         return Decision(undecided=[f"quality against the reference neither equivalent nor fallen compared with "
                                    f"{accepted_as} ({straddling or 'no sample has figures on both sides'})"],
-                        notes=[summary])
-    return Decision(notes=[summary])
+                        notes=[summary], figures=figures)
+    return Decision(notes=[summary], figures=figures)
 
 
 def decide_against(recorded: GoldenOutputs, source: str, reference: str, now: dict[str, SampleFigures],
