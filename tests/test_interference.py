@@ -146,6 +146,35 @@ def test_stored_verdicts_on_a_busy_side_keep_only_what_the_load_cannot_have_made
         assert decided.baseline_at_fault == ("baseline" in says or "both sides" in says)
 
 
+def test_a_load_correction_beyond_the_range_it_was_measured_in_is_not_used():
+    """A new-user trial: a baseline saved with our one thread on the CPU for 0.08-0.14 of its wall time (two busy
+    loops and a niced two-thread job beside it on 2 cores), then unchanged code compared with it beside a lighter
+    load, failed: load-corrected ×2.08 [1.92, 2.28] slower, though ×0.41 as measured. Below LOAD_FREE_FLOOR the
+    load-free figures are not used: the comparison is the busy runner's as measured (inconclusive), never a
+    failure; within it the correction still fails a slowdown the load cannot have made."""
+    shares = [0.09, 0.08, 0.1, 0.08, 0.14, 0.09, 0.09, 0.11]  # the trial's baseline, per repetition
+
+    def one_thread(cost: float, others: float, load_free: list[float]) -> stored.Side:
+        return stored.Side(costs=[cost * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[],
+                           others=[others] * 8, load_free=load_free, cpu_threads=1, load_free_by=interference.RUN_QUEUE)
+
+    baseline = one_thread(2.4, 0.77, shares)
+    unchanged = one_thread(1.0, 0.51, [0.45] * 8)
+    assert baseline.load_free_costs() is None and unchanged.load_free_costs() is not None
+    decided = stored.decide_stored(unchanged, baseline, max_regression=0.10)
+    assert decided.status == "inconclusive" and not decided.load_corrected, decided
+    # the same save within the range (its shares ×3): a slowdown the load cannot have made still fails
+    within = one_thread(2.4, 0.77, [3 * share for share in shares])
+    slower = one_thread(4.0, 0.51, [0.45] * 8)
+    failed = stored.decide_stored(slower, within, max_regression=0.10)
+    assert failed.status == "fail" and failed.load_corrected, failed
+    # a budget likewise: a breach is not cleared by a figure load-corrected beyond the range
+    budget = parse_budget({"itl_ms": 50})
+    beyond = timed(80.0, others=0.6)
+    beyond.load_free_share = [0.1] * beyond.repetitions
+    assert [v.status for v in budget_violations(beyond, budget)] == ["inconclusive"]
+
+
 def test_a_stored_baseline_verdict_names_the_busy_runner_through_the_gate():
     gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     entry = BaselineEntry({}, timed(20.0, others=0.0))

@@ -194,7 +194,10 @@ def load_free_value(measurement: Measurement, metric: str, pct: float | None = 5
     own load-free figure (Measurement.load_free_samples), a repetition's figure scaled by its load-free share
     (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile not measured per
     request (the share is the repetition's, not each request's), where the shares were not measured for every
-    repetition or the samples are not split by repetition."""
+    repetition, lie below the range the correction holds in (interference.beyond_correction), or the samples are
+    not split by repetition."""
+    if interference.beyond_correction(measurement.load_free_share):
+        return None
     if METRICS[metric][2] and measurement.load_free_by_repetition(metric):
         return percentile(measurement.load_free_samples[metric], pct or 50)
     shares, reps = measurement.load_free_share, measurement.by_repetition(metric)
