@@ -60,6 +60,21 @@ def busy_share(per_repetition: list[float]) -> float | None:
     return typical if typical >= BUSY_SHARE else None
 
 
+# The least load-free share (of a repetition's wall time, the share its work would have taken with the CPUs to
+# itself: Measurement.load_free_share) at which a load-corrected figure is used: the correction's residuals
+# (perf.interference) were measured at shares of 0.25-0.5 (one busy loop per core), and far below them the estimate
+# strays beyond them: a baseline saved with our one thread at 0.08-0.14 of its wall time (two busy loops and a
+# niced two-thread job beside it on 2 cores) read unchanged code x2.08 [1.92, 2.28] slower load-corrected
+# (docs/measurements.md). A side with a repetition below it is compared as measured.
+LOAD_FREE_FLOOR = 0.2
+
+
+def beyond_correction(shares: list[float]) -> bool:
+    """Whether a repetition's load-free share lies below the range the load correction was measured in
+    (LOAD_FREE_FLOOR): its load-corrected figures are then not used."""
+    return bool(shares) and min(shares) < LOAD_FREE_FLOOR
+
+
 def scales_with_speed(metric: str) -> bool:
     return metric in LATENCY_METRICS or metric in THROUGHPUT_METRICS
 

@@ -149,9 +149,9 @@ def test_stored_verdicts_on_a_busy_side_keep_only_what_the_load_cannot_have_made
 def test_a_load_correction_beyond_the_range_it_was_measured_in_is_not_used():
     """A new-user trial: a baseline saved with our one thread on the CPU for 0.08-0.14 of its wall time (two busy
     loops and a niced two-thread job beside it on 2 cores), then unchanged code compared with it beside a lighter
-    load, failed: load-corrected ×2.08 [1.92, 2.28] slower, though ×0.41 as measured. Below LOAD_FREE_FLOOR the
-    load-free figures are not used: the comparison is the busy runner's as measured (inconclusive), never a
-    failure; within it the correction still fails a slowdown the load cannot have made."""
+    load, failed: load-corrected ×2.08 [1.92, 2.28] slower, though ×0.41 as measured. Below
+    measurement.LOAD_FREE_FLOOR the load-free figures are not used: the comparison is the busy runner's as measured
+    (inconclusive), never a failure; within it the correction still fails a slowdown the load cannot have made."""
     shares = [0.09, 0.08, 0.1, 0.08, 0.14, 0.09, 0.09, 0.11]  # the trial's baseline, per repetition
 
     def one_thread(cost: float, others: float, load_free: list[float]) -> stored.Side:

@@ -313,8 +313,10 @@ def test_a_baseline_of_another_model_is_said_in_the_verdict_and_strict_compares_
     # under --infergate-strict without --infergate-allow-model-change (gates.perf.prepare_gate): not compared
     strict = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry, other_model=False)
     assert strict.status == Status.PASS and not strict.verdicts  # a check not run as asked: strict fails it
-    assert "under --infergate-strict it is compared only with --infergate-allow-model-change" in \
+    assert "compared under --infergate-strict only with --infergate-allow-model-change" in \
         strict.relative_check_missing
+    # what makes it run, apart (the Finding's fix and the gate's reason say it, once)
+    assert strict.relative_check_fix.startswith("pass --infergate-allow-model-change for a model upgrade on purpose")
     allowed = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, now, entry)
     assert allowed.status == Status.PASS and allowed.verdicts and allowed.model_change
     old = BaselineEntry({**base, "model_fingerprint": "old weights"}, machine(BASELINE_SPEEDS, seed=1))

@@ -49,7 +49,8 @@ def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budg
     if unmeasured:
         outcome.notes.append(f"not measured here, not checked: {', '.join(unmeasured)}")
     if outcome.relative_check_missing:  # its own undecided verdict is said with its record (session)
-        ctx.say(Finding(RELATIVE_CHECK, record.test, f"relative check not run: {outcome.relative_check_missing}"))
+        ctx.say(Finding(RELATIVE_CHECK, record.test, f"relative check not run: {outcome.relative_check_missing}",
+                        outcome.relative_check_fix))
     # the default percentile goes unsaid, as in a marker; another is kept, so that `infergate compare` and the history
     # compare the percentile this gate compared
     percentile = {"percentile": budget.percentile} if budget.percentile != Budget().percentile else {}

@@ -63,14 +63,16 @@ class NoReference:
     baseline = None
 
     def __init__(self, baseline_given: bool = False):
-        self.missing = ("the baseline file has no entry for this measurement (record one with "
-                        "--infergate-save-baseline)" if baseline_given else "")
+        self.missing = "the baseline file has no entry for this measurement" if baseline_given else ""
 
     def changes(self, fingerprint: dict | None) -> FingerprintDiff | None:
         return None
 
     def compare(self, candidate: Measurement, budget: Budget, diff: FingerprintDiff | None) -> PerfOutcome:
-        return no_comparison(self.missing)
+        """The relative check skipped, said in a note (`missing`: why, where one was asked for)."""
+        return PerfOutcome(relative_check_missing=self.missing, notes=["relative check skipped: " + (
+            self.missing or "no baseline was given (--infergate-baseline PATH)")],
+            relative_check_fix="record one with --infergate-save-baseline" if self.missing else "")
 
     def measure_more(self, candidate: Measurement, outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:
         return False
@@ -207,23 +209,19 @@ def decide_perf(candidate: Measurement, reference: Reference, budget: Budget, fi
     model_change = diff.model_text if diff else ""
     outcome.model_change = model_change
     if model_change and not other_model:
-        outcome.relative_check_missing = (
-            f"the baseline is of another model ({model_change}): under --infergate-strict it is compared only with "
-            "--infergate-allow-model-change (a model upgrade on purpose), else save a baseline of this model")
+        outcome.relative_check_missing = (f"the baseline is of another model ({model_change}), compared under "
+                                          "--infergate-strict only with --infergate-allow-model-change")
+        outcome.relative_check_fix = ("pass --infergate-allow-model-change for a model upgrade on purpose, else save a "
+                                      "baseline of this model")
         return outcome
     compared = reference.compare(candidate, budget, diff)
     outcome.verdicts, outcome.baseline = compared.verdicts, reference.baseline
-    outcome.relative_check_missing = compared.relative_check_missing
+    outcome.relative_check_missing, outcome.relative_check_fix = compared.relative_check_missing, \
+        compared.relative_check_fix
     outcome.machine_mismatch, outcome.changes = compared.machine_mismatch, compared.changes
     outcome.baseline_provenance = compared.baseline_provenance
     outcome.notes += compared.notes
     return outcome
-
-
-def no_comparison(missing: str) -> PerfOutcome:
-    """No reference: the relative check is skipped, said in a note (`missing`: why, where one was asked for)."""
-    return PerfOutcome(relative_check_missing=missing, notes=["relative check skipped: " + (
-        missing or "no baseline was given (--infergate-baseline PATH)")])
 
 
 def interleaved_comparison(candidate: Measurement, baseline: Measurement, budget: Budget) -> PerfOutcome:
@@ -241,12 +239,12 @@ def stored_comparison(candidate: Measurement, baseline: Measurement, budget: Bud
     # samples are dropped then: perf.baseline.for_baseline), or of an older version; said, never skipped in silence
     lacking = [metric for metric in budget.relative_metrics() if metric != "load_s"
                and candidate.samples.get(metric) and not baseline.samples.get(metric)]
-    missing = (f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them): re-save it with "
-               "--infergate-save-baseline" if lacking else "")
+    missing = f"the baseline has no {', '.join(lacking)} samples (saved when no gate compared them)" if lacking else ""
     return PerfOutcome(verdicts=verdicts, notes=[calibration_note(candidate, baseline, verdicts)],
                        machine_mismatch=list(diff.machine_described), changes=list(diff.under_test_described),
                        baseline_provenance=provenance,
-                       relative_check_missing=missing)
+                       relative_check_missing=missing, relative_check_fix="re-save it with --infergate-save-baseline"
+                       if lacking else "")
 
 
 def undecided_by_noise(outcome: PerfOutcome, diff: FingerprintDiff | None) -> bool:

@@ -28,21 +28,6 @@ LOAD_PENALTY = 4.0
 LOAD_FREE_RESIDUAL = 1.6
 
 
-# The least load-free share (of a repetition's wall time, the share its work would have taken with the CPUs to
-# itself) at which a load-corrected figure is used: the residuals above were measured at shares of 0.25-0.5 (one
-# busy loop per core), and far below them the estimate strays beyond its residual: a baseline saved with our one
-# thread at 0.08-0.14 of its wall time (two busy loops and a niced two-thread job beside it on 2 cores) read
-# unchanged code x2.08 [1.92, 2.28] slower load-corrected (docs/measurements.md). A side with a repetition below it
-# is compared as measured (beyond_correction).
-LOAD_FREE_FLOOR = 0.2
-
-
-def beyond_correction(shares: list[float]) -> bool:
-    """Whether a repetition's load-free share (Measurement.load_free_share) lies below the range the correction was
-    measured in (LOAD_FREE_FLOOR): its load-corrected figures are then not used."""
-    return bool(shares) and min(shares) < LOAD_FREE_FLOOR
-
-
 # One computing thread's per-repetition error under one busy loop per core (benchmarks/load_evidence.py --threads 1;
 # docs/measurements.md, "One torch thread against two under a CPU hog")
 LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pytest_infergate import units
 from pytest_infergate.errors import OptionError
-from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
+from pytest_infergate.measurement import METRICS, Measurement, beyond_correction, busy_share, scales_with_speed
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.stats import percentile
@@ -194,9 +194,9 @@ def load_free_value(measurement: Measurement, metric: str, pct: float | None = 5
     own load-free figure (Measurement.load_free_samples), a repetition's figure scaled by its load-free share
     (Measurement.load_free_share), throughputs divided by it; None for a per-request percentile not measured per
     request (the share is the repetition's, not each request's), where the shares were not measured for every
-    repetition, lie below the range the correction holds in (interference.beyond_correction), or the samples are
+    repetition, lie below the range the correction holds in (beyond_correction), or the samples are
     not split by repetition."""
-    if interference.beyond_correction(measurement.load_free_share):
+    if beyond_correction(measurement.load_free_share):
         return None
     if METRICS[metric][2] and measurement.load_free_by_repetition(metric):
         return percentile(measurement.load_free_samples[metric], pct or 50)
@@ -242,6 +242,7 @@ class PerfOutcome:
     model_change: str = ""
     # a relative check was asked for (max_regression) but could not run: a check not run as asked (status.Finding)
     relative_check_missing: str = ""
+    relative_check_fix: str = ""  # what makes that check run: said once, by its Finding and the gate's reason
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run); not written
     baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
     confirmed: int = 0  # repetitions of the fresh block a failure against a stored baseline was re-measured with
@@ -304,7 +305,7 @@ class PerfOutcome:
                 "machine_mismatch": list(self.machine_mismatch), "changes": list(self.changes),
                 "model_change": self.model_change,
                 "remeasured": self.remeasured, "confirmed": self.confirmed,
-                "relative_check_missing": self.relative_check_missing,
+                "relative_check_missing": self.relative_check_missing, "relative_check_fix": self.relative_check_fix,
                 "baseline_provenance": self.baseline_provenance}
 
     @classmethod
@@ -316,6 +317,7 @@ class PerfOutcome:
                       machine_mismatch=list(data.get("machine_mismatch", data.get("fingerprint_mismatch", []))),
                       changes=list(data.get("changes", [])), model_change=str(data.get("model_change") or ""),
                       relative_check_missing=str(data.get("relative_check_missing") or ""),
+                      relative_check_fix=str(data.get("relative_check_fix") or ""),
                       baseline_provenance=str(data.get("baseline_provenance") or ""),
                       confirmed=int(data.get("confirmed", 0)))
         # a record's status is what its checks decided: an older file's failure by strict alone reads inconclusive,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_infergate.perf import interference
+from pytest_infergate.measurement import beyond_correction
 from pytest_infergate.status import Status
 
 
@@ -36,8 +36,8 @@ class Side:
         """Each repetition's cost with the co-tenants' load taken out: a latency by each request's own waiting where
         measured (per_request_load_free), else the cost × the repetition's load-free share (for a per-request
         percentile the repetition's share then stands for each request's); None: not measured, or a repetition's
-        share lies below the range the correction holds in (interference.beyond_correction)."""
-        if interference.beyond_correction(self.load_free):
+        share lies below the range the correction holds in (beyond_correction)."""
+        if beyond_correction(self.load_free):
             return None
         if self.per_request_load_free:
             return list(self.per_request_load_free)

@@ -156,7 +156,8 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
         return ("Nothing the baseline records changed (model, precision, libraries, engine config): look at your own "
                 f"code; if intended, accept it with {ACCEPT}.")
     if record.relative_check_missing:
-        return record.relative_check_missing[0].upper() + record.relative_check_missing[1:] + "."
+        said = record.outcome.relative_check_fix or record.relative_check_missing
+        return said[0].upper() + said[1:] + "."
     if any(v.baseline_at_fault for v in verdicts):
         return f"The baseline was measured under load: {interference.RESAVE}."
     if record.machine_mismatch:

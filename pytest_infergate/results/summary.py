@@ -117,7 +117,8 @@ def perf_lines(record: PerfRecord) -> list[Line]:
     if errors:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
     # a pass that compared nothing says so where the eye lands: not a bare PASS
-    shown = "NO-BASELINE" if record.compared_nothing and record.status == Status.PASS else record.status.value.upper()
+    nothing = record.compared_nothing or (record.relative_check_missing and not record.has_limits)
+    shown = "NO-BASELINE" if nothing and record.status == Status.PASS else record.status.value.upper()
     repetitions = record.measurement.repetitions
     if repetitions > 1:  # a comparison's figures are its least-disturbed repetitions': these differ, and say why
         figures += f" (all {repetitions} repetitions pooled)"
