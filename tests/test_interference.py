@@ -205,7 +205,7 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     (finding,) = [f for f in said if f.check == BASELINE_CHECK]
     advice = finding.text()
     assert "quiet runner" not in advice and "other processes took 60%" in advice
-    assert "a later run still fails a slowdown against it" in advice
+    assert "later runs still fail a slowdown against it" in advice
     assert "re-save the baseline in a later run (--infergate-save-baseline; in CI, delete the baseline file" in advice
     assert "docs/guides/ci.md" in advice and "--infergate-baseline-python" in advice
 

@@ -40,8 +40,7 @@ IN_ONE_RUN = ("compare in one run, where the load hits both sides alike (--infer
 RERUN = f"rerun the job (each run reads the runner's load anew), or {IN_ONE_RUN}"
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
-UNDER_LOAD = ("a later run still fails a slowdown against it (the load only made the baseline slower), but a run "
-              "no slower passes only beside a steady load like the save's")
+UNDER_LOAD = "later runs still fail a slowdown against it, but pass only beside a steady load like the save's"
 RESAVE = ("re-save the baseline in a later run (--infergate-save-baseline; in CI, delete the baseline file on the "
           f"default branch: docs/guides/ci.md), or {IN_ONE_RUN}")
 

@@ -134,9 +134,9 @@ class Verdict:
                 + (f": {note}" if note else ""))
 
     def change_in_words(self) -> str:
-        """"12% slower", "3% faster", "8% more memory", "60% lower" (a throughput at ×2.5 its baseline's cost):
+        """"12% slower", "3% faster", "8% higher" (peak memory), "60% lower" (a throughput at ×2.5 its baseline's cost):
         the ratio (>1 worse) said for the metric's kind."""
-        worse, better = {"ms": ("slower", "faster"), "s": ("slower", "faster"), "MiB": ("more memory", "less memory")
+        worse, better = {"ms": ("slower", "faster"), "s": ("slower", "faster"), "MiB": ("higher", "lower")
                          }.get(METRICS[self.metric][0], ("slower", "faster") if METRICS[self.metric][1]
                                                           else ("worse", "better"))
         if abs(self.ratio - 1.0) < 0.0005:

@@ -30,10 +30,9 @@ def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
     """Why a perf gate that asked for a relative check (max_regression) compared nothing: no baseline was given,
     or this run saved it (`saved`: where; its advice is then that path, not the save it made). What was checked
     instead is said as it was: its budgets' limits, or nothing where the budget has none (the starter)."""
-    if saved:
+    if saved:  # the path and how later runs use it follow the verdict ("baseline: this run saved to ...")
         budgets = ", only its budgets were checked" if record.has_limits else ""
-        return (f"this run saved the baseline to {saved}; nothing was compared this run{budgets}: "
-                f"later runs compare with --infergate-baseline {saved}")
+        return f"this run saved the baseline to {saved}, so nothing was compared this run{budgets}"
     checked = "only its budgets were checked" if record.has_limits else "nothing was checked"
     return (f"max_regression asked for a comparison, but no baseline was given: {checked}; "
             "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")

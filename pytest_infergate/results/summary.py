@@ -236,12 +236,14 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
 def gate_counts_line(results: RunResults) -> Line | None:
     """What the verdict was made of, counted as the verdict counts it (RunVerdict.counts): "gates: perf: 3 pass; not
     as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"."""
-    counts = results.verdict().counts
-    if not counts:
+    verdict = results.verdict()
+    if not verdict.counts:
         return None
+    # a perf pass that compared nothing is counted as the pass it is, and said so beside it (as the report's card)
+    unbased = {"perf": f" ({verdict.compared_nothing} with no baseline)"} if verdict.compared_nothing else {}
     return Line("gates: " + "; ".join(f"{count_name(group)}: " + ", ".join(f"{n} {status}" for status, n in c.items()
-                                                                          if n)
-                                      for group, c in counts.items()))
+                                                                          if n) + unbased.get(group, "")
+                                      for group, c in verdict.counts.items()))
 
 
 def summary_lines(results: RunResults) -> list[Line]:
