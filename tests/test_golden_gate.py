@@ -472,6 +472,13 @@ def test_batch_invariance_variants_on_tiny(tiny_fp32, sample_file):
     record = BatchInvarianceRecord("t::x[fp32]", Status.PASS, result, {"max_batch_variant_share": 0.0})
     back = record_from_dict(json.loads(json.dumps(record.to_dict())))
     assert isinstance(back, BatchInvarianceRecord) and back.to_dict() == record.to_dict()
+    # without its policy key the check gates nothing: its line says so, not a bare pass (a new user read "PASS int8:
+    # 4 of 4 samples change" as a contradiction)
+    from pytest_infergate.results.summary import batch_invariance_line
+
+    assert "not gated" not in batch_invariance_line(record).text
+    assert batch_invariance_line(BatchInvarianceRecord("t::x[int8]", Status.PASS, result)).text.endswith(
+        "; measured, not gated (no max_batch_variant_share)")
 
 
 def test_batch_invariance_on_the_first_tokens(tiny_fp32, sample_file):

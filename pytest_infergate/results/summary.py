@@ -227,6 +227,8 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
     shown = f"; e.g. {example.id} at token {example.token}" if example else ""
     if result.max_new_tokens is not None:
         shown += f"; first {result.max_new_tokens} tokens"
+    if "max_batch_variant_share" not in record.policy:  # its pass is of no gate: measured, said so
+        shown += "; measured, not gated (no max_batch_variant_share)"
     return Line(f"  batch invariance {record.status.value.upper():5s} {record.precision}{backend_tag(record)}: "
                 f"{len(result.variant_ids)} "
                 f"of {len(result.samples)} samples change with the batch ({result.variant_share:.0%}; {kls}){shown}",
