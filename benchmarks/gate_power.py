@@ -74,19 +74,31 @@ class GateFailed(Exception):
     pass
 
 
-class CpuHog:
-    """One busy-loop process per core, as other jobs on a shared runner: started on entering, killed on leaving."""
+# A co-tenant that streams memory (64 MiB of float32 copied and added over and over, numpy's one thread): another
+# job's tensors on a shared runner, which evict our caches on every switch, where a busy loop hardly touches memory.
+MEMORY_STREAM = ("import numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
+                 "while True:\n    np.copyto(b, a); a += 1.0\n")
 
-    def __init__(self, enabled: bool, processes: int | None = None):
+
+class CpuHog:
+    """One busy-loop process per core (or `processes`), as other jobs on a shared runner, and `memory_streams`
+    processes streaming memory (MEMORY_STREAM): started on entering, killed on leaving."""
+
+    def __init__(self, enabled: bool, processes: int | None = None, memory_streams: int = 0):
         self.enabled = enabled
         self.count = processes or os.cpu_count() or 1
+        self.memory_streams = memory_streams
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> CpuHog:
         if self.enabled:
+            env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
             self.processes = [subprocess.Popen([sys.executable, "-c", "while 1: pass"])
                               for _ in range(self.count)]
-            print(f"CPU hog: {len(self.processes)} busy-loop processes", flush=True)
+            self.processes += [subprocess.Popen([sys.executable, "-c", MEMORY_STREAM], env=env)
+                               for _ in range(self.memory_streams)]
+            print(f"CPU hog: {self.count} busy-loop processes"
+                  + (f", {self.memory_streams} streaming memory" if self.memory_streams else ""), flush=True)
         return self
 
     def __exit__(self, *exc) -> None:
