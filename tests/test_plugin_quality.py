@@ -329,3 +329,23 @@ def test_new_weights_are_gated_against_the_accepted_outputs_of_the_weights_befor
     drift.assert_outcomes(failed=1)
     drift.stdout.fnmatch_lines(["*8 of 8 golden outputs of fp32 changed: 8 drift*"])
     assert "model fingerprint 0123456789abcdef →" in drift.stdout.str()
+
+
+def test_the_built_in_set_notice_is_said_until_the_project_accepts_outputs(pytester, cache_dir):
+    """A project on the built-in sample set is told to copy it while it has accepted nothing; once its golden folder
+    holds accepted outputs of that set, it has adopted it and the notice is not said again."""
+    pytester.makepyfile(test_gate="def test_regression(infergate_golden):\n"
+                                  "    infergate_golden.check_regression(limit=2)\n")
+
+    def run(*args):
+        return pytester.runpytest("--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
+                                  "--infergate-precisions=fp32", "-p", "no:cacheprovider", *args)
+
+    first = run("--infergate-update-golden")
+    first.assert_outcomes(passed=1)
+    assert "golden samples: using the built-in 48-sample set" in first.stdout.str()
+    assert list((pytester.path / "golden").rglob("cpu-fp32.jsonl"))
+    again = run()
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 2 outputs changed*"])
+    assert "built-in 48-sample set" not in again.stdout.str()

@@ -96,7 +96,9 @@ class GoldenGate:
             samples = [s for path in sets for s in load_samples(path)]
         except GoldenError as exc:
             self.ctx.fail(str(exc))
-        if sets == [BUILTIN_SAMPLE_SET]:
+        # told once to a project that has accepted nothing yet; one whose folder holds accepted outputs of the
+        # built-in set has adopted it
+        if sets == [BUILTIN_SAMPLE_SET] and not any(Path(self.golden_dir).glob("*/*/*.jsonl")):
             self.ctx.say(Finding(GOLDEN_CHECK, "", BUILTIN_NOTICE.format(folder=self.golden_dir), status=Status.PASS))
         if categories:
             samples = [s for s in samples if s.category in set(categories)]
@@ -218,10 +220,13 @@ class GoldenGate:
                               f"outputs at {path}", "review a run with --infergate-update-golden and commit the file")
             self.ctx.say(missing)  # under --infergate-strict the session fails the test on it
             self.ctx.skip(missing)
-        mismatch = ([model_change] if model_change else []) + self._environment_mismatch(old.header, provenance, path)
+        environment_moved = self._environment_mismatch(old.header, provenance)
+        mismatch = ([model_change] if model_change else []) + environment_moved
         rules = RegressionPolicy.of(self.policy(policy).rules, self.precision)
         other = recorded_elsewhere(old.header, match) if provenance else ""
         regression = self.candidate.regression(samples, current, old).classify(rules, mismatch, other)
+        if environment_moved:
+            self._say_environment_moved(environment_moved, path, len(regression.changed), regression.compared)
         if regression.by_quality:  # where quality cannot decide, the verdict's decided_by says why the tokens do
             regression.travel, regression.travel_source, regression.token_rule_why = self._by_quality(
                 samples, default_path, environment, old, path, regression)
@@ -272,19 +277,27 @@ class GoldenGate:
             self.ctx.say(Finding(GOLDEN_CHECK, "", note, status=Status.PASS))
         return accepted
 
-    def _environment_mismatch(self, accepted: dict, provenance: dict, path: Path) -> list[str]:
+    @staticmethod
+    def _environment_mismatch(accepted: dict, provenance: dict) -> list[str]:
         if not provenance:  # the candidate records no environment (an endpoint)
             return []
         from pytest_infergate.quality.golden_machines import environment_mismatch
 
-        mismatch = environment_mismatch(accepted, provenance)
-        if mismatch:  # the gate still decides (by machine where it must: golden_machines), so said, not counted
-            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"the accepted golden outputs {path} were recorded in "
-                                 "another environment; changed outputs may come from it: " + "; ".join(mismatch),
-                                 "if the machine differs, accept this machine's outputs beside them with "
-                                 "--infergate-update-golden (the check then picks the file by machine)",
+        return environment_mismatch(accepted, provenance)
+
+    def _say_environment_moved(self, mismatch: list[str], path: Path, changed: int, compared: int) -> None:
+        """Said, not counted: the gate still decides (by machine where it must: golden_machines). Accepting this
+        machine's outputs is advised only where some changed: with none changed the other environment made no
+        difference here."""
+        moved = f"the accepted golden outputs {path} were recorded in another environment ({'; '.join(mismatch)})"
+        if changed:
+            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"{moved}; {changed} of {compared} changed outputs "
+                                 "may come from it", "if the machine differs, accept this machine's outputs beside "
+                                 "them with --infergate-update-golden (the check then picks the file by machine)",
                                  status=Status.PASS))
-        return mismatch
+        else:
+            self.ctx.say(Finding(GOLDEN_CHECK, self.ctx.test_id, f"{moved}; all {compared} outputs match it here",
+                                 status=Status.PASS))
 
     def check_corpus(self, policy: dict | None = None, corpus=None, chunk_tokens: int = CHUNK_TOKENS):
         """Candidate vs the reference precision teacher-forced over a text corpus, prefill only (the built-in one,

@@ -5,7 +5,7 @@ HF generate where the engine refuses the model), its interleaved A/B against the
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import cached_property, partial
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.ab import AbSides, local_sides
@@ -25,20 +25,31 @@ ENV_MIN_ROUNDS = AB_ROUNDS
 
 
 class LocalRuns:
-    """The workloads of one test on a local precision (`loaded`, a LoadedModel)."""
+    """The workloads of one test on a local precision (`loaded`: a LoadedModel, or how to load it at the first
+    measurement, so that a test which skips itself before measuring loads no model)."""
 
     defaults = (2, 3)  # a call's warm-up requests and repetitions
 
     def __init__(self, ctx: TestContext, loaded, target: Target, compare_side: Callable[[], object],
-                 baseline_env: Callable[[], object] | None = None):
-        from pytest_infergate.perf.local_bench import Bench
-
-        self.ctx, self.loaded, self.target = ctx, loaded, target
+                 baseline_env: Callable[[], object] | None = None, tokenizer: Callable[[], object] | None = None):
+        self.ctx, self.target = ctx, target
+        self._loaded = loaded
         self.compare_side = compare_side  # the A side of ab(): --infergate-compare-model, else the reference
         self.baseline_env = baseline_env  # with --infergate-baseline-python: the session's perf.baseline_env worker
+        # the model's tokenizer, the same in every precision: a default workload needs no quantized weights
+        self._tokenizer = tokenizer or (lambda: self.loaded.tokenizer)
+
+    @cached_property
+    def loaded(self):
+        return self._loaded() if callable(self._loaded) else self._loaded
+
+    @cached_property
+    def bench(self):
+        from pytest_infergate.perf.local_bench import Bench
+
         # the calibration probe serves only a comparison with a stored baseline (perf.stored); in any other run it
         # would take a share of the cores from the workload and start a sampler process per test for nothing
-        self.bench = Bench(loaded, ctx.options.device, calibrate=None if probe_wanted(ctx) else False)
+        return Bench(self.loaded, self.ctx.options.device, calibrate=None if probe_wanted(self.ctx) else False)
 
     def cannot(self, what: str) -> str | None:
         if what in SERVED_LOAD_TOOLS:
@@ -49,7 +60,7 @@ class LocalRuns:
     def default_workload(self, num_requests: int | None = None):
         from pytest_infergate.workloads import default_chat_workload
 
-        return default_chat_workload(self.loaded.tokenizer, num_requests)
+        return default_chat_workload(self._tokenizer(), num_requests)
 
     def record(self, key: str, label: str, config, tags: dict | None) -> PerfRecord:
         """The record of measurement `key` before it is measured: what ran it, on what, and the fingerprint a stored
@@ -169,4 +180,5 @@ class LocalRuns:
         return lockstep.interleaved(self.bench, slower_config, self.bench, config, requests, warmup)
 
     def close(self) -> None:
-        self.bench.close()
+        if "bench" in self.__dict__:  # made at the first measurement
+            self.bench.close()

@@ -14,6 +14,7 @@ from pytest_infergate.context import ENDPOINT_ID, TestContext
 from pytest_infergate.gates.endpoint import ServedRuns
 from pytest_infergate.gates.golden import GoldenGate
 from pytest_infergate.gates.golden_candidates import EndpointCandidate, LocalCandidate
+from pytest_infergate.gates.local_runs import LocalRuns
 from pytest_infergate.gates.pair import ServerPairCandidate, ServerPairGate
 from pytest_infergate.gates.perf import PerfBench
 from pytest_infergate.gates.target import (
@@ -46,9 +47,11 @@ class LocalTarget(OnEngine):
         return self.resources.model(self.precision)
 
     def perf_bench(self, ctx: TestContext, model: Model, needs: Needs):
-        loaded, resources = model(), self.resources
-        return PerfBench(ctx, loaded, lambda: needs(lambda: resources.compare_side(loaded.record.requested_precision)),
-                         lambda: needs(resources.baseline_env), target=self)
+        # the model loads at the first measurement: a test that skips this precision first (the starter's int8
+        # speed on the CPU) loads none
+        resources = self.resources
+        return PerfBench(ctx, runs=LocalRuns(ctx, model, self, lambda: needs(lambda: resources.compare_side(
+            self.precision)), lambda: needs(resources.baseline_env), tokenizer=lambda: needs(resources.tokenizer)))
 
     def golden_gate(self, ctx: TestContext, model: Model, needs: Needs, golden_dir: Path):
         resources = self.resources
