@@ -193,7 +193,8 @@ def test_missing_baseline_entry_warns_and_fails_under_strict(pytester, run, olde
     (pytester.path / "other.json").write_text(json.dumps(older_baseline_of(saved) if older else saved))
     lenient = run("--infergate-baseline=other.json")
     lenient.assert_outcomes(passed=1)
-    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not as asked*relative check not run: the baseline file has no entry*"])
+    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not run as asked*relative check not run: the baseline file has no "
+                                  "entry*"])
     strict = run("--infergate-baseline=other.json", "--infergate-strict")
     strict.assert_outcomes(failed=1)
     strict.stdout.fnmatch_lines(["*under --infergate-strict what did not decide fails*",
@@ -287,7 +288,7 @@ def test_scope_matching_no_test_warns_and_fails_under_strict(pytester, run):
     pytester.makepyfile(BENCH.format(budget=""))
     lenient = run()
     lenient.assert_outcomes(passed=1)
-    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not as asked: infergate_budgets: scope 'fp23' (infergate_budgets "
+    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not run as asked: infergate_budgets: scope 'fp23' (infergate_budgets "
                                   "line 1) matched no test*"])
     assert "scope 'int8'" not in lenient.stdout.str()  # a precision merely not run this time is fine
     strict = run("--infergate-strict")
@@ -304,7 +305,7 @@ def check_policy_scope_matching_no_golden_gate_warns_and_fails_under_strict(pyte
     run("--infergate-update-golden").assert_outcomes(passed=1)
     lenient = run()
     lenient.assert_outcomes(passed=1)
-    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not as asked: infergate_quality_policy: scope 'fp23' "
+    lenient.stdout.fnmatch_lines(["*INCONCLUSIVE not run as asked: infergate_quality_policy: scope 'fp23' "
                                   "(infergate_quality_policy line 1) matched no test*"])
     assert run("--infergate-strict").ret == pytest.ExitCode.TESTS_FAILED
 

@@ -217,11 +217,11 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
         run.records.append(compared)
         run.findings.append(Finding("baseline", test, "this baseline entry was measured on a busy runner"))
     verdict = run.verdict()
-    assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"
+    assert verdict.headline() == "infergate verdict: INCONCLUSIVE (3 inconclusive: not run as asked)"
     markdown = summary_markdown(run)
-    assert "- **perf**: 3 pass\n" in markdown and "- **not as asked**: 3 inconclusive\n" in markdown
+    assert "- **perf**: 3 pass\n" in markdown and "- **not run as asked**: 3 inconclusive\n" in markdown
     assert [line.text for line in summary_lines(run) if line.text.startswith("gates: ")] == [
-        "gates: perf: 3 pass; not as asked: 3 inconclusive"]
+        "gates: perf: 3 pass; not run as asked: 3 inconclusive"]
     shown = sum(c["inconclusive"] for c in verdict.counts.values())
     assert shown == 3 and run.to_dict()["gate_counts"] == {"perf": {"pass": 3, "fail": 0, "inconclusive": 0}}
 

@@ -89,7 +89,8 @@ def test_the_starter_gates_the_speed_of_the_reference_precision_only_on_the_cpu(
                                                               ("quality", "int8")}
     # its int8 serving test skips itself before measuring: `-k test_serving` loads no int8 weights
     serving = pytester.runpytest("tests", "--infergate-model=tiny-random-llama", f"--infergate-cache-dir={cache_dir}",
-                                 "-p", "no:cacheprovider", "-k", "test_serving", f"--infergate-json={tmp_path / 's.json'}")
+                                 "-p", "no:cacheprovider", "-k", "test_serving",
+                                 f"--infergate-json={tmp_path / 's.json'}")
     serving.assert_outcomes(passed=1, skipped=1)
     assert set(json.loads((tmp_path / "s.json").read_text())["models"]) == {"fp32"}
 

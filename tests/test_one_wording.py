@@ -344,7 +344,7 @@ def _assert_findings_said(out: Outputs, said: dict, skipped: dict, notes: dict) 
         assert out.terminal.count(_words(text)) == 1 or not finding.fix, text
         assert _words(f"{finding.lead()} (what to do: the infergate verdict below)") in out.terminal or \
             not finding.test or not finding.fix, finding
-        assert [r["message"] for r in out.data["reasons"] if r["what"] == "not as asked"].count(text) == 1, text
+        assert [r["message"] for r in out.data["reasons"] if r["what"] == "not run as asked"].count(text) == 1, text
     for name, finding in said.items():
         assert out.not_run(name) == [("infergate.not_run", finding.text())], name
 
@@ -392,7 +392,7 @@ def test_each_check_is_worded_once_in_terminal_report_json_junit_and_cli(pyteste
     (tmp_path / "older.json").write_text(json.dumps(older))
     assert RunResults.from_dict(older).findings == [Finding(OTHER_CHECK, "", line)]
     assert cli_main(["summary", str(tmp_path / "older.json")]) == 0
-    assert f"INCONCLUSIVE not as asked: {line}" in capsys.readouterr().out
+    assert f"INCONCLUSIVE not run as asked: {line}" in capsys.readouterr().out
 
     # `infergate compare` and the history decide B against A by the same check, worded by it
     a = copy.deepcopy(accepted)

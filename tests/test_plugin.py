@@ -184,7 +184,7 @@ def test_what_a_test_says_reaches_its_report_in_the_phase_and_strict_fails_it_th
     quiet.assert_outcomes(passed=1, xfailed=1)
     quiet.stdout.fnmatch_lines(["*InfergateWarning*relative check not run: no entry (what to do: the infergate "
                                 "verdict below)*",
-                                "*INCONCLUSIVE not as asked: *relative check not run: no entry; save a baseline*"])
+                                "*INCONCLUSIVE not run as asked: *relative check not run: no entry; save a baseline*"])
     assert quiet.ret == pytest.ExitCode.OK
     strict = pytester.runpytest("-p", "no:cacheprovider", "--infergate-strict")
     strict.assert_outcomes(failed=1, xfailed=1)

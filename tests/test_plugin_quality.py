@@ -160,7 +160,7 @@ def test_changed_model_fails_as_drift_and_numerics_pass_as_near_ties(chat_projec
     same = run("-k", "test_regression")  # the same model, unchanged
     same.assert_outcomes(passed=1)
     same.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 8 outputs changed, 0 drift, 0 near-ties*"])
-    assert "not as asked" not in same.stdout.str() and "InfergateWarning" not in same.stdout.str()
+    assert "not run as asked" not in same.stdout.str() and "InfergateWarning" not in same.stdout.str()
 
     monkeypatch.setenv("INFERGATE_TEST_NOISE", "0.3")  # a changed model
     drift = run("-k", "test_regression")
@@ -236,7 +236,8 @@ def test_accepted_files_are_kept_per_machine(chat_project):
     matched = run("-k", "test_regression", "--infergate-json=out.json")
     matched.assert_outcomes(passed=1)
     matched.stdout.fnmatch_lines(["*golden PASS*fp32: 0 of 8 outputs changed*"])
-    assert "not as asked" not in matched.stdout.str() and "recorded in another environment" not in matched.stdout.str()
+    said = matched.stdout.str()
+    assert "not run as asked" not in said and "recorded in another environment" not in said
     (record,) = [r for r in json.loads((pytester.path / "out.json").read_text())["records"] if r["kind"] == "golden"]
     assert record["path"] == str(tagged)
 

@@ -116,7 +116,7 @@ class RunResults:
 
     def gate_counts(self) -> dict[str, dict[str, int]]:
         """Per gate kind, its records by the status the verdict counts them with (RunVerdict.counts)."""
-        return {kind: c for kind, c in self.verdict().counts.items() if kind not in (FAILED_TESTS, NOT_AS_ASKED)}
+        return {kind: c for kind, c in self.verdict().counts.items() if kind not in (FAILED_TESTS, NOT_RUN_AS_ASKED)}
 
     def to_dict(self) -> dict:
         if not self.run_id:
@@ -168,7 +168,7 @@ class Reason:
     """One thing that made the verdict what it is."""
 
     status: Status
-    what: str  # "test", "perf gate", "golden gate", "quality gate", "batch invariance", "not as asked" (a warning)
+    what: str  # "test", "perf gate", "golden gate", "quality gate", "batch invariance", "not run as asked" (a warning)
     name: str  # the test id ("" for a check not run: its message names it)
     message: str
 
@@ -191,7 +191,7 @@ class Reason:
 
 
 # what the verdict counts besides each gate kind's records (RunVerdict.counts), as the summaries name them
-FAILED_TESTS, NOT_AS_ASKED = "test", "not as asked"
+FAILED_TESTS, NOT_RUN_AS_ASKED = "test", "not run as asked"
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class RunVerdict:
     reasons: list[Reason]
     saved_baseline: str | None = None  # RunResults.saved_baseline
     # what the verdict was made of, by group (a gate kind's records; FAILED_TESTS: tests that failed outside a gate;
-    # NOT_AS_ASKED: checks that did not run as asked), status -> how many: the one source of every count shown
+    # NOT_RUN_AS_ASKED: checks that did not run as asked), status -> how many: the one source of every count shown
     # beside the verdict, so that the headline's "3 inconclusive" is found in the lines below it
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     # the perf gates that failed a comparison with a baseline naming what changed since it (reasons.change_failure)
@@ -289,8 +289,8 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
     for warning in results.warnings:
-        reasons.append(Reason(Status.INCONCLUSIVE, NOT_AS_ASKED, "", warning))
-        count(NOT_AS_ASKED, Status.INCONCLUSIVE)
+        reasons.append(Reason(Status.INCONCLUSIVE, NOT_RUN_AS_ASKED, "", warning))
+        count(NOT_RUN_AS_ASKED, Status.INCONCLUSIVE)
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     worst_first = sorted(reasons, key=lambda reason: -Status(reason.status).rank)  # a pass said last (a model change)
     return RunVerdict(status, worst_first, results.saved_baseline, counts, change_failure(results.records))

@@ -237,7 +237,7 @@ def batch_invariance_line(record: BatchInvarianceRecord) -> Line:
 
 def gate_counts_line(results: RunResults) -> Line | None:
     """What the verdict was made of, counted as the verdict counts it (RunVerdict.counts): "gates: perf: 3 pass; not
-    as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive: not as asked)"."""
+    as asked: 3 inconclusive" above "infergate verdict: INCONCLUSIVE (3 inconclusive: not run as asked)"."""
     verdict = results.verdict()
     if not verdict.counts:
         return None
@@ -266,7 +266,7 @@ def summary_lines(results: RunResults) -> list[Line]:
     counts = gate_counts_line(results)
     if counts:
         lines.append(counts)
-    # each check not run as asked is a reason of the verdict below ("INCONCLUSIVE not as asked"), said there once
+    # each check not run as asked is a reason of the verdict below ("INCONCLUSIVE not run as asked"), said there once
     # a test skipped with what would make it run is a row of the not-run table too: said as made, not only by -rs
     lines += [Line(f"SKIPPED {finding.text()}", "yellow") for finding in skipped_not_run(results)]
     if any(m.get("fallback") for m in results.models.values()) or any(
