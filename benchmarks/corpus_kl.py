@@ -2,6 +2,7 @@
 against fp32 over the built-in corpus (llama-perplexity --kl-divergence's figures, with intervals over chunks).
 
     python benchmarks/corpus_kl.py [--precisions int8,nf4] [--chunk-tokens 512] [--json PATH] [--noise 0.01,0.03]
+    python benchmarks/corpus_kl.py --model tiny-random-llama --chunks 4 --chunk-tokens 128 --layer 1   # a smoke run
 
 Per precision: the wall and process CPU seconds of the comparison alone (both models' forwards over every chunk,
 the KL and the bootstrap; the models are loaded before the clock starts, as a session's pool has them), and the
@@ -28,8 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--precisions", default="int8,nf4")
     parser.add_argument("--chunk-tokens", type=int, default=512)
+    parser.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (default: all)")
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--noise", default="", help="comma list of noise scales (0.03: 3%%) for the power figures")
     parser.add_argument("--layer", type=int, default=15)
@@ -42,10 +45,10 @@ def main() -> None:
     from pytest_infergate.quality.corpus_scoring import corpus_chunks, corpus_texts, score_corpus
 
     cache = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))
-    source = resolve_model("smollm2-135m", cache)
+    source = resolve_model(args.model, cache)
     reference = load_model(source, "fp32")
     name, texts = corpus_texts()
-    chunks = corpus_chunks(reference.tokenizer, texts, args.chunk_tokens)
+    chunks = corpus_chunks(reference.tokenizer, texts, args.chunk_tokens)[:args.chunks]
     print(f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}; corpus {name}: "
           f"{sum(len(ids) for _, ids in chunks):,} tokens in {len(chunks)} chunks of {args.chunk_tokens}", flush=True)
     out = {}

@@ -255,7 +255,7 @@ def main() -> int:
             start = time.perf_counter()
             if args.mode in ("baseline", "env"):
                 record = measure_as_a_test(args, loaded, requests, config, baseline, slowdown, env)
-                status, verdicts, remeasured = record.status, record.verdicts, record.remeasured
+                status, verdicts, remeasured = record.status, record.verdicts, record.outcome.remeasured
                 probed = next((v for v in verdicts if v.machine_slowdown), None)
                 why = next((v.note.split(":")[0] for v in verdicts if v.note), "")
                 extra = (f", machine x{probed.machine_slowdown:.3f} by the probe{f' ({why})' if why else ''}"

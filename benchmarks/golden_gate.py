@@ -1,6 +1,6 @@
 """The golden gates on the embedded model: what they cost, and the data behind the near-tie defaults.
 
-    python benchmarks/golden_gate.py costs [--precisions fp32,int8,nf4] [--threads N] [--all]
+    python benchmarks/golden_gate.py costs [--precisions fp32,int8,nf4] [--threads N] [--all] [--samples N]
     python benchmarks/golden_gate.py classify [--precisions ...] [--emulate-avx2] [--against default|own]
     python benchmarks/golden_gate.py noise [--precisions ...] [--scales 0.01,0.03,0.1] [--layer 15]
 
@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def load(precision: str):
+def load(precision: str, model: str = "smollm2-135m"):
     from pytest_infergate.models import load_model, resolve_model
 
     cache = Path(os.environ.get("INFERGATE_CACHE_DIR", Path.home() / ".cache" / "infergate"))
-    return load_model(resolve_model("smollm2-135m", cache), precision)
+    return load_model(resolve_model(model, cache), precision)
 
 
 def samples():
@@ -79,15 +79,18 @@ def costs(args) -> None:
         torch.set_num_threads(args.threads)
     ss = samples()
     subset = [s for s in ss if s.category in ("long-form", "code")]  # as suites/test_golden.py
+    if args.samples:  # a quicker look: the file's first N samples and the subset's first N
+        subset = subset[:args.samples]
+        ss = ss[:args.samples] + subset
     for precision in args.precisions:
         loaded = load(precision)
         run, wall, cpu = timed(run_samples, loaded, ss)
-        emit(precision=precision, what="generation, whole file (48)", wall_s=wall, cpu_s=cpu,
+        emit(precision=precision, what=f"generation, whole file ({len(ss)})", wall_s=wall, cpu_s=cpu,
              threads=torch.get_num_threads())
         rows = [(g.prompt_ids, g.token_ids) for g in run.outputs]
         for size in (8, 1):
             _, wall, cpu = timed(score_rows, loaded.model, rows, size)
-            emit(precision=precision, what=f"scoring 48, {'alone' if size == 1 else f'batches of {size}'}",
+            emit(precision=precision, what=f"scoring {len(rows)}, {'alone' if size == 1 else f'batches of {size}'}",
                  wall_s=wall, cpu_s=cpu)
         for name, chosen in (("suite subset", subset), ("all", ss))[: 2 if args.all else 1]:
             fixed = [run.by_id[s.id] for s in chosen]
@@ -146,6 +149,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,int8,nf4", type=lambda s: s.split(","))
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--all", action="store_true", help="costs: batch invariance on every sample too")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="costs: the file's first N samples and the suite subset's first N (default: all)")
     parser.add_argument("--emulate-avx2", action="store_true")
     parser.add_argument("--against", choices=("default", "own"), default="default",
                         help="classify: the default accepted file, or the one the gate picks for this kernel path")

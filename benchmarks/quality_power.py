@@ -348,6 +348,8 @@ def main() -> None:
     parser.add_argument("--only", default="norms,layer,window", help="which changes to run")
     parser.add_argument("--rise", type=float, default=0.5, help="max_corpus_kl_rise of the corpus rise gate")
     parser.add_argument("--precision", default="int8")
+    parser.add_argument("--model", default="smollm2-135m", help="the model changed and gated (default: the embedded "
+                        "one; tiny-random-llama with --layer 1 for a smoke run)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); on a shared "
                         "machine 1 spares the run the stalls of a second thread waiting on a busy core")
     parser.add_argument("--json", help="write every trial here too")
@@ -369,7 +371,7 @@ def main() -> None:
     started = time.perf_counter()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    reference, candidate = load("fp32"), load(args.precision)
+    reference, candidate = load("fp32", args.model), load(args.precision, args.model)
     backend = choice_for(candidate)  # chosen (and self-checked) before any change
     choice_for(reference)
     _, texts = corpus_texts()
