@@ -162,6 +162,14 @@ def test_load_evidence_prints_every_estimate_quiet_and_under_a_hog(cache_dir):
 
 
 @pytest.mark.slow
+def test_preempted_cpu_time_prints_each_co_tenants_move_against_quiet_blocks(cache_dir):
+    out = run_script("preempted_cpu_time.py", "--kinds", "1 loop + 1 stream", "--repeats", 2, cache_dir=cache_dir)
+    found = line(rf"^  1 loop \+ 1 stream +load-free share ({FIGURE}) +cost ×({FIGURE}) median, ×({FIGURE}) least +"
+                 rf"\(quiet blocks moved ×({FIGURE})\)$", out)
+    assert 0 < float(found[1]) <= 1 and all(float(found[i]) > 0 for i in (2, 3, 4)), found[0]
+
+
+@pytest.mark.slow
 def test_lockstep_spread_prints_per_round_ratios_and_their_spread(cache_dir):
     out = run_script("lockstep_spread.py", "--model", "tiny-random-llama", "--rounds", 2, "--slowdown", 0.25,
                      cache_dir=cache_dir)

@@ -87,12 +87,16 @@ def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes
 
 
 def test_ttft_only_slowdown_fails_under_a_hog_during_the_run():
-    """A quiet save, a run under one busy loop per core (our thread had 27% of what it needed): TTFT ×2
-    load-corrected fails; unchanged is inconclusive, never a failure."""
+    """A quiet save, a run under one busy loop per core (our thread had 27% of what it needed): TTFT ×3
+    load-corrected fails; ×2 lies within what a preempted thread's CPU time and the host's drift can make of
+    unchanged code (perf.busy.BUSY_CPU_INFLATION), so it is inconclusive, as unchanged is — never a failure."""
     baseline = served(others=0.02, load_free=1.0, seed=1)
-    slower = gated(served(ttft_ms=200.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=2),
+    slower = gated(served(ttft_ms=300.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=2),
                    baseline)
     assert by_metric(slower)["ttft_ms"] == "fail", slower.message()
+    doubled = gated(served(ttft_ms=200.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=2),
+                    baseline)
+    assert by_metric(doubled)["ttft_ms"] == "inconclusive", doubled.message()
     unchanged = gated(served(ttft_ms=100.0 / 0.27, tokens_per_s=50.0 * 0.27, others=0.74, load_free=0.27, seed=3),
                       baseline)
     assert Status.FAIL not in by_metric(unchanged).values(), unchanged.message()
@@ -283,16 +287,16 @@ def with_own_waiting_taken_out(m: Measurement, ttft_ms: float) -> Measurement:
 
 def test_a_latency_measured_per_request_load_free_fails_a_ttft_slowdown_a_repetition_share_would_hide():
     """Under a hog during the run the repetition's share (0.6 here) understates a TTFT measured in a quiet moment,
-    which hid a ×2 TTFT; each request's own waiting taken out decides it: ×2 fails, unchanged passes, both as the
-    one-thread error allows."""
+    which hid a ×3 TTFT; each request's own waiting taken out decides it: ×3 fails, beyond a preempted thread's
+    margin (perf.busy.BUSY_CPU_INFLATION), unchanged does not."""
     baseline = with_own_waiting_taken_out(served(others=0.02, load_free=1.0, seed=1), 100.0)
-    slower = with_own_waiting_taken_out(served(ttft_ms=200.0, others=0.74, load_free=0.6, seed=2), 200.0)
+    slower = with_own_waiting_taken_out(served(ttft_ms=300.0, others=0.74, load_free=0.6, seed=2), 300.0)
     assert by_metric(gated(slower, baseline))["ttft_ms"] == "fail"
     ttft = next(v for v in gated(slower, baseline).verdicts if v.metric == "ttft_ms")
-    assert "load-corrected by run-queue delay" in ttft.note and "×1.15 on the threshold" in ttft.note
+    assert "load-corrected by run-queue delay" in ttft.note and "×2.0 on the threshold" in ttft.note
     unchanged = with_own_waiting_taken_out(served(ttft_ms=180.0, others=0.74, load_free=0.6, seed=3), 100.0)
     assert by_metric(gated(unchanged, baseline))["ttft_ms"] != "fail"
-    # without the per-request figures the same run's share would read ×1.2 and decide nothing
+    # without the per-request figures the same run's share would read ×1.8 and decide nothing
     slower.load_free_samples = {}
     assert by_metric(gated(slower, baseline))["ttft_ms"] == "inconclusive"
 

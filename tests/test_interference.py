@@ -175,6 +175,46 @@ def test_a_load_correction_beyond_the_range_it_was_measured_in_is_not_used():
     assert [v.status for v in budget_violations(beyond, budget)] == ["inconclusive"]
 
 
+# The CI recipe's false failure (2026-12-06, AMD EPYC 2 vCPU, .ci/run beside a second full suite run and two busy
+# loops): the same code saved and then compared, tokens/s per repetition, each repetition's load-free share and the
+# others' share of the machine, as recorded.
+SAVED_TPS = [1203.9, 1375.1, 1300.4, 1255.9, 1420.4, 1304.8, 1022.2, 1530.6, 1509.5, 1610.8, 1430.4, 1482.9]
+SAVED_LOAD_FREE = [0.487, 0.485, 0.501, 0.505, 0.530, 0.509, 0.387, 0.508, 0.522, 0.534, 0.505, 0.502]
+SAVED_OTHERS = [0.722, 0.8, 0.75, 0.778, 0.765, 0.75, 0.864, 0.733, 0.813, 0.733, 0.733, 0.813]
+RUN_TPS = [543.2, 442.0, 664.7, 936.8, 742.6, 632.6, 447.8, 430.6, 726.5, 532.1, 560.7, 377.8, 610.9, 845.9, 782.5,
+           490.9, 482.9, 446.7, 487.8, 433.6]
+RUN_LOAD_FREE = [0.437, 0.440, 0.484, 0.494, 0.492, 0.408, 0.436, 0.458, 0.577, 0.480, 0.512, 0.422, 0.487, 0.628,
+                 0.638, 0.461, 0.478, 0.479, 0.465, 0.401]
+RUN_OTHERS = [0.763, 0.776, 0.742, 0.682, 0.759, 0.765, 0.771, 0.755, 0.704, 0.744, 0.744, 0.75, 0.743, 0.704, 0.643,
+              0.738, 0.762, 0.745, 0.744, 0.796]
+
+
+def test_a_preempted_threads_cpu_time_is_no_failure_but_a_slowdown_beyond_it_is():
+    """Unchanged code, saved and compared beside other jobs (others took ~76% of the machine both times, our thread
+    on a CPU for ~half its wall time), read tokens/s ×1.92 [1.64, 2.29] slower load-corrected and failed: the
+    thread's CPU time, which the correction keeps, grows with every preemption as it refills its caches, by more
+    beside memory-heavy co-tenants. A preempted candidate now fails load-corrected only beyond the threshold ×
+    busy.BUSY_CPU_INFLATION: this pair is inconclusive, and a slowdown ×1.5 on top of it still fails; a candidate
+    that hardly waited keeps the correction's own margin."""
+    from pytest_infergate.perf import busy
+
+    def side(tps: list[float], load_free: list[float], others: list[float]) -> stored.Side:
+        return stored.Side(costs=[1 / t for t in tps], during=[], quiet=[], others=others, load_free=load_free,
+                           cpu_threads=1, load_free_by=interference.RUN_QUEUE)
+
+    saved = side(SAVED_TPS, SAVED_LOAD_FREE, SAVED_OTHERS)
+    unchanged = side(RUN_TPS, RUN_LOAD_FREE, RUN_OTHERS)
+    decided = stored.decide_stored(unchanged, saved, max_regression=0.10)
+    assert decided.status == "inconclusive", decided
+    assert busy.stored_residual(unchanged, saved) == busy.BUSY_CPU_INFLATION
+    slower = side([t / 1.5 for t in RUN_TPS], RUN_LOAD_FREE, RUN_OTHERS)
+    failed = stored.decide_stored(slower, saved, max_regression=0.10)
+    assert failed.status == "fail" and failed.load_corrected, failed
+    assert "refills its caches" in failed.disagreement
+    hardly_waited = side(RUN_TPS, [0.95] * len(RUN_TPS), RUN_OTHERS)
+    assert busy.stored_residual(hardly_waited, saved) == interference.LOAD_FREE_RESIDUAL_ONE_THREAD
+
+
 def test_a_stored_baseline_verdict_names_the_busy_runner_through_the_gate():
     gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     entry = BaselineEntry({}, timed(20.0, others=0.0))
@@ -271,9 +311,11 @@ def loaded(quiet_itl_ms: float, others: float, load_free_share: float, reps: int
     (loaded(20.0, 0.74, 0.27), loaded(20.0, 0.74, 0.27), "pass"),
     # both busy, unevenly (74% then, 40% now, our threads 27% vs 60% of what they needed): nothing decides
     (loaded(20.0, 0.74, 0.27), loaded(20.0, 0.40, 0.60), "inconclusive"),
-    # quiet save, busy run: unchanged code slowed x3.7 by the load alone does not fail; x2 does
+    # quiet save, busy run: unchanged code slowed x3.7 by the load alone does not fail; x3 does; x2 lies within what
+    # a preempted thread's CPU time and the host's drift make of unchanged code (busy.BUSY_CPU_INFLATION)
     (loaded(20.0, 0.01, 1.0), loaded(20.0, 0.74, 0.27), "inconclusive"),
-    (loaded(20.0, 0.01, 1.0), loaded(40.0, 0.74, 0.27), "fail"),
+    (loaded(20.0, 0.01, 1.0), loaded(60.0, 0.74, 0.27), "fail"),
+    (loaded(20.0, 0.01, 1.0), loaded(40.0, 0.74, 0.27), "inconclusive"),
     # the estimate off by as much as measured (x1.5: it read 0.40 where the truth was 0.27): still no failure
     (loaded(20.0, 0.01, 1.0), timed(20.0 / 0.27, others=0.74), "inconclusive"),
     (loaded(20.0, 0.01, 1.0), loaded(20.0 * 0.40 / 0.27, 0.74, 0.40), "inconclusive"),
@@ -333,14 +375,15 @@ def test_a_time_budget_met_once_the_load_is_taken_out_is_met_and_the_correction_
 
 @pytest.mark.parametrize("threads", [1, 2, 0])
 def test_one_thread_drops_the_team_margin_on_figures_the_load_correction_takes_out_exactly(threads):
-    """Both sides busy, x1.4 slower with the load taken out. On one CPU thread a repetition's own figure (tokens/s)
-    load-corrected is off by one thread's per-repetition error (x1.15) whatever each side's load: x1.4 fails,
-    unevenly busy or beside the same co-tenant. A per-request percentile of a busy baseline scaled by its
-    repetition's share keeps a team's margin (x1.6): a time-sliced co-tenant stretches a few requests a lot and
-    most not at all (unchanged code on one thread read ITL x1.31 load-corrected against a baseline saved under a
-    hog), unless each request's own waiting was measured (WaitClock). A team keeps x1.6 on everything."""
-    baseline, candidate = loaded(20.0, 0.74, 0.27), loaded(28.0, 0.74, 0.27)
-    uneven = loaded(28.0, 0.55, 0.45)
+    """A busy save, a run whose thread hardly waited for a CPU (its load-free share 0.92-0.95: not preempted, so not
+    held to busy.BUSY_CPU_INFLATION), x1.4 slower with the load taken out. On one CPU thread a repetition's own
+    figure (tokens/s) load-corrected is off by one thread's per-repetition error (x1.15) whatever each side's load:
+    x1.4 fails. A per-request percentile of a busy baseline scaled by its repetition's share keeps a team's margin
+    (x1.6): a time-sliced co-tenant stretches a few requests a lot and most not at all (unchanged code on one thread
+    read ITL x1.31 load-corrected against a baseline saved under a hog), unless each request's own waiting was
+    measured (WaitClock). A team keeps x1.6 on everything."""
+    baseline, candidate = loaded(20.0, 0.74, 0.27), loaded(28.0, 0.74, 0.92)
+    uneven = loaded(28.0, 0.55, 0.95)
     for m in (baseline, candidate, uneven):
         m.cpu_threads = threads
     assert interference.load_free_residual(candidate, baseline) == 1.6
@@ -355,7 +398,8 @@ def test_one_thread_drops_the_team_margin_on_figures_the_load_correction_takes_o
     for run in (uneven, candidate):
         assert verdict(run, "tokens_per_s").status == expected, verdict(run, "tokens_per_s").details()
     assert verdict(uneven, "itl_ms").status == "inconclusive", verdict(uneven, "itl_ms").details()
-    assert "load-corrected by run-queue delay" in verdict(candidate, "tokens_per_s").note
+    if threads == 1:
+        assert "load-corrected by run-queue delay" in verdict(candidate, "tokens_per_s").note
 
 
 def test_the_cpu_defaults_to_one_torch_thread_and_the_option_says_otherwise():
