@@ -361,6 +361,8 @@ def test_unchanged_code_on_a_host_that_drifted_passes_at_the_threads_speed_and_a
         unchanged.message()
     tokens = next(v for v in unchanged.verdicts if v.metric == "tokens_per_s")
     assert "the engine's thread ran ×1.1" in tokens.note and "slower than at the save" in tokens.note
+    # each interval said once: the sentence's is at the save's speed, the note's the one it rests on
+    assert tokens.note.count("[") == 1 and "at the save's speed within ×1.068" in tokens.note, tokens.note
     unprobed = gated(drifted(1.14, seed=2, others=others, load_free=load_free, probed=False), baseline)
     assert by_metric(unprobed)["tokens_per_s"] == "inconclusive", unprobed.message()
     slower = gated(drifted(1.14, regression=1.3, seed=3, others=others, load_free=load_free), baseline)

@@ -50,16 +50,19 @@ class SpeedNormalized:
         """More repetitions could still pass it: its interval reaches the bar `passes` holds it to."""
         return self.low <= threshold / SPEED_RESIDUAL
 
-    def describe(self) -> str:
+    def describe(self, interval: bool = True) -> str:
+        """The move and the comparison at the save's speed; without its `interval` where the verdict's own sentence
+        states it (a pass at the save's speed), so that each interval is said once."""
         way = "slower" if self.speed_move >= 1 else "faster"
         move = self.speed_move if self.speed_move >= 1 else 1 / self.speed_move
+        at_speed = f" ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}]" if interval else ""
         return (f"the engine's thread ran ×{move:.3f} {way} than at the save (its speed probe, read before and after "
-                f"each repetition); at the save's speed ×{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}]")
+                f"each repetition); at the save's speed{at_speed}")
 
-    def sentence(self, threshold: float) -> str:
+    def sentence(self, threshold: float, interval: bool = True) -> str:
         within = "within" if self.passes(threshold) else "not within"
-        return (f"{self.describe()}, {within} ×{threshold / SPEED_RESIDUAL:.3f} (the threshold ÷ the probe's own "
-                f"spread ×{SPEED_RESIDUAL})")
+        return (f"{self.describe(interval)}{',' if interval else ''} {within} ×{threshold / SPEED_RESIDUAL:.3f} (the "
+                f"threshold ÷ the probe's own spread ×{SPEED_RESIDUAL})")
 
 
 def _at_probe_speed(pairs: list[tuple[float, float]]) -> float:
@@ -110,7 +113,8 @@ def _passed_at_speed(verdict: StoredVerdict, at_speed: SpeedNormalized, threshol
     # the ratio is the normalized one; the two figures stay each side's own (the candidate's as it was measured)
     return StoredVerdict(Status.PASS, CostRatio(at_speed.ratio, at_speed.low, at_speed.high, measured.candidate_cost,
                                                  measured.baseline_cost, "at the save's thread speed"),
-                         verdict.machine, f"{before}; {at_speed.sentence(threshold)}", load_corrected=load_corrected,
+                         verdict.machine, f"{before}; {at_speed.sentence(threshold, interval=False)}",
+                         load_corrected=load_corrected,
                          at_thread_speed=True)
 
 
