@@ -196,6 +196,7 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
     for path in (results, saved):  # what `infergate summary` reads back, and the saved run itself
         data = json.loads(path.read_text())
         assert data["verdict_line"] == headline and data["saved_baseline"] == str(saved)
+        assert list(data)[:4] == ["kind", "schema_version", "verdict", "verdict_line"]  # atop the file (README)
         assert RunResults.from_dict(data).verdict().headline() == headline
     assert f"**{headline}**" in summary_markdown(RunResults.from_dict(json.loads(results.read_text())))
 

@@ -199,7 +199,7 @@ def test_another_machine_is_inconclusive_and_a_change_under_test_is_compared():
     assert f"torch 2.0 → 2.1: {upgraded.verdicts[0].sentence()}: FAIL" in upgraded.message()
     assert upgraded.verdicts[0].sentence().startswith("TTFT p50 ")
     same = evaluate_perf(m, budget, {"cpu": "other", "torch": "2.0"}, entry)
-    assert same.status == "fail" and "nothing under test changed: TTFT p50" in same.message()
+    assert same.status == "fail" and "; nothing under test changed):\n  TTFT p50" in same.message(), same.message()
 
 
 def test_engine_config_changes_are_named_key_by_key():

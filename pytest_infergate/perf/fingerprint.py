@@ -117,6 +117,7 @@ def machine_text(fingerprint: dict) -> str:
     """Where a measurement was taken, in a few words: "AMD EPYC, 2 CPUs, 2 threads, cpu" (what the fingerprint has)."""
     parts = [str(fingerprint["gpu"]) if fingerprint.get("gpu") else str(fingerprint.get("cpu") or ""),
              f"{fingerprint['cpu_count']} CPUs" if fingerprint.get("cpu_count") else "",
-             f"{fingerprint['torch_threads']} threads" if fingerprint.get("torch_threads") else "",
+             f"{fingerprint['torch_threads']} thread{'' if fingerprint['torch_threads'] == 1 else 's'}"
+             if fingerprint.get("torch_threads") else "",
              str(fingerprint.get("url") or fingerprint.get("device") or "")]
     return ", ".join(part for part in parts if part) or "an unrecorded machine"

@@ -273,11 +273,12 @@ class PerfOutcome:
             lines += ["  " + v.line() for v in self.violations]
         bad = [v for v in self.verdicts if v.status != Status.PASS]
         if bad:
+            # against a stored baseline, what changed since it was saved (an A/B run names its sides elsewhere): each
+            # figure's line opens with the changes; "nothing under test changed" is said once, in the heading
+            unchanged = "; nothing under test changed" if self.baseline_provenance and not self.changes else ""
             lines.append("regression against the baseline"
-                         + (f" ({self.baseline_provenance})" if self.baseline_provenance else "") + ":")
-            # against a stored baseline, what changed since it was saved (an A/B run names its sides elsewhere)
-            what = (", ".join(self.changes) if self.changes else "nothing under test changed") + ": " \
-                if self.baseline_provenance else ""
+                         + (f" ({self.baseline_provenance}{unchanged})" if self.baseline_provenance else "") + ":")
+            what = ", ".join(self.changes) + ": " if self.baseline_provenance and self.changes else ""
             lines += [f"  {what}{v.sentence()}: {v.status.upper()}\n    {v.details()}" for v in bad]
             if self.remeasured:
                 lines.append(f"  (re-measured {self.remeasured} more time(s) before deciding)")
