@@ -579,6 +579,10 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
                               TestContext("t", Options(save_baseline="b.json", min_time=0.0), record=print, say=print,
                                           fail=print, skip=print), 1)
     assert untimed.least_seconds == 0.0 and "5–12 repetitions of about 0.2 s" in untimed.describe(0.2)
+    # the call's own min_time_s, where longer, is the floor the plan states (a new user's 20 s read "6 s at least")
+    longer = repetition_plan(budget_for(ctx(save="b.json"), "fp32", "t"), ctx(save="b.json"), 1, min_time_s=20.0)
+    assert longer.least_seconds == 20.0 and "20 s at least" in longer.describe(0.5) and "40 repetitions" in \
+        longer.describe(0.5)
 
 
 def test_report_reasons_say_how_a_stored_baseline_was_compared():

@@ -153,7 +153,7 @@ def measure_planned(ctx: TestContext, run: WorkloadRun, warmup: int, repeats: in
     # the closure reads `measurement` when the gate re-measures, by then measured
     gate = prepare_gate(ctx, key, run.record.precision, run.record.fingerprint,
                         remeasure=lambda: run.extend(measurement, warmup=rewarmup))
-    plan = repetition_plan(gate.budget, ctx, repeats)
+    plan = repetition_plan(gate.budget, ctx, repeats, min_time_s)
     measurement = run.measure(plan, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                               until=until_settled(plan, f"measuring {key}"), decided=gate.failed_beyond_doubt)
     return measurement, gate

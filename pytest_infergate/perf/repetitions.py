@@ -105,16 +105,17 @@ def probe_wanted(ctx: TestContext) -> bool:
     return ctx.baseline is not None and any(entry.measurement.probe for entry in ctx.baseline.values())
 
 
-def repetition_plan(budget: Budget, ctx: TestContext, repeats: int) -> RepetitionPlan | None:
+def repetition_plan(budget: Budget, ctx: TestContext, repeats: int, min_time_s: float = 0.0) -> RepetitionPlan | None:
     """How many repetitions a measurement gated by `budget` takes when this run saves or compares a stored
     baseline: a stored baseline is the yardstick of every later run and the run compared with it is resampled
     against it, so each side repeats until its own spread is tight enough for the budget's max_regression
-    (RepetitionPlan). None: as the test asked (budgets alone)."""
+    (RepetitionPlan), for --infergate-min-time or the call's `min_time_s`, the longer. None: as the test asked
+    (budgets alone)."""
     if not uses_stored_baseline(ctx):
         return None
     return RepetitionPlan.of(repeats, budget.max_regression,
                              [(metric, budget.percentile_of(metric)) for metric in budget.relative_metrics()],
-                             ctx.options.min_time)
+                             max(ctx.options.min_time, min_time_s))
 
 
 def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
