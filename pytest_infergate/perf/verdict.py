@@ -27,8 +27,9 @@ FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT"
                 "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
                 "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
 # what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
-UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one process "
-                    "(infergate_bench.ab) where the runner's speed drifts")
+UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one run, where the runner's "
+                    "drift hits both sides alike (--infergate-baseline-python OLD_ENV/bin/python for a library "
+                    "change, infergate_bench.ab() for a model, precision or config)")
 
 
 def figure_name(metric: str, pct: float | None) -> str:
