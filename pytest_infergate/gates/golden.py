@@ -18,6 +18,7 @@ from pytest_infergate.quality.golden_files import (
     GoldenOutputs,
     GoldenSample,
     find_sample_sets,
+    holds_accepted_outputs,
     load_samples,
     read_outputs,
     update_outputs,
@@ -98,7 +99,7 @@ class GoldenGate:
             self.ctx.fail(str(exc))
         # told once to a project that has accepted nothing yet; one whose folder holds accepted outputs of the
         # built-in set has adopted it
-        if sets == [BUILTIN_SAMPLE_SET] and not any(Path(self.golden_dir).glob("*/*/*.jsonl")):
+        if sets == [BUILTIN_SAMPLE_SET] and not holds_accepted_outputs(self.golden_dir):
             self.ctx.say(Finding(GOLDEN_CHECK, "", BUILTIN_NOTICE.format(folder=self.golden_dir), status=Status.PASS))
         if categories:
             samples = [s for s in samples if s.category in set(categories)]

@@ -116,16 +116,17 @@ def stored_residual(candidate: Side, baseline: Side) -> float:
     only hide a slowdown, never make one: one thread's error is its margin."""
     one_thread = candidate.cpu_threads == 1 and baseline.cpu_threads == 1
     whole = not candidate.per_request or bool(candidate.per_request_load_free and baseline.per_request_load_free)
-    if one_thread and (whole or busy_share(baseline.others) is None):
-        return preempted_margin(candidate, interference.LOAD_FREE_RESIDUAL_ONE_THREAD)
-    return preempted_margin(candidate, interference.LOAD_FREE_RESIDUAL)
+    exact = one_thread and (whole or busy_share(baseline.others) is None)
+    return preempted_margin(candidate, interference.LOAD_FREE_RESIDUAL_ONE_THREAD if exact
+                            else interference.LOAD_FREE_RESIDUAL)
 
 
 # A busy side's load-corrected cost is, on the CPU, its threads' time on a CPU (one thread: wall time less its
 # run-queue wait), and that time grows with every preemption: the co-tenants evict the engine's working set from the
-# caches they share, and each of its time slices starts by refilling them. Busy loops, which hardly touch memory,
-# moved the tiny model's CPU time per token ×1.1-1.2 over its quiet figure; co-tenants streaming memory up to ×1.9
-# (docs/measurements.md, "A busy thread's CPU time"), and unchanged code compared with a save beside other such
+# caches they share, and each of its time slices starts by refilling them. Beside busy loops, memory streams and
+# torch jobs the tiny model's CPU time per token read ×0.95-2.10 its quiet figure at the median, ×2.10 beside two
+# memory streams, while the quiet figure itself moved ×0.86-1.29 between minutes (benchmarks/preempted_cpu_time.py,
+# docs/measurements.md, "A preempted thread's CPU time"), and unchanged code compared with a save beside other CI
 # jobs read ×1.92 [1.64, 2.29] slower load-corrected. So a candidate that waited for a CPU for a real share of its
 # time (its median repetition's load-free share below PREEMPTED_SHARE) fails load-corrected only beyond the
 # threshold × BUSY_CPU_INFLATION; one that hardly waited (a busy loop beside a two-core runner) keeps the

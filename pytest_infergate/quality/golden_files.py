@@ -184,6 +184,12 @@ def endpoint_outputs_path(golden_dir: Path, model_name: str, served_model: str) 
     return Path(golden_dir) / _path_safe(model_name) / "endpoint" / f"{_path_safe(served_model)}.jsonl"
 
 
+def holds_accepted_outputs(golden_dir: Path) -> bool:
+    """Whether `golden_dir` holds accepted outputs of any model (outputs_path, endpoint_outputs_path: a file two
+    folders down, model and fingerprint or "endpoint")."""
+    return any(Path(golden_dir).glob("*/*/*.jsonl"))
+
+
 def _path_safe(name: str) -> str:
     """A model name as one path component (hub ids have slashes, served names anything)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
