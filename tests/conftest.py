@@ -132,15 +132,9 @@ def smollm2_fp32(cache_dir):
 
 
 def _llama_binary():
-    from openai_servers import llama_server_binary
+    from openai_servers import require_llama_server
 
-    binary = llama_server_binary()
-    if binary is None or not binary.is_file():
-        message = "llama.cpp's llama-server is not built: run `bash setup.sh test` (or set INFERGATE_LLAMA_SERVER)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
+    return require_llama_server()
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -152,6 +154,23 @@ def llama_server_binary() -> Path | None:
         return beside
     found = shutil.which("llama-server")
     return Path(found) if found else None
+
+
+def built_llama_server() -> Path | None:
+    """llama_server_binary() where it is a built file, else None."""
+    binary = llama_server_binary()
+    return binary if binary is not None and binary.is_file() else None
+
+
+def require_llama_server() -> Path:
+    """The built llama-server; the test is skipped without one, and fails under CI (where `.ci/run` builds it)."""
+    binary = built_llama_server()
+    if binary is None:
+        message = "llama.cpp's llama-server is not built: run `bash setup.sh test` (or set INFERGATE_LLAMA_SERVER)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
 
 
 class LlamaServer:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from openai_servers import built_llama_server, require_llama_server
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE = r"-?\d+(?:\.\d+)?"  # a number as the scripts print it
@@ -35,13 +36,6 @@ def json_lines(out: str) -> list[dict]:
     return [json.loads(text) for text in out.splitlines() if text.startswith("{")]
 
 
-def llama_server_built() -> bool:
-    from openai_servers import llama_server_binary
-
-    binary = llama_server_binary()
-    return binary is not None and binary.is_file()
-
-
 @pytest.mark.slow
 def test_corpus_kl_scores_int8_against_fp32_and_its_noise_fails_the_rise_gate(cache_dir, tmp_path):
     figures = tmp_path / "corpus.json"
@@ -58,11 +52,7 @@ def test_corpus_kl_scores_int8_against_fp32_and_its_noise_fails_the_rise_gate(ca
 
 @pytest.mark.slow
 def test_endpoint_capacity_finds_a_capacity_on_llama_server(cache_dir):
-    if not llama_server_built():
-        message = "llama.cpp's llama-server is not built: run `bash setup.sh test` (or set INFERGATE_LLAMA_SERVER)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_llama_server()
     out = run_script("endpoint_capacity.py", "--low", 1, "--high", 4, "--point-s", 2, "--min-requests", 4,
                      "--budget-s", 30, "--slots", 2, "--ttft-ms", 10000, "--tpot-ms", 1000, cache_dir=cache_dir)
     line(rf"^ +1 +\d+ +{FIGURE}% +{FIGURE}%- *{FIGURE}% +{FIGURE} +\d+/\d+ +\d+/\d+ +\d+/\d+ +(pass|FAIL|cut)", out)
@@ -77,7 +67,7 @@ def test_endpoint_client_measures_its_overhead_per_streamed_token(cache_dir):
     assert int(ours.group(1)) == 8 * 32, ours.group(0)  # the stub server streams exactly max_tokens tokens
     line(rf"^raw httpx \+ json\.loads, fast local server +\d+ chunks +CPU +{FIGURE} us/token", out)
     line(rf"^overhead over the raw floor: {FIGURE} us/token \(x{FIGURE}\)", out)
-    if not llama_server_built():
+    if built_llama_server() is None:
         line(r"^llama-server not built \(bash setup\.sh test\): real-server figure skipped", out)
         return
     real = line(rf"^infergate client, llama\.cpp server \(embedded\) +(\d+) chunks +CPU +{FIGURE} us/token", out)
