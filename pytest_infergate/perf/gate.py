@@ -22,6 +22,7 @@ from pytest_infergate.perf.verdict import (
     compare_paired_percentiles,
     compare_samples,
     load_aware_paired,
+    within_memory_resolution,
 )
 from pytest_infergate.status import Status
 
@@ -319,28 +320,28 @@ def compare_measurements(candidate: Measurement, baseline: Measurement, budget: 
     """Verdicts for every metric the budget names (or `metrics`), present in both measurements. `paired`:
     the two were measured in interleaved rounds, so per-repetition metrics compare round by round.
     `stored_baseline`: the baseline was measured at another time; time-like metrics compare repetition by
-    repetition, normalized for machine speed where needed (compare_stored); memory compares its samples."""
+    repetition, normalized for machine speed where needed (compare_stored); memory compares its samples (its
+    limit never finer than MEMORY_RESOLUTION_MIB)."""
     if budget.max_regression is None:
         return []
-    names = metrics or budget.relative_metrics()
-    verdicts = []
-    for metric in names:
-        a, b = candidate.samples.get(metric), baseline.samples.get(metric)
-        if not a or not b or metric in ("load_s",):
-            continue
-        if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
-            verdicts.append(load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate,
-                                              baseline, budget.max_regression))
-            continue
-        pct = budget.percentile_of(metric)
-        by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
-            if paired and METRICS[metric][2] else None
-        if by_round is not None:
-            verdicts.append(load_aware_paired(by_round, candidate, baseline, budget.max_regression))
-            continue
-        if stored_baseline and metric in MEMORY_METRICS:
-            verdicts.append(compare_memory(metric, a, b, budget.max_regression))
-            continue
-        verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
-        verdicts.append(verdict or compare_samples(metric, a, b, budget.max_regression, pct))
-    return verdicts
+    return [within_memory_resolution(_compare_metric(metric, candidate, baseline, budget, paired, stored_baseline))
+            for metric in metrics or budget.relative_metrics()
+            if candidate.samples.get(metric) and baseline.samples.get(metric) and metric != "load_s"]
+
+
+def _compare_metric(metric: str, candidate: Measurement, baseline: Measurement, budget: Budget, paired: bool,
+                    stored_baseline: bool) -> Verdict:
+    """One metric's verdict by the route its measurements take (compare_measurements)."""
+    a, b = candidate.samples[metric], baseline.samples[metric]
+    if paired and not METRICS[metric][2] and len(a) == len(b) > 1:
+        return load_aware_paired(compare_paired(metric, a, b, budget.max_regression), candidate, baseline,
+                                 budget.max_regression)
+    pct = budget.percentile_of(metric)
+    by_round = compare_paired_percentiles(metric, candidate, baseline, budget.max_regression, pct) \
+        if paired and METRICS[metric][2] else None
+    if by_round is not None:
+        return load_aware_paired(by_round, candidate, baseline, budget.max_regression)
+    if stored_baseline and metric in MEMORY_METRICS:
+        return compare_memory(metric, a, b, budget.max_regression)
+    verdict = compare_stored(metric, candidate, baseline, budget.max_regression, pct) if stored_baseline else None
+    return verdict or compare_samples(metric, a, b, budget.max_regression, pct)

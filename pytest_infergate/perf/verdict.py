@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
-from pytest_infergate.measurement import METRICS, Measurement, busy_share
+from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share
 from pytest_infergate.perf import interference
 from pytest_infergate.stats import (
     FAST_QUANTILE,
@@ -190,8 +190,30 @@ def compare_memory(metric: str, candidate: list[float], baseline: list[float], m
     verdict = compare_samples(metric, candidate, baseline, max_regression)
     low, high = verdict.low / MEMORY_DRIFT, verdict.high * MEMORY_DRIFT
     return replace(verdict, low=low, high=high, status=interval_status(low, high, verdict.threshold),
-                   note=f"interval widened ×{MEMORY_DRIFT} each way: the spread of one workload's peak memory across "
-                        "fresh processes")
+                   note=f"allowing {units.percent(MEMORY_DRIFT - 1)} either way for how peak memory moves between "
+                        "processes")
+
+
+# The smallest change of peak memory a check tells apart (MiB): on the CPU what serving raises the process by is
+# sampled (process_meters.PeakMemory), and it moves by up to 1.9 MiB between fresh processes of one workload
+# (benchmarks/memory_repro.py, docs/measurements.md). A budget's share of a model of a few MiB is finer than that.
+MEMORY_RESOLUTION_MIB = 2.0
+
+
+def within_memory_resolution(verdict: Verdict) -> Verdict:
+    """A memory verdict with its limit at least the baseline + MEMORY_RESOLUTION_MIB: where `max_regression` of the
+    baseline is less than that, a change the meter cannot resolve neither fails nor stays undecided, and a larger
+    one still fails."""
+    if verdict.metric not in MEMORY_METRICS or verdict.baseline <= 0:
+        return verdict
+    floor = 1.0 + MEMORY_RESOLUTION_MIB / verdict.baseline
+    if floor <= verdict.threshold:
+        return verdict
+    why = (f"the limit is the baseline + {MEMORY_RESOLUTION_MIB:g} MiB, the smallest change peak memory resolves "
+           f"({units.percent(verdict.threshold - 1)} of {units.metric_value(verdict.metric, verdict.baseline)} is "
+           "less)")
+    return replace(verdict, threshold=floor, status=interval_status(verdict.low, verdict.high, floor),
+                   note="; ".join(filter(None, (verdict.note, why))))
 
 
 def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
