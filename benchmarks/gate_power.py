@@ -19,7 +19,7 @@ busy` computing torch matmuls), and decides it exactly as the pytest gate does; 
 - `--mode baseline` (as `--infergate-save-baseline`, then `--infergate-baseline`): a child process measures the
   workload through the `infergate_bench` fixture's object (PerfBench, its calibration probe included) and saves the
   baseline file as the session does; this process loads that file and measures every trial through a fresh
-  PerfBench, gated by the same budget marker (gate_measurement: each side's least-disturbed repetitions, normalized
+  PerfBench, gated by the same budget marker (gate_measurement: each side's fastest repetitions, normalized
   for machine speed where the calibration probe shows a change beyond the threshold, re-measured up to twice while
   inconclusive; perf/stored.py). `--baseline PATH` reuses a saved file (e.g.
   one saved hours earlier); `--no-calibration` measures the trials without the probe, i.e. as before version 3;

@@ -14,8 +14,8 @@ from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget
-from pytest_infergate.perf.outcome import RELATIVE_DEFAULT
 from pytest_infergate.perf.gate import compare_measurements
+from pytest_infergate.perf.outcome import RELATIVE_DEFAULT
 from pytest_infergate.perf.verdict import MEMORY_DRIFT, MEMORY_RESOLUTION_MIB
 from pytest_infergate.report import render as render_report
 from pytest_infergate.results import RunResults
@@ -115,7 +115,7 @@ def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes
     unchanged = gated(served(others=0.5, load_free=0.88, seed=3), baseline)
     assert unchanged.status == "pass", unchanged.message()
     ttft = next(v for v in unchanged.verdicts if v.metric == "ttft_ms")
-    assert "both sides beside the same co-tenant" in ttft.note and "resolves slowdowns above" in ttft.note
+    assert "both sides beside the same co-tenant" in ttft.note and "noise ±" in ttft.note
 
 
 def test_ttft_only_slowdown_fails_under_a_hog_during_the_run():
@@ -273,7 +273,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
 
 def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines():
     """Issue #56 trial: the tokens/s chart's "best run" was not the figure the gate decided on (a stored baseline:
-    the least-disturbed repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart
+    the fastest repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart
     shows the verdict's two figures, labelled as the gate's; TTFT p50 (the percentile gated) likewise."""
     from pytest_infergate.report import charts, run_charts
 
@@ -289,7 +289,7 @@ def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines(
             assert f"<title>{name} fp32: {charts.value_text(value / divisor, unit)}</title>" in svg, (name, svg)
 
     chart = run_charts.throughput([compared], ["fp32"])
-    assert "Tokens/s by precision, as the gate decided (least-disturbed repetitions)</text>" in chart
+    assert "Tokens/s by precision, as the gate decided (fastest repetitions)</text>" in chart
     assert "best run" not in chart
     bars(chart, "tok/s", {"baseline": tps.baseline, "now": tps.candidate})
     chart = run_charts.ttft_compared([compared], ["fp32"])
@@ -558,10 +558,10 @@ def test_a_pass_at_the_threads_speed_says_so_and_keeps_the_measured_figure():
     candidate = drifted(1.14, seed=2)
     tokens = next(v for v in gated(candidate, baseline).verdicts if v.metric == "tokens_per_s")
     assert tokens.status == "pass" and tokens.at_thread_speed
-    assert tokens.evidence() == "least-disturbed repetitions at the save's thread speed"
+    assert tokens.evidence() == "fastest repetitions at the save's thread speed"
     assert tokens.ratio < 1.05 and tokens.candidate < 50.0 / 1.1  # the ratio normalized, the figure as measured
     # and the words say which is which: the figures beside a ratio they do not make are as measured
-    assert " tok/s as measured, the ratio compared by least-disturbed repetitions at the save's thread speed" \
+    assert " tok/s as measured, the ratio compared by fastest repetitions at the save's thread speed" \
         in tokens.details(), tokens.details()
     # load-corrected beside a steady co-tenant too: the ratio's evidence named once, no "compared by load-corrected"
     steady = replace(tokens, load_corrected=True, load_free_by="run-queue delay")

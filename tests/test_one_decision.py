@@ -404,7 +404,7 @@ def _reviewer_checks(verdict_block: str, run: RunResults) -> None:
         first = reason.lead.split(". ")[0]
         assert len(first.split()) <= 30, first
         assert "Look at that change; if it is intended, accept it with --infergate-save-baseline (in CI:" in reason.lead
-        assert "load-corrected" not in reason.lead and "least-disturbed" in reason.evidence
+        assert "load-corrected" not in reason.lead and "fastest repetitions" in reason.evidence
 
 
 def test_a_failure_with_a_named_change_leads_with_the_figures_and_the_change_and_advises_looking_at_it():

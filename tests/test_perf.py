@@ -7,7 +7,7 @@ import pytest
 from baseline_files import older_baseline, saved_run
 from stored_gate import evaluate_perf
 
-from pytest_infergate import context, units
+from pytest_infergate import context
 from pytest_infergate.measurement import scales_with_speed
 from pytest_infergate.outputs import baseline_entries, save_run_as_baseline
 from pytest_infergate.perf import (
@@ -359,7 +359,7 @@ def test_interference_is_set_aside_by_the_least_disturbed_repetitions():
     for seed in (2, 3, 4):
         unchanged = evaluate_perf(interfered(seed=seed), GATE, {}, entry)
         assert unchanged.status == "pass", unchanged.message()
-        assert all("least-disturbed repetitions" in v.details() for v in unchanged.verdicts if v.repetitions)
+        assert all("fastest repetitions" in v.details() for v in unchanged.verdicts if v.repetitions)
         slower = evaluate_perf(interfered(regression=1.25, seed=seed), GATE, {}, entry)
         assert slower.status == "fail", slower.message()
     # the same repetitions compared by their pooled median (as before, without the split by repetition) cannot tell
@@ -371,7 +371,7 @@ def test_interference_is_set_aside_by_the_least_disturbed_repetitions():
 
 def test_inconclusive_message_states_the_interval_width_and_what_narrows_it():
     entry = BaselineEntry({}, machine(IDLE, seed=1, quiet_jitter=0.02, noise=0.01))
-    # no quiet spell in this run: even its least-disturbed repetitions are 6-12% slower and spread
+    # no quiet spell in this run: even its fastest repetitions are 6-12% slower and spread
     noisy = machine([1.06, 1.3, 1.1, 1.25, 1.15, 1.2, 1.12, 1.18], seed=2, quiet_jitter=0.02, noise=0.01)
     outcome = evaluate_perf(noisy, GATE, {}, entry)
     assert outcome.status == "inconclusive", outcome.message()
@@ -603,7 +603,7 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
                           "20 ms → now 23 ms")
     assert provenance == "baseline: 8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
     # the interval lies above the threshold although the verdict is inconclusive: the line says why
-    assert ("as measured, least-disturbed repetitions, resolves slowdowns above ×1.03, "
+    assert ("as measured, fastest repetitions, noise ±2.6%, "
             "calibration probe ×1.14: as measured it would fail") in itl
     assert tps.startswith("tokens/s unchanged (×1 [0.95–1.05], limit ×1.1): PASS --") and "calibration probe ×2" in tps
     assert changed == "changed since the baseline: torch 2.0 → 2.1"
@@ -774,9 +774,9 @@ def test_a_stored_verdict_states_its_resolution_and_says_at_once_when_the_thresh
     entry = BaselineEntry({}, machine(BASELINE_SPEEDS, seed=1, noise=0.03))
     quiet = evaluate_perf(machine(BASELINE_SPEEDS, seed=2), GATE, {}, entry)
     itl = next(v for v in quiet.verdicts if v.metric == "itl_ms")
-    assert 1.0 < itl.resolution < 1.1 and f"resolves slowdowns above {units.ratio(itl.resolution)}" in itl.details()
-    assert any("resolves slowdowns above ×" in line for line in verdict_reasons_of(quiet))
-    assert any(f"{v.metric} " in line and ", as measured, least-disturbed repetitions" in line
+    assert 1.0 < itl.resolution < 1.1 and f"noise ±{itl.resolution - 1:.1%}" in itl.details()
+    assert any(", noise ±" in line for line in verdict_reasons_of(quiet))
+    assert any(f"{v.metric} " in line and ", as measured, fastest repetitions" in line
                for v in quiet.verdicts if v.repetitions for line in verdict_reasons_of(quiet))
 
     def spread_out(scale: float) -> Measurement:  # repetitions 0.8x-1.6x apart, no probe: resolves ~x1.3
@@ -793,7 +793,7 @@ def test_a_stored_verdict_states_its_resolution_and_says_at_once_when_the_thresh
     assert undecided and all(v.unresolvable for v in undecided), [v.details() for v in outcome.verdicts]
     assert calls == [] and outcome.remeasured == 0  # said at once
     why = undecided[0].note
-    assert why.startswith("this comparison resolves slowdowns above ×") and "infergate_bench.ab" in why
+    assert why.startswith("this comparison's noise is ±") and "infergate_bench.ab" in why
     assert "max_regression >= " in why
 
 
@@ -803,14 +803,14 @@ def test_each_verdict_names_the_evidence_that_decided_it():
     plain = Verdict("itl_ms", Status.PASS, 1.0, 0.95, 1.05, 1.1, 50, 10.0, 10.0, (8, 8))
     assert plain.evidence() == "as measured"
     assert replace(plain, paired=True).evidence() == "as measured, paired by round"
-    assert replace(plain, repetitions=True).evidence() == "as measured, least-disturbed repetitions"
+    assert replace(plain, repetitions=True).evidence() == "as measured, fastest repetitions"
     loaded = replace(plain, status=Status.FAIL, repetitions=True, load_corrected=True,
                      note="load-corrected by run-queue delay: ×3.1 [2.5, 3.9] slower with the load taken out")
     assert loaded.evidence() == "load-corrected by run-queue delay"  # saved before load_free_by was recorded
     assert replace(loaded, load_free_by="device time (CUDA events)").evidence() == \
         "load-corrected by device time (CUDA events)"
     # the evidence is the typed field, never read back from the note
-    assert replace(loaded, load_corrected=False).evidence() == "as measured, least-disturbed repetitions"
+    assert replace(loaded, load_corrected=False).evidence() == "as measured, fastest repetitions"
 
 
 def verdict_reasons_of(outcome) -> list[str]:

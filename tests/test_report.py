@@ -133,13 +133,13 @@ def test_verdicts_show_their_ci_and_whether_rounds_were_paired(results):
 
 
 def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differs(results):
-    # issue #45 point 5: the table showed the median tokens/s and the verdict the least-disturbed repetitions'
+    # issue #45 point 5: the table showed the median tokens/s and the verdict the fastest repetitions'
     # figure for the same measurement, unnamed; now the cell names the statistic the verdict compared
     # the second verdict compared pooled samples: its figure is the table's own
     data, perf = with_two_verdicts(results, {"threshold": 1.1, "candidate": 41.5, "repetitions": True}, {})
     html = render(data)
     assert html.count("the figure the verdict compared with the baseline's") == 1  # the pooled one: no second figure
-    assert "verdict: 41.5 tok/s (least-disturbed repetitions: p10 of per-repetition values)" in html
+    assert "verdict: 41.5 tok/s (fastest repetitions: p10 of per-repetition values)" in html
     assert Verdict.from_dict(perf[0]["verdicts"][0]).sentence() in html
 
 

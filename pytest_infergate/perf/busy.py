@@ -75,14 +75,16 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
     how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
            f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
            f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
-           f"resolves slowdowns above ×{math.sqrt(high / low) if low > 0 else math.inf:.3f}")
+           f"noise ±{math.sqrt(high / low) - 1 if low > 0 else math.inf:.1%}")
     if high <= threshold:
         return StoredVerdict(Status.PASS, measured, None, how, load_corrected=True)
     if low > threshold * residual:
-        return StoredVerdict(Status.FAIL, measured, None, f"{how}, beyond ×{threshold * residual:.2f} (the threshold "
-                             f"× the correction's error ×{residual}{_why_margin(candidate)})", load_corrected=True)
+        return StoredVerdict(Status.FAIL, measured, None, f"{how}, beyond ×{threshold * residual:.2f}, the threshold "
+                             f"with the load correction's own error (×{residual} on the threshold"
+                             f"{_why_margin(candidate)})",
+                             load_corrected=True)
     return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond ×{threshold * residual:.2f}, the "
-                         "most the correction can be off, nor within the threshold", steady=how)
+                         "threshold with the load correction's own error, nor within the threshold", steady=how)
 
 
 def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
@@ -102,8 +104,8 @@ def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, th
         return None
     return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
             f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
-            f"beyond ×{bound:.2f}, the most the correction can be off (×{residual} on the threshold"
-            f"{_why_margin(candidate)})")
+            f"beyond ×{bound:.2f}, the threshold with the load correction's own error (×{residual} on the "
+            f"threshold{_why_margin(candidate)})")
 
 
 def stored_residual(candidate: Side, baseline: Side) -> float:

@@ -298,8 +298,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    narrowable=decided.narrowable)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
-            f"this comparison resolves slowdowns above ×{verdict.resolution:.2f} on this runner (the two sides' own "
-            f"spread), and re-measuring cannot bring that below max_regression {max_regression:g}: compare in one "
+            f"this comparison's noise is ±{verdict.resolution - 1:.0%} on this runner (the two sides' own "
+            f"spread), and re-measuring cannot bring it below max_regression {max_regression:g}: compare in one "
             f"process (infergate_bench.ab, or --infergate-compare-model), or set max_regression >= "
             f"{verdict.resolution - 1:.2f}"))
     return verdict

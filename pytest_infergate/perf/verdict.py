@@ -91,11 +91,11 @@ class Verdict:
             return interference.load_corrected(self.load_free_by) + (", paired by round" if self.paired else "") \
                 + speed
         if self.at_thread_speed:
-            return "least-disturbed repetitions at the save's thread speed"
+            return "fastest repetitions at the save's thread speed"
         if self.paired:
             return "as measured, paired by round"
         if self.repetitions:
-            return "as measured, least-disturbed repetitions"
+            return "as measured, fastest repetitions"
         return "as measured"
 
     def statistic(self) -> str:
@@ -103,7 +103,7 @@ class Verdict:
         repetitions of a throughput, the percentile over all requests of a latency); "" where they are."""
         if self.repetitions:  # perf.stored: each side by its least-disturbed repetitions
             of = f"per-repetition p{self.percentile}s" if self.percentile else "per-repetition values"
-            return f"least-disturbed repetitions: p{FAST_QUANTILE * 100:g} of {of}"
+            return f"fastest repetitions: p{FAST_QUANTILE * 100:g} of {of}"
         if self.paired and self.load_corrected:
             return "median of per-round values, load-corrected"
         return ""
@@ -116,8 +116,8 @@ class Verdict:
 
     def details(self) -> str:
         """What the sentence rests on, after it: the two figures, the evidence that decided, why it is undecided.
-        'itl_ms p50 baseline 20 ms → now 23 ms, as measured, least-disturbed repetitions, resolves slowdowns above
-        ×1.03'."""
+        'itl_ms p50 baseline 20 ms → now 23 ms, as measured, fastest repetitions, noise ±2.6%' (the noise: the
+        interval's half-width, `resolution`)."""
         where = f" p{self.percentile}" if self.percentile else ""
         # a note that opens with the evidence phrase (busy.py: "load-corrected by …: …") says it once: after it
         evidence = self.evidence()
@@ -130,7 +130,7 @@ class Verdict:
             measured = " as measured, the ratio" + ("" if self.load_corrected else " compared by")
         return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
                 f"{units.metric_value(self.metric, self.candidate)}{measured} {evidence}"
-                + (f", resolves slowdowns above {units.ratio(self.resolution)}" if self.repetitions else "")
+                + (f", noise ±{self.resolution - 1:.1%}" if self.repetitions else "")
                 + (f", calibration probe {units.ratio(self.machine_slowdown)}" if self.machine_slowdown else "")
                 + (f": {note}" if note else ""))
 
@@ -300,7 +300,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
         # estimate's own error
         corrected = replace(corrected, status=Status.INCONCLUSIVE, note=(
             f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
-            f"threshold but not beyond ×{bound:.2f}, the most the correction can be off"))
+            f"threshold but not beyond ×{bound:.2f}, the threshold with the load correction's own error"))
     if corrected.status != Status.INCONCLUSIVE:
         if corrected.status == Status.PASS and measured.status == Status.FAIL:
             return replace(corrected, status=Status.INCONCLUSIVE, load_corrected=True, note=(
