@@ -57,7 +57,6 @@ def under_strict(status: Status, strict: bool) -> Status:
 # What kind of check a Finding is about: the not-run table's first column (results.summary.not_run)
 GOLDEN_CHECK = "golden regression"
 RELATIVE_CHECK = "relative perf check"
-BASELINE_CHECK = "baseline"
 BUDGET_KEY_CHECK = "budget key"
 INI_SCOPE_CHECK = "ini scope"
 ENGINE_CHECK = "engine experiment"

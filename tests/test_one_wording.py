@@ -18,7 +18,6 @@ from pytest_infergate.endpoint.capacity_records import CapacityPoint, CapacityRe
 from pytest_infergate.endpoint.load_run import Slo
 from pytest_infergate.gates.target import NEEDS_A_SERVER
 from pytest_infergate.history.series import build_history
-from pytest_infergate.perf import interference
 from pytest_infergate.perf.budget import parse_budget
 from pytest_infergate.perf.gate import NoReference, PerfGate
 from pytest_infergate.perf.lockstep import Speedup, conclusion, faster
@@ -42,7 +41,6 @@ from pytest_infergate.results.records import (
     QualityRecord,
 )
 from pytest_infergate.status import (
-    BASELINE_CHECK,
     BUDGET_KEY_CHECK,
     ENDPOINT_CHECK,
     ENGINE_CHECK,
@@ -196,9 +194,6 @@ def _findings() -> tuple[dict[str, Finding], dict[str, Finding], dict[str, Findi
                            "entry for this measurement", "record one with --infergate-save-baseline"),
         "budget-key": Finding(BUDGET_KEY_CHECK, NODE.format("budget-key"), "budget key(s) peak_mem_mb not checked: "
                               "this endpoint measurement has no such figure"),
-        "busy-baseline": Finding(BASELINE_CHECK, NODE.format("busy-baseline"), "this baseline entry was measured on a "
-                                 "busy runner", f"{interference.UNDER_LOAD}; to make it decisive, "
-                                 f"{interference.RESAVE}", evidence=interference.describe(0.52)),
         "speed-experiment": Finding(SPEED_EXPERIMENT_CHECK, NODE.format("speed-experiment"), conclusion(
             "prefix caching", [faster(Speedup("cached", 1.04, 0.97, 1.12, 8))])[1]),
         "golden-missing": golden_missing,  # said, then skipped with: one row, one JUnit line
@@ -334,7 +329,7 @@ def _assert_findings_said(out: Outputs, said: dict, skipped: dict, notes: dict) 
     warned = [*said.values(), scope]
     assert sorted(out.data["findings"], key=str) == sorted((f.to_dict() for f in warned), key=str)
     assert sorted(map(repr, map(Finding.from_dict, out.data["findings"]))) == sorted(map(repr, warned))
-    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, BASELINE_CHECK, SPEED_EXPERIMENT_CHECK,
+    assert {f.check for f in warned} == {RELATIVE_CHECK, BUDGET_KEY_CHECK, SPEED_EXPERIMENT_CHECK,
                                          GOLDEN_CHECK, INI_SCOPE_CHECK}
     for finding in warned:
         text = finding.text()

@@ -11,14 +11,13 @@ from typing import Any
 
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.target import Target
-from pytest_infergate.measurement import Measurement, busy_share
-from pytest_infergate.perf import interference
+from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.gate import NoReference, PerfGate, PerfOutcome, StoredReference
 from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.repetitions import repetition_plan, until_settled
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.status import BASELINE_CHECK, BUDGET_KEY_CHECK, RELATIVE_CHECK, Finding
+from pytest_infergate.status import BUDGET_KEY_CHECK, RELATIVE_CHECK, Finding
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -90,11 +89,6 @@ def gate_measurement(ctx: TestContext, target: Target, record: PerfRecord,
                         "add max_regression=0.1 to its infergate_budget marker (or the ini infergate_budgets) to "
                         "gate it against the baseline"))  # said as a finding, typed to every output (not a note)
     finish_gate(ctx, record, outcome, budget, unmeasured)
-    busy = busy_share(record.measurement.others_share)
-    if ctx.options.save_baseline is not None and busy is not None:
-        ctx.say(Finding(BASELINE_CHECK, key, "this baseline entry was measured on a busy runner",
-                        f"{interference.UNDER_LOAD}; to make it decisive, {interference.RESAVE}",
-                        evidence=interference.describe(busy)))
     return outcome
 
 

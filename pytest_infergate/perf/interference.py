@@ -41,8 +41,9 @@ RERUN = f"rerun the job (each run reads the runner's load anew), or {IN_ONE_RUN}
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
 UNDER_LOAD = "later runs still fail a slowdown against it, but pass only beside a steady load like the save's"
-RESAVE = ("re-save the baseline in a later run (--infergate-save-baseline; in CI, delete the baseline file on the "
-          f"default branch: docs/guides/ci.md), or {IN_ONE_RUN}")
+RESAVE = ("re-save the baseline in a later run, which may find the runner quieter (--infergate-save-baseline; in "
+          f"CI, delete the baseline file on the default branch: docs/guides/ci.md), or, where the runner is always "
+          f"busy, {IN_ONE_RUN}")
 
 # what measured a load-free share (process_meters.LoadFreeTimer)
 RUN_QUEUE, DEVICE_TIME = process_meters.RUN_QUEUE, process_meters.DEVICE_TIME

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_infergate.measurement import busy_share
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.verdict import UNDECIDED_ACTION
 from pytest_infergate.quality.policy import default_failure_advice
@@ -32,7 +33,11 @@ def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
     instead is said as it was: its budgets' limits, or nothing where the budget has none (the starter)."""
     if saved:  # the path and how later runs use it follow the verdict ("baseline: this run saved to ...")
         budgets = ", only its budgets were checked" if record.has_limits else ""
-        return f"this run saved the baseline to {saved}, so nothing was compared this run{budgets}"
+        # a save on a busy runner is a pass of this run (it ran as asked) that later runs will feel: said here
+        busy = busy_share(record.measurement.others_share) if record.measurement else None
+        under_load = (f"; it was measured on a busy runner ({interference.describe(busy)}): "
+                      f"{interference.UNDER_LOAD}; to make it decisive, {interference.RESAVE}") if busy else ""
+        return f"this run saved the baseline to {saved}, so nothing was compared this run{budgets}{under_load}"
     checked = "only its budgets were checked" if record.has_limits else "nothing was checked"
     return (f"max_regression asked for a comparison, but no baseline was given: {checked}; "
             "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
