@@ -64,14 +64,21 @@ def measure_raw(url: str, count: int, tokens: int, concurrency: int) -> tuple[fl
     async def main() -> int:
         gate = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-            async def one(request: EndpointRequest) -> int:
+            async def once(request: EndpointRequest) -> int:
                 chunks = 0
-                async with gate, client.stream("POST", "/chat/completions", json=request.body("m", True)) as response:
+                async with client.stream("POST", "/chat/completions", json=request.body("m", True)) as response:
                     async for line in response.aiter_lines():
                         if line.startswith("data: ") and line != "data: [DONE]":
                             json.loads(line[6:])
                             chunks += 1
                 return chunks
+
+            async def one(request: EndpointRequest) -> int:
+                async with gate:
+                    try:
+                        return await once(request)
+                    except httpx.RemoteProtocolError:  # a pooled keep-alive connection the server closed, as the
+                        return await once(request)     # client's own _exchange_once_more_if_stale takes it
 
             return sum(await asyncio.gather(*(one(r) for r in requests(count, tokens))))
 

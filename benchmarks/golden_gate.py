@@ -101,11 +101,11 @@ def costs(args) -> None:
                                     "margins": [d.margin for d in v.changed]} for v in result.variants})
 
 
-def compare_now(loaded, tag: str, own_kernel_path: bool = False, **extra) -> None:
+def compare_now(loaded, tag: str, own_kernel_path: bool = False, limit: int | None = None, **extra) -> None:
     from pytest_infergate.quality.golden_generation import run_samples
     from pytest_infergate.quality.regression import compare_with_golden
 
-    ss = samples()
+    ss = samples()[:limit]
     run, wall, cpu = timed(run_samples, loaded, ss)
     golden, file = accepted(loaded, own_kernel_path)
     regression = compare_with_golden(loaded.tokenizer, ss, run.outputs, golden,
@@ -126,7 +126,8 @@ def classify(args) -> None:
 
     for precision in args.precisions:
         compare_now(load(precision), "emulated AVX2 vs accepted" if args.emulate_avx2 else "now vs accepted",
-                    own_kernel_path=args.against == "own", cpu_capability=torch.backends.cpu.get_cpu_capability())
+                    own_kernel_path=args.against == "own", limit=args.samples,
+                    cpu_capability=torch.backends.cpu.get_cpu_capability())
 
 
 def noise(args) -> None:
@@ -139,7 +140,8 @@ def noise(args) -> None:
         for scale in args.scales:
             generator = torch.Generator().manual_seed(1)
             weight.data = original + scale * original.abs().mean() * torch.randn(original.shape, generator=generator)
-            compare_now(loaded, f"noise {scale:g} on layer {args.layer} post_attention_layernorm", scale=scale)
+            compare_now(loaded, f"noise {scale:g} on layer {args.layer} post_attention_layernorm", scale=scale,
+                        limit=args.samples)
         weight.data = original
 
 
@@ -150,7 +152,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--all", action="store_true", help="costs: batch invariance on every sample too")
     parser.add_argument("--samples", type=int, default=None,
-                        help="costs: the file's first N samples and the suite subset's first N (default: all)")
+                        help="the file's first N samples (costs: and the suite subset's first N; default: all)")
     parser.add_argument("--emulate-avx2", action="store_true")
     parser.add_argument("--against", choices=("default", "own"), default="default",
                         help="classify: the default accepted file, or the one the gate picks for this kernel path")

@@ -119,8 +119,8 @@ def test_gate_power_decides_each_condition_in_every_mode(mode, cache_dir, tmp_pa
 @pytest.mark.embedded
 @pytest.mark.parametrize("command, args", [
     ("costs", ["--samples", 1]),
-    ("classify", []),
-    ("noise", ["--scales", 0.1]),
+    ("classify", ["--samples", 8]),
+    ("noise", ["--scales", 0.1, "--samples", 8]),
 ], ids=["costs", "classify", "noise"])
 def test_golden_gate_commands_on_the_embedded_model(command, args, cache_dir):
     rows = json_lines(run_script("golden_gate.py", command, "--precisions", "fp32", *args, cache_dir=cache_dir))

@@ -22,9 +22,11 @@ def reference(smollm2_fp32):
 def test_embedded_greedy_equals_generate(smollm2_fp32, reference, cache_mode, batching, prefix_caching):
     config = EngineConfig(cache_mode=cache_mode, batching=batching, max_batch_size=8, prefill_chunk_size=32,
                           max_model_len=1024, kv_budget_bytes=256 << 20, prefix_caching=prefix_caching)
+    # without a KV cache every step recomputes the whole sequence: a quarter of the prompts shows it token-identical
+    prompts = PROMPTS[:len(PROMPTS) // 4] if cache_mode == "none" else PROMPTS
     with Engine(smollm2_fp32.model, smollm2_fp32.tokenizer, config) as engine:
-        results = engine.generate([Request(messages=messages(p), max_new_tokens=MAX_NEW) for p in PROMPTS])
-        mismatches = [(p, r.text) for p, r, ref in zip(PROMPTS, results, reference) if r.token_ids != ref]
+        results = engine.generate([Request(messages=messages(p), max_new_tokens=MAX_NEW) for p in prompts])
+        mismatches = [(p, r.text) for p, r, ref in zip(prompts, results, reference) if r.token_ids != ref]
         assert not mismatches
         if prefix_caching:  # the chat template's system prompt is shared by every request
             assert sum(r.num_cached_tokens > 0 for r in results) >= len(PROMPTS) - 8
