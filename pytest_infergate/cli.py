@@ -190,12 +190,14 @@ def _cmd_init(args: argparse.Namespace) -> int:
     for written in files:
         print(written.line())
     stale_job = any(written.kept and "does not install" in written.note for written in files)
+    # --ci none writes no job: nothing is said of one
+    ci = (" Commit the rest (.gitignore keeps the local files out): the CI job's first run on your default branch "
+          "saves and commits its own perf/baseline.json (docs/guides/ci.md)") if args.ci != "none" else ""
     print(f"next: pytest {args.tests} --infergate-save-baseline=local-baseline.json (the embedded model; yours with "
           f"--infergate-model=PATH_OR_GGUF or the ini's infergate_model), then after a change: pytest {args.tests} "
           f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
-          f"{args.tests}/workloads/*.jsonl. Commit the rest (.gitignore keeps the local files out): the CI job's "
-          "first run on your default branch saves and commits its own perf/baseline.json (docs/guides/ci.md)")
-    if wheel is not None and not stale_job:
+          f"{args.tests}/workloads/*.jsonl.{ci}")
+    if wheel is not None and not stale_job and args.ci != "none":
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif wheel is None and args.ci != "none" and args.install == DEFAULT_INSTALL:
         job = CI_FILES[args.ci][0]  # kept by a rerun, as every file that exists: the rerun needs it gone

@@ -241,3 +241,21 @@ def test_the_gpu_job_is_strict_only_where_it_compares_with_a_baseline(tmp_path):
     assert "--infergate-strict" in compare and "--infergate-baseline=" in compare
     assert "--infergate-strict" not in save.split("fi", 1)[0]
     assert steps.count("--infergate-strict") == 1
+
+
+def test_init_without_a_ci_job_says_nothing_of_one(tmp_path, capsys):
+    """New-user trial (stop 69): `infergate init proj --ci none --wheel W` printed that "the CI job's first run …
+    commits its own perf/baseline.json" and "the CI job installs it from there", of a job it had not written."""
+    from pytest_infergate.cli import main
+
+    built = tmp_path / "dist/pytest_infergate-0.4.0-py3-none-any.whl"
+    built.parent.mkdir()
+    built.write_bytes(b"PK")
+    assert main(["init", str(tmp_path / "project"), "--ci", "none", "--wheel", str(built)]) == 0
+    out = capsys.readouterr().out
+    assert "CI job" not in out, out
+    assert "next: pytest tests --infergate-save-baseline=local-baseline.json" in out, out
+    assert main(["init", str(tmp_path / "with-job"), "--wheel", str(built)]) == 0
+    out = capsys.readouterr().out
+    assert "the CI job's first run on your default branch saves and commits" in out
+    assert "the CI job installs it from there" in out

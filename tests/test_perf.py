@@ -833,11 +833,21 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     straddles = Verdict("itl_ms", Status.INCONCLUSIVE, 1.08, 0.98, 1.2, 1.1, 50, 10.8, 10.0, (8, 8))
     decided = Verdict("itl_ms", Status.PASS, 1.0, 0.98, 1.02, 1.1, 50, 10.0, 10.0, (8, 8))
     record = SimpleNamespace(violations=[], verdicts=[straddles, decided], baseline_provenance="",
-                             relative_check_missing="", machine_mismatch=[], changes=[], model_change="",
-                             status=Status.INCONCLUSIVE)
-    first, second = verdict_reasons(record)
+                             relative_check_missing="", machine_mismatch=[], changes=["torch 2.0 → 2.1"],
+                             model_change="", status=Status.INCONCLUSIVE, outcome=SimpleNamespace(route="stored"))
+    first, second, changed = verdict_reasons(record)
+    assert changed == "changed since the baseline: torch 2.0 → 2.1"
     assert "limit ×1.1): INCONCLUSIVE" in first and first.endswith("as measured")
     # the action is said once, by the gate's reason (its advice), not by each figure's line
     assert UNDECIDED_ACTION not in first and UNDECIDED_ACTION not in second
     advice = perf_advice(record, [], [straddles])
     assert "Measure more (a larger `repeats=`" in advice and "infergate_bench.ab" in advice
+    # nothing the baseline records changed (a new user's unchanged code): no A/B to advise, only measuring more
+    unchanged = perf_advice(SimpleNamespace(**{**vars(record), "changes": []}), [], [straddles])
+    assert unchanged.startswith("Measure more (a larger `min_time_s=`") and "ab(" not in unchanged, unchanged
+    assert "nothing the baseline records changed, so there is no other side to compare in one run" in unchanged
+    busy = replace(straddles, note="the runner was busy: other processes took 60% of the machine's CPU time")
+    busy_unchanged = perf_advice(SimpleNamespace(**{**vars(record), "changes": []}), [], [busy])
+    assert busy_unchanged == ("The runner was busy: rerun the job (each run reads the runner's load anew), or "
+                              "measure more (a larger `min_time_s=`).")
+    assert "--infergate-baseline-python" in perf_advice(record, [], [busy])

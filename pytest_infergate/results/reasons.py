@@ -166,9 +166,19 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
         return f"The baseline was measured under load: {interference.RESAVE}."
     if record.machine_mismatch:
         return "The baseline is from another machine: re-save it on this runner class."
+    # against a stored baseline with nothing it records changed there is no other side to measure in one run (a new
+    # user was told to A/B unchanged code): what decides is more measuring, or another run
+    unchanged = record.outcome.route == "stored" and not (record.changes or record.model_change)
     if any(v.undecided for v in budgets) or any("busy" in v.note for v in verdicts):
-        return f"The runner was busy: {interference.RERUN}."
+        return f"The runner was busy: {interference.RERUN_UNCHANGED if unchanged else interference.RERUN}."
+    if unchanged:
+        return UNCHANGED_ACTION
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
+
+
+UNCHANGED_ACTION = ("Measure more (a larger `min_time_s=` or `repeats=`: more repetitions, fewer of them disturbed), "
+                    "or rerun the job: nothing the baseline records changed, so there is no other side to compare "
+                    "in one run.")
 
 
 def verdict_line(v: Verdict) -> str:
