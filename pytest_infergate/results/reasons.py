@@ -145,6 +145,10 @@ def changes_phrase(changes: list[str]) -> str:
 # how a failure's cause is accepted: locally a re-save; in the CI job of `infergate init` the baseline is the job's
 # own, saved anew by its next run on the default branch once the file is gone there (docs/guides/ci.md)
 ACCEPT = "--infergate-save-baseline (in CI: delete the baseline file on the default branch)"
+# what decides an undecided comparison against a stored baseline when nothing it records changed
+UNCHANGED_ACTION = ("Measure more (a larger `min_time_s=` or `repeats=`: more repetitions, fewer of them disturbed), "
+                    "or rerun the job: nothing the baseline records changed, so there is no other side to compare "
+                    "in one run.")
 
 
 def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Verdict]) -> str:
@@ -175,10 +179,6 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
         return UNCHANGED_ACTION
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
 
-
-UNCHANGED_ACTION = ("Measure more (a larger `min_time_s=` or `repeats=`: more repetitions, fewer of them disturbed), "
-                    "or rerun the job: nothing the baseline records changed, so there is no other side to compare "
-                    "in one run.")
 
 
 def verdict_line(v: Verdict) -> str:
