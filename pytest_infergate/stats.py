@@ -121,6 +121,14 @@ def least_disturbed(values: Sequence[float]) -> float:
     return harrell_davis(values, FAST_QUANTILE)
 
 
+def resolution(low: float, high: float) -> float:
+    """The smallest change an interval [low, high] of a ratio tells from none: its half-width as a factor, √(high/low)
+    (inf where it is unbounded or not positive)."""
+    if low <= 0 or high <= 0 or not math.isfinite(high):
+        return math.inf
+    return math.sqrt(high / low)
+
+
 @functools.cache
 def _harrell_davis_weights(n: int, q: float) -> tuple[float, ...]:
     a, b = (n + 1) * q, (n + 1) * (1 - q)

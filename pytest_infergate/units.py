@@ -75,6 +75,11 @@ def percent(value: object) -> str:
     return f"{number(value * 100)}%" if is_number(value) else DASH
 
 
+def noise(resolution: float, places: int = 1) -> str:
+    """An interval's resolution (stats.resolution, a factor) as the noise a reader knows: '±2.6%'."""
+    return f"±{resolution - 1:.{places}%}"
+
+
 def metric_value(metric: str, value: object) -> str:
     """A perf figure in its metric's unit (budget keys and summary keys such as `ttft_ms_p95` too)."""
     unit = metric_unit(metric)

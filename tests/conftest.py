@@ -131,21 +131,15 @@ def smollm2_fp32(cache_dir):
     return load_model(resolve_model("smollm2-135m", cache_dir), "fp32")
 
 
-def _llama_binary():
-    from openai_servers import require_llama_server
-
-    return require_llama_server()
-
-
 @pytest.fixture(scope="session")
 def llama_server(cache_dir, tmp_path_factory):
     """llama.cpp's server (`llama-server`, 4 slots, /metrics on) serving the embedded model's GGUF on 127.0.0.1 at a
     free port. Not built, it fails the tests under CI and skips them elsewhere."""
-    from openai_servers import LlamaServer
+    from openai_servers import LlamaServer, require_llama_server
 
     from pytest_infergate.models.sources import ensure_smollm2_gguf
 
-    binary = _llama_binary()
+    binary = require_llama_server()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
     with LlamaServer(ensure_smollm2_gguf(cache_dir), log_path=log, binary=binary) as server:
         yield server
@@ -155,11 +149,11 @@ def llama_server(cache_dir, tmp_path_factory):
 def requantized_gguf(cache_dir, tmp_path_factory):
     """The embedded model re-quantized from Q4_1 to Q4_0 with llama.cpp's llama-quantize: a second deployment of
     the same model whose answers differ a little."""
-    from openai_servers import requantize
+    from openai_servers import requantize, require_llama_server
 
     from pytest_infergate.models.sources import ensure_smollm2_gguf
 
-    binary = _llama_binary()
+    binary = require_llama_server()
     if not (binary.parent / "llama-quantize").is_file():
         pytest.skip(f"llama-quantize is not built beside {binary}: run `bash setup.sh test`")
     return requantize(binary.parent, ensure_smollm2_gguf(cache_dir),
@@ -169,13 +163,13 @@ def requantized_gguf(cache_dir, tmp_path_factory):
 @pytest.fixture
 def own_llama_server(cache_dir, tmp_path):
     """A llama-server of this test's own (2 slots), to kill or to starve."""
-    from openai_servers import LlamaServer
+    from openai_servers import LlamaServer, require_llama_server
 
     from pytest_infergate.models.sources import ensure_smollm2_gguf
 
     def start(gguf=None, **kwargs):
         return LlamaServer(gguf or ensure_smollm2_gguf(cache_dir), log_path=tmp_path / "server.log",
-                           binary=_llama_binary(), **{"n_parallel": 2, "n_ctx": 1024, **kwargs})
+                           binary=require_llama_server(), **{"n_parallel": 2, "n_ctx": 1024, **kwargs})
 
     return start
 

@@ -6,12 +6,11 @@ co-tenant): the load-corrected figures decide both ways; unevenly: nothing does.
 
 from __future__ import annotations
 
-import math
-
+from pytest_infergate import units
 from pytest_infergate.measurement import busy_share
 from pytest_infergate.perf import interference
 from pytest_infergate.perf.sides import CostRatio, Side, StoredVerdict
-from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed
+from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_disturbed, resolution
 from pytest_infergate.status import Status
 
 
@@ -75,7 +74,7 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
     how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
            f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
            f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
-           f"noise ±{math.sqrt(high / low) - 1 if low > 0 else math.inf:.1%}")
+           f"noise {units.noise(resolution(low, high))}")
     if high <= threshold:
         return StoredVerdict(Status.PASS, measured, None, how, load_corrected=True)
     if low > threshold * residual:

@@ -37,9 +37,10 @@ LOAD_FREE_RESIDUAL_ONE_THREAD = 1.15
 # take, where nobody picks the runner ("a quiet runner" is none).
 IN_ONE_RUN = ("compare in one run, where the load hits both sides alike (--infergate-baseline-python "
               "OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, precision or config)")
-RERUN = f"rerun the job (each run reads the runner's load anew), or {IN_ONE_RUN}"
+_RERUN_JOB = "rerun the job (each run reads the runner's load anew)"
+RERUN = f"{_RERUN_JOB}, or {IN_ONE_RUN}"
 # the same where nothing the baseline records changed: there is no other side to compare in one run
-RERUN_UNCHANGED = "rerun the job (each run reads the runner's load anew), or measure more (a larger `min_time_s=`)"
+RERUN_UNCHANGED = f"{_RERUN_JOB}, or measure more (a larger `min_time_s=`)"
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
 UNDER_LOAD = "later runs still fail a slowdown against it, but pass only beside a steady load like the save's"

@@ -14,7 +14,7 @@ from pytest_infergate.context import TestContext
 from pytest_infergate.measurement import Measurement, scales_with_speed
 from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.stored import side
-from pytest_infergate.stats import least_disturbed, paired_bootstrap_ci
+from pytest_infergate.stats import least_disturbed, paired_bootstrap_ci, resolution
 
 # How many repetitions a side of a stored comparison takes (a save, and the run compared with it): at least
 # LEAST_REPETITIONS, then more until the side's own least-disturbed summary resolves a change of SETTLED_SHARE of
@@ -37,7 +37,7 @@ def side_resolution(measurement: Measurement, metric: str, pct: float | None) ->
     if one is None:
         return math.inf
     _, low, high = paired_bootstrap_ci(one.costs, least_disturbed, resamples=500)
-    return math.sqrt(high / low) if low > 0 else math.inf
+    return resolution(low, high)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import functools
 import math
 from dataclasses import replace
 
+from pytest_infergate import units
 from pytest_infergate.measurement import METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf import busy, interference
 from pytest_infergate.perf.sides import CostRatio, MachineChange, Side, StoredVerdict
@@ -298,8 +299,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    narrowable=decided.narrowable)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
-            f"this comparison's noise is ±{verdict.resolution - 1:.0%} on this runner (the two sides' own "
-            f"spread), and re-measuring cannot bring it below max_regression {max_regression:g}: compare in one "
+            f"this comparison's noise is {units.noise(verdict.resolution, places=0)} on this runner (the two sides' "
+            f"own spread), and re-measuring cannot bring it below max_regression {max_regression:g}: compare in one "
             f"process (infergate_bench.ab, or --infergate-compare-model), or set max_regression >= "
             f"{verdict.resolution - 1:.2f}"))
     return verdict

@@ -19,6 +19,7 @@ from pytest_infergate.stats import (
     median_interval,
     min_rounds,
     percentile,
+    resolution,
 )
 from pytest_infergate.status import Status
 
@@ -78,9 +79,7 @@ class Verdict:
     def resolution(self) -> float:
         """The smallest slowdown this comparison can tell from no change, from the two sides' own spread: its
         interval's half-width as a factor, √(high/low). A threshold below it cannot be decided either way."""
-        if self.low <= 0 or self.high <= 0 or not math.isfinite(self.high):
-            return math.inf
-        return math.sqrt(self.high / self.low)
+        return resolution(self.low, self.high)
 
     def evidence(self) -> str:
         """Which evidence decided the verdict (or failed to), in one short phrase for the report and the terminal:
@@ -134,7 +133,7 @@ class Verdict:
             measured = " as measured, the ratio" + ("" if self.load_corrected else " compared by")
         return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
                 f"{units.metric_value(self.metric, self.candidate)}{measured} {evidence}"
-                + (f", noise ±{self.resolution - 1:.1%}" if self.repetitions else "")
+                + (f", noise {units.noise(self.resolution)}" if self.repetitions else "")
                 + (f", calibration probe {units.ratio(self.machine_slowdown)}" if self.machine_slowdown else "")
                 + (f": {note}" if note else ""))
 

@@ -180,7 +180,6 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
     return UNDECIDED_ACTION[0].upper() + UNDECIDED_ACTION[1:] + "."
 
 
-
 def verdict_line(v: Verdict) -> str:
     """A comparison in one line: its sentence and status, then what it rests on after EVIDENCE."""
     return f"{v.sentence()}: {v.status.upper()}{EVIDENCE}{v.details()}"
