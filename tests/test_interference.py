@@ -215,6 +215,45 @@ def test_a_preempted_threads_cpu_time_is_no_failure_but_a_slowdown_beyond_it_is(
     assert busy.stored_residual(hardly_waited, saved) == interference.LOAD_FREE_RESIDUAL_ONE_THREAD
 
 
+def test_an_undecided_interval_past_its_limit_names_the_bar_a_failure_needs_there_and_that_bar_decides():
+    """A reviewer read "inconclusive tokens/s 21.6% lower (×1.28 [1.16–1.58], limit ×1.1)" as a failure: on a busy
+    runner, or between two runs, a failure needs more than the limit. The verdict carries that bar (fail_bar), its
+    sentence names it, and it is the bar the decision uses: just below it undecided, just above it a failure (quiet:
+    the runs' drift; busy now: the load-corrected figures' margin, or what the load explains where they were not
+    measured; the saved pair beside the same co-tenant: the load-corrected margin)."""
+    from pytest_infergate.perf import busy
+
+    def one_thread(cost: float, others: float, load_free: float | None) -> stored.Side:
+        return stored.Side(costs=[cost * (1 + 0.01 * (i % 3)) for i in range(8)], during=[], quiet=[],
+                           others=[others] * 8, load_free=[] if load_free is None else [load_free] * 8,
+                           cpu_threads=1, load_free_by=interference.RUN_QUEUE if load_free else "")
+
+    cases = {  # (candidate's others, its load-free share), (the baseline's): the bar, whether load-corrected
+        "quiet, the runs' drift": ((0.01, None), (0.02, None), 1.1 * stored.RUN_DRIFT, False),
+        "busy now, as measured": ((0.6, None), (0.0, None), interference.explainable_slowdown(0.6), False),
+        "busy now, load-corrected": ((0.6, 0.95), (0.0, 0.99), 1.1 * interference.LOAD_FREE_RESIDUAL_ONE_THREAD,
+                                     True),
+        "the same co-tenant": ((0.5, 0.95), (0.5, 0.95),
+                               1.1 * interference.load_free_residual(one_thread(1, 0.5, 0.95), one_thread(1, 0.5, 0.95),
+                                                                     baseline_quiet=True), True),
+    }
+    for name, ((now, free_now), (then, free_then), bar, corrected) in cases.items():
+        def decided(slowdown: float):
+            # the load-corrected costs are the costs × the share: a load-corrected ratio of `slowdown` either way
+            scale = (free_then or 1.0) / (free_now or 1.0)
+            return stored.decide_stored(one_thread(20.0 * slowdown * scale, now, free_now),
+                                        one_thread(20.0, then, free_then), max_regression=0.10)
+        below, above = decided(bar * 0.97), decided(bar * 1.04)
+        assert below.status == "inconclusive" and below.fail_bar == pytest.approx(bar), (name, below)
+        assert below.fail_bar_load_corrected == corrected, name
+        assert above.status == "fail", (name, above)  # the power beside it: past the bar, a failure
+    assert busy.BUSY_CPU_INFLATION > 1  # (the preempted margin is a bar too: tested above with the CI's figures)
+    verdict = stored.compare_stored("itl_ms", timed(30.0, others=0.6), timed(20.0, others=0.0), 0.10)
+    assert verdict.status == "inconclusive" and verdict.low > verdict.threshold, verdict
+    assert verdict.sentence().endswith(f"limit ×1.1; to fail on this runner the interval must clear "
+                                       f"×{verdict.fail_bar:.3g})"), verdict.sentence()
+
+
 def test_a_stored_baseline_verdict_names_the_busy_runner_through_the_gate():
     gate = parse_budget({"max_regression": 0.10, "itl_ms": 1e12})
     entry = BaselineEntry({}, timed(20.0, others=0.0))

@@ -599,8 +599,9 @@ def test_report_reasons_say_how_a_stored_baseline_was_compared():
                             machine_slowdown=2.0, repetitions=True)]
 
     itl, tps, provenance, changed = verdict_reasons(Record())
-    assert itl.startswith("ITL p50 15% slower (×1.15 [1.12–1.18], limit ×1.1): INCONCLUSIVE -- itl_ms p50 baseline "
-                          "20 ms → now 23 ms")
+    # the interval lies above its limit, yet undecided: the sentence itself says so, not only the detail
+    assert itl.startswith("ITL p50 15% slower (×1.15 [1.12–1.18], limit ×1.1; above it, but undecided here (see why)): "
+                          "INCONCLUSIVE -- itl_ms p50 baseline 20 ms → now 23 ms")
     assert provenance == "baseline: 8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs"
     # the interval lies above the threshold although the verdict is inconclusive: the line says why
     assert ("as measured, fastest repetitions, noise ±2.6%, "

@@ -14,38 +14,47 @@ from pytest_infergate.stats import bootstrap_ratio_ci, harrell_davis, least_dist
 from pytest_infergate.status import Status
 
 
-def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status,
-               threshold: float) -> StoredVerdict | None:
+def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Status, threshold: float,
+               drift_bound: float) -> StoredVerdict | None:
     """The verdict where the kernel saw other processes keep either side's runner busy (perf.interference): the
     direct evidence, before the probe's indirect one. Busy now: only a pass as measured stands; busy at the save:
     only a failure; busy on both sides: nothing does. None: neither side measured busy. Its `measured` is the
-    comparison as measured, its `machine` left to the caller (the calibration probe's move)."""
+    comparison as measured, its `machine` left to the caller (the calibration probe's move); `drift_bound`: what a
+    failure as measured must clear between two runs of a quiet runner (perf.stored.RUN_DRIFT). An undecided one
+    carries the bar a failure needs here: the load-corrected figures' where they were measured (the route a
+    slowdown fails by on a busy runner), else what the load can explain as measured."""
     now, then = busy_share(candidate.others), busy_share(baseline.others)
     if now is None and then is None:
         return None
-    failed = load_free_failure(candidate, baseline, measured.ratio, threshold, max(now or 0.0, then or 0.0))
+    corrected, residual = load_free_comparison(candidate, baseline), stored_residual(candidate, baseline)
+    corrected_bar = threshold * residual if corrected else None
+    failed = load_free_failure(candidate, corrected, threshold, residual, measured.ratio, max(now or 0.0, then or 0.0))
     if failed is not None:
         return StoredVerdict(Status.FAIL, measured, None, failed, load_corrected=True)
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
             return StoredVerdict(status, measured, None, "")  # passed despite the load, or beyond what it explains
+        as_measured_bar = max(interference.explainable_slowdown(now), drift_bound)
         return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                              f"the runner was busy: {interference.describe(now)} during this run, so a slowdown as "
-                             f"measured (×{measured.ratio:.3f}) cannot be told from the machine's load")
+                             f"measured (×{measured.ratio:.3f}) cannot be told from the machine's load"
+                             f"{_not_beyond(candidate, corrected, threshold, residual)}",
+                             fail_bar=corrected_bar or as_measured_bar, fail_bar_load_corrected=bool(corrected_bar))
     if then is not None and now is None:
         if status == Status.FAIL:
             return StoredVerdict(status, measured, None, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                              f"the baseline was saved on a busy runner: {interference.describe(then)} while it was "
                              f"measured, so this run being no slower (×{measured.ratio:.3f}) says nothing",
-                             baseline_at_fault=True)
-    steady = steady_co_tenant(candidate, baseline, measured, threshold, now, then)
+                             baseline_at_fault=True, fail_bar=drift_bound)
+    steady = steady_co_tenant(candidate, baseline, measured, threshold, now, then, corrected)
     if steady is not None:
         return steady
     return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                          f"the runner was busy on both sides, unevenly: {interference.describe(now)} during this run "
-                         f"and {interference.taken(then)} while the baseline was saved",
-                         baseline_at_fault=True)
+                         f"and {interference.taken(then)} while the baseline was saved"
+                         f"{_not_beyond(candidate, corrected, threshold, residual)}",
+                         baseline_at_fault=True, fail_bar=corrected_bar, fail_bar_load_corrected=bool(corrected_bar))
 
 
 # Two busy sides had "the same" co-tenant when the others' shares of the machine differ by at most SAME_LOAD_SHARE
@@ -57,19 +66,19 @@ SAME_LOAD_FACTOR = 1.25
 
 
 def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, threshold: float, now: float,
-                     then: float) -> StoredVerdict | None:
+                     then: float, corrected: tuple[float, float, float] | None) -> StoredVerdict | None:
     """Both sides ran beside the same co-tenant (SAME_LOAD_SHARE, SAME_LOAD_FACTOR): the load hit them alike, so
     their load-free costs (Side.load_free_costs) compare like a quiet pair's and decide both ways — a pass where the
     whole interval lies within the threshold, a failure beyond the threshold times the correction's per-repetition
     error (interference.load_free_residual: a steady load stretches both sides' latencies alike, so a team's or one
-    thread's error applies, not the uneven-load margin). None: the loads differ, or were not measured alike."""
-    cand, base = candidate.load_free_costs(), baseline.load_free_costs()
-    if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
+    thread's error applies, not the uneven-load margin). `corrected`: load_free_comparison's. None: the loads
+    differ, or were not measured alike."""
+    if corrected is None:
         return None
     free_now, free_then = harrell_davis(candidate.load_free, 0.5), harrell_davis(baseline.load_free, 0.5)
     if abs(now - then) > SAME_LOAD_SHARE or max(free_now, free_then) > SAME_LOAD_FACTOR * min(free_now, free_then):
         return None
-    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
+    point, low, high = corrected
     residual = preempted_margin(candidate, interference.load_free_residual(candidate, baseline, baseline_quiet=True))
     how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
            f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
@@ -78,32 +87,50 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
     if high <= threshold:
         return StoredVerdict(Status.PASS, measured, None, how, load_corrected=True)
     if low > threshold * residual:
-        return StoredVerdict(Status.FAIL, measured, None, f"{how}, beyond ×{threshold * residual:.2f}, the threshold "
-                             f"with the load correction's own error (×{residual} on the threshold"
-                             f"{_why_margin(candidate)})",
-                             load_corrected=True)
+        return StoredVerdict(Status.FAIL, measured, None,
+                             f"{how}, beyond {_corrected_bar(candidate, threshold, residual)}", load_corrected=True)
     return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond ×{threshold * residual:.2f}, the "
-                         "threshold with the load correction's own error, nor within the threshold", steady=how)
+                         "threshold with the load correction's own error, nor within the threshold", steady=how,
+                         fail_bar=threshold * residual, fail_bar_load_corrected=True)
 
 
-def load_free_failure(candidate: Side, baseline: Side, measured_ratio: float, threshold: float,
-                      share: float) -> str | None:
-    """A slowdown on a busy runner that the load cannot have made: the two sides' costs with the co-tenants' load
-    taken out (Side.load_free_costs) compared, failing only when the whole interval lies above the threshold
-    times the estimate's measured residual (interference.load_free_residual: measured between runs, so the runs'
-    own drift, RUN_DRIFT, is in it). Returns the reason, naming the load
-    and the evidence, or None (not measured on both sides, or not beyond the bound)."""
+def load_free_comparison(candidate: Side, baseline: Side) -> tuple[float, float, float] | None:
+    """The two sides' costs with the co-tenants' load taken out (Side.load_free_costs) compared: the ratio of their
+    fastest repetitions and its bootstrap interval; None where not measured on both sides, or by different evidence
+    (run-queue delay vs device time)."""
     cand, base = candidate.load_free_costs(), baseline.load_free_costs()
     if cand is None or base is None or candidate.load_free_by != baseline.load_free_by:
-        return None  # not measured on both sides, or by different evidence (run-queue delay vs device time)
-    point, low, high = bootstrap_ratio_ci(cand, base, least_disturbed)
-    residual = stored_residual(candidate, baseline)
-    bound = threshold * residual
-    if low <= bound:
         return None
+    return bootstrap_ratio_ci(cand, base, least_disturbed)
+
+
+def load_free_failure(candidate: Side, corrected: tuple[float, float, float] | None, threshold: float,
+                      residual: float, measured_ratio: float, share: float) -> str | None:
+    """A slowdown on a busy runner that the load cannot have made: the load-corrected comparison (`corrected`,
+    load_free_comparison) failing only when its whole interval lies beyond the threshold times the estimate's
+    measured `residual` (stored_residual: measured between runs, so the runs' own drift, RUN_DRIFT, is in it).
+    Returns the reason, naming the load and the evidence, or None (not measured on both sides, or not beyond)."""
+    if corrected is None or corrected[1] <= threshold * residual:
+        return None
+    point, low, high = corrected
     return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
             f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
-            f"beyond ×{bound:.2f}, the threshold with the load correction's own error (×{residual} on the "
+            f"beyond {_corrected_bar(candidate, threshold, residual)}")
+
+
+def _not_beyond(candidate: Side, corrected: tuple[float, float, float] | None, threshold: float,
+                residual: float) -> str:
+    """What the load-corrected comparison read where it did not fail, for an undecided verdict's note."""
+    if corrected is None:
+        return ""
+    point, low, high = corrected
+    return (f"; {interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}], not "
+            f"beyond {_corrected_bar(candidate, threshold, residual)}")
+
+
+def _corrected_bar(candidate: Side, threshold: float, residual: float) -> str:
+    """'×1.27, the threshold with the load correction's own error (×1.15 on the threshold)'."""
+    return (f"×{threshold * residual:.2f}, the threshold with the load correction's own error (×{residual} on the "
             f"threshold{_why_margin(candidate)})")
 
 

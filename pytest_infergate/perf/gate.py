@@ -271,7 +271,7 @@ def judged(verdicts: list[Verdict], diff: FingerprintDiff) -> list[Verdict]:
     for v in verdicts:
         timing = scales_with_speed(v.metric)
         if machine_bound(v, diff):
-            v = replace(v, status=Status.INCONCLUSIVE,
+            v = replace(v, status=Status.INCONCLUSIVE, fail_bar=None, fail_bar_load_corrected=False,
                         note=f"the baseline was measured on another machine ({diff.machine_text}), so its "
                              f"figures are no yardstick here")
         elif not diff.under_test and timing and v.status == Status.PASS and v.high < 1.0 / (v.threshold * RUN_DRIFT):

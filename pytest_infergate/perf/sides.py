@@ -92,3 +92,7 @@ class StoredVerdict:
     # like a quiet pair's, so the engine thread's speed may decide a pass (perf.busy.steady_co_tenant,
     # perf.speed_pass.at_thread_speed)
     steady: str = ""
+    # Verdict.fail_bar: what the interval's low end must clear to fail on this runner: `measured`'s, or with
+    # fail_bar_load_corrected the load-corrected comparison's (perf.busy)
+    fail_bar: float | None = None
+    fail_bar_load_corrected: bool = False

@@ -184,7 +184,7 @@ def decide_stored(candidate: Side, baseline: Side, max_regression: float) -> Sto
     if drift:  # no failure as measured, whatever the evidence below (the load-corrected figures decide apart)
         status = Status.INCONCLUSIVE
     if busy_share(candidate.others) is not None or busy_share(baseline.others) is not None:
-        loaded = busy.busy_sides(candidate, baseline, measured, status, threshold)
+        loaded = busy.busy_sides(candidate, baseline, measured, status, threshold, threshold * RUN_DRIFT)
         verdict = replace(loaded, machine=change, steady="")
         corrected = (candidate.load_free_costs() or [], baseline.load_free_costs() or [])
         if loaded.steady:
@@ -211,7 +211,8 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
                  drift: str, threshold: float) -> StoredVerdict:
     """Neither side measured busy: the verdict as measured, the runs' drift and the calibration probe's move."""
     if drift:
-        return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT)
+        return StoredVerdict(status, measured, change, drift, within_drift=measured.ratio <= threshold * RUN_DRIFT,
+                             fail_bar=threshold * RUN_DRIFT)
     if change is None:
         return StoredVerdict(status, measured, change, "")
     # the normalized comparison (two bootstraps) is made only where a verdict or its sentence reads it
@@ -228,7 +229,8 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the runner was busy: the calibration probe ran ×{change.ratio:.2f} slower than when the "
                              f"baseline was saved, so a slowdown as measured (×{measured.ratio:.3f}) cannot be told "
-                             f"from the machine's{_normalized_aside(candidate, baseline, threshold)}")
+                             f"from the machine's{_normalized_aside(candidate, baseline, threshold)}",
+                             fail_bar=threshold * change.high * RUN_DRIFT)
     if change.high < 1.0 / threshold:  # faster now: the baseline was saved on a busy runner
         if status == Status.FAIL:
             return StoredVerdict(status, measured, change, "")
@@ -296,7 +298,8 @@ def compare_stored(metric: str, candidate: Measurement, baseline: Measurement, m
                    baseline_at_fault=decided.baseline_at_fault, load_corrected=decided.load_corrected,
                    load_free_by=cand.load_free_by if decided.load_corrected else "",
                    unresolvable=decided.within_drift, at_thread_speed=decided.at_thread_speed,
-                   narrowable=decided.narrowable)
+                   narrowable=decided.narrowable, fail_bar=decided.fail_bar,
+                   fail_bar_load_corrected=decided.fail_bar_load_corrected)
     if verdict.status == Status.INCONCLUSIVE and not verdict.note and beyond_remeasure(verdict):
         verdict = replace(verdict, unresolvable=True, note=(
             f"this comparison's noise is {units.noise(verdict.resolution, places=0)} on this runner (the two sides' "

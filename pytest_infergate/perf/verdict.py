@@ -74,6 +74,12 @@ class Verdict:
     # blamed on a save the host slowed, but straddling the bar at the save's thread speed: measuring this run more
     # may still decide it (perf.sides.StoredVerdict.narrowable)
     narrowable: bool = False
+    # the ratio the interval's low end must clear to fail on this runner where that is more than the threshold (the
+    # runs' own drift, what the co-tenants' load can explain, the load correction's own error), in the figures the
+    # sentence shows (with fail_bar_load_corrected: of the load-corrected figures, the route a slowdown fails by on a
+    # busy runner); None: the threshold, or no failure can be decided here
+    fail_bar: float | None = None
+    fail_bar_load_corrected: bool = False
 
     @property
     def resolution(self) -> float:
@@ -115,7 +121,18 @@ class Verdict:
         speed = " at the save's thread speed" if self.at_thread_speed else ""
         return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} "
                 f"({units.ratio(self.ratio)} [{units.number(self.low)}–{units.number(self.high)}], limit "
-                f"{units.ratio(self.threshold)})")
+                f"{units.ratio(self.threshold)}{self._past_limit()})")
+
+    def _past_limit(self) -> str:
+        """Why an undecided interval that lies wholly past its limit is no failure, in the sentence itself (a reviewer
+        read 'inconclusive tokens/s 21.6% lower (×1.28 [1.16–1.58], limit ×1.1)' as a failure): the bar a failure
+        needs on this runner, or that none is decided here."""
+        if self.status != Status.INCONCLUSIVE or self.low <= self.threshold:
+            return ""
+        if self.fail_bar:
+            which = "load-corrected interval" if self.fail_bar_load_corrected else "interval"
+            return f"; to fail on this runner the {which} must clear {units.ratio(self.fail_bar)}"
+        return "; above it, but undecided here (see why)"
 
     def details(self) -> str:
         """What the sentence rests on, after it: the two figures, the evidence that decided, why it is undecided.
@@ -301,7 +318,7 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
         # the estimate keeps a side's waits whole and shrinks its compute by its own error: a slowdown that waits
         # reads larger load-corrected than it is (docs/measurements.md): a failure stands only beyond the
         # estimate's own error
-        corrected = replace(corrected, status=Status.INCONCLUSIVE, note=(
+        corrected = replace(corrected, status=Status.INCONCLUSIVE, fail_bar=bound, fail_bar_load_corrected=True, note=(
             f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
             f"threshold but not beyond ×{bound:.2f}, the threshold with the load correction's own error"))
     if corrected.status != Status.INCONCLUSIVE:
