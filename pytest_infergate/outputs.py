@@ -25,6 +25,7 @@ from pytest_infergate.atomic import plain_file_mode
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.history.store import baseline_entries, save_run, save_run_as_baseline
 from pytest_infergate.options import Options
+from pytest_infergate.results.reasons import busy_save_note
 from pytest_infergate.results.run import RunResults
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
             raise
         measured = len({record.test for record in results.perf if record.fingerprint})
         saved.append(f"baseline: this run saved to {path}, {measured} perf measurement{'' if measured == 1 else 's'} "
-                     f"to compare with (later runs compare with --infergate-baseline {path})")
+                     f"to compare with (later runs compare with --infergate-baseline {path})"
+                     f"{busy_save_note(results.perf)}")
         if kept:
             notes.append(f"--infergate-save-baseline {path}: another run saved it while this one ran; its "
                          f"{len(kept)} measurement{'' if len(kept) == 1 else 's'} this run did not measure kept "

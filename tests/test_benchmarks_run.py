@@ -160,6 +160,18 @@ def test_preempted_cpu_time_prints_each_co_tenants_move_against_quiet_blocks(cac
 
 
 @pytest.mark.slow
+def test_repetition_count_prints_each_window_sizes_bias_against_the_whole_run(cache_dir):
+    out = run_script("repetition_count.py", "--repetitions", 6, "--sizes", "3,6", "--kinds", "1 loop",
+                     cache_dir=cache_dir)
+    line(r"^  1 loop, load-free share " + FIGURE + ":$", out)
+    found = line(rf"^ +3 repetitions: as measured ×({FIGURE}) \[({FIGURE}), ({FIGURE})\] +load-corrected ×{FIGURE}",
+                 out)
+    assert float(found[2]) <= float(found[1]) <= float(found[3]), found[0]
+    whole = line(rf"^ +6 repetitions: as measured ×({FIGURE}) \[", out)
+    assert float(whole[1]) == 1.0, whole[0]  # the one window of the whole run is the run
+
+
+@pytest.mark.slow
 def test_lockstep_spread_prints_per_round_ratios_and_their_spread(cache_dir):
     out = run_script("lockstep_spread.py", "--model", "tiny-random-llama", "--rounds", 2, "--slowdown", 0.25,
                      cache_dir=cache_dir)

@@ -195,6 +195,11 @@ def test_a_run_that_compared_nothing_says_so_in_the_verdict_line_the_perf_line_t
     compared = RunResults(records=[record(served(seed=2))])
     compared.perf[0].outcome = gated(served(seed=2), served(seed=1))
     assert compared.verdict().headline() == "infergate verdict: PASS"
+    # its perf line's pooled figures are not what the comparisons below read: said on the line (two "now" figures
+    # of one metric read as a contradiction), and not where nothing was compared
+    perf_line = next(line.text for line in summary_lines(compared) if line.text.startswith("  perf PASS"))
+    assert perf_line.endswith("repetitions pooled; the comparisons below read each side's fastest repetitions)")
+    assert not any("fastest" in line for line in terminal)
 
 
 def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_was_compared(tmp_path):

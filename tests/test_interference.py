@@ -237,13 +237,14 @@ def test_an_undecided_interval_past_its_limit_names_the_bar_a_failure_needs_ther
                                1.1 * interference.load_free_residual(one_thread(1, 0.5, 0.95), one_thread(1, 0.5, 0.95),
                                                                      baseline_quiet=True), True),
     }
-    for name, ((now, free_now), (then, free_then), bar, corrected) in cases.items():
-        def decided(slowdown: float):
-            # the load-corrected costs are the costs × the share: a load-corrected ratio of `slowdown` either way
-            scale = (free_then or 1.0) / (free_now or 1.0)
-            return stored.decide_stored(one_thread(20.0 * slowdown * scale, now, free_now),
-                                        one_thread(20.0, then, free_then), max_regression=0.10)
-        below, above = decided(bar * 0.97), decided(bar * 1.04)
+    def decided(slowdown: float, candidate: tuple[float, float | None], baseline: tuple[float, float | None]):
+        # the load-corrected costs are the costs × the share: a load-corrected ratio of `slowdown` either way
+        scale = (baseline[1] or 1.0) / (candidate[1] or 1.0)
+        return stored.decide_stored(one_thread(20.0 * slowdown * scale, *candidate), one_thread(20.0, *baseline),
+                                    max_regression=0.10)
+
+    for name, (candidate, baseline, bar, corrected) in cases.items():
+        below, above = decided(bar * 0.97, candidate, baseline), decided(bar * 1.04, candidate, baseline)
         assert below.status == "inconclusive" and below.fail_bar == pytest.approx(bar), (name, below)
         assert below.fail_bar_load_corrected == corrected, name
         assert above.status == "fail", (name, above)  # the power beside it: past the bar, a failure
@@ -316,6 +317,18 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     terminal = "\n".join(line.text for line in summary_lines(RunResults(records=[later])))
     assert terminal.count("re-save the baseline") == 1 and terminal.count("--infergate-baseline-python") == 1
     assert terminal.count("the baseline was saved on a busy runner") >= 1
+    # a run that compares and saves at once, beside the load: the save's line says it (its reasons are comparisons)
+    from pytest_infergate.outputs import write_outputs
+
+    compared = PerfRecord(test=ctx.test_id, label="", precision="fp32", measurement=busy_save,
+                          budget={"max_regression": 0.1}, fingerprint={"model": "m"})
+    compared.outcome = evaluate_perf(busy_save, parse_budget({"max_regression": 0.10}), {},
+                                     BaselineEntry({}, timed(20.0, others=0.0)))
+    (line,) = write_outputs(RunResults(records=[compared]), Options(save_baseline=tmp_path / "c.json")).saved
+    assert "1 perf measurement to compare with" in line and "; 1 of them measured on a busy runner (other " \
+        "processes took 60%" in line and "later runs still fail a slowdown against it" in line, line
+    (quiet_line,) = write_outputs(RunResults(records=[unloaded]), Options(save_baseline=tmp_path / "q.json")).saved
+    assert "busy" not in quiet_line  # and a nothing-compared save says it in its own reason, once (above)
 
 
 def test_a_baseline_saved_on_a_busy_runner_is_not_re_measured_against():

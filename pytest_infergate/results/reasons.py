@@ -35,12 +35,28 @@ def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
         budgets = ", only its budgets were checked" if record.has_limits else ""
         # a save on a busy runner is a pass of this run (it ran as asked) that later runs will feel: said here
         busy = busy_share(record.measurement.others_share) if record.measurement else None
-        under_load = (f"; it was measured on a busy runner ({interference.describe(busy)}): "
-                      f"{interference.UNDER_LOAD}; to make it decisive, {interference.RESAVE}") if busy else ""
+        under_load = f"; it was {saved_under_load(busy)}" if busy else ""
         return f"this run saved the baseline to {saved}, so nothing was compared this run{budgets}{under_load}"
     checked = "only its budgets were checked" if record.has_limits else "nothing was checked"
     return (f"max_regression asked for a comparison, but no baseline was given: {checked}; "
             "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")
+
+
+def saved_under_load(share: float) -> str:
+    """What a save measured on a busy runner means for the runs that compare with it, and what makes it decisive."""
+    return (f"measured on a busy runner ({interference.describe(share)}): {interference.UNDER_LOAD}; to make it "
+            f"decisive, {interference.RESAVE}")
+
+
+def busy_save_note(records: list[PerfRecord]) -> str:
+    """What the saved baseline's line says of the measurements this run saved under load where their own reasons
+    compared something (a run that compares and saves at once), or "": a nothing-compared reason says it itself
+    (no_baseline_message)."""
+    shares = [share for record in records if record.measurement and not record.compared_nothing
+              for share in [busy_share(record.measurement.others_share)] if share]
+    if not shares:
+        return ""
+    return f"; {len(shares)} of them {saved_under_load(max(shares))}"
 
 
 def undecided_notice(record) -> str | None:
