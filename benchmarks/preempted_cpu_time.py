@@ -56,8 +56,8 @@ def co_tenants(counts: dict[str, int]) -> list[subprocess.Popen]:
             for kind, count in counts.items() for _ in range(count)]
 
 
-def block(bench: Bench, requests, config, repeats: int, counts: dict[str, int]) -> tuple[float, float, float]:
-    """(median load-free share, median and least load-corrected seconds per token) of `repeats` repetitions."""
+def beside(bench: Bench, requests, config, repeats: int, counts: dict[str, int]) -> Measurement:
+    """`repeats` repetitions in a row beside the co-tenants `counts` (none: quiet)."""
     others = co_tenants(counts)
     try:
         if others:
@@ -65,12 +65,38 @@ def block(bench: Bench, requests, config, repeats: int, counts: dict[str, int]) 
         m = Measurement()
         for _ in range(repeats):
             bench.run_once(requests, config, 1, m, probe=False)
+        return m
     finally:
         for process in others:
             process.kill()
             process.wait()
+
+
+def block(bench: Bench, requests, config, repeats: int, counts: dict[str, int]) -> tuple[float, float, float]:
+    """(median load-free share, median and least load-corrected seconds per token) of `repeats` repetitions."""
+    m = beside(bench, requests, config, repeats, counts)
     costs = [share / tps for share, tps in zip(m.load_free_share, m.samples["tokens_per_s"])]
     return statistics.median(m.load_free_share), statistics.median(costs), min(costs)
+
+
+def kinds_of(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The co-tenant kinds named in `text` (comma-separated), or the parser's error naming the unknown ones."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown co-tenant kind(s) {unknown}: choose from {', '.join(KINDS)}")
+    return kinds
+
+
+def starter_bench(model: str) -> tuple[Bench, list, EngineConfig]:
+    """The starter's bench call (the default chat workload, `max_batch_size=8`) on one torch thread, warmed up."""
+    torch.set_num_threads(1)
+    loaded = load_model(resolve_model(model, default_cache_dir()), "fp32")
+    requests = default_chat_workload(loaded.tokenizer)
+    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
+    bench = Bench(loaded, calibrate=False)
+    bench.measure(requests, config, warmup=2, repeats=1)
+    return bench, requests, config
 
 
 def main() -> int:
@@ -80,16 +106,8 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="co-tenant kinds, comma-separated: " + ", ".join(KINDS))
     args = parser.parse_args()
-    kinds = [k.strip() for k in args.kinds.split(",")]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        parser.error(f"unknown co-tenant kind(s) {unknown}: choose from {', '.join(KINDS)}")
-    torch.set_num_threads(1)
-    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
-    requests = default_chat_workload(loaded.tokenizer)
-    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
-    bench = Bench(loaded, calibrate=False)
-    bench.measure(requests, config, warmup=2, repeats=1)
+    kinds = kinds_of(parser, args.kinds)
+    bench, requests, config = starter_bench(args.model)
     print(f"{args.model}, one torch thread, {args.repeats} repetitions a block, {os.cpu_count()} CPUs; load-corrected "
           "cost per token over the quiet blocks before and after:", flush=True)
     before = block(bench, requests, config, args.repeats, {})

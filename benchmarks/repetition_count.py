@@ -19,38 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from preempted_cpu_time import KINDS, co_tenants  # noqa: E402
+from preempted_cpu_time import KINDS, beside, kinds_of, starter_bench  # noqa: E402
 
-from pytest_infergate.engine import EngineConfig  # noqa: E402
-from pytest_infergate.measurement import Measurement  # noqa: E402
-from pytest_infergate.models import load_model, resolve_model  # noqa: E402
-from pytest_infergate.options import default_cache_dir  # noqa: E402
-from pytest_infergate.perf.local_bench import Bench  # noqa: E402
 from pytest_infergate.stats import least_disturbed  # noqa: E402
-from pytest_infergate.workloads import default_chat_workload  # noqa: E402
-
-
-def one_run(bench: Bench, requests, config, repetitions: int, counts: dict[str, int]) -> Measurement:
-    """`repetitions` repetitions in a row beside the co-tenants `counts` (none: quiet)."""
-    others = co_tenants(counts)
-    try:
-        if others:
-            time.sleep(1.0)  # the co-tenants started and touched their memory
-        measurement = Measurement()
-        for _ in range(repetitions):
-            bench.run_once(requests, config, 1, measurement, probe=False)
-        return measurement
-    finally:
-        for process in others:
-            process.kill()
-            process.wait()
 
 
 def window_bias(costs: list[float], size: int) -> tuple[float, float, float]:
@@ -69,24 +45,16 @@ def main() -> int:
     parser.add_argument("--kinds", default="2 loops", help="co-tenant kinds beside the quiet run, comma-separated: "
                         + ", ".join(KINDS) + " (none: quiet only)")
     args = parser.parse_args()
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        parser.error(f"unknown co-tenant kind(s) {unknown}: choose from {', '.join(KINDS)}")
+    kinds = kinds_of(parser, args.kinds)
     sizes = [int(s) for s in args.sizes.split(",")]
     if max(sizes) > args.repetitions:
         parser.error(f"--sizes {max(sizes)} is more than --repetitions {args.repetitions}: raise --repetitions")
-    torch.set_num_threads(1)
-    loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp32")
-    requests = default_chat_workload(loaded.tokenizer)
-    config = EngineConfig(max_batch_size=8, max_model_len=1024, kv_budget_bytes=256 << 20)
-    bench = Bench(loaded, calibrate=False)
-    bench.measure(requests, config, warmup=2, repeats=1)
+    bench, requests, config = starter_bench(args.model)
     print(f"{args.model}, one torch thread, {args.repetitions} repetitions a load; the fastest-repetitions cost "
           "(1 / tokens/s) of every window of consecutive repetitions over the whole run's: median [least, most]",
           flush=True)
     for name, counts in [("quiet", {})] + [(kind, KINDS[kind]) for kind in kinds]:
-        measurement = one_run(bench, requests, config, args.repetitions, counts)
+        measurement = beside(bench, requests, config, args.repetitions, counts)
         tps = measurement.samples["tokens_per_s"]
         measured = [1.0 / value for value in tps]
         shares = measurement.load_free_share
