@@ -409,7 +409,7 @@ def test_a_busy_side_fails_on_what_the_load_cannot_have_made(baseline, candidate
         # a busy baseline's latencies load-corrected keep a team's margin (x1.6): x2 fails, unchanged does not
         assert itl.status == expected, itl.details()
         if expected == "fail":
-            assert ("beyond ×1.76, the threshold with the load correction's own error (×1.6 on the threshold)"
+            assert ("beyond ×1.76 (the limit ×1.1 × 1.6, the load correction's own error)"
                     in itl.note)
     if same_co_tenant:
         # beyond even the uneven-load margin: that failure is said first; within it, the steady co-tenant decides

@@ -252,7 +252,7 @@ def test_an_ab_on_a_busy_runner_decides_on_each_sides_load_corrected_steps():
     assert "as measured" in slower.note and "other processes took 50%" in slower.note
     (quarter,) = compare_measurements(asleep_longer(25.0), a, budget, paired=True)
     assert quarter.status == Status.INCONCLUSIVE and quarter.ratio == pytest.approx(1.25, abs=0.03)
-    assert "not beyond ×1.76, the threshold with the load correction's own error" in quarter.note
+    assert "not beyond ×1.76 (the limit ×1.1 × the load correction's own error)" in quarter.note
     assert "a pass as measured (×1.0" in quarter.note, quarter.note
     b_levels = [325.0 * (1 + 0.01 * ((i + 1) % 3)) for i in range(rounds)]
     # unchanged code, the shares noisy round by round: never a failure

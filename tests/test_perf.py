@@ -850,5 +850,5 @@ def test_an_interval_that_straddles_its_threshold_names_the_action_that_decides(
     busy = replace(straddles, note="the runner was busy: other processes took 60% of the machine's CPU time")
     busy_unchanged = perf_advice(SimpleNamespace(**{**vars(record), "changes": []}), [], [busy])
     assert busy_unchanged == ("The runner was busy: rerun the job (each run reads the runner's load anew), or "
-                              "measure more (a larger `min_time_s=`).")
+                              "measure more (a larger `min_time_s=` in the `infergate_bench(...)` call).")
     assert "--infergate-baseline-python" in perf_advice(record, [], [busy])

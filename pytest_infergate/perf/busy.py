@@ -28,7 +28,7 @@ def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Sta
         return None
     corrected, residual = load_free_comparison(candidate, baseline), stored_residual(candidate, baseline)
     corrected_bar = threshold * residual if corrected else None
-    failed = load_free_failure(candidate, corrected, threshold, residual, measured.ratio, max(now or 0.0, then or 0.0))
+    failed = load_free_failure(candidate, corrected, threshold, residual, measured.ratio, now, then)
     if failed is not None:
         return StoredVerdict(Status.FAIL, measured, None, failed, load_corrected=True)
     if now is not None and then is None:
@@ -89,8 +89,9 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
     if low > threshold * residual:
         return StoredVerdict(Status.FAIL, measured, None,
                              f"{how}, beyond {_corrected_bar(candidate, threshold, residual)}", load_corrected=True)
-    return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond ×{threshold * residual:.2f}, the "
-                         "threshold with the load correction's own error, nor within the threshold", steady=how,
+    return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond "
+                         f"{_corrected_bar(candidate, threshold, residual)}, nor within the limit "
+                         f"{units.ratio(threshold)}", steady=how,
                          fail_bar=threshold * residual, fail_bar_load_corrected=True)
 
 
@@ -105,17 +106,29 @@ def load_free_comparison(candidate: Side, baseline: Side) -> tuple[float, float,
 
 
 def load_free_failure(candidate: Side, corrected: tuple[float, float, float] | None, threshold: float,
-                      residual: float, measured_ratio: float, share: float) -> str | None:
+                      residual: float, measured_ratio: float, now: float | None, then: float | None) -> str | None:
     """A slowdown on a busy runner that the load cannot have made: the load-corrected comparison (`corrected`,
     load_free_comparison) failing only when its whole interval lies beyond the threshold times the estimate's
     measured `residual` (stored_residual: measured between runs, so the runs' own drift, RUN_DRIFT, is in it).
-    Returns the reason, naming the load and the evidence, or None (not measured on both sides, or not beyond)."""
+    Returns the reason, naming the load on each busy side (`now`, `then`: busy_share's) and the evidence, or None
+    (not measured on both sides, or not beyond)."""
     if corrected is None or corrected[1] <= threshold * residual:
         return None
     point, low, high = corrected
     return (f"{interference.load_corrected(candidate.load_free_by)}: ×{point:.3f} [{low:.3f}, {high:.3f}] slower "
-            f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {interference.describe(share)}), "
+            f"with the co-tenants' load taken out (×{measured_ratio:.3f} as measured; {_loads(now, then)}), "
             f"beyond {_corrected_bar(candidate, threshold, residual)}")
+
+
+def _loads(now: float | None, then: float | None) -> str:
+    """Which side the co-tenants loaded, and by how much: 'other processes took 58% … during this run and 57% … at
+    the save'."""
+    if now is not None and then is not None:
+        return (f"other processes took {interference.taken(now)} during this run and {interference.taken(then)} at "
+                "the save")
+    if now is not None:
+        return f"{interference.describe(now)} during this run"
+    return f"{interference.describe(then or 0.0)} while the baseline was saved"
 
 
 def _not_beyond(candidate: Side, corrected: tuple[float, float, float] | None, threshold: float,
@@ -129,9 +142,9 @@ def _not_beyond(candidate: Side, corrected: tuple[float, float, float] | None, t
 
 
 def _corrected_bar(candidate: Side, threshold: float, residual: float) -> str:
-    """'×1.27, the threshold with the load correction's own error (×1.15 on the threshold)'."""
-    return (f"×{threshold * residual:.2f}, the threshold with the load correction's own error (×{residual} on the "
-            f"threshold{_why_margin(candidate)})")
+    """'×1.27 (the limit ×1.1 × 1.15, the load correction's own error)'."""
+    return (f"×{threshold * residual:.2f} (the limit {units.ratio(threshold)} × {residual}, the load correction's own "
+            f"error{_why_margin(candidate)})")
 
 
 def stored_residual(candidate: Side, baseline: Side) -> float:

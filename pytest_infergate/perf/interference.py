@@ -40,7 +40,7 @@ IN_ONE_RUN = ("compare in one run, where the load hits both sides alike (--infer
 _RERUN_JOB = "rerun the job (each run reads the runner's load anew)"
 RERUN = f"{_RERUN_JOB}, or {IN_ONE_RUN}"
 # the same where nothing the baseline records changed: there is no other side to compare in one run
-RERUN_UNCHANGED = f"{_RERUN_JOB}, or measure more (a larger `min_time_s=`)"
+RERUN_UNCHANGED = f"{_RERUN_JOB}, or measure more (a larger `min_time_s=` in the `infergate_bench(...)` call)"
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
 UNDER_LOAD = "later runs still fail a slowdown against it, but pass only beside a steady load like the save's"

@@ -28,9 +28,9 @@ FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT"
                 "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
                 "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
 # what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
-UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=`), or compare in one run, where the runner's "
-                    "drift hits both sides alike (--infergate-baseline-python OLD_ENV/bin/python for a library "
-                    "change, infergate_bench.ab() for a model, precision or config)")
+UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=` in the `infergate_bench(...)` call), or "
+                    "compare in one run, where the runner's drift hits both sides alike (--infergate-baseline-python "
+                    "OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, precision or config)")
 
 
 def figure_name(metric: str, pct: float | None) -> str:
@@ -320,7 +320,8 @@ def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measu
         # estimate's own error
         corrected = replace(corrected, status=Status.INCONCLUSIVE, fail_bar=bound, fail_bar_load_corrected=True, note=(
             f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
-            f"threshold but not beyond ×{bound:.2f}, the threshold with the load correction's own error"))
+            f"limit but not beyond ×{bound:.2f} (the limit {units.ratio(corrected.threshold)} × the load correction's "
+            "own error)"))
     if corrected.status != Status.INCONCLUSIVE:
         if corrected.status == Status.PASS and measured.status == Status.FAIL:
             return replace(corrected, status=Status.INCONCLUSIVE, load_corrected=True, note=(

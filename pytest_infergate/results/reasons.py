@@ -162,9 +162,9 @@ def changes_phrase(changes: list[str]) -> str:
 # own, saved anew by its next run on the default branch once the file is gone there (docs/guides/ci.md)
 ACCEPT = "--infergate-save-baseline (in CI: delete the baseline file on the default branch)"
 # what decides an undecided comparison against a stored baseline when nothing it records changed
-UNCHANGED_ACTION = ("Measure more (a larger `min_time_s=` or `repeats=`: more repetitions, fewer of them disturbed), "
-                    "or rerun the job: nothing the baseline records changed, so there is no other side to compare "
-                    "in one run.")
+UNCHANGED_ACTION = ("Measure more (a larger `min_time_s=` or `repeats=` in the `infergate_bench(...)` call: more "
+                    "repetitions, fewer of them disturbed), or rerun the job: nothing the baseline records changed, "
+                    "so there is no other side to compare in one run.")
 
 
 def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Verdict]) -> str:
