@@ -15,7 +15,8 @@ these figures (docs/measurements.md, "A preempted thread's CPU time").
 
 Co-tenants: `loops` are Python busy loops (hardly touch memory), `streams` copy and add 64 MiB of float32 in numpy
 (gate_power.MEMORY_STREAM: another job's tensors), `torch` multiply 768×768 float32 matrices on one thread (another
-test suite's model).
+test suite's model); `half loops` and `half streams` do the same busy 20 ms, idle 20 ms (our thread then waits for a
+CPU for a few percent to a sixth of its time, as beside jobs in other cgroups).
 """
 
 from __future__ import annotations
@@ -44,10 +45,21 @@ from pytest_infergate.workloads import default_chat_workload  # noqa: E402
 
 TORCH_JOB = ("import torch; torch.set_num_threads(1); a = torch.randn(768, 768); b = torch.randn(768, 768)\n"
              "while True:\n    a @ b\n")
-CODE = {"loops": "while 1: pass", "streams": MEMORY_STREAM, "torch": TORCH_JOB}
-KINDS = {"1 loop": {"loops": 1}, "2 loops": {"loops": 2}, "4 loops": {"loops": 4},
+# half-busy co-tenants (busy 20 ms, idle 20 ms): a share of the machine between one and two busy processes, where our
+# thread waits for a CPU for a tenth or a fifth of its time (a shared runner's jobs in other cgroups)
+HALF_LOOP = ("import time\nwhile True:\n    t = time.time() + 0.02\n    while time.time() < t: pass\n"
+             "    time.sleep(0.02)\n")
+HALF_STREAM = ("import time\nimport numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
+               "while True:\n    t = time.time() + 0.02\n    while time.time() < t:\n"
+               "        np.copyto(b, a); a += 1.0\n    time.sleep(0.02)\n")
+CODE = {"loops": "while 1: pass", "streams": MEMORY_STREAM, "torch": TORCH_JOB, "half loops": HALF_LOOP,
+        "half streams": HALF_STREAM}
+KINDS = {"1 loop": {"loops": 1}, "1 stream": {"streams": 1}, "1 torch job": {"torch": 1}, "2 loops": {"loops": 2},
+         "4 loops": {"loops": 4},
          "1 loop + 1 stream": {"loops": 1, "streams": 1}, "2 streams": {"streams": 2},
-         "2 loops + 2 streams": {"loops": 2, "streams": 2}, "2 torch jobs": {"torch": 2}, "4 torch jobs": {"torch": 4}}
+         "2 loops + 2 streams": {"loops": 2, "streams": 2}, "2 torch jobs": {"torch": 2}, "4 torch jobs": {"torch": 4},
+         "2 half loops": {"half loops": 2}, "3 half loops": {"half loops": 3}, "1 half stream": {"half streams": 1},
+         "2 half streams": {"half streams": 2}, "3 half streams": {"half streams": 3}}
 
 
 def co_tenants(counts: dict[str, int]) -> list[subprocess.Popen]:

@@ -211,6 +211,7 @@ def test_a_preempted_threads_cpu_time_is_no_failure_but_a_slowdown_beyond_it_is(
     failed = stored.decide_stored(slower, saved, max_regression=0.10)
     assert failed.status == "fail" and failed.load_corrected, failed
     assert "refills its caches" in failed.disagreement
+    assert "our thread waited for a CPU 53% of its time this run (over 10%)" in failed.disagreement
     hardly_waited = side(RUN_TPS, [0.95] * len(RUN_TPS), RUN_OTHERS)
     assert busy.stored_residual(hardly_waited, saved) == interference.LOAD_FREE_RESIDUAL_ONE_THREAD
 

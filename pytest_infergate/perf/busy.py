@@ -189,4 +189,10 @@ def preempted_margin(candidate: Side, residual: float) -> float:
 
 
 def _why_margin(candidate: Side) -> str:
-    return ": a preempted thread's CPU time grows as it refills its caches" if preempted(candidate) else ""
+    """Why the margin is BUSY_CPU_INFLATION, with the share that made it so: beside the same co-tenant one run's bar
+    read ×1.26 and the next ×2.2 as our thread's share crossed PREEMPTED_SHARE (96% and 89%), unexplained."""
+    if not preempted(candidate):
+        return ""
+    waited = 1.0 - harrell_davis(candidate.load_free, 0.5)
+    return (f": our thread waited for a CPU {waited:.0%} of its time this run (over {1 - PREEMPTED_SHARE:.0%}), and a "
+            "preempted thread's CPU time grows as it refills its caches")
