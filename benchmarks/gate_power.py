@@ -78,16 +78,22 @@ class GateFailed(Exception):
 # job's tensors on a shared runner, which evict our caches on every switch, where a busy loop hardly touches memory.
 MEMORY_STREAM = ("import numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
                  "while True:\n    np.copyto(b, a); a += 1.0\n")
+# the same busy 20 ms, idle 20 ms: beside two of them our thread waits for a CPU for a tenth of its time or less, yet
+# its CPU time grows as much as beside full-time streams (docs/measurements.md, "a step at a 0.9 share")
+HALF_STREAM = ("import time\nimport numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
+               "while True:\n    t = time.time() + 0.02\n    while time.time() < t:\n"
+               "        np.copyto(b, a); a += 1.0\n    time.sleep(0.02)\n")
 
 
 class CpuHog:
-    """One busy-loop process per core (or `processes`), as other jobs on a shared runner, and `memory_streams`
-    processes streaming memory (MEMORY_STREAM): started on entering, killed on leaving."""
+    """One busy-loop process per core (or `processes`), as other jobs on a shared runner, `memory_streams`
+    processes streaming memory (MEMORY_STREAM) and `half_streams` doing so half the time (HALF_STREAM): started on
+    entering, killed on leaving."""
 
-    def __init__(self, enabled: bool, processes: int | None = None, memory_streams: int = 0):
+    def __init__(self, enabled: bool, processes: int | None = None, memory_streams: int = 0, half_streams: int = 0):
         self.enabled = enabled
-        self.count = processes or os.cpu_count() or 1
-        self.memory_streams = memory_streams
+        self.count = (os.cpu_count() or 1) if processes is None else processes
+        self.memory_streams, self.half_streams = memory_streams, half_streams
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> CpuHog:
@@ -97,8 +103,12 @@ class CpuHog:
                               for _ in range(self.count)]
             self.processes += [subprocess.Popen([sys.executable, "-c", MEMORY_STREAM], env=env)
                                for _ in range(self.memory_streams)]
+            self.processes += [subprocess.Popen([sys.executable, "-c", HALF_STREAM], env=env)
+                               for _ in range(self.half_streams)]
             print(f"CPU hog: {self.count} busy-loop processes"
-                  + (f", {self.memory_streams} streaming memory" if self.memory_streams else ""), flush=True)
+                  + (f", {self.memory_streams} streaming memory" if self.memory_streams else "")
+                  + (f", {self.half_streams} streaming memory half the time" if self.half_streams else ""),
+                  flush=True)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from gate_power import MEMORY_STREAM  # noqa: E402
+from gate_power import HALF_STREAM, MEMORY_STREAM  # noqa: E402
 
 from pytest_infergate.engine import EngineConfig  # noqa: E402
 from pytest_infergate.measurement import Measurement  # noqa: E402
@@ -49,9 +49,6 @@ TORCH_JOB = ("import torch; torch.set_num_threads(1); a = torch.randn(768, 768);
 # thread waits for a CPU for a tenth or a fifth of its time (a shared runner's jobs in other cgroups)
 HALF_LOOP = ("import time\nwhile True:\n    t = time.time() + 0.02\n    while time.time() < t: pass\n"
              "    time.sleep(0.02)\n")
-HALF_STREAM = ("import time\nimport numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
-               "while True:\n    t = time.time() + 0.02\n    while time.time() < t:\n"
-               "        np.copyto(b, a); a += 1.0\n    time.sleep(0.02)\n")
 CODE = {"loops": "while 1: pass", "streams": MEMORY_STREAM, "torch": TORCH_JOB, "half loops": HALF_LOOP,
         "half streams": HALF_STREAM}
 KINDS = {"1 loop": {"loops": 1}, "1 stream": {"streams": 1}, "1 torch job": {"torch": 1}, "2 loops": {"loops": 2},
