@@ -78,8 +78,8 @@ class GateFailed(Exception):
 # job's tensors on a shared runner, which evict our caches on every switch, where a busy loop hardly touches memory.
 MEMORY_STREAM = ("import numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
                  "while True:\n    np.copyto(b, a); a += 1.0\n")
-# the same busy 20 ms, idle 20 ms: beside two of them our thread waits for a CPU for a tenth of its time or less, yet
-# its CPU time grows as much as beside full-time streams (docs/measurements.md, "a step at a 0.9 share")
+# the same busy 20 ms, idle 20 ms: beside two of them our thread waited for a CPU 5-14% of its time, yet its CPU
+# time grew as much as beside full-time streams (docs/measurements.md, "a step at a 0.9 share")
 HALF_STREAM = ("import time\nimport numpy as np\na = np.ones(16 << 20, dtype=np.float32); b = np.empty_like(a)\n"
                "while True:\n    t = time.time() + 0.02\n    while time.time() < t:\n"
                "        np.copyto(b, a); a += 1.0\n    time.sleep(0.02)\n")

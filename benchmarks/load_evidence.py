@@ -91,7 +91,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     on_gpu = args.device != "cpu"
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, "
-          f"hog {args.hog_processes or 'one busy loop per core'}", flush=True)
+          f"hog {'one busy loop per core' if args.hog_processes is None else args.hog_processes}", flush=True)
 
     loaded = load_model(resolve_model(args.model, default_cache_dir()), "fp16" if on_gpu else "fp32", args.device,
                         reference="fp16" if on_gpu else "fp32")

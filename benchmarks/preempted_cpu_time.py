@@ -15,8 +15,8 @@ these figures (docs/measurements.md, "A preempted thread's CPU time").
 
 Co-tenants: `loops` are Python busy loops (hardly touch memory), `streams` copy and add 64 MiB of float32 in numpy
 (gate_power.MEMORY_STREAM: another job's tensors), `torch` multiply 768×768 float32 matrices on one thread (another
-test suite's model); `half loops` and `half streams` do the same busy 20 ms, idle 20 ms (our thread then waits for a
-CPU for a few percent to a sixth of its time, as beside jobs in other cgroups).
+test suite's model); `half loops` and `half streams` do the same busy 20 ms, idle 20 ms (our thread then waited for a
+CPU 0-14% of its time, as beside jobs in other cgroups).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pytest_infergate.workloads import default_chat_workload  # noqa: E402
 TORCH_JOB = ("import torch; torch.set_num_threads(1); a = torch.randn(768, 768); b = torch.randn(768, 768)\n"
              "while True:\n    a @ b\n")
 # half-busy co-tenants (busy 20 ms, idle 20 ms): a share of the machine between one and two busy processes, where our
-# thread waits for a CPU for a tenth or a fifth of its time (a shared runner's jobs in other cgroups)
+# thread waited for a CPU 0-14% of its time (a shared runner's jobs in other cgroups)
 HALF_LOOP = ("import time\nwhile True:\n    t = time.time() + 0.02\n    while time.time() < t: pass\n"
              "    time.sleep(0.02)\n")
 CODE = {"loops": "while 1: pass", "streams": MEMORY_STREAM, "torch": TORCH_JOB, "half loops": HALF_LOOP,

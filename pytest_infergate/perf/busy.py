@@ -198,7 +198,7 @@ def busy_cpu_margin(candidate: Side, residual: float) -> float:
     """`residual`, or BUSY_CPU_INFLATION where the candidate's load was taken out by run-queue delay and the kernel
     saw it busy or it was preempted: its CPU time may have grown that much with no change to the code."""
     busy = candidate.load_free_by == interference.RUN_QUEUE and busy_share(candidate.others) is not None
-    return max(residual, BUSY_CPU_INFLATION) if busy or preempted(candidate) else residual
+    return max(residual, BUSY_CPU_INFLATION) if busy else preempted_margin(candidate, residual)
 
 
 def _why_margin(candidate: Side, residual: float) -> str:
