@@ -92,14 +92,20 @@ class Steps:
         self.what, self.total, self.most = what, total, most if most and most > total else None
         self.started = self.last = time.monotonic()
 
+    def replan(self, total: int, most: int | None = None) -> None:
+        """New bounds once the first steps tell what the work will take (a repetition plan's time floor)."""
+        self.total, self.most = total, most if most and most > total else None
+
     def step(self, done: int, finished: bool = False) -> None:
         """`done` steps so far (shown as at most `total` where there is no `most`); `finished`: the work ended."""
         now = time.monotonic()
         done = done if self.most else min(done, self.total)
-        ended = finished or done >= (self.most or self.total)
+        ended = finished or (not self.most and done >= self.total)  # a plan's range may run past its estimate
         if now - self.last >= EVERY_S or (ended and self.last > self.started):
             self.last = now
             of = f"{self.total}–{self.most}" if self.most else str(self.total)
+            # a plan's range is its estimate from the first step: work that goes past it says so, not "13 of 6–12"
+            shown = f"{done} (planned {of})" if self.most and done > self.most else f"{done} of {of}"
             left = (now - self.started) / max(done, 1) * (self.total - done)
-            report(f"{self.what}: {done} of {of}" + (f", {now - self.started:.0f} s" if ended else
-                                                     f", about {left:.0f} s left" if done < self.total else ""))
+            report(f"{self.what}: {shown}" + (f", {now - self.started:.0f} s" if ended else
+                                               f", about {left:.0f} s left" if done < self.total else ""))

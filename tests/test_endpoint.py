@@ -275,6 +275,21 @@ def test_failed_requests_fail_the_success_budget_with_their_kinds(pytester, run_
     assert records[0]["backend"] == "endpoint" and records[0]["measurement"]["engine"]["errors"] == {"http_500": 3}
 
 
+def test_a_served_models_load_runs_are_counted_on_the_terminal_as_a_local_measurement_is(pytester, run_plugin,
+                                                                                          monkeypatch):
+    """A served model's repetitions went unsaid while a local one's were counted (context.Steps): a slow server's
+    save sat silent. Each load run is now one step of the same line, named by its test (here every step counts as
+    long work)."""
+    from pytest_infergate import context
+
+    monkeypatch.setattr(context, "EVERY_S", 0.0)
+    pytester.makepyfile(ENDPOINT_TEST.format(budget="success_rate=1"))
+    with FaultyServer("ok") as server:
+        result = run_plugin(f"--infergate-endpoint={server.url}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["infergate: measuring *.py::test_load::c3, repetition: 1 of 1, * s"])
+
+
 def test_api_key_comes_from_the_named_environment_variable(pytester, run_plugin, monkeypatch):
     pytester.makepyfile(ENDPOINT_TEST.format(budget="success_rate=1"))
     with FaultyServer("ok", api_key="s3cret") as server:

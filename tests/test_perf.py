@@ -583,6 +583,28 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     longer = repetition_plan(budget_for(ctx(save="b.json"), "fp32", "t"), ctx(save="b.json"), 1, min_time_s=20.0)
     assert longer.least_seconds == 20.0 and "20 s at least" in longer.describe(0.5) and "40 repetitions" in \
         longer.describe(0.5)
+    assert plan.bounds(0.2) == (30, 30) and plan.bounds(2.0) == (5, 12)  # the counts describe() states
+
+
+def test_the_progress_line_counts_against_the_plan_it_states_and_says_when_it_runs_past_it(monkeypatch):
+    """New-user trial (stop 70): the plan said "6–12 repetitions" and the line "repetition: 13 of 5–40" (the
+    loop's own bounds, not the plan's). The line takes the plan's bounds once its first repetition is timed, and a
+    time floor that asks for more than it estimated is said as such, not as "13 of 6–12"."""
+    from pytest_infergate import context
+
+    said: list[str] = []
+    monkeypatch.setattr(context, "_sink", said.append)
+    monkeypatch.setattr(context, "EVERY_S", 0.0)
+    steps = context.Steps("measuring t.py::test_x, repetition", 5, most=40)
+    steps.replan(6, 12)
+    steps.step(1)
+    steps.step(12)
+    steps.step(13, finished=True)
+    assert said[0].startswith("infergate: measuring t.py::test_x, repetition: 1 of 6–12, about "), said
+    assert said[1].startswith("infergate: measuring t.py::test_x, repetition: 12 of 6–12"), said
+    assert "s left" not in said[1] and ", " not in said[1].split("6–12")[1], said  # not ended: no time yet
+    assert said[2].startswith("infergate: measuring t.py::test_x, repetition: 13 (planned 6–12), "), said
+    assert said[2].endswith(" s"), said
 
 
 def test_report_reasons_say_how_a_stored_baseline_was_compared():

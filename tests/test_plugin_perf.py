@@ -282,16 +282,18 @@ def test_long_work_shows_progress_on_the_terminal_and_is_quiet_under_q(pytester,
     monkeypatch.setattr(context, "EVERY_S", 0.0)
     shown = run()
     shown.assert_outcomes(passed=1)
-    shown.stdout.fnmatch_lines(["infergate: measuring a workload, repetition: 2 of 2, * s"])
+    shown.stdout.fnmatch_lines(["infergate: measuring *.py::test_speed[[]fp32], repetition: 2 of 2, * s"])
     quiet = run("-q")
     quiet.assert_outcomes(passed=1)
     assert "infergate: measuring" not in quiet.stdout.str()
-    # a save repeats until the spread is tight enough: the line gives the plan's range, and ends with the time
+    # a save repeats until the spread is tight enough: the line names the test, gives the range its plan states,
+    # and ends with the time
     pytester.makepyfile(BENCH_TEST.format(budget="max_regression=0.10"))
     saved = run("--infergate-save-baseline=b.json")
     saved.assert_outcomes(passed=1)
-    saved.stdout.fnmatch_lines(["infergate: measuring a workload, repetition: 1 of 5–12, about * s left",
-                                "infergate: measuring a workload, repetition: * of 5–12, * s"])
+    saved.stdout.fnmatch_lines(["infergate: measuring *.py::test_speed[[]fp32]: 5–12 repetitions of about *",
+                                "infergate: measuring *.py::test_speed[[]fp32], repetition: 1 of 5–12, about * s left",
+                                "infergate: measuring *.py::test_speed[[]fp32], repetition: * of 5–12, * s"])
 
 
 @pytest.mark.parametrize("args, threads", [((), 1), (("--infergate-cpu-threads=2",), 2)])

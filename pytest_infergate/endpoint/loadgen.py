@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
+from pytest_infergate.context import Steps
 from pytest_infergate.endpoint.client import (
     EndpointClient,
     EndpointConfig,
@@ -139,13 +140,18 @@ class EndpointBench:
 
     def measure(self, requests: list, pattern: LoadPattern | None = None, slo: Slo | None = None, *,
                 warmup: int = 1, repeats: int = 1, label: str = "", max_repeats: int | None = None,
-                until: Callable[[Measurement], bool] | None = None) -> Measurement:
-        """At least `repeats` load runs, more until `until` (asked after each) says enough, at most `max_repeats`."""
+                until: Callable[[Measurement], bool] | None = None, progress: Steps | None = None) -> Measurement:
+        """At least `repeats` load runs, more until `until` (asked after each) says enough, at most `max_repeats`;
+        each counted on `progress` (the terminal's line)."""
         pattern, slo = pattern or LoadPattern(), slo or Slo()
         measurement = Measurement(label=label)
-        while measurement.repetitions < max(repeats, max_repeats or 0):
+        most = max(repeats, max_repeats or 0)
+        while measurement.repetitions < most:
             self.run_once(requests, pattern, slo, warmup, measurement)
             enough = until is None or until(measurement)
-            if measurement.repetitions >= repeats and enough:
+            done = (measurement.repetitions >= repeats and enough) or measurement.repetitions >= most
+            if progress is not None:
+                progress.step(measurement.repetitions, finished=done)
+            if done:
                 break
         return measurement

@@ -99,9 +99,10 @@ class ServedRuns:
         bench = self.bench
 
         def measure(plan: RepetitionPlan | None, *, warmup: int, repeats: int, min_time_s: float, until,
-                    decided) -> Measurement:
+                    decided, progress) -> Measurement:
             return bench.measure(requests, pattern, slo, warmup=warmup, repeats=plan.least if plan else repeats,
-                                 label=label, max_repeats=plan.most if plan else repeats, until=until)
+                                 label=label, max_repeats=plan.most if plan else repeats, until=until,
+                                 progress=progress)
 
         def extend(measurement: Measurement, warmup: int) -> None:
             bench.run_once(requests, pattern, slo, warmup, measurement)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_infergate import context
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.target import Target
 from pytest_infergate.measurement import Measurement
@@ -124,7 +125,8 @@ class WorkloadRun:
     """One call's workload on its target, ready to be measured (made by the target's runs: gates.target.Runs).
     `record` is its record before measuring (what runs it, on what, the fingerprint a stored baseline is compared
     with); `requests` and `config` (an EngineConfig, a LoadPattern) what it runs; `measure(plan, warmup=, repeats=,
-    min_time_s=, until=, decided=)` measures it under the repetition plan (None: as the test asked);
+    min_time_s=, until=, decided=, progress=)` measures it under the repetition plan (None: as the test asked),
+    counting its repetitions on `progress` (context.Steps);
     `extend(measurement, warmup=)` adds repetitions to it (a stored comparison re-measures); `about` follows the key
     in a failure message and `detail(measurement)` ends it."""
 
@@ -148,8 +150,12 @@ def measure_planned(ctx: TestContext, run: WorkloadRun, warmup: int, repeats: in
     gate = prepare_gate(ctx, key, run.record.precision, run.record.fingerprint,
                         remeasure=lambda: run.extend(measurement, warmup=rewarmup))
     plan = repetition_plan(gate.budget, ctx, repeats, min_time_s)
+    # the terminal's line names the test, and counts against the plan's bounds once its first repetition is timed
+    progress = context.Steps(f"measuring {key}, repetition", plan.least if plan else repeats,
+                             most=plan.most if plan else None)
     measurement = run.measure(plan, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
-                              until=until_settled(plan, f"measuring {key}"), decided=gate.failed_beyond_doubt)
+                              until=until_settled(plan, f"measuring {key}", progress), decided=gate.failed_beyond_doubt,
+                              progress=progress)
     return measurement, gate
 
 

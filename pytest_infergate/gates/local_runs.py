@@ -100,18 +100,18 @@ class LocalRuns:
         key, bench = self.ctx.measurement_key(label), self.bench
 
         def measure(plan: RepetitionPlan | None, *, warmup: int, repeats: int, min_time_s: float, until,
-                    decided) -> Measurement:
+                    decided, progress) -> Measurement:
             # with a plan its bounds, time floor and stop rules; without one Bench.measure's own
             planned = {} if plan is None else dict(max_repeats=plan.cap, until=until, decided=decided)
             try:
                 return bench.measure(requests, config, warmup=warmup, repeats=plan.least if plan else repeats,
                                      min_time_s=max(min_time_s, plan.least_seconds if plan else 0.0), label=label,
-                                     **planned)
+                                     progress=progress, **planned)
             except RequestError as exc:  # the workload's own mistake: its message, not the plugin's traceback
                 self.ctx.fail(f"infergate_bench for {key}: {exc}")
 
         # Bench.extend itself, no function of this module between: the gate's path after the measurement stays short
-        extend = partial(bench.extend, requests=requests, config=config)
+        extend = partial(bench.extend, requests=requests, config=config, what=key)
         return WorkloadRun(self.record(key, label, config, tags), requests, config, measure, extend)
 
     def elsewhere(self, run: WorkloadRun, warmup: int, repeats: int) -> Measurement | None:

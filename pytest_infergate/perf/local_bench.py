@@ -250,17 +250,19 @@ class Bench:
     def measure(self, requests: list[Request], config: EngineConfig | None = None, *, warmup: int = 2,
                 repeats: int = 3, min_time_s: float = 0.0, max_repeats: int = 30, label: str = "",
                 until: Callable[[Measurement], bool] | None = None,
-                decided: Callable[[Measurement], str] | None = None) -> Measurement:
+                decided: Callable[[Measurement], str] | None = None,
+                progress: context.Steps | None = None) -> Measurement:
         """Repeat the workload at least `repeats` times, until `min_time_s` has passed and `until` (asked after
         every repetition) says it is measured enough; at most `max_repeats` times. `decided` (asked after every
         repetition) says why the measurement already decides its gate (a failure beyond doubt: perf.stored), or "":
-        then it stops, before `repeats` too, and says so."""
+        then it stops, before `repeats` too, and says so. `progress`: the terminal's line counting the repetitions
+        (a gate's names its test and its plan's bounds), else one of its own."""
         config = config or EngineConfig()
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
-        steps = context.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
-                               most=max_repeats if until is not None else None)
+        steps = progress or context.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
+                                          most=max_repeats if until is not None else None)
         while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)
             timed = time.perf_counter() - start >= min_time_s
@@ -275,11 +277,11 @@ class Bench:
         return measurement
 
     def extend(self, measurement: Measurement, requests: list[Request], config: EngineConfig | None = None, *,
-               warmup: int = 2, repeats: int = 2) -> Measurement:
+               warmup: int = 2, repeats: int = 2, what: str = "") -> Measurement:
         """More repetitions into an existing measurement (an inconclusive verdict asks for them, a failure's fresh
         block confirms itself with them): each said on the terminal as the first ones were, or a failing run of a
-        slow config goes quiet for minutes."""
-        steps = context.Steps(f"measuring {measurement.label or 'a workload'} again, repetition", repeats)
+        slow config goes quiet for minutes. `what`: the name the line gives it (a gate's: its test), else its label."""
+        steps = context.Steps(f"measuring {what or measurement.label or 'a workload'} again, repetition", repeats)
         for done in range(1, repeats + 1):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
             steps.step(done, finished=done == repeats)

@@ -78,11 +78,16 @@ class RepetitionPlan:
         return measurement.repetitions >= self.least and (measurement.repetitions >= self.most
                                                           or self.widest(measurement) <= self.target)
 
-    def describe(self, first_s: float) -> str:
-        """What the plan will cost, from the first repetition's time."""
+    def bounds(self, first_s: float) -> tuple[int, int]:
+        """The least and most repetitions the plan expects from the first repetition's time (the time floor may ask
+        for more where later repetitions run faster)."""
         timed = math.ceil(self.least_seconds / first_s) if first_s > 0 else self.cap
         least = max(self.least, min(self.cap, timed))
-        most = max(least, self.most)
+        return least, max(least, self.most)
+
+    def describe(self, first_s: float) -> str:
+        """What the plan will cost, from the first repetition's time."""
+        least, most = self.bounds(first_s)
         count = f"{least}–{most}" if most > least else str(least)
         cost = f"{least * first_s:.0f}–{most * first_s:.0f} s" if most > least else f"{least * first_s:.0f} s"
         floor = f", {self.least_seconds:g} s at least" if self.least_seconds else ""
@@ -118,15 +123,20 @@ def repetition_plan(budget: Budget, ctx: TestContext, repeats: int, min_time_s: 
                              max(ctx.options.min_time, min_time_s))
 
 
-def until_settled(plan: RepetitionPlan | None, what: str) -> Callable[[Measurement], bool] | None:
-    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost."""
+def until_settled(plan: RepetitionPlan | None, what: str,
+                  progress: context.Steps | None = None) -> Callable[[Measurement], bool] | None:
+    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost, and
+    `progress` (the loop's line on the terminal) counts against the same bounds."""
     if plan is None:
         return None
     started = time.monotonic()
 
     def settled(measurement: Measurement) -> bool:
         if measurement.repetitions == 1:
-            context.report(f"{what}: {plan.describe(time.monotonic() - started)}")
+            first_s = time.monotonic() - started
+            context.report(f"{what}: {plan.describe(first_s)}")
+            if progress is not None:
+                progress.replan(*plan.bounds(first_s))
         return plan.settled(measurement)
 
     return settled
