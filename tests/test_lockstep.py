@@ -159,7 +159,9 @@ def test_the_ab_gate_runs_step_locked_rounds_and_pairs_every_metric_by_round(tin
         verdicts = {v.metric: v for v in outcome.verdicts}
         assert set(verdicts) == {"itl_ms", "tokens_per_s"} and all(v.paired for v in verdicts.values())
         assert verdicts["itl_ms"].percentile == 50 and verdicts["itl_ms"].samples == (6, 6)  # one value per round
-        assert outcome.status == Status.PASS  # the same model against itself, within 6x
+        # the same model against itself never fails; six rounds of millisecond work beside a CPU hog may leave it
+        # undecided (×1.12 [1.02–18.1] seen beside two busy loops, 9 runs in 25), which is the honest verdict there
+        assert outcome.status != Status.FAIL, outcome.message()
     finally:
         bench.close()
 
