@@ -88,24 +88,26 @@ class Steps:
     """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
 
     def __init__(self, what: str, total: int, most: int | None = None):
-        # `most`: work that goes on past `total` steps while it needs to (a repetition plan), up to `most`
-        self.what, self.total, self.most = what, total, most if most and most > total else None
+        # `most`: work planned as a range (a repetition plan) goes on past `total` while it needs to, up to `most` as
+        # estimated, and past it where the estimate fell short; it ends when its caller says so (`finished`)
+        self.what, self.planned = what, most is not None
+        self.total, self.most = total, max(total, most or total)
         self.started = self.last = time.monotonic()
 
-    def replan(self, total: int, most: int | None = None) -> None:
-        """New bounds once the first steps tell what the work will take (a repetition plan's time floor)."""
-        self.total, self.most = total, most if most and most > total else None
+    def replan(self, total: int, most: int) -> None:
+        """A plan's bounds once its first steps tell what the work will take (a repetition plan's time floor)."""
+        self.total, self.most = total, max(total, most)
 
     def step(self, done: int, finished: bool = False) -> None:
-        """`done` steps so far (shown as at most `total` where there is no `most`); `finished`: the work ended."""
+        """`done` steps so far (shown as at most `total` unless planned as a range); `finished`: the work ended."""
         now = time.monotonic()
-        done = done if self.most else min(done, self.total)
-        ended = finished or (not self.most and done >= self.total)  # a plan's range may run past its estimate
+        done = done if self.planned else min(done, self.total)
+        ended = finished or (not self.planned and done >= self.total)
         if now - self.last >= EVERY_S or (ended and self.last > self.started):
             self.last = now
-            of = f"{self.total}–{self.most}" if self.most else str(self.total)
+            of = f"{self.total}–{self.most}" if self.most > self.total else str(self.total)
             # a plan's range is its estimate from the first step: work that goes past it says so, not "13 of 6–12"
-            shown = f"{done} (planned {of})" if self.most and done > self.most else f"{done} of {of}"
+            shown = f"{done} (planned {of})" if done > self.most else f"{done} of {of}"
             left = (now - self.started) / max(done, 1) * (self.total - done)
             report(f"{self.what}: {shown}" + (f", {now - self.started:.0f} s" if ended else
                                                f", about {left:.0f} s left" if done < self.total else ""))

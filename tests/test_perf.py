@@ -605,6 +605,13 @@ def test_the_progress_line_counts_against_the_plan_it_states_and_says_when_it_ru
     assert "s left" not in said[1] and ", " not in said[1].split("6–12")[1], said  # not ended: no time yet
     assert said[2].startswith("infergate: measuring t.py::test_x, repetition: 13 (planned 6–12), "), said
     assert said[2].endswith(" s"), said
+    # a plan whose estimate is one count (a time floor of short repetitions) is said past it the same way
+    said.clear()
+    steps.replan(30, 30)
+    steps.step(30)
+    steps.step(31, finished=True)
+    assert said[0].startswith("infergate: measuring t.py::test_x, repetition: 30 of 30"), said
+    assert said[1].startswith("infergate: measuring t.py::test_x, repetition: 31 (planned 30), "), said
 
 
 def test_report_reasons_say_how_a_stored_baseline_was_compared():
