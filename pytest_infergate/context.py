@@ -85,12 +85,13 @@ EVERY_S = 5.0  # work shorter than this prints nothing; longer work a line this 
 
 
 class Steps:
-    """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far."""
+    """`done` of `total` steps of one piece of work, the time left estimated from the ones done so far: "measuring
+    t.py::test_x (its `subject`), repetition (its `unit`): 3 of 6–12, about 12 s left"."""
 
-    def __init__(self, what: str, total: int, most: int | None = None):
+    def __init__(self, subject: str, unit: str, total: int, most: int | None = None):
         # `most`: work planned as a range (a repetition plan) goes on past `total` while it needs to, up to `most` as
         # estimated, and past it where the estimate fell short; it ends when its caller says so (`finished`)
-        self.what, self.planned = what, most is not None
+        self.subject, self.unit, self.planned = subject, unit, most is not None
         self.total, self.most = total, max(total, most or total)
         self.started = self.last = time.monotonic()
 
@@ -109,5 +110,5 @@ class Steps:
             # a plan's range is its estimate from the first step: work that goes past it says so, not "13 of 6–12"
             shown = f"{done} (planned {of})" if done > self.most else f"{done} of {of}"
             left = (now - self.started) / max(done, 1) * (self.total - done)
-            report(f"{self.what}: {shown}" + (f", {now - self.started:.0f} s" if ended else
+            report(f"{self.subject}, {self.unit}: {shown}" + (f", {now - self.started:.0f} s" if ended else
                                                f", about {left:.0f} s left" if done < self.total else ""))

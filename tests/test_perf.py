@@ -586,6 +586,33 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     assert plan.bounds(0.2) == (30, 30) and plan.bounds(2.0) == (5, 12)  # the counts describe() states
 
 
+def test_the_plan_is_stated_from_a_warm_repetition_and_the_line_re_estimates_it_as_it_goes(monkeypatch):
+    """New-user trial (stop 71): the plan read "6–12 repetitions of about 1.0 s" from the first, cold repetition
+    while the rest took 0.45 s, so the time floor ran past it in most runs ("14 (planned 6–12)"). The plan is stated
+    after the second repetition, and the line's bounds follow the time measured so far."""
+    from types import SimpleNamespace
+
+    from pytest_infergate import context
+    from pytest_infergate.perf import repetitions
+    from pytest_infergate.perf.repetitions import RepetitionPlan, until_settled
+
+    clock = iter([0.0, 2.0, 2.5, 3.0])  # the stop rule made at 0 s; repetitions ending at 2.0 (cold), 2.5, 3.0 s
+    monkeypatch.setattr(repetitions, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    said: list[str] = []
+    monkeypatch.setattr(context, "_sink", said.append)
+    plan = RepetitionPlan(5, 12, 0.10, (), least_seconds=6.0)
+    steps = context.Steps("measuring t.py::test_x", "repetition", plan.least, most=plan.most)
+    settled = until_settled(plan, "measuring t.py::test_x", steps)
+    settled(SimpleNamespace(repetitions=1))
+    assert said == [] and (steps.total, steps.most) == (5, 12)  # 6 s at 2.0 s: the least, 5
+    settled(SimpleNamespace(repetitions=2))
+    assert said == ["infergate: measuring t.py::test_x: 12 repetitions of about 0.5 s (until each gated figure's "
+                    "spread resolves ×1.033, 6 s at least): 6 s"], said
+    assert (steps.total, steps.most) == (9, 12)  # 2 done in 2.5 s, 3.5 s left at 0.5 s a repetition: 7 more
+    settled(SimpleNamespace(repetitions=3))
+    assert len(said) == 1 and (steps.total, steps.most) == (9, 12)
+
+
 def test_the_progress_line_counts_against_the_plan_it_states_and_says_when_it_runs_past_it(monkeypatch):
     """New-user trial (stop 70): the plan said "6–12 repetitions" and the line "repetition: 13 of 5–40" (the
     loop's own bounds, not the plan's). The line takes the plan's bounds once its first repetition is timed, and a
@@ -595,7 +622,7 @@ def test_the_progress_line_counts_against_the_plan_it_states_and_says_when_it_ru
     said: list[str] = []
     monkeypatch.setattr(context, "_sink", said.append)
     monkeypatch.setattr(context, "EVERY_S", 0.0)
-    steps = context.Steps("measuring t.py::test_x, repetition", 5, most=40)
+    steps = context.Steps("measuring t.py::test_x", "repetition", 5, most=40)
     steps.replan(6, 12)
     steps.step(1)
     steps.step(12)
@@ -743,7 +770,8 @@ def test_a_failure_beyond_doubt_stops_the_measuring_and_its_fresh_block_early(re
     finally:
         context.set_sink(None)
     assert candidate.repetitions == repetitions
-    assert any("stopped, a failure beyond doubt: " in line and ": each of 3 repetitions" in line for line in said) \
+    assert any("stopped early, a failure beyond doubt so far: " in line and ": each of 3 repetitions" in line
+               for line in said) \
         == (repetitions == 3), said
     outcome = gate.check(candidate)
     assert outcome.status == status, outcome.message()

@@ -151,7 +151,7 @@ def measure_planned(ctx: TestContext, run: WorkloadRun, warmup: int, repeats: in
                         remeasure=lambda: run.extend(measurement, warmup=rewarmup))
     plan = repetition_plan(gate.budget, ctx, repeats, min_time_s)
     # the terminal's line names the test, and counts against the plan's bounds once its first repetition is timed
-    progress = context.Steps(f"measuring {key}, repetition", plan.least if plan else repeats,
+    progress = context.Steps(f"measuring {key}", "repetition", plan.least if plan else repeats,
                              most=plan.most if plan else None)
     measurement = run.measure(plan, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
                               until=until_settled(plan, f"measuring {key}", progress), decided=gate.failed_beyond_doubt,

@@ -30,7 +30,7 @@ def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Sta
     corrected_bar = threshold * residual if corrected else None
     failed = load_free_failure(candidate, corrected, threshold, residual, measured.ratio, now, then)
     if failed is not None:
-        return StoredVerdict(Status.FAIL, measured, None, failed, load_corrected=True)
+        return StoredVerdict(Status.FAIL, _decided_on(corrected, measured), None, failed, load_corrected=True)
     if now is not None and then is None:
         if status == Status.PASS or (status == Status.FAIL and measured.low > interference.explainable_slowdown(now)):
             return StoredVerdict(status, measured, None, "")  # passed despite the load, or beyond what it explains
@@ -84,15 +84,26 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
            f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
            f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
            f"noise {units.noise(resolution(low, high))}")
+    as_measured = f" (×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured)"
     if high <= threshold:
-        return StoredVerdict(Status.PASS, measured, None, how, load_corrected=True)
+        return StoredVerdict(Status.PASS, _decided_on(corrected, measured), None, how + as_measured,
+                             load_corrected=True)
     if low > threshold * residual:
-        return StoredVerdict(Status.FAIL, measured, None,
-                             f"{how}, beyond {_corrected_bar(candidate, threshold, residual)}", load_corrected=True)
+        return StoredVerdict(Status.FAIL, _decided_on(corrected, measured), None,
+                             f"{how}{as_measured}, beyond {_corrected_bar(candidate, threshold, residual)}",
+                             load_corrected=True)
     return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond "
                          f"{_corrected_bar(candidate, threshold, residual)}, nor within the limit "
                          f"{units.ratio(threshold)}", steady=how,
                          fail_bar=threshold * residual, fail_bar_load_corrected=True)
+
+
+def _decided_on(corrected: tuple[float, float, float], measured: CostRatio) -> CostRatio:
+    """A verdict decided on the load-corrected comparison carries its figures, so that its one sentence shows the
+    interval that decided (a new user read "×1.09 [1.02–1.11], limit ×1.1: PASS", passed on [1.010, 1.087]); the two
+    sides' figures stay as measured, as at the save's thread speed (perf.speed_pass)."""
+    point, low, high = corrected
+    return CostRatio(point, low, high, measured.candidate_cost, measured.baseline_cost, "load-corrected")
 
 
 def load_free_comparison(candidate: Side, baseline: Side) -> tuple[float, float, float] | None:

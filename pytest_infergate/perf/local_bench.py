@@ -261,7 +261,7 @@ class Bench:
         measurement = Measurement(label=label)
         measurement.samples["load_s"] = [self.loaded.record.load_s]
         start = time.perf_counter()
-        steps = progress or context.Steps(f"measuring {label or 'a workload'}, repetition", repeats,
+        steps = progress or context.Steps(f"measuring {label or 'a workload'}", "repetition", repeats,
                                           most=max_repeats if until is not None else None)
         while measurement.repetitions < max_repeats:
             self.run_once(requests, config, warmup, measurement)
@@ -271,7 +271,10 @@ class Bench:
             done = bool(why) or (measurement.repetitions >= repeats and timed and enough)
             steps.step(measurement.repetitions, finished=done)
             if why:
-                context.report(f"measuring {label or 'a workload'}: stopped, a failure beyond doubt: {why}")
+                # "so far": the gate decides next, and a failure is confirmed on a fresh block (PerfGate.confirm),
+                # whose repetitions the final count includes
+                context.report(f"{steps.subject}: stopped early, a failure beyond doubt so far: {why}; a failure is "
+                               "confirmed on a fresh block")
             if done:
                 break
         return measurement
@@ -281,7 +284,8 @@ class Bench:
         """More repetitions into an existing measurement (an inconclusive verdict asks for them, a failure's fresh
         block confirms itself with them): each said on the terminal as the first ones were, or a failing run of a
         slow config goes quiet for minutes. `what`: the name the line gives it (a gate's: its test), else its label."""
-        steps = context.Steps(f"measuring {what or measurement.label or 'a workload'} again, repetition", repeats)
+        steps = context.Steps(f"measuring {what or measurement.label or 'a workload'} again", "repetition",
+                              repeats)
         for done in range(1, repeats + 1):
             self.run_once(requests, config or EngineConfig(), warmup, measurement)
             steps.step(done, finished=done == repeats)

@@ -78,20 +78,22 @@ class RepetitionPlan:
         return measurement.repetitions >= self.least and (measurement.repetitions >= self.most
                                                           or self.widest(measurement) <= self.target)
 
-    def bounds(self, first_s: float) -> tuple[int, int]:
-        """The least and most repetitions the plan expects from the first repetition's time (the time floor may ask
-        for more where later repetitions run faster)."""
-        timed = math.ceil(self.least_seconds / first_s) if first_s > 0 else self.cap
+    def bounds(self, repetition_s: float, done: int = 0, elapsed_s: float = 0.0) -> tuple[int, int]:
+        """The least and most repetitions the plan expects at `repetition_s` a repetition, `done` of them measured
+        in `elapsed_s` (the time floor asks for more where later repetitions run faster)."""
+        left_s = max(0.0, self.least_seconds - elapsed_s)
+        timed = done + math.ceil(left_s / repetition_s) if repetition_s > 0 else self.cap
         least = max(self.least, min(self.cap, timed))
         return least, max(least, self.most)
 
-    def describe(self, first_s: float) -> str:
-        """What the plan will cost, from the first repetition's time."""
-        least, most = self.bounds(first_s)
+    def describe(self, repetition_s: float) -> str:
+        """What the plan will cost at `repetition_s` a repetition."""
+        least, most = self.bounds(repetition_s)
         count = f"{least}–{most}" if most > least else str(least)
-        cost = f"{least * first_s:.0f}–{most * first_s:.0f} s" if most > least else f"{least * first_s:.0f} s"
+        cost = (f"{least * repetition_s:.0f}–{most * repetition_s:.0f} s" if most > least
+                else f"{least * repetition_s:.0f} s")
         floor = f", {self.least_seconds:g} s at least" if self.least_seconds else ""
-        return (f"{count} repetitions of about {first_s:.1f} s (until each gated figure's spread resolves "
+        return (f"{count} repetitions of about {repetition_s:.1f} s (until each gated figure's spread resolves "
                 f"×{self.target:.3f}{floor}): {cost}")
 
 
@@ -125,18 +127,24 @@ def repetition_plan(budget: Budget, ctx: TestContext, repeats: int, min_time_s: 
 
 def until_settled(plan: RepetitionPlan | None, what: str,
                   progress: context.Steps | None = None) -> Callable[[Measurement], bool] | None:
-    """The measuring loop's stop rule for `plan`; after the first repetition it states what the plan will cost, and
-    `progress` (the loop's line on the terminal) counts against the same bounds."""
+    """The measuring loop's stop rule for `plan`. It states what the plan will cost once a repetition is timed: the
+    second (the first runs cold: a new user's plan read "about 1.0 s" a repetition, 0.45 s measured, and the time
+    floor then asked for more than it said), or the first where that is already long work. `progress` (the loop's
+    line on the terminal) counts against the plan's bounds, re-estimated after every repetition."""
     if plan is None:
         return None
-    started = time.monotonic()
+    started = last = time.monotonic()
+    stated = False
 
     def settled(measurement: Measurement) -> bool:
-        if measurement.repetitions == 1:
-            first_s = time.monotonic() - started
-            context.report(f"{what}: {plan.describe(first_s)}")
-            if progress is not None:
-                progress.replan(*plan.bounds(first_s))
+        nonlocal last, stated
+        now = time.monotonic()
+        repetition_s, last = now - last, now
+        if not stated and (measurement.repetitions >= 2 or repetition_s >= context.EVERY_S):
+            context.report(f"{what}: {plan.describe(repetition_s)}")
+            stated = True
+        if progress is not None:
+            progress.replan(*plan.bounds(repetition_s, measurement.repetitions, now - started))
         return plan.settled(measurement)
 
     return settled

@@ -118,7 +118,8 @@ class Verdict:
         [2.9–3.01], limit ×1.1)'."""
         # a ratio at the save's thread speed is not the two figures' as measured: said where the change is (a new
         # user read "13.7% faster" beside "6.6 ms → now 6.67 ms" as a contradiction)
-        speed = " at the save's thread speed" if self.at_thread_speed else ""
+        speed = " at the save's thread speed" if self.at_thread_speed else " load-corrected" if self.load_corrected \
+            else ""
         return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} "
                 f"({units.ratio(self.ratio)} [{units.number(self.low)}–{units.number(self.high)}], limit "
                 f"{units.ratio(self.threshold)}{self._past_limit()})")
@@ -141,12 +142,14 @@ class Verdict:
         where = f" p{self.percentile}" if self.percentile else ""
         # a note that opens with the evidence phrase (busy.py: "load-corrected by …: …") says it once: after it
         evidence = self.evidence()
-        opens = self.note.startswith(evidence) and self.note[len(evidence):len(evidence) + 2] in (": ", ", ")
-        note = self.note[len(evidence) + 2:] if opens else self.note
-        # at the save's thread speed the two figures stay each side's as measured, and the ratio is not theirs: said,
-        # or "45.2 → 39.3 tok/s" beside "0.6% lower" reads as a contradiction (a new user's first reading)
+        lead = interference.load_corrected(self.load_free_by) if self.load_corrected else evidence
+        opens = self.note.startswith(lead) and self.note[len(lead):len(lead) + 2] in (": ", ", ")
+        note = self.note[len(lead) + 2:] if opens else self.note
+        # at the save's thread speed, or load-corrected against a stored baseline, the two figures stay each side's
+        # as measured, and the ratio is not theirs: said, or "45.2 → 39.3 tok/s" beside "0.6% lower" reads as a
+        # contradiction (a new user's first reading)
         measured = ","
-        if self.at_thread_speed:
+        if self.at_thread_speed or (self.load_corrected and self.repetitions):
             measured = " as measured, the ratio" + ("" if self.load_corrected else " compared by")
         return (f"{self.metric}{where} baseline {units.metric_value(self.metric, self.baseline)} → now "
                 f"{units.metric_value(self.metric, self.candidate)}{measured} {evidence}"

@@ -71,7 +71,7 @@ def score_corpus(reference, candidate, corpus: str, chunks: list[tuple[str, list
 
     started = time.perf_counter()
     figures, token_kl = [], []
-    steps = Steps(f"corpus check of {candidate.record.requested_precision} vs {reference.record.precision}, chunk",
+    steps = Steps(f"corpus check of {candidate.record.requested_precision} vs {reference.record.precision}", "chunk",
                   len(chunks))  # a minute or more on a CPU: a line on the terminal every few seconds
     for done, (source, ids) in enumerate(chunks, 1):
         rows = [(ids[:1], ids[1:])]
