@@ -611,6 +611,8 @@ def test_the_plan_is_stated_from_a_warm_repetition_and_the_line_re_estimates_it_
     assert (steps.total, steps.most) == (9, 12)  # 2 done in 2.5 s, 3.5 s left at 0.5 s a repetition: 7 more
     settled(SimpleNamespace(repetitions=3))
     assert len(said) == 1 and (steps.total, steps.most) == (9, 12)
+    # once the floor is met, the plan's own bounds: "6 of 5–12", not "6 of 6–12"
+    assert plan.bounds(0.5, 6, 7.0) == (5, 12) and plan.bounds(0.5, 13, 5.9) == (14, 14)
 
 
 def test_the_progress_line_counts_against_the_plan_it_states_and_says_when_it_runs_past_it(monkeypatch):

@@ -81,7 +81,9 @@ class RepetitionPlan:
     def bounds(self, repetition_s: float, done: int = 0, elapsed_s: float = 0.0) -> tuple[int, int]:
         """The least and most repetitions the plan expects at `repetition_s` a repetition, `done` of them measured
         in `elapsed_s` (the time floor asks for more where later repetitions run faster)."""
-        left_s = max(0.0, self.least_seconds - elapsed_s)
+        left_s = self.least_seconds - elapsed_s
+        if left_s <= 0:  # the time floor is met (or there is none): the spread's bounds alone
+            return self.least, self.most
         timed = done + math.ceil(left_s / repetition_s) if repetition_s > 0 else self.cap
         least = max(self.least, min(self.cap, timed))
         return least, max(least, self.most)
