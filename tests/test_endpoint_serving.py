@@ -273,10 +273,12 @@ def test_capacity_finds_the_knee_of_a_server_with_four_slots():
     assert 4 <= result.capacity <= 16, result.describe()
     assert result.reason == "bracket resolved" and result.bracket == (result.capacity, result.capacity + 1)
     assert [p.load for p in result.points][:4] == [1, 2, 4, 8]  # the coarse sweep doubles, then bisection
-    # the point above the knee failed: clearly (stopped early) or, on a busy runner where 16 in flight sit right at
+    # the point above the knee failed: clearly (stopped early), after its whole run with its interval wholly below
+    # the target (CI, a busy runner: 16 in flight, 26 of 33 met, [0.62, 0.89]), or where 16 in flight sit right at
     # the SLO, unresolved (the target inside its interval) -- never a capacity either way
     failing = [p for p in result.points if p.passed is False]
-    assert failing and all(p.unresolved or p.stopped == "clearly over" for p in failing)
+    assert failing and all(p.unresolved or p.stopped == "clearly over" or p.ci[1] < spec.target_goodput
+                           for p in failing), result.describe()
     assert all(p.requests < spec.num_requests(p.load) for p in failing if p.stopped == "clearly over")
     measurement = capacity_measurement(result)
     assert measurement.samples["capacity_concurrency"] == [result.capacity]
