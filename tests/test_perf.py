@@ -602,7 +602,7 @@ def test_the_plan_is_stated_from_a_warm_repetition_and_the_line_re_estimates_it_
     monkeypatch.setattr(context, "_sink", said.append)
     plan = RepetitionPlan(5, 12, 0.10, (), least_seconds=6.0)
     steps = context.Steps("measuring t.py::test_x", "repetition", plan.least, most=plan.most)
-    settled = until_settled(plan, "measuring t.py::test_x", steps)
+    settled = until_settled(plan, steps)
     settled(SimpleNamespace(repetitions=1))
     assert said == [] and (steps.total, steps.most) == (5, 12)  # 6 s at 2.0 s: the least, 5
     settled(SimpleNamespace(repetitions=2))

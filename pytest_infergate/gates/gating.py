@@ -154,8 +154,7 @@ def measure_planned(ctx: TestContext, run: WorkloadRun, warmup: int, repeats: in
     progress = context.Steps(f"measuring {key}", "repetition", plan.least if plan else repeats,
                              most=plan.most if plan else None)
     measurement = run.measure(plan, warmup=warmup, repeats=repeats, min_time_s=min_time_s,
-                              until=until_settled(plan, f"measuring {key}", progress), decided=gate.failed_beyond_doubt,
-                              progress=progress)
+                              until=until_settled(plan, progress), decided=gate.failed_beyond_doubt, progress=progress)
     return measurement, gate
 
 

@@ -127,12 +127,11 @@ def repetition_plan(budget: Budget, ctx: TestContext, repeats: int, min_time_s: 
                              max(ctx.options.min_time, min_time_s))
 
 
-def until_settled(plan: RepetitionPlan | None, what: str,
-                  progress: context.Steps | None = None) -> Callable[[Measurement], bool] | None:
+def until_settled(plan: RepetitionPlan | None, progress: context.Steps) -> Callable[[Measurement], bool] | None:
     """The measuring loop's stop rule for `plan`. It states what the plan will cost once a repetition is timed: the
     second (the first runs cold: a new user's plan read "about 1.0 s" a repetition, 0.45 s measured, and the time
-    floor then asked for more than it said), or the first where that is already long work. `progress` (the loop's
-    line on the terminal) counts against the plan's bounds, re-estimated after every repetition."""
+    floor then asked for more than it said), or the first where that is already long work, named by `progress` (the
+    loop's line on the terminal), which counts against the plan's bounds, re-estimated after every repetition."""
     if plan is None:
         return None
     started = last = time.monotonic()
@@ -143,10 +142,9 @@ def until_settled(plan: RepetitionPlan | None, what: str,
         now = time.monotonic()
         repetition_s, last = now - last, now
         if not stated and (measurement.repetitions >= 2 or repetition_s >= context.EVERY_S):
-            context.report(f"{what}: {plan.describe(repetition_s)}")
+            context.report(f"{progress.subject}: {plan.describe(repetition_s)}")
             stated = True
-        if progress is not None:
-            progress.replan(*plan.bounds(repetition_s, measurement.repetitions, now - started))
+        progress.replan(*plan.bounds(repetition_s, measurement.repetitions, now - started))
         return plan.settled(measurement)
 
     return settled
