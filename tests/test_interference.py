@@ -296,7 +296,7 @@ def test_a_baseline_saved_under_load_says_what_a_ci_job_can_do_about_it(tmp_path
     (reason,) = verdict.reasons
     advice = reason.message
     assert "quiet runner" not in advice and "other processes took 60%" in advice
-    assert advice.startswith(f"this run saved the baseline to {tmp_path / 'b.json'}, so nothing was compared")
+    assert advice.startswith(f"saved to {tmp_path / 'b.json'}, nothing compared this run")
     assert "it was measured on a busy runner" in advice and "later runs still fail a slowdown against it" in advice
     assert "re-save the baseline in a later run, which may find the runner quieter (--infergate-save-baseline; in " \
         "CI, delete the baseline file" in advice

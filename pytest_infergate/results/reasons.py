@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 EVIDENCE = " -- "
 MOST_CHANGES = 2  # changes named in a lead; the rest are counted ("and 3 more") and listed in the evidence
 
-# a perf gate that asked for a relative check (max_regression) and had no baseline (no_baseline_message)
+# a perf gate that asked for a relative check (max_regression) and had no baseline (no_baseline_message); or had
+# none because this run saved it: a save is named as what it is, not as a pass of nothing
 NOTHING_COMPARED = "nothing compared"
+BASELINE_SAVED = "baseline saved"
 
 
 def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
@@ -36,7 +38,7 @@ def no_baseline_message(record: PerfRecord, saved: str | None) -> str:
         # a save on a busy runner is a pass of this run (it ran as asked) that later runs will feel: said here
         busy = busy_share(record.measurement.others_share) if record.measurement else None
         under_load = f"; it was {saved_under_load(busy)}" if busy else ""
-        return f"this run saved the baseline to {saved}, so nothing was compared this run{budgets}{under_load}"
+        return f"saved to {saved}, nothing compared this run{budgets}{under_load}"
     checked = "only its budgets were checked" if record.has_limits else "nothing was checked"
     return (f"max_regression asked for a comparison, but no baseline was given: {checked}; "
             "accept a run with --infergate-save-baseline PATH, then gate with --infergate-baseline PATH")

@@ -16,6 +16,7 @@ from typing import Any
 from pytest_infergate.environment import run_fingerprint
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.results.reasons import (
+    BASELINE_SAVED,
     EVIDENCE,
     NOTHING_COMPARED,
     ChangeFailure,
@@ -233,8 +234,9 @@ class RunVerdict:
 
     @property
     def compared_nothing(self) -> int:
-        """How many relative checks had nothing to compare with (Reason `NOTHING_COMPARED`)."""
-        return sum(1 for r in self.reasons if r.what == NOTHING_COMPARED)
+        """How many relative checks had nothing to compare with (Reason `NOTHING_COMPARED`, or `BASELINE_SAVED`
+        where this run saved it)."""
+        return sum(1 for r in self.reasons if r.what in (NOTHING_COMPARED, BASELINE_SAVED))
 
     def qualifier(self) -> str:
         """What the verdict rests on where relative checks compared nothing: " — 3 perf gates had no baseline to
@@ -283,7 +285,8 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(under_strict(record.status, results.strict), GATE_NAMES.get(record.kind, record.kind),
                                   record.test, record_message(record)))
         elif getattr(record, "compared_nothing", False):  # a pass of the budgets alone: said, never a bare pass
-            reasons.append(Reason(Status.PASS, NOTHING_COMPARED, record.test,
+            what = BASELINE_SAVED if results.saved_baseline else NOTHING_COMPARED
+            reasons.append(Reason(Status.PASS, what, record.test,
                                   no_baseline_message(record, results.saved_baseline)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,

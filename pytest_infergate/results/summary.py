@@ -111,14 +111,18 @@ def perf_figures(summary: dict) -> str:
     return ", ".join(f"{k} {figure(summary, k)}" for k in PERF_KEYS if k in summary)
 
 
-def perf_lines(record: PerfRecord) -> list[Line]:
+def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
+    """A perf gate's line and its verdicts' reasons; `saved`: this run saved the baseline (a pass that compared
+    nothing reads SAVED, not NO-BASELINE)."""
     figures = perf_figures(record.summary)
     errors = record.measurement.engine.get("errors")
     if errors:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
     # a pass that compared nothing says so where the eye lands: not a bare PASS
     nothing = record.compared_nothing or (record.relative_check_missing and not record.has_limits)
-    shown = "NO-BASELINE" if nothing and record.status == Status.PASS else record.status.value.upper()
+    shown = record.status.value.upper()
+    if nothing and record.status == Status.PASS:
+        shown = "SAVED" if saved and record.compared_nothing else "NO-BASELINE"
     repetitions = record.measurement.repetitions
     if repetitions > 1:  # a comparison's figures are its fastest repetitions': these differ, and say why
         # (a reader saw 2,400 tok/s here and "now 2,770 tok/s" below as two answers to one question)
@@ -255,7 +259,7 @@ def summary_lines(results: RunResults) -> list[Line]:
     """Models, every gate's verdict with its key figures, the counts, and every check that did not run as asked."""
     lines = model_lines(results) + unexplained_backend_lines(results)
     for record in results.perf:
-        lines += perf_lines(record)
+        lines += perf_lines(record, saved=bool(results.saved_baseline))
     for group in quality_groups(results.quality):
         lines.append(quality_line(group))
         lines += policy_lines(group)
