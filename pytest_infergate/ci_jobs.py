@@ -226,11 +226,13 @@ def requirements_head(torch: str) -> str:
 '''
 
 
-def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL) -> str:
-    """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`."""
-    return (CI_FILES[ci][1].replace("BASE_CPU_TORCH", cpu_torch("base-requirements.txt", "base-env/bin/python -m pip"))
-            .replace("CPU_TORCH", cpu_torch("perf/requirements.txt")).replace("INSTALL_SPEC", install)
-            .replace("TESTS_DIR", tests))
+def ci_job(ci: str, tests: str = "tests", install: str = DEFAULT_INSTALL, model: str = "") -> str:
+    """The CI job `ci` (a key of CI_FILES), running the gate tests of `tests` after installing `install`; `model`
+    (init --model) is the GPU job's MODEL (the CPU jobs read it from pytest.ini)."""
+    job = (CI_FILES[ci][1].replace("BASE_CPU_TORCH", cpu_torch("base-requirements.txt", "base-env/bin/python -m pip"))
+           .replace("CPU_TORCH", cpu_torch("perf/requirements.txt")).replace("INSTALL_SPEC", install)
+           .replace("TESTS_DIR", tests))
+    return job.replace("MODEL: /data/models/production", f"MODEL: {model}") if model else job
 
 
 def requirements_text() -> str:

@@ -186,15 +186,18 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
     wheel = Path(args.wheel) if args.wheel else None
-    files = init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel)
+    files = init_project(Path(args.folder), ci=args.ci, tests=args.tests, install=args.install, wheel=wheel,
+                         model=args.model or "")
     for written in files:
         print(written.line())
     stale_job = any(written.kept and "does not install" in written.note for written in files)
     # --ci none writes no job: nothing is said of one
     ci = (" Commit the rest (.gitignore keeps the local files out): the CI job's first run on your default branch "
           "saves and commits its own perf/baseline.json (docs/guides/ci.md)") if args.ci != "none" else ""
-    print(f"next: pytest {args.tests} --infergate-save-baseline=local-baseline.json (the embedded model; yours with "
-          f"--infergate-model=PATH_OR_GGUF or the ini's infergate_model), then after a change: pytest {args.tests} "
+    model = (f"{args.model}, the ini's infergate_model" if args.model else
+             "the embedded model; yours with --infergate-model=PATH_OR_GGUF or the ini's infergate_model")
+    print(f"next: pytest {args.tests} --infergate-save-baseline=local-baseline.json ({model}), then after a change: "
+          f"pytest {args.tests} "
           f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
           f"{args.tests}/workloads/*.jsonl.{ci}")
     if wheel is not None and not stale_job and args.ci != "none":
@@ -273,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the CI job to write (default github: .github/workflows/infergate.yml on a hosted CPU "
                       "runner; github-gpu: a self-hosted GPU runner; gitlab: .gitlab-ci.yml)")
     init.add_argument("--tests", default="tests", help="the folder of the gate tests (default tests)")
+    init.add_argument("--model", metavar="PATH_OR_GGUF", help="the model every run gates, written as pytest.ini's "
+                      "infergate_model: a model directory, a .gguf file, a hub id ORG/NAME or a built-in alias "
+                      "(default: the embedded SmolLM2-135M-Instruct)")
     init.add_argument("--install", default="pytest-infergate", metavar="SPEC",
                       help="what the CI job pip-installs (default pytest-infergate; a committed wheel's path or "
                       "'git+URL' before it is on PyPI)")

@@ -21,6 +21,7 @@ from pytest_infergate.atomic import exclusive
 from pytest_infergate.ci_jobs import CI_FILES, DEFAULT_INSTALL, ci_job
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.history.store import migrate_baseline
+from pytest_infergate.models.sources import BUILTIN_ALIASES
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
@@ -122,13 +123,44 @@ def pytest_config(root: Path) -> Path | None:
     return None
 
 
-def kept_config(path: Path) -> Written:
-    """The project's pytest settings, left as they are; the line to add where they name no precisions."""
-    named = "infergate_precisions" in path.read_text(encoding="utf-8", errors="replace")
-    value = f'"{PRECISIONS}"' if path.suffix == ".toml" else PRECISIONS
-    return Written(path, kept=True, note="" if named else f"add `infergate_precisions = {value}` to its pytest "
-                   "settings: without it every run adds nf4, which fails the 4-bit default quality policy on most "
-                   "models (pytest.ini of `infergate init` in an empty folder shows how to add nf4)")
+def pytest_ini(model: str = "") -> str:
+    """pytest.ini of a project that has no pytest settings: the default precisions, and the model to gate where
+    init was given one (every run, the CI job's too, gates it without --infergate-model)."""
+    if not model:
+        return PYTEST_INI
+    return (PYTEST_INI + "# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
+            f"infergate_model = {model}\n")
+
+
+def kept_config(path: Path, model: str = "") -> Written:
+    """The project's pytest settings, left as they are; the lines to add where they name no precisions (or not the
+    model init was given)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    quote = (lambda value: f'"{value}"') if path.suffix == ".toml" else (lambda value: value)
+    missing = [] if "infergate_precisions" in text else [f"`infergate_precisions = {quote(PRECISIONS)}`"]
+    if model and "infergate_model" not in text:
+        missing.append(f"`infergate_model = {quote(model)}`")
+    if not missing:
+        return Written(path, kept=True)
+    why = (": without infergate_precisions every run adds nf4, which fails the 4-bit default quality policy on most "
+           "models (pytest.ini of `infergate init` in an empty folder shows how to add nf4)"
+           if "infergate_precisions" not in text else "")
+    return Written(path, kept=True, note=f"add {' and '.join(missing)} to its pytest settings{why}")
+
+
+def checked_model(model: str) -> str:
+    """`init --model`: a built-in alias, a hub id ORG/NAME, or a path that exists (a typo is said now, not by the
+    first gate run). Loading it is the gate run's job: init does not import torch."""
+    model = model.strip()
+    if not model:
+        raise OptionError("--model is empty: give a built-in alias (" + ", ".join(BUILTIN_ALIASES)
+                          + "), a model directory, a .gguf file or a hub id ORG/NAME")
+    path = Path(model).expanduser()
+    is_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~")) and not path.suffix
+    if model in BUILTIN_ALIASES or path.exists() or is_hub_id:
+        return model
+    raise OptionError(f"--model {model!r}: no such file or directory, and not a built-in alias ("
+                      + ", ".join(BUILTIN_ALIASES) + ") or a hub id ORG/NAME: check the spelling or path")
 
 
 @dataclass(frozen=True)
@@ -152,14 +184,15 @@ def gate_test() -> str:
 
 
 def init_project(folder: Path, ci: str = "github", tests: str = "tests", install: str = DEFAULT_INSTALL,
-                 wheel: Path | None = None) -> list[Written]:
+                 wheel: Path | None = None, model: str = "") -> list[Written]:
     """Write the starter files into `folder` (the project's root): `pytest.ini` with the default precisions (where
     the project keeps its pytest settings elsewhere: that file, kept, and `infergate_precisions` to add to it),
     `tests/test_inference_gate.py`, `tests/conftest.py`, `golden/` with the built-in sample set, the CI job
     (`ci`: a key of CI_FILES, or none) with, for a CPU job, `perf/requirements.txt`, and `.gitignore` (where one
     exists: the lines it lacks, to add). `wheel`: a built
     pytest-infergate wheel, copied into `wheels/` (to commit) and installed by the job from there (until the package
-    is on PyPI)."""
+    is on PyPI). `model`: the model every run gates (pytest.ini's infergate_model; "" the embedded default)."""
+    model = checked_model(model) if model else ""
     if ci not in (*CI_FILES, "none"):
         raise OptionError(f"--ci {ci!r} is not known: choose {', '.join(CI_FILES)} or none")
     root = Path(folder)
@@ -181,16 +214,16 @@ def init_project(folder: Path, ci: str = "github", tests: str = "tests", install
     files = {Path(tests) / "test_inference_gate.py": gate_test(), Path(tests) / "conftest.py": CONFTEST,
              Path("golden") / BUILTIN_SAMPLE_SET.name: BUILTIN_SAMPLE_SET.read_text()}
     if ci != "none":
-        files[Path(CI_FILES[ci][0])] = ci_job(ci, tests, install)
+        files[Path(CI_FILES[ci][0])] = ci_job(ci, tests, install, model)
     if ci in ci_jobs.USES_REQUIREMENTS:
         files[Path(ci_jobs.REQUIREMENTS_PATH)] = ci_jobs.requirements_text()
     files[Path(".gitignore")] = GITIGNORE
     written = []
     own = pytest_config(root)
     if own is None:
-        files = {Path("pytest.ini"): PYTEST_INI, **files}
+        files = {Path("pytest.ini"): pytest_ini(model), **files}
     else:
-        written.append(kept_config(own))
+        written.append(kept_config(own, model))
     job = Path(CI_FILES[ci][0]) if ci != "none" else None
     for relative, text in files.items():
         path = root / relative

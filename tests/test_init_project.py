@@ -259,3 +259,40 @@ def test_init_without_a_ci_job_says_nothing_of_one(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "the CI job's first run on your default branch saves and commits" in out
     assert "the CI job installs it from there" in out
+
+
+def test_init_writes_the_model_it_was_given_where_every_run_reads_it(tmp_path, capsys):
+    """New-user trial (stop 71): `infergate init` had no model option; a newcomer gating their own model typed
+    --infergate-model on every command, and the CI job it wrote gated the embedded model. `--model` writes
+    pytest.ini's infergate_model (the CPU jobs' commands read it), the GPU job's MODEL, and refuses a typo now."""
+    import configparser
+
+    from pytest_infergate.options import Options
+
+    assert main(["init", str(tmp_path / "p"), "--model", "tiny-random-llama"]) == 0
+    assert "(tiny-random-llama, the ini's infergate_model)" in capsys.readouterr().out
+    ini = configparser.ConfigParser()
+    ini.read(tmp_path / "p/pytest.ini")
+    values = dict(ini["pytest"])
+    options = Options.from_sources(lambda name: None, lambda name: values.get(f"infergate_{name}"))
+    assert options.model == "tiny-random-llama" and options.precisions == ("fp32", "int8")
+    assert "--infergate-model" not in (tmp_path / "p/.github/workflows/infergate.yml").read_text()
+
+    gguf = tmp_path / "models/mine.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    init_project(tmp_path / "gpu", ci="github-gpu", model=str(gguf))
+    job = yaml.safe_load((tmp_path / "gpu/.github/workflows/infergate-gpu.yml").read_text())
+    assert job["jobs"]["gate"]["env"]["MODEL"] == str(gguf)
+    assert init_project(tmp_path / "hub", ci="none", model="acme/chat-7b")  # a hub id: the gate run fetches it
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "pyproject.toml").write_text('[tool.pytest.ini_options]\ninfergate_precisions = "fp32"\n')
+    (kept, *_) = init_project(own, ci="none", model="tiny-random-llama")
+    assert kept.kept and kept.note == 'add `infergate_model = "tiny-random-llama"` to its pytest settings'
+
+    with pytest.raises(OptionError, match=r"--model './modles/mine.gguf': no such file or directory.*"
+                                          r"check the spelling or path"):
+        init_project(tmp_path / "typo", model="./modles/mine.gguf")
+    assert not (tmp_path / "typo").exists()  # refused before anything was written
