@@ -183,6 +183,7 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
 def _cmd_init(args: argparse.Namespace) -> int:
     """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
     from pytest_infergate.ci_jobs import CI_FILES
+    from pytest_infergate.models.sources import RANDOM_LLAMAS
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
     wheel = Path(args.wheel) if args.wheel else None
@@ -200,6 +201,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
           f"pytest {args.tests} "
           f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
           f"{args.tests}/workloads/*.jsonl.{ci}")
+    if args.model in RANDOM_LLAMAS:
+        print(f"note: {args.model} has seeded random weights: its speed gates work as on any model, its quality "
+              "verdicts say nothing of a trained model's (their note says so)")
     if wheel is not None and not stale_job and args.ci != "none":
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif wheel is None and args.ci != "none" and args.install == DEFAULT_INSTALL:

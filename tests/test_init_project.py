@@ -270,7 +270,9 @@ def test_init_writes_the_model_it_was_given_where_every_run_reads_it(tmp_path, c
     from pytest_infergate.options import Options
 
     assert main(["init", str(tmp_path / "p"), "--model", "tiny-random-llama"]) == 0
-    assert "(tiny-random-llama, the ini's infergate_model)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(tiny-random-llama, the ini's infergate_model)" in out
+    assert "note: tiny-random-llama has seeded random weights: its speed gates work" in out
     ini = configparser.ConfigParser()
     ini.read(tmp_path / "p/pytest.ini")
     values = dict(ini["pytest"])

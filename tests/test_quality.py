@@ -161,6 +161,17 @@ def test_teacher_forced_metrics_on_tiny(tiny_fp32, tiny_source):
     assert 0 <= result.summary["top1"] <= 1
     assert set(result.categories) == {"factual"}
     assert not result.flags
+    # a newcomer read the random test model's quality verdict as one of quantization (stop 71): said beside it
+    assert any(note.startswith("tiny-random-llama has seeded random weights") for note in result.notes)
+    assert not any("random weights" in note for note in same.notes)  # the reference against itself: nothing to say
+
+
+def test_only_a_random_weight_test_model_is_said_to_be_one(tiny_source):
+    from dataclasses import replace
+
+    assert tiny_source.random_weights
+    assert not replace(tiny_source, kind="directory").random_weights  # a user's own model named like ours
+    assert not replace(tiny_source, spec="smollm2-135m").random_weights
 
 
 def test_unquantized_precision_is_flagged(tiny_fp32):

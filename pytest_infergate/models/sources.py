@@ -46,6 +46,11 @@ class ModelSource:
     # precision of such a model, fp32 included, is that file's dequantization, not the original float model
     dequantized_from: str = ""
 
+    @property
+    def random_weights(self) -> bool:
+        """A seeded random-weight test model (RANDOM_LLAMAS): its speed is a model's, its outputs are not."""
+        return self.kind == "alias" and self.spec in RANDOM_LLAMAS
+
 
 def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""

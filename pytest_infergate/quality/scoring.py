@@ -162,6 +162,13 @@ def compare_with_reference(reference, samples: list[GoldenSample], reference_out
     if result.reference_source:
         result.notes.append(f"reference: {result.reference_source} (the GGUF file's weights, dequantized, not the "
                             "original float model): the figures measure the distance from that file")
+    source = getattr(reference, "source", None)
+    if getattr(source, "random_weights", False) and precision != reference.record.precision:
+        # a newcomer trying the starter on the fast test model read its quality verdict as one of quantization
+        result.notes.append(f"{source.name} has seeded random weights (a model to try the plugin on): quantization "
+                            "flips more of its greedy tokens than a trained model's, so this verdict says nothing of "
+                            "a real model's quality; gate quality on a trained model (leave out --infergate-model for "
+                            "the embedded SmolLM2-135M)")
     return result
 
 
