@@ -115,7 +115,8 @@ def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes
     unchanged = gated(served(others=0.5, load_free=0.88, seed=3), baseline)
     assert unchanged.status == "pass", unchanged.message()
     ttft = next(v for v in unchanged.verdicts if v.metric == "ttft_ms")
-    assert "both sides beside the same co-tenant" in ttft.note and "noise ±" in ttft.note
+    assert "both sides beside the same co-tenant" in ttft.note
+    assert ttft.details().count("noise ±") == 1, ttft.details()  # the decided interval's noise, said once
     # the sentence shows the interval that decided (a new user read "×1.09 [1.02–1.11], limit ×1.1: PASS", passed
     # on the load-corrected [1.010, 1.087]); the figures as measured follow in its details
     assert " load-corrected (×" in ttft.sentence() and ttft.high <= ttft.threshold, ttft.sentence()
@@ -123,6 +124,7 @@ def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes
     assert "as measured)" in ttft.note and ttft.details().count("load-corrected by") == 1, ttft.details()
     failed = next(v for v in slower.verdicts if v.metric == "ttft_ms")
     assert " load-corrected (×" in failed.sentence() and failed.low > failed.threshold, failed.sentence()
+    assert failed.details().count("noise ±") == 1, failed.details()
 
 
 def test_ttft_only_slowdown_fails_under_a_hog_during_the_run():

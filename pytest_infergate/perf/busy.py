@@ -82,9 +82,9 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
     residual = preempted_margin(candidate, interference.load_free_residual(candidate, baseline, baseline_quiet=True))
     how = (f"{interference.load_corrected(candidate.load_free_by)}, both sides beside the same co-tenant "
            f"({interference.taken(now)} now, {interference.taken(then)} at the save; our threads had "
-           f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}], "
-           f"noise {units.noise(resolution(low, high))}")
+           f"{free_now:.0%} and {free_then:.0%} of the CPU they needed): ×{point:.3f} [{low:.3f}, {high:.3f}]")
     as_measured = f" (×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured)"
+    # a pass or a failure carries the load-corrected interval (_decided_on), whose noise its details say: not again
     if high <= threshold:
         return StoredVerdict(Status.PASS, _decided_on(corrected, measured), None, how + as_measured,
                              load_corrected=True)
@@ -92,6 +92,7 @@ def steady_co_tenant(candidate: Side, baseline: Side, measured: CostRatio, thres
         return StoredVerdict(Status.FAIL, _decided_on(corrected, measured), None,
                              f"{how}{as_measured}, beyond {_corrected_bar(candidate, threshold, residual)}",
                              load_corrected=True)
+    how += f", noise {units.noise(resolution(low, high))}"  # the verdict carries the measured interval's
     return StoredVerdict(Status.INCONCLUSIVE, measured, None, f"{how}: not beyond "
                          f"{_corrected_bar(candidate, threshold, residual)}, nor within the limit "
                          f"{units.ratio(threshold)}", steady=how,
