@@ -205,6 +205,9 @@ infergate:
 
 CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB_CPU),
             "github-gpu": (".github/workflows/infergate-gpu.yml", GITHUB_GPU), "gitlab": (".gitlab-ci.yml", GITLAB)}
+# the baseline file each job saves on its first run and commits, then compares with
+BASELINE_FILES = {"github": "perf/baseline.json", "github-gpu": "perf/baseline-gpu.json",
+                  "gitlab": "perf/baseline.json"}
 # the jobs that install perf/requirements.txt (a GPU runner has its CUDA build of torch already)
 USES_REQUIREMENTS = frozenset({"github", "gitlab"})
 # what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to

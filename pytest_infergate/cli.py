@@ -182,7 +182,7 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
-    from pytest_infergate.ci_jobs import CI_FILES
+    from pytest_infergate.ci_jobs import BASELINE_FILES, CI_FILES
     from pytest_infergate.models.sources import RANDOM_LLAMAS
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
@@ -194,7 +194,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     stale_job = any(written.kept and "does not install" in written.note for written in files)
     # --ci none writes no job: nothing is said of one
     ci = (" Commit the rest (.gitignore keeps the local files out): the CI job's first run on your default branch "
-          "saves and commits its own perf/baseline.json (docs/guides/ci.md)") if args.ci != "none" else ""
+          f"saves and commits its own {BASELINE_FILES[args.ci]} (docs/guides/ci.md)") if args.ci != "none" else ""
     model = (f"{args.model}, the ini's infergate_model" if args.model else
              "the embedded model; yours with --infergate-model=PATH_OR_GGUF or the ini's infergate_model")
     print(f"next: pytest {args.tests} --infergate-save-baseline=local-baseline.json ({model}), then after a change: "

@@ -298,3 +298,14 @@ def test_init_writes_the_model_it_was_given_where_every_run_reads_it(tmp_path, c
                                           r"check the spelling or path"):
         init_project(tmp_path / "typo", model="./modles/mine.gguf")
     assert not (tmp_path / "typo").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("kind", ["github", "github-gpu", "gitlab"])
+def test_init_names_the_baseline_file_its_job_commits(kind, tmp_path, capsys):
+    """init said every job commits perf/baseline.json; the GPU job saves and commits perf/baseline-gpu.json."""
+    from pytest_infergate.ci_jobs import BASELINE_FILES
+
+    job = ci_job(kind)
+    assert f"--infergate-save-baseline={BASELINE_FILES[kind]}" in job and f"git add {BASELINE_FILES[kind]}" in job
+    assert main(["init", str(tmp_path), "--ci", kind]) == 0
+    assert f"saves and commits its own {BASELINE_FILES[kind]} " in capsys.readouterr().out
