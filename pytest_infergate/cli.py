@@ -201,6 +201,13 @@ def _cmd_init(args: argparse.Namespace) -> int:
           f"pytest {args.tests} "
           f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
           f"{args.tests}/workloads/*.jsonl.{ci}")
+    model_path = Path(args.model).expanduser() if args.model else None
+    hosted = args.ci in ("github", "gitlab")
+    if model_path is not None and model_path.exists() and hosted \
+            and not model_path.resolve().is_relative_to(Path(args.folder).resolve()):
+        print(f"note: the CI job runs on a hosted runner, where {args.model} is not: gate a model the job can reach "
+              "(a file committed in the project, named by its path there, or a hub id ORG/NAME) in the ini's "
+              "infergate_model")
     if args.model in RANDOM_LLAMAS:
         print(f"note: {args.model} has seeded random weights: its speed gates work as on any model, its quality "
               "verdicts say nothing of a trained model's (their note says so)")

@@ -284,6 +284,11 @@ def test_init_writes_the_model_it_was_given_where_every_run_reads_it(tmp_path, c
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF")
     init_project(tmp_path / "gpu", ci="github-gpu", model=str(gguf))
+    # a hosted runner cannot reach a file outside the project: said; the GPU job's own runner may (its MODEL)
+    assert main(["init", str(tmp_path / "hosted"), "--model", str(gguf)]) == 0
+    assert f"note: the CI job runs on a hosted runner, where {gguf} is not" in capsys.readouterr().out
+    assert main(["init", str(tmp_path / "own-gpu"), "--ci", "github-gpu", "--model", str(gguf)]) == 0
+    assert "hosted runner" not in capsys.readouterr().out
     job = yaml.safe_load((tmp_path / "gpu/.github/workflows/infergate-gpu.yml").read_text())
     assert job["jobs"]["gate"]["env"]["MODEL"] == str(gguf)
     assert init_project(tmp_path / "hub", ci="none", model="acme/chat-7b")  # a hub id: the gate run fetches it
