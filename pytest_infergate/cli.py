@@ -210,7 +210,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
               "infergate_model")
     if args.model in RANDOM_LLAMAS:
         print(f"note: {args.model} has seeded random weights: its speed gates work as on any model, its quality "
-              "verdicts say nothing of a trained model's (their note says so)")
+              "verdicts say nothing of a trained model's, so the starter gates fp32 alone (int8 fails the 8-bit "
+              "default on it); gate int8 on a trained model")
     if wheel is not None and not stale_job and args.ci != "none":
         print(f"commit wheels/{wheel.name}: the CI job installs it from there")
     elif wheel is None and args.ci != "none" and args.install == DEFAULT_INSTALL:

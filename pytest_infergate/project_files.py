@@ -21,21 +21,24 @@ from pytest_infergate.atomic import exclusive
 from pytest_infergate.ci_jobs import CI_FILES, DEFAULT_INSTALL, ci_job
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.history.store import migrate_baseline
-from pytest_infergate.models.sources import BUILTIN_ALIASES
+from pytest_infergate.models.sources import BUILTIN_ALIASES, RANDOM_LLAMAS
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
 from pytest_infergate.requirements import QUANTIZED
 
-GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them on your model:
+GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them from the project's root:
 
-    pytest --infergate-model=PATH_OR_GGUF
+    pytest --infergate-save-baseline=local-baseline.json   # accept this run; then, after a change:
+    pytest --infergate-baseline=local-baseline.json --infergate-report=report.html
 
-in the precisions of pytest.ini's infergate_precisions (fp32,int8 as written: each passes its class's default
-quality policy; to gate nf4 too, add it there with the policy its loss is accepted under, as the ini says).
+on the model of pytest.ini's infergate_model (else the embedded SmolLM2-135M; --infergate-model=PATH_OR_GGUF
+overrides it), in the precisions of its infergate_precisions (fp32,int8 as init writes them for a trained model:
+each passes its class's default quality policy; to gate nf4 too, add it there with the policy its loss is accepted
+under, as the ini says).
 
 - test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
-  a saved baseline (--infergate-baseline=perf/baseline.json) a slowdown beyond 10% fails. On the CPU it measures
+  the saved baseline (the CI job's is perf/baseline.json) a slowdown beyond 10% fails. On the CPU it measures
   the reference precision only (int8 and nf4 speed is gated where --infergate-gpu runs them);
 - test_quantized_outputs: each quantized precision's greedy answers to golden/*.jsonl against the reference
   precision's: top-1 agreement and mean KL under the default policy of its class, written out below.
@@ -123,12 +126,30 @@ def pytest_config(root: Path) -> Path | None:
     return None
 
 
+# A seeded random-weight test model (models.sources.RANDOM_LLAMAS): int8 flips more of its greedy tokens than a
+# trained model's and fails the 8-bit default on it, which says nothing of quantization, so its starter gates the
+# reference precision alone (a new user's first runs read INCONCLUSIVE, then FAIL with the samples it asked for)
+RANDOM_MODEL_PRECISIONS = "fp32"
+
+
+def starter_precisions(model: str = "") -> str:
+    """The precisions a starter gates: the reference and int8, or the reference alone on a random-weight model."""
+    return RANDOM_MODEL_PRECISIONS if model in RANDOM_LLAMAS else PRECISIONS
+
+
 def pytest_ini(model: str = "") -> str:
     """pytest.ini of a project that has no pytest settings: the default precisions, and the model to gate where
     init was given one (every run, the CI job's too, gates it without --infergate-model)."""
     if not model:
         return PYTEST_INI
-    return (PYTEST_INI + "# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
+    text = PYTEST_INI
+    if model in RANDOM_LLAMAS:
+        text = text.replace(f"infergate_precisions = {PRECISIONS}\n", f"""# {model} has seeded random weights: int8's \
+quality verdict on it says nothing of quantization (it fails
+# the 8-bit default), so only fp32 is gated; on a trained model, gate int8 too: infergate_precisions = {PRECISIONS}
+infergate_precisions = {RANDOM_MODEL_PRECISIONS}
+""")
+    return (text + "# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
             f"infergate_model = {model}\n")
 
 
@@ -137,7 +158,8 @@ def kept_config(path: Path, model: str = "") -> Written:
     model init was given)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     quote = (lambda value: f'"{value}"') if path.suffix == ".toml" else (lambda value: value)
-    missing = [] if "infergate_precisions" in text else [f"`infergate_precisions = {quote(PRECISIONS)}`"]
+    precisions = starter_precisions(model)
+    missing = [] if "infergate_precisions" in text else [f"`infergate_precisions = {quote(precisions)}`"]
     if model and "infergate_model" not in text:
         missing.append(f"`infergate_model = {quote(model)}`")
     if not missing:
