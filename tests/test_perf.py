@@ -584,6 +584,9 @@ def test_saving_or_comparing_a_baseline_repeats_until_the_spread_is_tight_enough
     assert longer.least_seconds == 20.0 and "20 s at least" in longer.describe(0.5) and "40 repetitions" in \
         longer.describe(0.5)
     assert plan.bounds(0.2) == (30, 30) and plan.bounds(2.0) == (5, 12)  # the counts describe() states
+    # a spread of counts whose seconds round alike reads "7 s", not "7–7 s" (new-user trial, stop 72)
+    assert untimed.describe(0.6).endswith(": 3–7 s") and untimed.describe(0.06).endswith(": 0–1 s")
+    assert untimed.describe(0.58).endswith(": 3–7 s") and untimed.describe(0.02).endswith(": under 1 s")
 
 
 def test_the_plan_is_stated_from_a_warm_repetition_and_the_line_re_estimates_it_as_it_goes(monkeypatch):

@@ -92,8 +92,9 @@ class RepetitionPlan:
         """What the plan will cost at `repetition_s` a repetition."""
         least, most = self.bounds(repetition_s)
         count = f"{least}–{most}" if most > least else str(least)
-        cost = (f"{least * repetition_s:.0f}–{most * repetition_s:.0f} s" if most > least
-                else f"{least * repetition_s:.0f} s")
+        shortest, longest = f"{least * repetition_s:.0f}", f"{most * repetition_s:.0f}"
+        cost = f"{shortest}–{longest} s" if longest != shortest else f"{shortest} s"  # not "7–7 s"
+        cost = "under 1 s" if most * repetition_s < 0.5 else cost
         floor = f", {self.least_seconds:g} s at least" if self.least_seconds else ""
         return (f"{count} repetitions of about {repetition_s:.1f} s (until each gated figure's spread resolves "
                 f"×{self.target:.3f}{floor}): {cost}")
