@@ -12,8 +12,9 @@ from pathlib import Path
 from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
 from pytest_infergate.history.store import load_run
+from pytest_infergate.results.markdown import summary_markdown
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines, summary_markdown
+from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines
 from pytest_infergate.status import Status, under_strict
 
 

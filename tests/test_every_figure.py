@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from stored_gate import evaluate_perf
 
+from pytest_infergate import units
 from pytest_infergate.cli import compare_runs
 from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
@@ -219,7 +220,7 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
 
     from pytest_infergate.options import Options
     from pytest_infergate.outputs import write_outputs
-    from pytest_infergate.results.summary import summary_markdown
+    from pytest_infergate.results.markdown import summary_markdown
 
     def first_run() -> RunResults:
         run = RunResults()
@@ -238,7 +239,14 @@ def test_a_run_that_saves_the_baseline_says_where_it_saved_it_and_that_nothing_w
     terminal = [line.text for line in summary_lines(run)]
     assert terminal[-1] == headline
     assert f"  PASS baseline saved test_gate.py::test_serving[fp32]: {message}" in terminal
-    assert any(line.startswith("  perf SAVED ") for line in terminal)  # a save, not a pass of nothing
+    (line,) = [line for line in terminal if line.startswith("  perf SAVED ")]  # a save, not a pass of nothing
+    # the figures later runs compare with, as every comparison's "baseline" says them (a new user saw the pooled
+    # 1,840 tok/s at the save, then "baseline 2,280 tok/s" in each comparison)
+    against_itself = {v.metric: v for v in compare_measurements(run.perf[0].measurement, run.perf[0].measurement,
+                                                                parse_budget(STARTER), stored_baseline=True)}
+    for key, metric in (("ttft_ms_p50", "ttft_ms"), ("tokens_per_s", "tokens_per_s")):
+        said = f"{key} {units.metric_value(metric, against_itself[metric].baseline)}"
+        assert "later runs compare with its fastest repetitions: " in line and said in line.split("fastest")[1], line
     assert not any("--infergate-save-baseline" in line for line in terminal)
     for path in (results, saved):  # what `infergate summary` reads back, and the saved run itself
         data = json.loads(path.read_text())
@@ -258,7 +266,7 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
     being checks not run as asked (a baseline saved on a busy runner). Every count shown (the step summary, the
     terminal, the JSON's gate_counts) is the verdict's, and they add up to its headline; under --infergate-strict
     an undecided gate counts as the failure it is."""
-    from pytest_infergate.results.summary import summary_markdown
+    from pytest_infergate.results.markdown import summary_markdown
     from pytest_infergate.status import Finding
 
     run = RunResults()

@@ -18,7 +18,7 @@ from pytest_infergate.cli import main as cli_main
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.report import render as render_results
 from pytest_infergate.results import RunResults
-from pytest_infergate.results.summary import summary_markdown as summary_of_results
+from pytest_infergate.results.markdown import summary_markdown as summary_of_results
 
 
 def render(data: dict) -> str:

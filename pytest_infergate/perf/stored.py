@@ -271,6 +271,13 @@ def _normalized_aside(candidate: Side, baseline: Side, threshold: float) -> str:
             "as the engine does)")
 
 
+def compared_figure(measurement: Measurement, metric: str, pct: int | None = 50) -> float | None:
+    """The figure a later comparison with `measurement` reads for `metric`: its least-disturbed repetitions' (each
+    side's summary here), in the metric's unit; None where it has no split by repetition."""
+    summarized = side(measurement, metric, pct, probed=False)
+    return in_metric_units(metric, least_disturbed(summarized.costs)) if summarized else None
+
+
 def in_metric_units(metric: str, cost: float) -> float:
     """A cost back in the metric's own unit (throughputs were inverted)."""
     return 1.0 / cost if METRICS[metric][1] and cost > 0 else cost

@@ -23,6 +23,8 @@ HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not
 # a capacity search's found load first: it is the figure the search measured (a load run has none of it)
 PERF_KEYS = ("capacity_concurrency", "capacity_rps", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s",
              "peak_mem_mb", "success_rate", "goodput_per_s")
+# the figures a save's line names as later comparisons read them (saved_figures)
+SAVED_KEYS = ("ttft_ms_p50", "tokens_per_s")
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 QUALITY_NAMES = {"rougeL": "ROUGE-L", "exact_match": "exact match", "mean_kl": "mean KL", "top1": "top-1",
                  "task_ratio": "task ratio"}
@@ -128,10 +130,23 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
         # (a reader saw 2,400 tok/s here and "now 2,770 tok/s" below as two answers to one question)
         fastest = any(v.repetitions for v in record.verdicts)
         figures += f" (all {repetitions} repetitions pooled" + (
-            "; the comparisons below read each side's fastest repetitions)" if fastest else ")")
+            "; the comparisons below read each side's fastest repetitions)" if fastest else
+            f"; {saved_figures(record)})" if saved and record.compared_nothing else ")")
     lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
     lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
+
+
+def saved_figures(record: PerfRecord) -> str:
+    """What a later run compares with, on the save's line: the saved measurement's fastest repetitions, which every
+    comparison's "baseline" figure reads (a new user saw 1,840 tok/s pooled at the save, then "baseline 2,280 tok/s"
+    in every comparison, never said before)."""
+    from pytest_infergate.perf.stored import compared_figure
+
+    read = [(key, compared_figure(record.measurement, budget_metric(key), int(key.rpartition("_p")[2]) if
+                                  key != budget_metric(key) else 50)) for key in SAVED_KEYS if key in record.summary]
+    shown = ", ".join(f"{key} {units.metric_value(budget_metric(key), value)}" for key, value in read if value)
+    return f"later runs compare with its fastest repetitions: {shown}" if shown else "saved"
 
 
 def quality_figures(summary: dict) -> str:
@@ -289,43 +304,6 @@ def verdict_lines(results: RunResults) -> list[Line]:
     verdict = results.verdict()
     return [Line(f"  {reason.text(lead_only=True)}", _color(reason.status)) for reason in verdict.reasons] + [
         Line(verdict.headline(), _color(verdict.status))]
-
-
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Header, alignment row (text columns left, figures right) and rows."""
-    align = ["---" if i < 3 else "---:" for i in range(len(header))]
-    return ["", "| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + [
-        "| " + " | ".join(row) + " |" for row in rows]
-
-
-def summary_markdown(results: RunResults) -> str:
-    verdict = results.verdict()
-    lines = ["## pytest-infergate", "", f"**{verdict.headline()}**", ""]
-    lines += [f"- {reason.text()}" for reason in verdict.reasons] + ([""] if verdict.reasons else [])
-    for group, c in verdict.counts.items():  # the verdict's own counts: they add up to its headline's
-        lines.append(f"- **{count_name(group)}**: " + ", ".join(f"{n} {status}" for status, n in c.items() if n))
-    for warning in results.warnings:
-        lines.append(f"- ⚠ {warning}")
-    lines += [f"- skipped: {finding.text()}" for finding in skipped_not_run(results)]
-    if results.perf:
-        columns = {"ttft_ms_p50": "TTFT p50", "tpot_ms_p50": "TPOT p50", "tokens_per_s": "throughput",
-                   "peak_mem_mb": "peak memory"}
-        if any("capacity_rps" in r.summary for r in results.perf):  # a capacity search: the load it found
-            columns = {"capacity_concurrency": "capacity (in flight)", "capacity_rps": "capacity (req/s)", **columns}
-        lines += _markdown_table(["test", "precision", "verdict", *columns.values()],
-                                 [[f"`{r.test}`", r.precision, _why_markdown(r),
-                                   *[figure(r.summary, k) for k in columns]] for r in results.perf])
-    if results.quality:
-        lines += _markdown_table(["precision", "vs", "verdict", *(QUALITY_NAMES[k] for k in QUALITY_KEYS)],
-                                 [[g.precision, g.reference, g.status.value,
-                                   *[figure(g.comparisons[0].summary, k) for k in QUALITY_KEYS]]
-                                  for g in quality_groups(results.quality)])
-    return "\n".join(lines) + "\n"
-
-
-def _why_markdown(record: PerfRecord) -> str:
-    reasons = [r for r in verdict_reasons(record) if record.status != Status.PASS or "vs baseline" in r]
-    return record.status.value + ("<br>" + "<br>".join(r.replace("|", "\\|") for r in reasons) if reasons else "")
 
 
 def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
