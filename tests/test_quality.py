@@ -207,3 +207,24 @@ def test_a_collapsed_category_is_flagged_while_the_mean_passes_and_can_be_gated(
     violations, flagged = category_findings(categories, gated)
     assert violations == ["min_category_task_ratio: category 'code' task_ratio = 0 (8 samples), policy >= 0.5"]
     assert flagged == []
+
+
+def test_the_quality_block_says_which_thresholds_passed_beside_the_one_that_did_not():
+    """New-user trial (stop 72): "inconclusive: min_top1 …" under "min_top1=0.9, max_mean_kl=0.05" left open whether
+    mean KL had passed. Each threshold the interval passed is said in the check's own words."""
+    from pytest_infergate.quality.metrics import QualityResult
+    from pytest_infergate.quality.policy import decide_quality
+    from pytest_infergate.results.records import QualityRecord
+    from pytest_infergate.results.summary import policy_lines, quality_groups
+
+    summary = {"samples": 16, "top1": 0.874, "top1_ci": [0.839, 0.908], "mean_kl": 0.0347,
+               "mean_kl_ci": [0.0311, 0.0381]}
+    result = QualityResult("int8", "fp32", [], summary, {}, 0.4)
+    policy = ResolvedPolicy.given({"min_top1": 0.9, "max_mean_kl": 0.05})
+    decision = decide_quality(result, policy)
+    record = QualityRecord("t.py::q[int8]", decision.status, result, policy.rules, decision.problems,
+                           undecided=decision.undecided, decided_by=policy.decided_by())
+    lines = [line.text.strip() for line in policy_lines(quality_groups([record])[0])]
+    assert lines[1].startswith("inconclusive: min_top1: top1 = 0.874 (95% CI 0.839-0.908) straddles 0.9")
+    assert lines[2] == "pass: max_mean_kl: mean_kl = 0.0347 (95% CI 0.0311-0.0381) lies within <= 0.05", lines
+    assert len(lines) == 3  # the undecided threshold is not said to pass

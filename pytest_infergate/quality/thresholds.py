@@ -88,22 +88,22 @@ class ThresholdCheck:
     def describe(self) -> str:
         """The check in one line: the figure, its interval, where it lies against the threshold, who set it."""
         bound = ">=" if self.direction == "min" else "<="
-        source = f"({self.source})"
+        source = f" ({self.source})" if self.source else ""  # "": said once above it (results.summary)
         if self.point is None:
-            return f"{self.key}: {self.figure} was not measured {source}"
+            return f"{self.key}: {self.figure} was not measured{source}"
         if self.low is None or self.high is None:
             broken = self.status == Status.FAIL
             relation = ("<" if self.direction == "min" else ">") if broken else bound
-            return (f"{self.key}: {self.figure} = {self.point:.4g} {relation} {self.threshold:g} {source}, decided on "
+            return (f"{self.key}: {self.figure} = {self.point:.4g} {relation} {self.threshold:g}{source}, decided on "
                     f"the point ({self.no_interval})")
         ci = f"{self.figure} = {self.point:.4g} (95% CI {self.low:.4g}-{self.high:.4g})"
         status = self.status
         if status == Status.FAIL:
             side = "below" if self.direction == "min" else "above"
-            return f"{self.key}: {ci} lies wholly {side} {self.threshold:g} {source}"
+            return f"{self.key}: {ci} lies wholly {side} {self.threshold:g}{source}"
         if status == Status.PASS:
-            return f"{self.key}: {ci} lies within {bound} {self.threshold:g} {source}"
+            return f"{self.key}: {ci} lies within {bound} {self.threshold:g}{source}"
         needed = self.samples_needed()
         decides = (f"about {needed} {self.unit}s would decide ({self.samples} now): {self.more}"
                    if needed is not None else f"the figure sits on the threshold: no number of {self.unit}s decides")
-        return f"{self.key}: {ci} straddles {self.threshold:g} {source}: {decides}"
+        return f"{self.key}: {ci} straddles {self.threshold:g}{source}: {decides}"

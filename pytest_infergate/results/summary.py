@@ -210,7 +210,19 @@ def policy_lines(group: QualityGroup) -> list[Line]:
         if record.decided_by:  # a file written before the policy was named has none
             lines.append(Line(f"      {who}under the {record.decided_by}", _color(record.status)))
         lines += [Line(f"      inconclusive: {why}", _color(record.status)) for why in record.undecided[:1]]
+        if len(group.records) == 1:  # what passed, beside what did not (a new user could not tell if KL passed)
+            lines += [Line(f"      pass: {why}") for why in passed_thresholds(record)]
     return lines
+
+
+def passed_thresholds(record: QualityRecord) -> list[str]:
+    """Each aggregate threshold of the record's policy its interval passed, in the check's own words."""
+    from pytest_infergate.quality.policy import AGGREGATE_KEYS
+    from pytest_infergate.quality.thresholds import ThresholdCheck
+
+    checks = [ThresholdCheck.of(record.summary, key, *AGGREGATE_KEYS[key], value, "")
+              for key, value in record.policy.items() if key in AGGREGATE_KEYS and isinstance(value, (int, float))]
+    return [check.describe() for check in checks if check.status == Status.PASS]
 
 
 def corpus_lines(record: CorpusRecord) -> list[Line]:
