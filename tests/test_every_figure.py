@@ -128,6 +128,19 @@ def test_ttft_only_slowdown_fails_beside_a_steady_co_tenant_and_unchanged_passes
     assert failed.details().count("noise ±") == 1, failed.details()
 
 
+def test_every_comparison_with_a_save_measured_busy_says_what_that_load_means():
+    """New-user trial (stop 72): a save beside a co-tenant that took half the machine, then unchanged runs read
+    12–19% faster, load-corrected, and only the save had said it was measured busy. The baseline line of every
+    comparison with such a save says it; a quiet save's does not."""
+    busy = gated(served(others=0.5, load_free=0.9, seed=2), served(others=0.5, load_free=0.9, seed=1))
+    assert busy.baseline_provenance.endswith(
+        ", on a busy runner (other processes took 50% of the machine's CPU time (1.0 of 2 CPUs)): a slowdown smaller "
+        "than what that load took from the save may pass against it; a save on a quieter runner gates those"), \
+        busy.baseline_provenance
+    quiet = gated(served(others=0.5, load_free=0.9, seed=2), served(others=0.01, load_free=1.0, seed=1))
+    assert "busy runner" not in quiet.baseline_provenance, quiet.baseline_provenance
+
+
 def test_ttft_only_slowdown_fails_under_a_hog_during_the_run():
     """A quiet save, a run under one busy loop per core (our thread had 27% of what it needed): TTFT ×3
     load-corrected fails; ×2 lies within what a preempted thread's CPU time and the host's drift can make of

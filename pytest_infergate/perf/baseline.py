@@ -20,7 +20,8 @@ from pathlib import Path
 
 from pytest_infergate.environment import AcceptedKey
 from pytest_infergate.errors import InfergateError
-from pytest_infergate.measurement import Measurement
+from pytest_infergate.measurement import Measurement, busy_share
+from pytest_infergate.perf import interference
 from pytest_infergate.perf.fingerprint import machine_text
 
 KIND = "baseline"  # the older format's kind; a baseline is now a saved run (history.store.save_run_as_baseline)
@@ -77,10 +78,15 @@ class BaselineEntry:
                    float(data.get("recorded") or created or 0.0))
 
     def provenance(self) -> str:
-        """"8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs, 2 threads, cpu"."""
+        """"8 repetitions, recorded 2026-12-03 07:10 UTC on AMD EPYC, 2 CPUs, 2 threads, cpu", and where the save
+        was measured on a busy runner, what that means for every comparison with it (a new user's unchanged runs
+        read 12–19% faster than such a save, load-corrected, and nothing said why at the comparison)."""
         when = (time.strftime(" %Y-%m-%d %H:%M UTC", time.gmtime(self.recorded)) if self.recorded else "")
+        busy = busy_share(self.measurement.others_share)
+        under_load = (f", on a busy runner ({interference.describe(busy)}): a slowdown smaller than what that load "
+                      "took from the save may pass against it; a save on a quieter runner gates those") if busy else ""
         return (f"{self.measurement.repetitions} repetitions, recorded{when} on "
-                f"{machine_text(self.fingerprint)}")
+                f"{machine_text(self.fingerprint)}{under_load}")
 
 
 def schema_note(path: Path) -> str:
