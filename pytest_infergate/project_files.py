@@ -21,7 +21,7 @@ from pytest_infergate.atomic import exclusive
 from pytest_infergate.ci_jobs import CI_FILES, DEFAULT_INSTALL, ci_job
 from pytest_infergate.errors import InfergateError, OptionError
 from pytest_infergate.history.store import migrate_baseline
-from pytest_infergate.models.sources import BUILTIN_ALIASES, RANDOM_LLAMAS
+from pytest_infergate.models.sources import BUILTIN_ALIASES, RANDOM_LLAMAS, is_hub_id
 from pytest_infergate.quality import golden_files
 from pytest_infergate.quality.golden_files import BUILTIN_SAMPLE_SET
 from pytest_infergate.quality.policy_defaults import DEFAULT_POLICIES
@@ -144,11 +144,11 @@ def pytest_ini(model: str = "") -> str:
         return PYTEST_INI
     text = PYTEST_INI
     if model in RANDOM_LLAMAS:
-        text = text.replace(f"infergate_precisions = {PRECISIONS}\n", f"""# {model} has seeded random weights: int8's \
-quality verdict on it says nothing of quantization (it fails
-# the 8-bit default), so only fp32 is gated; on a trained model, gate int8 too: infergate_precisions = {PRECISIONS}
-infergate_precisions = {RANDOM_MODEL_PRECISIONS}
-""")
+        why = (f"# {model} has seeded random weights: int8's quality verdict on it says nothing of quantization "
+               f"(it fails\n# the 8-bit default), so only fp32 is gated; on a trained model, gate int8 too: "
+               f"infergate_precisions = {PRECISIONS}\n")
+        text = text.replace(f"infergate_precisions = {PRECISIONS}\n",
+                            f"{why}infergate_precisions = {RANDOM_MODEL_PRECISIONS}\n")
     return (text + "# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
             f"infergate_model = {model}\n")
 
@@ -177,9 +177,7 @@ def checked_model(model: str) -> str:
     if not model:
         raise OptionError("--model is empty: give a built-in alias (" + ", ".join(BUILTIN_ALIASES)
                           + "), a model directory, a .gguf file or a hub id ORG/NAME")
-    path = Path(model).expanduser()
-    is_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~")) and not path.suffix
-    if model in BUILTIN_ALIASES or path.exists() or is_hub_id:
+    if model in BUILTIN_ALIASES or Path(model).expanduser().exists() or is_hub_id(model):
         return model
     raise OptionError(f"--model {model!r}: no such file or directory, and not a built-in alias ("
                       + ", ".join(BUILTIN_ALIASES) + ") or a hub id ORG/NAME: check the spelling or path")

@@ -294,7 +294,7 @@ def test_init_writes_the_model_it_was_given_where_every_run_reads_it(tmp_path, c
     assert "hosted runner" not in capsys.readouterr().out
     job = yaml.safe_load((tmp_path / "gpu/.github/workflows/infergate-gpu.yml").read_text())
     assert job["jobs"]["gate"]["env"]["MODEL"] == str(gguf)
-    assert init_project(tmp_path / "hub", ci="none", model="acme/chat-7b")  # a hub id: the gate run fetches it
+    assert init_project(tmp_path / "hub", ci="none", model="meta-llama/Llama-3.2-1B")  # a hub id: the run fetches it
     assert "infergate_precisions = fp32,int8\n" in (tmp_path / "hub/pytest.ini").read_text()  # a trained model's
 
     own = tmp_path / "own"

@@ -17,6 +17,15 @@ def test_unknown_alias_is_a_clear_error(tmp_path):
         resolve_model("tiny-random-llamaa", tmp_path)
 
 
+def test_a_hub_id_with_dots_in_its_name_is_a_hub_id_not_a_path():
+    """`meta-llama/Llama-3.2-1B` was refused as "not … a hub id ORG/NAME": its ".2-1B" read as a file's suffix."""
+    from pytest_infergate.models.sources import is_hub_id
+
+    assert is_hub_id("meta-llama/Llama-3.2-1B") and is_hub_id("Qwen/Qwen2.5-0.5B-Instruct")
+    assert not is_hub_id("models/mine.gguf") and not is_hub_id("./org/name") and not is_hub_id("/abs/path")
+    assert not is_hub_id("a/b/c") and not is_hub_id("name") and not is_hub_id("~/org")
+
+
 def test_missing_directory_path_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="check the spelling or path"):
         resolve_model(str(tmp_path / "nope"), tmp_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,17 @@ class ModelSource:
         return self.kind == "alias" and self.spec in RANDOM_LLAMAS
 
 
+# a hub id: ORG/NAME, whose name may hold dots ("meta-llama/Llama-3.2-1B": a path's suffix test took it for a file)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+# what ends a model file's name, not a hub id's ("org/model.gguf" is a file)
+MODEL_FILE_SUFFIXES = (".gguf", ".bin", ".safetensors", ".pt", ".pth", ".json")
+
+
+def is_hub_id(spec: str) -> bool:
+    """`spec` reads as a hub id ORG/NAME, not a path (nothing checks that the hub has it)."""
+    return bool(HUB_ID.fullmatch(spec)) and not spec.lower().endswith(MODEL_FILE_SUFFIXES)
+
+
 def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
     """Turn --infergate-model into something from_pretrained can load, fetching/converting once if needed."""
     spec = str(spec).strip()
@@ -76,8 +88,7 @@ def resolve_model(spec: str, cache_dir: Path) -> ModelSource:
                                  "transformers builds a one-token tokenizer and every output is garbage; save the "
                                  f"tokenizer next to the model: tokenizer.save_pretrained({str(path)!r})")
         return ModelSource(spec, str(path.resolve()), "directory", path.name)
-    looks_like_path = spec.startswith((".", "/", "~")) or path.suffix or spec.count("/") != 1
-    if looks_like_path:
+    if not is_hub_id(spec):
         raise ModelLoadError(f"model {spec!r} is not a built-in alias ({', '.join(BUILTIN_ALIASES)}), "
                              "an existing directory, a .gguf file or a hub id ORG/NAME: check the spelling or path")
     return ModelSource(spec, resolve_hub_id(spec), "hub", spec.split("/")[-1])
