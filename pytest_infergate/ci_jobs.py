@@ -208,8 +208,10 @@ CI_FILES = {"github": (".github/workflows/infergate.yml", GITHUB_CPU),
 # the baseline file each job saves on its first run and commits, then compares with
 BASELINE_FILES = {"github": "perf/baseline.json", "github-gpu": "perf/baseline-gpu.json",
                   "gitlab": "perf/baseline.json"}
+# the jobs on a hosted CPU runner: a fresh machine each run, which reaches only what the project holds or fetches
+HOSTED_JOBS = frozenset({"github", "gitlab"})
 # the jobs that install perf/requirements.txt (a GPU runner has its CUDA build of torch already)
-USES_REQUIREMENTS = frozenset({"github", "gitlab"})
+USES_REQUIREMENTS = HOSTED_JOBS
 # what the CI job installs: the package name once it is on PyPI; until then `--install` names a wheel committed to
 # the project (./wheels/pytest_infergate-….whl) or "git+URL" of this repository (the CLI says so)
 DEFAULT_INSTALL = "pytest-infergate"

@@ -183,7 +183,7 @@ def _cmd_init_golden(args: argparse.Namespace) -> int:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     """A project's first gate: starter test, conftest, golden samples, CI job (pytest_infergate.project_files)."""
-    from pytest_infergate.ci_jobs import BASELINE_FILES, CI_FILES
+    from pytest_infergate.ci_jobs import BASELINE_FILES, CI_FILES, HOSTED_JOBS
     from pytest_infergate.models.sources import RANDOM_LLAMAS
     from pytest_infergate.project_files import DEFAULT_INSTALL, init_project
 
@@ -203,8 +203,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
           f"--infergate-baseline=local-baseline.json --infergate-report=report.html. Traffic files go in "
           f"{args.tests}/workloads/*.jsonl.{ci}")
     model_path = Path(args.model).expanduser() if args.model else None
-    hosted = args.ci in ("github", "gitlab")
-    if model_path is not None and model_path.exists() and hosted \
+    if model_path is not None and model_path.exists() and args.ci in HOSTED_JOBS \
             and not model_path.resolve().is_relative_to(Path(args.folder).resolve()):
         print(f"note: the CI job runs on a hosted runner, where {args.model} is not: gate a model the job can reach "
               "(a file committed in the project, named by its path there, or a hub id ORG/NAME) in the ini's "

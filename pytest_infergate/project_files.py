@@ -94,13 +94,12 @@ def workload(infergate_bench):
 # and int8, which pass their classes' default quality policies. The plugin's own default adds nf4, which fails the
 # 4-bit default on most models (issue #55: rightly), so a first CI run would fail before its baseline is committed.
 PRECISIONS = "fp32,int8"
-PYTEST_INI = f"""[pytest]
+PYTEST_INI_HEAD = f"""[pytest]
 # Written by `infergate init`. The precisions every run of the gate tests measures (the CI job's too): each passes
 # the default quality policy of its class. nf4 (4-bit) loses more: to gate it as well, state the loss you accept
 # and add it, e.g.
 #   infergate_precisions = {PRECISIONS},nf4
 #   infergate_quality_policy = nf4: min_top1=0.75, max_mean_kl=0.35
-infergate_precisions = {PRECISIONS}
 """
 # What the gate runs leave in the project and nobody commits: a local try's baseline and report (perf/baseline.json
 # is the CI job's own, saved on its runner: one saved on a laptop beside it would block the pull of the job's
@@ -140,17 +139,13 @@ def starter_precisions(model: str = "") -> str:
 def pytest_ini(model: str = "") -> str:
     """pytest.ini of a project that has no pytest settings: the default precisions, and the model to gate where
     init was given one (every run, the CI job's too, gates it without --infergate-model)."""
-    if not model:
-        return PYTEST_INI
-    text = PYTEST_INI
-    if model in RANDOM_LLAMAS:
-        why = (f"# {model} has seeded random weights: int8's quality verdict on it says nothing of quantization "
-               f"(it fails\n# the 8-bit default), so only fp32 is gated; on a trained model, gate int8 too: "
-               f"infergate_precisions = {PRECISIONS}\n")
-        text = text.replace(f"infergate_precisions = {PRECISIONS}\n",
-                            f"{why}infergate_precisions = {RANDOM_MODEL_PRECISIONS}\n")
-    return (text + "# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
-            f"infergate_model = {model}\n")
+    precisions = starter_precisions(model)
+    why = (f"# {model} has seeded random weights: int8's quality verdict on it says nothing of quantization "
+           f"(it fails\n# the 8-bit default), so only fp32 is gated; on a trained model, gate int8 too: "
+           f"infergate_precisions = {PRECISIONS}\n") if precisions != PRECISIONS else ""
+    named = ("# the model every run gates (`infergate init --model`); --infergate-model overrides it\n"
+             f"infergate_model = {model}\n") if model else ""
+    return f"{PYTEST_INI_HEAD}{why}infergate_precisions = {precisions}\n{named}"
 
 
 def kept_config(path: Path, model: str = "") -> Written:
@@ -158,15 +153,15 @@ def kept_config(path: Path, model: str = "") -> Written:
     model init was given)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     quote = (lambda value: f'"{value}"') if path.suffix == ".toml" else (lambda value: value)
-    precisions = starter_precisions(model)
-    missing = [] if "infergate_precisions" in text else [f"`infergate_precisions = {quote(precisions)}`"]
+    names_precisions = "infergate_precisions" in text
+    missing = [] if names_precisions else [f"`infergate_precisions = {quote(starter_precisions(model))}`"]
     if model and "infergate_model" not in text:
         missing.append(f"`infergate_model = {quote(model)}`")
     if not missing:
         return Written(path, kept=True)
-    why = (": without infergate_precisions every run adds nf4, which fails the 4-bit default quality policy on most "
-           "models (pytest.ini of `infergate init` in an empty folder shows how to add nf4)"
-           if "infergate_precisions" not in text else "")
+    why = "" if names_precisions else (
+        ": without infergate_precisions every run adds nf4, which fails the 4-bit default quality policy on most "
+        "models (pytest.ini of `infergate init` in an empty folder shows how to add nf4)")
     return Written(path, kept=True, note=f"add {' and '.join(missing)} to its pytest settings{why}")
 
 

@@ -23,8 +23,8 @@ HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not
 # a capacity search's found load first: it is the figure the search measured (a load run has none of it)
 PERF_KEYS = ("capacity_concurrency", "capacity_rps", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s",
              "peak_mem_mb", "success_rate", "goodput_per_s")
-# the figures a save's line names as later comparisons read them (saved_figures)
-SAVED_KEYS = ("ttft_ms_p50", "tokens_per_s")
+# the figures a save's line names as later comparisons read them (saved_figures): key -> (metric, percentile)
+SAVED_KEYS = {"ttft_ms_p50": ("ttft_ms", 50), "tokens_per_s": ("tokens_per_s", None)}
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 QUALITY_NAMES = {"rougeL": "ROUGE-L", "exact_match": "exact match", "mean_kl": "mean KL", "top1": "top-1",
                  "task_ratio": "task ratio"}
@@ -122,16 +122,17 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
         figures += ", errors " + ", ".join(f"{kind} ×{n}" for kind, n in sorted(errors.items()))
     # a pass that compared nothing says so where the eye lands: not a bare PASS
     nothing = record.compared_nothing or (record.relative_check_missing and not record.has_limits)
+    is_save = saved and record.compared_nothing
     shown = record.status.value.upper()
     if nothing and record.status == Status.PASS:
-        shown = "SAVED" if saved and record.compared_nothing else "NO-BASELINE"
+        shown = "SAVED" if is_save else "NO-BASELINE"
     repetitions = record.measurement.repetitions
     if repetitions > 1:  # a comparison's figures are its fastest repetitions': these differ, and say why
         # (a reader saw 2,400 tok/s here and "now 2,770 tok/s" below as two answers to one question)
         fastest = any(v.repetitions for v in record.verdicts)
         figures += f" (all {repetitions} repetitions pooled" + (
             "; the comparisons below read each side's fastest repetitions)" if fastest else
-            f"; {saved_figures(record)})" if saved and record.compared_nothing else ")")
+            f"; {saved_figures(record)})" if is_save else ")")
     lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
     lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
     return lines
@@ -143,9 +144,9 @@ def saved_figures(record: PerfRecord) -> str:
     in every comparison, never said before)."""
     from pytest_infergate.perf.stored import compared_figure
 
-    read = [(key, compared_figure(record.measurement, budget_metric(key), int(key.rpartition("_p")[2]) if
-                                  key != budget_metric(key) else 50)) for key in SAVED_KEYS if key in record.summary]
-    shown = ", ".join(f"{key} {units.metric_value(budget_metric(key), value)}" for key, value in read if value)
+    read = [(key, metric, compared_figure(record.measurement, metric, pct))
+            for key, (metric, pct) in SAVED_KEYS.items() if key in record.summary]
+    shown = ", ".join(f"{key} {units.metric_value(metric, value)}" for key, metric, value in read if value)
     return f"later runs compare with its fastest repetitions: {shown}" if shown else "saved"
 
 
@@ -216,12 +217,11 @@ def policy_lines(group: QualityGroup) -> list[Line]:
 
 
 def passed_thresholds(record: QualityRecord) -> list[str]:
-    """Each aggregate threshold of the record's policy its interval passed, in the check's own words."""
-    from pytest_infergate.quality.policy import AGGREGATE_KEYS
-    from pytest_infergate.quality.thresholds import ThresholdCheck
+    """Each aggregate threshold of the record's policy its interval passed, in the check's own words (its source
+    left out: the line above names the policy)."""
+    from pytest_infergate.quality.policy import ResolvedPolicy, threshold_checks
 
-    checks = [ThresholdCheck.of(record.summary, key, *AGGREGATE_KEYS[key], value, "")
-              for key, value in record.policy.items() if key in AGGREGATE_KEYS and isinstance(value, (int, float))]
+    checks = threshold_checks(record.summary, ResolvedPolicy.given(record.policy, source=""))
     return [check.describe() for check in checks if check.status == Status.PASS]
 
 
