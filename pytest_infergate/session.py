@@ -160,7 +160,7 @@ class InfergateSession:
             if result.status == Status.INCONCLUSIVE:
                 notice = undecided_notice(result)
                 if notice:  # said beside the test, not a run-level warning: the record carries it to the verdict
-                    said.append(notice)
+                    said.append(undecided_notice(result, whole=False))
                 outbox.undecided.append(notice or f"{result.test}: {result.kind} gate inconclusive: "
                                         + "; ".join(decision.undecided))
         for ctx in outbox.contexts:

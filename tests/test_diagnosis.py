@@ -73,5 +73,6 @@ def test_a_failure_whose_change_is_named_is_diagnosed_by_that_change_alone():
     (note,) = diagnose(results, "fp32")
     assert note.severity == "warn" and note.pitfall == "what changed since the baseline"
     assert note.text.startswith(f"2 perf gates failed since {change} (e.g. suites/test_speed.py::test_chat[fp32]: "
-                                "tokens/s 65.5% lower (×2.9 [2.8–3], limit ×1.1)). Look at that change first")
+                                "tokens/s 65.5% lower (time per token ×2.9 [2.8–3], limit ×1.1)). Look at that change "
+                                "first")
     assert not any(word in note.text for word in ("KV cache", "quantiz", "batches"))

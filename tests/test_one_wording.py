@@ -425,3 +425,21 @@ def test_served(request):
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*infergate*", "*SKIPPED*needs a live server*--infergate-endpoint URL*"])
+
+
+def test_a_ratio_reads_with_its_words():
+    """A new user read "tokens/s 19.4% higher (×0.838 …)" and "926% slower" against their words: a throughput's ratio
+    is its cost (baseline ÷ now, above 1 worse), named as such; a change from ×2 on is said as a factor."""
+    from pytest_infergate.perf.verdict import Verdict
+    from pytest_infergate.status import Status
+
+    def sentence(metric: str, ratio: float, pct: int | None = None) -> str:
+        return Verdict(metric, Status.FAIL, ratio, ratio * 0.98, ratio * 1.02, 1.1, pct, 1.0, 1.0, (5, 5)).sentence()
+
+    assert sentence("tokens_per_s", 0.838).startswith("tokens/s 19.3% higher (time per token ×0.838 [")
+    assert sentence("tokens_per_s", 3.2).startswith("tokens/s 68.8% lower (time per token ×3.2 [")
+    assert sentence("requests_per_s", 1.25).startswith("requests/s 20% lower (time per request ×1.25 [")
+    assert sentence("ttft_ms", 10.26, 50).startswith("TTFT p50 ×10.3 slower (×10.3 [")
+    assert sentence("ttft_ms", 1.5, 50).startswith("TTFT p50 50% slower (×1.5 [")
+    assert sentence("peak_mem_mb", 2.5).startswith("peak memory ×2.5 higher (×2.5 [")
+    assert sentence("ttft_ms", 0.3, 95).startswith("TTFT p95 70% faster (×0.3 [")

@@ -1,7 +1,5 @@
-"""Noise-aware verdicts: is a candidate measurement worse than a baseline by more than `max_regression`?
-
-A bootstrap confidence interval of the candidate/baseline ratio decides: pass when the whole interval lies at or
-below the threshold, fail when it lies above, inconclusive when it straddles it (more samples would decide).
+"""Noise-aware verdicts: is a candidate worse than a baseline by more than `max_regression`? A confidence interval
+of their ratio decides: pass at or below the threshold, fail above it, inconclusive across it (more samples decide).
 """
 
 from __future__ import annotations
@@ -27,10 +25,20 @@ from pytest_infergate.status import Status
 FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL",
                 "e2e_ms": "end-to-end latency", "queue_ms": "queue time", "peak_mem_mb": "peak memory",
                 "kv_mem_mb": "KV memory", "requests_per_s": "requests/s", "goodput_per_s": "goodput"}
+# the ratio of a figure better higher is baseline ÷ now, a cost: named (a new user read "19.4% higher (×0.838 …)")
+COST_NAMES = {"tokens_per_s": "time per token", "requests_per_s": "time per request",
+              "goodput_per_s": "time per good request", "capacity_rps": "time per request at capacity"}
+# from this ratio on a change is said as a factor: "×10.3 slower", not "926% slower"
+AS_FACTOR = 2.0
 # what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
 UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=` in the `infergate_bench(...)` call), or "
                     "compare in one run, where the runner's drift hits both sides alike (--infergate-baseline-python "
                     "OLD_ENV/bin/python for a library change, infergate_bench.ab() for a model, precision or config)")
+
+
+def cost_name(metric: str) -> str:
+    """What the ratio measures where it is not the figure's own: 'time per token' for tokens/s; '' for a latency."""
+    return COST_NAMES.get(metric, "baseline ÷ now") if METRICS[metric][1] else ""
 
 
 def figure_name(metric: str, pct: float | None) -> str:
@@ -54,9 +62,8 @@ class Verdict:
     baseline: float
     samples: tuple[int, int]
     paired: bool = False  # the ratio is the median of per-round ratios of an interleaved A/B run
-    # Against a stored baseline (perf.stored): the calibration probe's time now / when the baseline was measured
-    # (1.2: the machine is 20% slower now). It never scales the figures: it says which verdicts the machine's move
-    # could have made (perf.stored.decide_stored). None: no probe.
+    # the calibration probe's time now / at the save (1.2: the machine is 20% slower now), against a stored baseline:
+    # it never scales the figures, it says which verdicts the machine's move could have made. None: no probe.
     machine_slowdown: float | None = None
     repetitions: bool = False  # each side summarized by its least-disturbed repetitions (perf.stored)
     note: str = ""  # why a decisive comparison was made inconclusive, or what evidence decided it on a busy runner
@@ -74,10 +81,9 @@ class Verdict:
     # blamed on a save the host slowed, but straddling the bar at the save's thread speed: measuring this run more
     # may still decide it (perf.sides.StoredVerdict.narrowable)
     narrowable: bool = False
-    # the ratio the interval's low end must clear to fail on this runner where that is more than the threshold (the
-    # runs' own drift, what the co-tenants' load can explain, the load correction's own error), in the figures the
-    # sentence shows (with fail_bar_load_corrected: of the load-corrected figures, the route a slowdown fails by on a
-    # busy runner); None: the threshold, or no failure can be decided here
+    # the ratio the interval's low end must clear to fail on this runner where that exceeds the threshold (the runs'
+    # drift, the co-tenants' load, the load correction's error), in the sentence's figures (fail_bar_load_corrected:
+    # the load-corrected ones); None: the threshold, or no failure can be decided here
     fail_bar: float | None = None
     fail_bar_load_corrected: bool = False
 
@@ -114,14 +120,14 @@ class Verdict:
         return ""
 
     def sentence(self) -> str:
-        """The comparison's one sentence, which every output prints as it is: 'tokens/s 65.9% lower (×2.93
-        [2.9–3.01], limit ×1.1)'."""
+        """The one sentence every output prints: 'TTFT p50 ×3.1 slower (×3.1 [2.9–3.3], limit ×1.1)'."""
         # a ratio at the save's thread speed is not the two figures' as measured: said where the change is (a new
         # user read "13.7% faster" beside "6.6 ms → now 6.67 ms" as a contradiction)
         speed = " at the save's thread speed" if self.at_thread_speed else " load-corrected" if self.load_corrected \
             else ""
-        return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} "
-                f"({units.ratio(self.ratio)} [{units.number(self.low)}–{units.number(self.high)}], limit "
+        cost = cost_name(self.metric) + " " if cost_name(self.metric) else ""
+        return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} ({cost}"
+                f"{units.ratio(self.ratio)} [{units.number(self.low)}–{units.number(self.high)}], limit "
                 f"{units.ratio(self.threshold)}{self._past_limit()})")
 
     def _past_limit(self) -> str:
@@ -158,16 +164,18 @@ class Verdict:
                 + (f": {note}" if note else ""))
 
     def change_in_words(self) -> str:
-        """"12% slower", "3% faster", "8% higher" (peak memory), "60% lower" (a throughput at ×2.5 its baseline's cost):
-        the ratio (>1 worse) said for the metric's kind."""
-        worse, better = {"ms": ("slower", "faster"), "s": ("slower", "faster"), "MiB": ("higher", "lower")
-                         }.get(METRICS[self.metric][0], ("slower", "faster") if METRICS[self.metric][1]
-                                                          else ("worse", "better"))
+        """"12% slower", "3% faster", "8% higher" (peak memory), "60% lower" (a throughput at ×2.5 its baseline's cost),
+        "×10.3 slower" (from AS_FACTOR on): the ratio (>1 worse) said for the metric's kind."""
+        unit = METRICS[self.metric][0]
+        worse, better = ("higher", "lower") if unit == "MiB" else ("slower", "faster") if unit in ("ms", "s") \
+            else ("worse", "better")
         if abs(self.ratio - 1.0) < 0.0005:
             return "unchanged"
         if METRICS[self.metric][1]:  # a throughput: by how much the figure itself fell or rose (×2.5 slower: 60%)
             return (f"{units.percent(1.0 - 1.0 / self.ratio)} lower" if self.ratio > 1
                     else f"{units.percent(1.0 / self.ratio - 1.0)} higher")
+        if self.ratio >= AS_FACTOR:
+            return f"{units.ratio(self.ratio)} {worse}"
         if self.ratio > 1:
             return f"{units.percent(self.ratio - 1.0)} {worse}"
         return f"{units.percent(1.0 - self.ratio)} {better}"
@@ -190,19 +198,16 @@ def compare_samples(metric: str, candidate: list[float], baseline: list[float], 
     """
     higher_is_better = METRICS[metric][1]
     stat = (lambda xs: percentile(xs, pct)) if METRICS[metric][2] else (lambda xs: percentile(xs, 50))
-    if higher_is_better:  # worse = smaller, so take baseline/candidate
-        point, low, high = bootstrap_ratio_ci(baseline, candidate, stat, confidence, resamples)
-    else:
-        point, low, high = bootstrap_ratio_ci(candidate, baseline, stat, confidence, resamples)
+    top, bottom = (baseline, candidate) if higher_is_better else (candidate, baseline)  # top / bottom > 1: worse
+    point, low, high = bootstrap_ratio_ci(top, bottom, stat, confidence, resamples)
     threshold = 1.0 + max_regression
     return Verdict(metric, interval_status(low, high, threshold), point, low, high, threshold,
                    pct if METRICS[metric][2] else None, stat(candidate), stat(baseline),
                    (len(candidate), len(baseline)))
 
 
-# How far the same workload's peak memory may move between fresh processes, which the repetitions of one process,
-# nearly identical, do not show (benchmarks/memory_repro.py measures it; docs/measurements.md): a stored
-# comparison's interval is widened by it on each side.
+# How far one workload's peak memory moves between fresh processes, which one process's repetitions do not show
+# (benchmarks/memory_repro.py; docs/measurements.md): a stored comparison's interval is widened by it each way.
 MEMORY_DRIFT = 1.05
 
 

@@ -61,13 +61,17 @@ def busy_save_note(records: list[PerfRecord]) -> str:
     return f"; {len(shares)} of them {saved_under_load(max(shares))}"
 
 
-def undecided_notice(record) -> str | None:
-    """What the terminal says of an inconclusive record, a gate's own undecided verdict (its record carries it to
-    the verdict, the report and JUnit; the terminal says why beside the test), or None where its kind says none."""
+def undecided_notice(record, whole: bool = True) -> str | None:
+    """What is said of an inconclusive record, a gate's own undecided verdict, or None where its kind says none:
+    `whole`, why with its evidence (a failure under --infergate-strict); else its test's pytest warning, which names
+    the undecided checks and points at the infergate section, where the same block is said once."""
     from pytest_infergate.results.records import GoldenRecord, PerfRecord, QualityRecord
 
     if isinstance(record, PerfRecord):
         again = f" (re-measured {record.outcome.remeasured} more time(s))" if record.outcome.remeasured else ""
+        if not whole:
+            return (f"{record.test}: perf gate inconclusive{again}: {'; '.join(record.decision().undecided)} (why "
+                    "and what to do: the infergate verdict below)")
         return (f"{record.test}: perf gate inconclusive{again} (what to do: the infergate verdict below):\n"
                 f"{record.outcome.message()}")
     if isinstance(record, GoldenRecord) and record.undecided:
