@@ -133,7 +133,7 @@ def test_gate_against_the_baseline_environment(pytester, cache_dir):
                                            f"--infergate-baseline-python={sys.executable}", "--infergate-json=out.json")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*infergate perf gate failed for *test_twice_as_slow[[]fp32] against the baseline "
-                                 "environment*", "*tokens/s * lower*(×*): FAIL*",
+                                 "environment*", "*tokens/s * lower*(time per token ×*): FAIL*",
                                  "*tokens_per_s baseline*paired by round*"])
     data = json.loads((pytester.path / "out.json").read_text())
     records = {r["test"].split("::")[-1].split("[")[0]: r for r in data["records"]}

@@ -100,7 +100,8 @@ def test_baseline_round_trip_mismatch_and_regression(pytester, run):
     (pytester.path / "other.json").write_text(json.dumps(saved))
     result = run("--infergate-baseline=other.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*regression against the baseline*", "*torch 0.0.1 → *: tokens/s * lower*(×*"])
+    result.stdout.fnmatch_lines(["*regression against the baseline*",
+                                 "*torch 0.0.1 → *: tokens/s * lower*(time per token ×*"])
 
     # a gate without max_regression does not compare: with a baseline given, that is said, and the run is not a
     # plain PASS (issue #45: tokens/s had fallen from 5.15 to 3.34, and the run passed saying nothing)
@@ -156,7 +157,8 @@ def test_interleaved_ab(pytester, run):
     result = run()
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*infergate A/B gate failed*test_one_at_a_time_is_slower*fp32 vs fp32*",
-                                 "*tokens/s * lower*(×*): FAIL*", "*tokens_per_s baseline*paired by round*"])
+                                 "*tokens/s * lower*(time per token ×*): FAIL*",
+                                 "*tokens_per_s baseline*paired by round*"])
 
 
 class SteadySampler:
@@ -205,7 +207,8 @@ def test_a_stored_baseline_gates_an_engine_config_change_and_names_it(pytester, 
     result = run("--infergate-baseline=base.json", "--infergate-json=out.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression against the baseline*",
-                                 "*engine_config.batching continuous → sequential*: tokens/s * lower*(×*): FAIL*"])
+                                 "*engine_config.batching continuous → sequential*: tokens/s * lower*(time per token "
+                                 "×*): FAIL*"])
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
     assert "engine_config.batching continuous → sequential" in record["changes"] and record["status"] == "fail"
 

@@ -138,7 +138,8 @@ class ChangeFailure:
     figures: list[str]  # its failing comparisons' sentences, then its broken budgets'
 
     def lead(self) -> str:
-        """'tokens/s 65.9% lower (×2.93 [2.9–3.01], limit ×1.1) since engine_config.max_batch_size 8 → 1'."""
+        """'tokens/s 65.9% lower (time per token ×2.93 [2.9–3.01], limit ×1.1) since engine_config.max_batch_size
+        8 → 1'."""
         return f"{self.figures[0]}{changes_phrase(self.changes)}"
 
 

@@ -208,7 +208,7 @@ class RunVerdict:
     change: ChangeFailure | None = None
 
     def headline(self) -> str:
-        """'infergate verdict: FAIL: tokens/s 65.9% lower (×2.93 [2.9–3.01], limit ×1.1) since
+        """'infergate verdict: FAIL: tokens/s 65.9% lower (time per token ×2.93 [2.9–3.01], limit ×1.1) since
         engine_config.max_batch_size 8 → 1 (2 perf gates)' where a failure rests on a named change: the change, not
         the gate, leads (the_change); else 'infergate verdict: FAIL (1 fail: quality gate) — 2 perf gates on budgets
         only, …': what did not pass, by what it is, before what the verdict rests on (a quality failure must not read
