@@ -76,9 +76,10 @@ DEVICE_FIELDS = frozenset({"device", "gpu", "cuda", "gpu_capability", "url"})
 MODEL_IDENTITY_FIELDS = ("model_name", "architecture", "served_model")
 # the fields a perf fingerprint compares as the change under test, in the order a message names them
 UNDER_TEST_FIELDS = ("model_fingerprint", "model_name", "architecture", "served_model", "precision",
-                     "requested_precision", "backend", "api",
-                     "engine_config", "torch", "transformers", "bitsandbytes", "accelerate", "gguf", "python",
-                     "pytest-infergate")
+                     "requested_precision", "backend", "api", "engine_config", "workload", "torch", "transformers",
+                     "bitsandbytes", "accelerate", "gguf", "python", "pytest-infergate")
+# the workload's key that changes with any field of any request (workloads.identity): named only where no size moved
+WORKLOAD_DIGEST = "digest"
 
 
 def canonical(value: Any) -> str:

@@ -213,6 +213,26 @@ def test_engine_config_changes_are_named_key_by_key():
     assert diff_fingerprints({"gpu": "H200"}, {"gpu": "A100"}).device_changed
 
 
+def test_a_workload_change_is_named_by_the_size_that_moved_else_by_its_digest():
+    from pytest_infergate.perf.fingerprint import diff_fingerprints
+    from pytest_infergate.workloads import Request
+    from pytest_infergate.workloads.identity import workload_identity
+
+    def workload(length: int, temperature: float = 0.0) -> dict:
+        requests = [Request(prompt_token_ids=[5] * length, max_new_tokens=8, temperature=temperature)] * 3
+        return {"workload": workload_identity(requests, tokenizer=None), "cpu": "x"}
+
+    assert workload(10)["workload"] | {"digest": ""} == {"requests": 3, "prompt_tokens": 30, "max_new_tokens": 24,
+                                                         "digest": ""}
+    assert diff_fingerprints(workload(10), workload(10)).under_test == []
+    assert diff_fingerprints(workload(20), workload(10)).under_test_text == "workload.prompt_tokens 30 → 60"
+    # the same sizes, other requests: the digest says they differ
+    (change,) = diff_fingerprints(workload(10, 0.7), workload(10)).under_test
+    assert change.name == "workload.digest" and change.baseline != change.now
+    # a baseline saved before workloads were recorded compares as before
+    assert diff_fingerprints(workload(20), {"cpu": "x"}).under_test == []
+
+
 def test_inconclusive_remeasures_then_decides():
     base = noisy(100.0, 30, 0.1, 7)
     m = Measurement(samples={"ttft_ms": noisy(108.0, 6, 0.1, 8)})

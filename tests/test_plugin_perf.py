@@ -213,6 +213,39 @@ def test_a_stored_baseline_gates_an_engine_config_change_and_names_it(pytester, 
     assert "engine_config.batching continuous → sequential" in record["changes"] and record["status"] == "fail"
 
 
+WORKLOAD_TEST = """
+import os
+import pytest
+from pytest_infergate.engine import EngineConfig, Request
+
+LENGTH = int(os.environ.get("PROMPT_LENGTH", "24"))
+REQS = [Request(prompt_token_ids=[5 + i] * LENGTH, max_new_tokens=4, ignore_eos=True) for i in range(6)]
+
+@pytest.mark.infergate_budget(max_regression=0.25)
+def test_chat(infergate_bench):
+    infergate_bench(REQS, EngineConfig(max_model_len=512, kv_budget_bytes=8 << 20), repeats=2)
+"""
+
+
+def test_a_workload_changed_since_the_baseline_is_named_not_nothing_changed(pytester, run, steady_probe,
+                                                                              monkeypatch):
+    """A new user doubled the starter's prompts and read "nothing under test changed ... look at your own code":
+    the workload a baseline's timings were measured on is part of its fingerprint, and its change is named in the
+    verdict like an engine config key's."""
+    pytester.makepyfile(WORKLOAD_TEST)
+    run("--infergate-save-baseline=base.json").assert_outcomes(passed=1)
+    (entry,) = perf_records(json.loads((pytester.path / "base.json").read_text()))
+    assert entry["fingerprint"]["workload"]["prompt_tokens"] == 6 * 24
+    monkeypatch.setenv("PROMPT_LENGTH", "192")
+    result = run("--infergate-baseline=base.json", "--infergate-json=out.json")
+    (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
+    assert record["changes"] == ["workload.prompt_tokens 144 → 1152"], record["changes"]
+    assert record["status"] != "pass", record  # eight times the prefill, beside a ×1.25 limit
+    out = result.stdout.str()
+    assert "since workload.prompt_tokens 144 → 1152" in out and "nothing under test changed" not in out
+    assert "Nothing the baseline records changed" not in out
+
+
 def test_a_baseline_from_another_machine_is_inconclusive_with_the_reason(pytester, run, steady_probe, monkeypatch):
     from pytest_infergate import environment
 

@@ -62,15 +62,17 @@ class LocalRuns:
 
         return default_chat_workload(self._tokenizer(), num_requests)
 
-    def record(self, key: str, label: str, config, tags: dict | None) -> PerfRecord:
+    def record(self, key: str, label: str, config, tags: dict | None, requests: list) -> PerfRecord:
         """The record of measurement `key` before it is measured: what ran it, on what, and the fingerprint a stored
-        baseline is compared with."""
+        baseline is compared with (the workload's too: a changed workload is a change under test, named)."""
         from pytest_infergate.engine.backends import choice_for
         from pytest_infergate.environment import perf_fingerprint
+        from pytest_infergate.workloads.identity import workload_identity
 
         choice = choice_for(self.loaded)
         ran = choice.run_config(config).to_dict()  # under HF generate: the static batches it really ran
         fingerprint = perf_fingerprint(self.loaded.record, ran, self.ctx.options.device)
+        fingerprint["workload"] = workload_identity(requests, self._tokenizer())
         if not choice.is_engine:  # a baseline of the engine is no yardstick for HF generate, nor the reverse
             fingerprint["backend"] = choice.name
         return PerfRecord(test=key, label=label, precision=self.target.id, measurement=Measurement(label=label),
@@ -112,7 +114,7 @@ class LocalRuns:
 
         # Bench.extend itself, no function of this module between: the gate's path after the measurement stays short
         extend = partial(bench.extend, requests=requests, config=config, what=key)
-        return WorkloadRun(self.record(key, label, config, tags), requests, config, measure, extend)
+        return WorkloadRun(self.record(key, label, config, tags, requests), requests, config, measure, extend)
 
     def elsewhere(self, run: WorkloadRun, warmup: int, repeats: int) -> Measurement | None:
         """--infergate-baseline-python with a max_regression to gate: the workload in the baseline environment (A)
@@ -168,7 +170,7 @@ class LocalRuns:
         tags = {"experiment": "ab", "baseline_precision": other.record.requested_precision}
 
         def record(a: Measurement, b: Measurement) -> PerfRecord:
-            record = self.record(key, label, config, tags)
+            record = self.record(key, label, config, tags, requests)
             record.measurement = b
             return record
 

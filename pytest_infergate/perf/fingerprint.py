@@ -18,6 +18,7 @@ from pytest_infergate.environment import (
     MACHINE_FIELDS,
     MODEL_IDENTITY_FIELDS,
     UNDER_TEST_FIELDS,
+    WORKLOAD_DIGEST,
     AcceptedKey,
 )
 
@@ -82,6 +83,11 @@ def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
         old, new = accepted.get(name), current.get(name)
         if name == "engine_config" and isinstance(old, dict) and isinstance(new, dict):
             under_test += _config_changes(name, without_new_defaults(new, old), old)
+        elif name == "workload" and isinstance(old, dict) and isinstance(new, dict):
+            changed = _config_changes(name, new, old)
+            # a size that moved says what changed; the digest alone only where none did (the same sizes, new prompts)
+            sized = [c for c in changed if c.name != f"{name}.{WORKLOAD_DIGEST}"]
+            under_test += sized or changed
         elif name in accepted and _canonical(old) != _canonical(new):
             under_test.append(FieldChange(name, old, new))
     return FingerprintDiff(machine, under_test)
