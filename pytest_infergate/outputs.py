@@ -61,10 +61,20 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
         except BaseException:  # not saved: the verdict must not say it was
             results.saved_baseline = None
             raise
-        measured = len({record.test for record in results.perf if record.fingerprint})
-        saved.append(f"baseline: this run saved to {path}, {measured} perf measurement{'' if measured == 1 else 's'} "
-                     f"to compare with (later runs compare with --infergate-baseline {path})"
-                     f"{busy_save_note(results.perf)}")
+        measured = {record.test for record in results.perf if record.fingerprint}
+        # a gate without max_regression never compares with a baseline: said at the save, not at the later run
+        relative = {record.test for record in results.perf if record.fingerprint
+                    and record.budget.get("max_regression") is not None}
+        if relative:
+            unused = len(measured - relative)
+            compares = (f"{len(relative)} perf measurement{'' if len(relative) == 1 else 's'} to compare with "
+                        f"(later runs compare with --infergate-baseline {path})"
+                        + (f"; {unused} without max_regression compared with none" if unused else ""))
+        else:
+            compares = (f"{len(measured)} perf measurement{'' if len(measured) == 1 else 's'}, but no gate asks for a "
+                        "comparison: add max_regression=0.1 to an infergate_budget marker to fail a figure 10% worse "
+                        f"than it with --infergate-baseline {path}")
+        saved.append(f"baseline: this run saved to {path}, {compares}{busy_save_note(results.perf)}")
         if kept:
             notes.append(f"--infergate-save-baseline {path}: another run saved it while this one ran; its "
                          f"{len(kept)} measurement{'' if len(kept) == 1 else 's'} this run did not measure kept "

@@ -358,3 +358,14 @@ def test_models_on_the_cpu_run_on_one_torch_thread_unless_told(pytester, run, ar
         torch.set_num_threads(before)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*THREADS {threads} RECORDED {threads}*"])
+
+
+def test_a_save_that_no_gate_will_compare_with_says_so_and_how(pytester, run):
+    """A new user saved a baseline from the README's first gate (budgets, no max_regression), read "1 perf
+    measurement to compare with", and the later run compared nothing: the save says it at once."""
+    pytester.makepyfile(BENCH_TEST.format(budget="tokens_per_s=1e-9"))
+    result = run("--infergate-save-baseline=base.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["baseline: this run saved to base.json, 1 perf measurement, but no gate asks for a "
+                                 "comparison: add max_regression=0.1 to an infergate_budget marker*"])
+    assert "to compare with" not in result.stdout.str()
