@@ -38,7 +38,8 @@ each passes its class's default quality policy; to gate nf4 too, add it there wi
 under, as the ini says).
 
 - test_serving: tokens/s, time to first token and peak memory of your workload on the reference engine; against
-  the saved baseline (the CI job's is perf/baseline.json) a slowdown beyond 10% fails. On the CPU it measures
+  the saved baseline (local-baseline.json above; a CI job of `infergate init --ci` names its own) a slowdown
+  beyond 10% fails. On the CPU it measures
   the reference precision only (int8 and nf4 speed is gated where --infergate-gpu runs them);
 - test_quantized_outputs: each quantized precision's greedy answers to golden/*.jsonl against the reference
   precision's: top-1 agreement and mean KL under the default policy of its class, written out below.

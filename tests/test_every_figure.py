@@ -135,7 +135,8 @@ def test_every_comparison_with_a_save_measured_busy_says_what_that_load_means():
     busy = gated(served(others=0.5, load_free=0.9, seed=2), served(others=0.5, load_free=0.9, seed=1))
     assert busy.baseline_provenance.endswith(
         ", on a busy runner (other processes took 50% of the machine's CPU time (1.0 of 2 CPUs)): a slowdown smaller "
-        "than what that load took from the save may pass against it; a save on a quieter runner gates those"), \
+        "than what that load took from the save may pass against it; a save in a later run, which may find the "
+        "runner quieter, gates those"), \
         busy.baseline_provenance
     quiet = gated(served(others=0.5, load_free=0.9, seed=2), served(others=0.01, load_free=1.0, seed=1))
     assert "busy runner" not in quiet.baseline_provenance, quiet.baseline_provenance

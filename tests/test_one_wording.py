@@ -429,7 +429,7 @@ def test_served(request):
 
 def test_a_ratio_reads_with_its_words():
     """A new user read "tokens/s 19.4% higher (×0.838 …)" and "926% slower" against their words: a throughput's ratio
-    is its cost (baseline ÷ now, above 1 worse), named as such; a change from ×2 on is said as a factor."""
+    is its cost (baseline ÷ now, above 1 worse), named as such; a figure grown ×2 or more is said as a factor."""
     from pytest_infergate.perf.verdict import Verdict
     from pytest_infergate.status import Status
 
@@ -443,3 +443,26 @@ def test_a_ratio_reads_with_its_words():
     assert sentence("ttft_ms", 1.5, 50).startswith("TTFT p50 50% slower (×1.5 [")
     assert sentence("peak_mem_mb", 2.5).startswith("peak memory ×2.5 higher (×2.5 [")
     assert sentence("ttft_ms", 0.3, 95).startswith("TTFT p95 70% faster (×0.3 [")
+    assert sentence("tokens_per_s", 0.286).startswith("tokens/s ×3.5 higher (time per token ×0.286 [")
+    # an interval's end that rounds to the limit shows the digits that place it
+    assert "[1.05–1.1004], limit ×1.1" in Verdict("ttft_ms", Status.INCONCLUSIVE, 1.08, 1.05, 1.10041, 1.1, 50, 1.0,
+                                                     1.0, (5, 5)).sentence()
+    # a throughput's fastest repetitions are its high quantile
+    fastest = Verdict("tokens_per_s", Status.PASS, 1.0, 0.9, 1.05, 1.1, None, 1.0, 1.0, (5, 5), repetitions=True)
+    assert fastest.statistic() == "fastest repetitions: p90 of per-repetition values"
+
+
+def test_the_reference_against_itself_is_no_quality_pass_counted_bare():
+    """A new user's starter (fp32 alone, on the random model) counted "quality gate 1 pass" for fp32 vs fp32, a
+    check that cannot fail: the verdict says it gated nothing and how to gate something, and the count says why."""
+    from pytest_infergate.quality.metrics import QualityResult
+    from pytest_infergate.results.summary import gate_counts_line
+
+    itself = QualityResult("fp32", "fp32", [], {"samples": 8, "top1": 1.0, "mean_kl": 0.0}, {}, 1.0)
+    other = QualityResult("int8", "fp32", [], {"samples": 8, "top1": 0.95, "mean_kl": 0.01}, {}, 1.0)
+    results = RunResults(records=[QualityRecord("t.py::q[fp32]", Status.PASS, itself),
+                                  QualityRecord("t.py::q[int8]", Status.PASS, other)])
+    (reason,) = results.verdict().reasons
+    assert (reason.status, reason.what, reason.name) == (Status.PASS, "reference itself", "t.py::q[fp32]")
+    assert "nothing was gated" in reason.message and "int8, nf4" in reason.message
+    assert gate_counts_line(results).text == "gates: quality: 2 pass (1 the reference against itself: nothing gated)"

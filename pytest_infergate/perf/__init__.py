@@ -11,7 +11,8 @@ from pytest_infergate.perf.gate import NoReference, PerfGate, StoredReference, c
 from pytest_infergate.perf.interleaved import Interleaved, evaluate_ab
 from pytest_infergate.perf.lockstep import Claim, Speedup, faster, grows
 from pytest_infergate.perf.outcome import Budget, Limit, PerfOutcome, Route, Violation, check_budget
-from pytest_infergate.perf.verdict import Verdict, compare_paired, compare_samples
+from pytest_infergate.perf.paired import compare_paired
+from pytest_infergate.perf.verdict import Verdict, compare_samples
 
 __all__ = ["METRICS", "PERCENTILES", "BaselineEntry", "BaselineError", "Budget", "BudgetError", "Claim",
            "Interleaved", "Limit", "Measurement", "NoReference", "PerfGate", "PerfOutcome", "Route", "Speedup",

@@ -84,7 +84,8 @@ class BaselineEntry:
         when = (time.strftime(" %Y-%m-%d %H:%M UTC", time.gmtime(self.recorded)) if self.recorded else "")
         busy = busy_share(self.measurement.others_share)
         under_load = (f", on a busy runner ({interference.describe(busy)}): a slowdown smaller than what that load "
-                      "took from the save may pass against it; a save on a quieter runner gates those") if busy else ""
+                      "took from the save may pass against it; a save in a later run, which may find the runner "
+                      "quieter, gates those") if busy else ""
         return (f"{self.measurement.repetitions} repetitions, recorded{when} on "
                 f"{machine_text(self.fingerprint)}{under_load}")
 

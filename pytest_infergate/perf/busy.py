@@ -45,7 +45,8 @@ def busy_sides(candidate: Side, baseline: Side, measured: CostRatio, status: Sta
             return StoredVerdict(status, measured, None, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, None,
                              f"the baseline was saved on a busy runner: {interference.describe(then)} while it was "
-                             f"measured, so this run being no slower (×{measured.ratio:.3f}) says nothing",
+                             f"measured, so what its figures took from that load may hide a slowdown in this run's "
+                             f"ratio (×{measured.ratio:.3f})",
                              baseline_at_fault=True, fail_bar=drift_bound)
     steady = steady_co_tenant(candidate, baseline, measured, threshold, now, then, corrected)
     if steady is not None:

@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING, Protocol
 from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share, scales_with_speed
 from pytest_infergate.perf.fingerprint import FingerprintDiff, diff_fingerprints
 from pytest_infergate.perf.outcome import Budget, PerfOutcome, Route, budget_violations
+from pytest_infergate.perf.paired import compare_paired, compare_paired_percentiles, load_aware_paired
 from pytest_infergate.perf.stored import RUN_DRIFT, STORED_MORE, beyond_doubt, compare_stored, fresh_repetitions_confirm
 from pytest_infergate.perf.verdict import (
     Verdict,
     compare_memory,
-    compare_paired,
-    compare_paired_percentiles,
     compare_samples,
-    load_aware_paired,
     within_memory_resolution,
 )
 from pytest_infergate.status import Status

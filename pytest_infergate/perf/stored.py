@@ -236,8 +236,8 @@ def _quiet_sides(candidate: Side, baseline: Side, measured: CostRatio, status: S
             return StoredVerdict(status, measured, change, "")
         return StoredVerdict(Status.INCONCLUSIVE, measured, change,
                              f"the baseline was saved on a busy runner: the calibration probe ran "
-                             f"×{1.0 / change.ratio:.2f} slower then than now, so this run being no slower "
-                             f"(×{measured.ratio:.3f}) says nothing"
+                             f"×{1.0 / change.ratio:.2f} slower then than now, so what that load took from its "
+                             f"figures may hide a slowdown in this run's ratio (×{measured.ratio:.3f})"
                              f"{_normalized_aside(candidate, baseline, threshold)}", baseline_at_fault=True)
     if status == Status.INCONCLUSIVE:
         return StoredVerdict(status, measured, change, "")

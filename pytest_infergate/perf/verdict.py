@@ -4,18 +4,15 @@ of their ratio decides: pass at or below the threshold, fail above it, inconclus
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 
 from pytest_infergate import units
-from pytest_infergate.measurement import MEMORY_METRICS, METRICS, Measurement, busy_share
+from pytest_infergate.measurement import MEMORY_METRICS, METRICS
 from pytest_infergate.perf import interference
 from pytest_infergate.stats import (
     FAST_QUANTILE,
     bootstrap_ratio_ci,
     interval_status,
-    median_interval,
-    min_rounds,
     percentile,
     resolution,
 )
@@ -28,7 +25,7 @@ FIGURE_NAMES = {"tokens_per_s": "tokens/s", "ttft_ms": "TTFT", "tpot_ms": "TPOT"
 # the ratio of a figure better higher is baseline ÷ now, a cost: named (a new user read "19.4% higher (×0.838 …)")
 COST_NAMES = {"tokens_per_s": "time per token", "requests_per_s": "time per request",
               "goodput_per_s": "time per good request", "capacity_rps": "time per request at capacity"}
-# from this ratio on a change is said as a factor: "×10.3 slower", not "926% slower"
+# a figure grown by this factor or more is said as one: "×10.3 slower", not "926% slower" (a fall stays a percentage)
 AS_FACTOR = 2.0
 # what decides a comparison whose interval straddles its threshold after the re-measurements (one action each)
 UNDECIDED_ACTION = ("measure more (a larger `repeats=` or `min_time_s=` in the `infergate_bench(...)` call), or "
@@ -71,7 +68,7 @@ class Verdict:
     baseline_at_fault: bool = False
     # inconclusive by the two sides' own spread, which re-measuring cannot narrow below the threshold: said at once
     unresolvable: bool = False
-    # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: load_aware_paired; a
+    # decided on the figures with the co-tenants' load taken out (an A/B on a busy runner: perf.paired; a
     # stored comparison: perf.busy.load_free_failure), and by what (perf.interference.RUN_QUEUE / DEVICE_TIME)
     load_corrected: bool = False
     load_free_by: str = ""
@@ -112,9 +109,10 @@ class Verdict:
     def statistic(self) -> str:
         """What the two figures are where they are not the run's own summary (the report's table: the median over
         repetitions of a throughput, the percentile over all requests of a latency); "" where they are."""
-        if self.repetitions:  # perf.stored: each side by its least-disturbed repetitions
+        if self.repetitions:  # perf.stored: each side by its least-disturbed repetitions (the low quantile of cost)
             of = f"per-repetition p{self.percentile}s" if self.percentile else "per-repetition values"
-            return f"fastest repetitions: p{FAST_QUANTILE * 100:g} of {of}"
+            fast = 100 - FAST_QUANTILE * 100 if METRICS[self.metric][1] else FAST_QUANTILE * 100
+            return f"fastest repetitions: p{fast:g} of {of}"
         if self.paired and self.load_corrected:
             return "median of per-round values, load-corrected"
         return ""
@@ -127,8 +125,17 @@ class Verdict:
             else ""
         cost = cost_name(self.metric) + " " if cost_name(self.metric) else ""
         return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} ({cost}"
-                f"{units.ratio(self.ratio)} [{units.number(self.low)}–{units.number(self.high)}], limit "
+                f"{units.ratio(self.ratio)} [{self._bound(self.low)}–{self._bound(self.high)}], limit "
                 f"{units.ratio(self.threshold)}{self._past_limit()})")
+
+    def _bound(self, value: float) -> str:
+        """An interval's end, with the digits that tell it from the limit ("[1.02–1.0996]", not "[1.02–1.1]" beside
+        "limit ×1.1", which a new user could not place)."""
+        shown, places = units.number(value), 3
+        while shown == units.number(self.threshold) and value != self.threshold and places < 8:
+            places += 1
+            shown = f"{value:.{places}f}".rstrip("0").rstrip(".")
+        return shown
 
     def _past_limit(self) -> str:
         """Why an undecided interval that lies wholly past its limit is no failure, in the sentence itself (a reviewer
@@ -165,20 +172,17 @@ class Verdict:
 
     def change_in_words(self) -> str:
         """"12% slower", "3% faster", "8% higher" (peak memory), "60% lower" (a throughput at ×2.5 its baseline's cost),
-        "×10.3 slower" (from AS_FACTOR on): the ratio (>1 worse) said for the metric's kind."""
-        unit = METRICS[self.metric][0]
-        worse, better = ("higher", "lower") if unit == "MiB" else ("slower", "faster") if unit in ("ms", "s") \
-            else ("worse", "better")
+        "×10.3 slower", "×3.49 higher" (a figure grown by AS_FACTOR or more): the ratio (>1 worse) said for the
+        metric's kind, of the figure itself."""
+        unit, higher_is_better = METRICS[self.metric][0], METRICS[self.metric][1]
+        up, down = ("higher", "lower") if unit == "MiB" or higher_is_better else ("slower", "faster") \
+            if unit in ("ms", "s") else ("worse", "better")
         if abs(self.ratio - 1.0) < 0.0005:
             return "unchanged"
-        if METRICS[self.metric][1]:  # a throughput: by how much the figure itself fell or rose (×2.5 slower: 60%)
-            return (f"{units.percent(1.0 - 1.0 / self.ratio)} lower" if self.ratio > 1
-                    else f"{units.percent(1.0 / self.ratio - 1.0)} higher")
-        if self.ratio >= AS_FACTOR:
-            return f"{units.ratio(self.ratio)} {worse}"
-        if self.ratio > 1:
-            return f"{units.percent(self.ratio - 1.0)} {worse}"
-        return f"{units.percent(1.0 - self.ratio)} {better}"
+        factor = 1.0 / self.ratio if higher_is_better else self.ratio  # the figure now over the baseline's
+        if factor >= AS_FACTOR:
+            return f"{units.ratio(factor)} {up}"
+        return f"{units.percent(abs(factor - 1.0))} {up if factor > 1 else down}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "sentence": self.sentence()}  # the sentence for readers of the JSON; not read back
@@ -242,108 +246,3 @@ def within_memory_resolution(verdict: Verdict) -> Verdict:
            "less)")
     return replace(verdict, threshold=floor, status=interval_status(verdict.low, verdict.high, floor),
                    note="; ".join(filter(None, (verdict.note, why))))
-
-
-def compare_paired(metric: str, candidate: list[float], baseline: list[float], max_regression: float,
-                   confidence: float = 0.95, pct: int | None = None,
-                   shown: tuple[float, float] | None = None) -> Verdict:
-    """Like compare_samples for one value per round of an interleaved A/B run, where candidate[i] and
-    baseline[i] were measured back to back: the ratio is taken within each round, so drift of the machine
-    between rounds cancels instead of widening the interval; the median of the per-round ratios decides, with its
-    order-statistic interval (stats.median_interval: no assumption on how a busy runner spreads the rounds; below
-    stats.min_rounds rounds it decides nothing, and the gate measures more rounds). `pct`: the values are each
-    round's percentile of a per-request metric; `shown`: the (candidate, baseline) values to show (default: the
-    medians of the per-round values)."""
-    higher_is_better = METRICS[metric][1]
-    ratios = [(b / c if higher_is_better else c / b) for c, b in zip(candidate, baseline) if c > 0 and b > 0]
-    if len(ratios) != len(candidate):
-        return compare_samples(metric, candidate, baseline, max_regression)
-    point, low, high = median_interval(ratios, confidence)
-    threshold = 1.0 + max_regression
-    shown = shown or (percentile(candidate, 50), percentile(baseline, 50))
-    note = "" if math.isfinite(high) else (f"{len(ratios)} rounds cannot bound the median ratio at "
-                                           f"{confidence:.0%}: an A/B needs at least {min_rounds(confidence)}")
-    return Verdict(metric, interval_status(low, high, threshold), point, low, high, threshold, pct,
-                   shown[0], shown[1], (len(candidate), len(baseline)), paired=True, note=note)
-
-
-def compare_paired_percentiles(metric: str, candidate: Measurement, baseline: Measurement, max_regression: float,
-                               pct: int | None) -> Verdict | None:
-    """A per-request metric of an interleaved A/B run, round by round: each round's percentile on each side, then
-    as compare_paired. Pooling the requests instead takes them as independent, and a spell of interference on one
-    side's repetition moves hundreds of them at once (README: a false failure of unchanged code, ITL p50 x1.206).
-    None: a side without the split by repetition, or the rounds do not pair up."""
-    pct = pct or 50
-    rounds_c, rounds_b = per_round(metric, candidate, pct), per_round(metric, baseline, pct)
-    if rounds_c is None or rounds_b is None or len(rounds_c) != len(rounds_b) or len(rounds_c) < 2:
-        return None
-    return compare_paired(metric, rounds_c, rounds_b, max_regression, pct=pct,
-                          shown=(candidate.value(metric, pct), baseline.value(metric, pct)))
-
-
-def per_round(metric: str, measurement: Measurement, pct: int | None, load_free: bool = False) -> list[float] | None:
-    """One value of `metric` per round (a per-request metric: the round's percentile `pct`), with `load_free` each
-    multiplied by the round's load-free share (a throughput divided by it); None where not split by round or, with
-    `load_free`, the shares were not measured for every round."""
-    split = measurement.by_repetition(metric)
-    if not split or not all(split):
-        return None
-    values = [percentile(xs, pct or 50) for xs in split] if METRICS[metric][2] else [xs[0] for xs in split]
-    if not load_free:
-        return values
-    shares = measurement.load_free_share
-    if len(shares) != len(values) or min(shares, default=0.0) <= 0:
-        return None
-    return [v / s if METRICS[metric][1] else v * s for v, s in zip(values, shares)]
-
-
-def load_aware_paired(measured: Verdict, candidate: Measurement, baseline: Measurement,
-                      max_regression: float) -> Verdict:
-    """An A/B's verdict on a busy runner. The co-tenants' load hits both sides of a round alike, but it stretches
-    what computes and not what waits (a slowdown that sleeps reads smaller under a co-tenant), and it spreads the
-    rounds. So each side's own steps are load-corrected (process_meters.team_progress_s: the side's
-    load-free share per round) and compared round by round. A failure as measured stands (the load slows both
-    sides of a round alike: it cannot make B slower than A); a pass as measured does not (the load could have
-    hidden a slowdown that waits). So a load-corrected pass decides (unless as measured it fails: inconclusive),
-    a load-corrected failure decides beyond the estimate's error (interference.load_free_residual on the
-    threshold: none where both sides ran on one CPU thread, ×1.6 for a team); otherwise a failure as measured
-    stands and anything else is inconclusive. Quiet, or without the shares: `measured` as it is."""
-    share = busy_share(candidate.others_share)
-    if share is None:
-        return measured
-    pct = measured.percentile
-    cand, base = (per_round(measured.metric, m, pct, load_free=True) for m in (candidate, baseline))
-    if cand is None or base is None or len(cand) != len(base):
-        return measured
-    by = candidate.load_free_source()
-    if baseline.load_free_source() != by:
-        return measured  # the two sides' loads taken out by different evidence: not comparable
-    corrected = replace(compare_paired(measured.metric, cand, base, max_regression, pct=pct), load_free_by=by)
-    busy = interference.describe(share)
-    as_measured = f"×{measured.ratio:.3f} [{measured.low:.3f}, {measured.high:.3f}] as measured"
-    bound = corrected.threshold * interference.load_free_residual(candidate, baseline, paired=True)
-    if corrected.status == Status.FAIL and corrected.low <= bound:
-        # the estimate keeps a side's waits whole and shrinks its compute by its own error: a slowdown that waits
-        # reads larger load-corrected than it is (docs/measurements.md): a failure stands only beyond the
-        # estimate's own error
-        corrected = replace(corrected, status=Status.INCONCLUSIVE, fail_bar=bound, fail_bar_load_corrected=True, note=(
-            f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, {corrected.high:.3f}] lies above the "
-            f"limit but not beyond ×{bound:.2f} (the limit {units.ratio(corrected.threshold)} × the load correction's "
-            "own error)"))
-    if corrected.status != Status.INCONCLUSIVE:
-        if corrected.status == Status.PASS and measured.status == Status.FAIL:
-            return replace(corrected, status=Status.INCONCLUSIVE, load_corrected=True, note=(
-                f"the runner was busy ({busy}): load-corrected it would pass, as measured ({as_measured}) it "
-                "would fail"))
-        return replace(corrected, load_corrected=True, note=(
-            f"{interference.load_corrected(by)}: each side's steps with the co-tenants' load taken out ({as_measured}; "
-            f"{busy})"))
-    if measured.status == Status.FAIL:
-        return replace(measured, note=f"the runner was busy ({busy}), which slows both sides of a round alike; "
-                                      f"load-corrected ×{corrected.ratio:.3f} [{corrected.low:.3f}, "
-                                      f"{corrected.high:.3f}]")
-    return replace(corrected, load_corrected=True, note=(
-        f"the runner was busy ({busy}): {corrected.note or 'load-corrected the interval straddles the threshold'}; "
-        f"a pass as measured ({as_measured}) does not stand, since the load stretches what computes and not what "
-        "waits: while the runner is this busy only a slowdown beyond the load fails here; rerun the job (each run "
-        "reads the runner's load anew) to decide"))

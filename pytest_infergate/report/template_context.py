@@ -43,7 +43,8 @@ COLUMN_DEFINITIONS = {
     "ttft_ms": "time to first token per request (sent or arrived → first token), percentile over requests",
     "tpot_ms": "time per output token after the first, per request: (e2e − TTFT) / (tokens − 1)",
     "tokens_per_s": "output tokens of completed requests / the repetition's wall time, median over repetitions "
-                    "(the figure budgets and baselines gate; per-request rates are not shown)",
+                    "(the figure budgets gate; a stored baseline compares each side's fastest repetitions, named in "
+                    "the row's verdict; per-request rates are not shown)",
     "peak_mem_mb": "weights + KV cache allocated + the process peak's rise while serving",
 }
 # shown in a row's details instead of a column of their own

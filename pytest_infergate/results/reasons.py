@@ -27,6 +27,13 @@ MOST_CHANGES = 2  # changes named in a lead; the rest are counted ("and 3 more")
 # none because this run saved it: a save is named as what it is, not as a pass of nothing
 NOTHING_COMPARED = "nothing compared"
 BASELINE_SAVED = "baseline saved"
+# a quality comparison of the reference precision with itself: identical by construction, so it gates nothing
+REFERENCE_ITSELF = "reference itself"
+
+
+def reference_itself_message(precision: str) -> str:
+    return (f"{precision} is the reference precision, compared with itself (identical by construction): nothing was "
+            "gated; a quantized precision in infergate_precisions (int8, nf4) on a trained model gates its answers")
 
 
 def no_baseline_message(record: PerfRecord, saved: str | None) -> str:

@@ -19,10 +19,12 @@ from pytest_infergate.results.reasons import (
     BASELINE_SAVED,
     EVIDENCE,
     NOTHING_COMPARED,
+    REFERENCE_ITSELF,
     ChangeFailure,
     change_failure,
     no_baseline_message,
     record_message,
+    reference_itself_message,
 )
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
@@ -288,6 +290,9 @@ def run_verdict(results: RunResults) -> RunVerdict:
             what = BASELINE_SAVED if results.saved_baseline else NOTHING_COMPARED
             reasons.append(Reason(Status.PASS, what, record.test,
                                   no_baseline_message(record, results.saved_baseline)))
+        elif isinstance(record, QualityRecord) and record.precision == record.reference_precision:
+            reasons.append(Reason(Status.PASS, REFERENCE_ITSELF, record.test,
+                                  reference_itself_message(record.precision)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
