@@ -799,6 +799,14 @@ def test_a_failure_beyond_doubt_stops_the_measuring_and_its_fresh_block_early(re
     assert any("stopped early, a failure beyond doubt so far: " in line and ": each of 3 repetitions" in line
                for line in said) \
         == (repetitions == 3), said
+    if regression == 4.0:  # decided at the plan's last repetition: nothing stopped early
+        said.clear()
+        context.set_sink(said.append)
+        try:
+            assert SyntheticBench(regression).measure(gate, least=3, most=3).repetitions == 3
+        finally:
+            context.set_sink(None)
+        assert not any("stopped early" in line for line in said), said
     outcome = gate.check(candidate)
     assert outcome.status == status, outcome.message()
     beyond = [note for note in outcome.notes if note.startswith("a failure beyond doubt")]

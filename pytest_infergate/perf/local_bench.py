@@ -268,9 +268,11 @@ class Bench:
             timed = time.perf_counter() - start >= min_time_s
             why = decided(measurement) if decided is not None and timed else ""
             enough = until is None or until(measurement)
-            done = bool(why) or (measurement.repetitions >= repeats and timed and enough)
+            planned_end = measurement.repetitions >= repeats and timed and enough
+            done = bool(why) or planned_end
             steps.step(measurement.repetitions, finished=done)
-            if why:
+            # "early" only before the plan's own end (a new user read it at repetition 12 of 12)
+            if why and not planned_end and measurement.repetitions < max_repeats:
                 # "so far": the gate decides next, and a failure is confirmed on a fresh block (PerfGate.confirm),
                 # whose repetitions the final count includes
                 context.report(f"{steps.subject}: stopped early, a failure beyond doubt so far: {why}; a failure is "
