@@ -466,3 +466,7 @@ def test_the_reference_against_itself_is_no_quality_pass_counted_bare():
     assert (reason.status, reason.what, reason.name) == (Status.PASS, "reference itself", "t.py::q[fp32]")
     assert "nothing was gated" in reason.message and "int8, nf4" in reason.message
     assert gate_counts_line(results).text == "gates: quality: 2 pass (1 the reference against itself: nothing gated)"
+    from pytest_infergate.report import render
+
+    page = unescape(re.sub(r"<[^>]+>", "", render(RunResults.from_dict(results.to_dict()))))
+    assert "2 pass 0 fail (1 the reference against itself: nothing gated)" in " ".join(page.split())

@@ -240,6 +240,11 @@ class RunVerdict:
         where this run saved it)."""
         return sum(1 for r in self.reasons if r.what in (NOTHING_COMPARED, BASELINE_SAVED))
 
+    @property
+    def reference_itself(self) -> int:
+        """How many quality comparisons were of the reference precision with itself: passes that gated nothing."""
+        return sum(1 for r in self.reasons if r.what == REFERENCE_ITSELF)
+
     def qualifier(self) -> str:
         """What the verdict rests on where relative checks compared nothing: " — 3 perf gates had no baseline to
         compare with" (a first run, the run that saves one; said whether or not they have budgets); "" otherwise."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
-from pytest_infergate.results.reasons import REFERENCE_ITSELF, verdict_reasons
+from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
     CorpusRecord,
@@ -277,7 +277,7 @@ def gate_counts_line(results: RunResults) -> Line | None:
         return None
     # a perf pass that compared nothing is counted as the pass it is, and said so beside it (as the report's card)
     unbased = {"perf": f" ({verdict.compared_nothing} with no baseline)"} if verdict.compared_nothing else {}
-    itself = sum(1 for reason in verdict.reasons if reason.what == REFERENCE_ITSELF)
+    itself = verdict.reference_itself
     unbased |= {"quality": f" ({itself} the reference against itself: nothing gated)"} if itself else {}
     return Line("gates: " + "; ".join(f"{count_name(group)}: " + ", ".join(f"{n} {status}" for status, n in c.items()
                                                                           if n) + unbased.get(group, "")
