@@ -139,7 +139,7 @@ def test_one_figure_per_metric_with_the_verdicts_statistic_named_where_it_differ
     data, perf = with_two_verdicts(results, {"threshold": 1.1, "candidate": 41.5, "repetitions": True}, {})
     html = render(data)
     assert html.count("the figure the verdict compared with the baseline's") == 1  # the pooled one: no second figure
-    assert "verdict: 41.5 tok/s (fastest repetitions: p10 of per-repetition values)" in html
+    assert "verdict: 41.5 tok/s (fastest repetitions: p90 of per-repetition values)" in html
     assert Verdict.from_dict(perf[0]["verdicts"][0]).sentence() in html
 
 
