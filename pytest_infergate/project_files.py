@@ -29,8 +29,8 @@ from pytest_infergate.requirements import QUANTIZED
 
 GATE_TEST = '''"""Starter gates written by `infergate init` (edit freely). Run them from the project's root:
 
-    pytest --infergate-save-baseline=local-baseline.json   # accept this run; then, after a change:
-    pytest --infergate-baseline=local-baseline.json --infergate-report=report.html
+    pytest tests --infergate-save-baseline=local-baseline.json   # accept this run; then, after a change:
+    pytest tests --infergate-baseline=local-baseline.json --infergate-report=report.html
 
 on the model of pytest.ini's infergate_model (else the embedded SmolLM2-135M; --infergate-model=PATH_OR_GGUF
 overrides it), in the precisions of its infergate_precisions (fp32,int8 as init writes them for a trained model:

@@ -218,14 +218,17 @@ def test_a_workload_change_is_named_by_the_size_that_moved_else_by_its_digest():
     from pytest_infergate.workloads import Request
     from pytest_infergate.workloads.identity import workload_identity
 
-    def workload(length: int, temperature: float = 0.0) -> dict:
-        requests = [Request(prompt_token_ids=[5] * length, max_new_tokens=8, temperature=temperature)] * 3
+    def workload(length: int, temperature: float = 0.0, count: int = 3) -> dict:
+        requests = [Request(prompt_token_ids=[5] * length, max_new_tokens=8, temperature=temperature)] * count
         return {"workload": workload_identity(requests, tokenizer=None), "cpu": "x"}
 
     assert workload(10)["workload"] | {"digest": ""} == {"requests": 3, "prompt_tokens": 30, "max_new_tokens": 24,
                                                          "digest": ""}
     assert diff_fingerprints(workload(10), workload(10)).under_test == []
     assert diff_fingerprints(workload(20), workload(10)).under_test_text == "workload.prompt_tokens 30 → 60"
+    # a new user's 6 → 24 requests was hidden behind "and 1 more": the request count is named first
+    assert diff_fingerprints(workload(10, count=12), workload(10)).under_test_text == (
+        "workload.requests 3 → 12, workload.prompt_tokens 30 → 120, workload.max_new_tokens 24 → 96")
     # the same sizes, other requests: the digest says they differ
     (change,) = diff_fingerprints(workload(10, 0.7), workload(10)).under_test
     assert change.name == "workload.digest" and change.baseline != change.now

@@ -84,7 +84,7 @@ def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
         if name == "engine_config" and isinstance(old, dict) and isinstance(new, dict):
             under_test += _config_changes(name, without_new_defaults(new, old), old)
         elif name == "workload" and isinstance(old, dict) and isinstance(new, dict):
-            changed = _config_changes(name, new, old)
+            changed = _config_changes(name, new, old, ordered=True)  # requests first: what a user edits first
             # a size that moved says what changed; the digest alone only where none did (the same sizes, new prompts)
             sized = [c for c in changed if c.name != f"{name}.{WORKLOAD_DIGEST}"]
             under_test += sized or changed
@@ -93,8 +93,9 @@ def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
     return FingerprintDiff(machine, under_test)
 
 
-def _config_changes(prefix: str, new: dict, old: dict) -> list[FieldChange]:
-    return [FieldChange(f"{prefix}.{key}", old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+def _config_changes(prefix: str, new: dict, old: dict, ordered: bool = False) -> list[FieldChange]:
+    keys = list(dict.fromkeys([*new, *old])) if ordered else sorted(set(old) | set(new))
+    return [FieldChange(f"{prefix}.{key}", old.get(key), new.get(key)) for key in keys
             if _canonical(old.get(key)) != _canonical(new.get(key))]
 
 

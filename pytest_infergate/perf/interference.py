@@ -43,7 +43,9 @@ RERUN = f"{_RERUN_JOB}, or {IN_ONE_RUN}"
 RERUN_UNCHANGED = f"{_RERUN_JOB}, or measure more (a larger `min_time_s=` in the `infergate_bench(...)` call)"
 # a baseline saved under load: slower than the code is, so a failure against it stands; a pass needs the same steady
 # load beside the later run too (perf.busy.steady_co_tenant), which a quiet runner never has
-UNDER_LOAD = "later runs still fail a slowdown against it, but pass only beside a steady load like the save's"
+# the same promise as every comparison's baseline line (perf.baseline.BaselineEntry.provenance), in other words
+UNDER_LOAD = ("later runs fail a slowdown larger than what that load took from it, and pass only beside a steady "
+              "load like the save's")
 RESAVE = ("re-save the baseline in a later run, which may find the runner quieter (--infergate-save-baseline; in "
           f"CI, delete the baseline file on the default branch: docs/guides/ci.md), or, where the runner is always "
           f"busy, {IN_ONE_RUN}")
