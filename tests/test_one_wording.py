@@ -470,3 +470,19 @@ def test_the_reference_against_itself_is_no_quality_pass_counted_bare():
 
     page = unescape(re.sub(r"<[^>]+>", "", render(RunResults.from_dict(results.to_dict()))))
     assert "2 pass 0 fail (1 the reference against itself: nothing gated)" in " ".join(page.split())
+
+
+def test_the_probe_note_does_not_claim_a_route_the_load_evidence_took():
+    """A new user read "calibration probe ×1.3 …: the machine is slower now by more than the threshold: only a pass
+    as measured stands" beside a load-corrected FAIL: where the kernel's load evidence decided, the note says so."""
+    from pytest_infergate.measurement import Measurement
+    from pytest_infergate.perf.gate import calibration_note
+    from pytest_infergate.perf.verdict import Verdict
+
+    sides = [Measurement(probe="probe/1", repetitions=5), Measurement(probe="probe/1", repetitions=5)]
+    corrected = Verdict("tokens_per_s", Status.FAIL, 3.4, 3.3, 3.5, 1.1, None, 1.0, 1.0, (5, 5), machine_slowdown=1.3,
+                        load_corrected=True)
+    note = calibration_note(*sides, [corrected])
+    assert "only a pass as measured stands" not in note and "the kernel saw the runner busy" in note, note
+    as_measured = replace(corrected, load_corrected=False)
+    assert "only a pass as measured stands" in calibration_note(*sides, [as_measured])

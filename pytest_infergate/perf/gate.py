@@ -291,7 +291,11 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
             else "probes during"
         moved = probed.machine_slowdown
         threshold = probed.threshold
-        how = ("the machine is slower now by more than the threshold: only a pass as measured stands"
+        # where the kernel's load evidence decided (perf.busy), the probe's rule did not: said, or "compared as
+        # measured" sits beside "load-corrected" figures (a new user could not tell which comparison decided)
+        how = ("the kernel saw the runner busy, so each figure says how it was compared (load-corrected where it "
+               "says so), not by this probe" if any(v.load_corrected for v in verdicts) else
+               "the machine is slower now by more than the threshold: only a pass as measured stands"
                if moved > threshold else
                "the machine is faster now by more than the threshold: only a failure as measured stands"
                if moved < 1.0 / threshold else "within the threshold: compared as measured")
