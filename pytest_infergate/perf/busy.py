@@ -224,4 +224,5 @@ def _why_margin(candidate: Side, residual: float) -> str:
         return (f": our thread waited for a CPU {waited:.0%} of its time this run (over {1 - PREEMPTED_SHARE:.0%}), "
                 "and a preempted thread's CPU time grows as it refills its caches")
     return (f": the co-tenants of this run may fill the caches our thread shares with them, which grows its CPU time "
-            f"though it waited for a CPU only {waited:.0%} of its time (unchanged code read ×1.56 so)")
+            f"though it waited for a CPU only {waited:.0%} of its time (beside such a load, unchanged code has read up "
+            "to ×1.56 slower, load-corrected: docs/measurements.md)")
