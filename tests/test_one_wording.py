@@ -486,3 +486,18 @@ def test_the_probe_note_does_not_claim_a_route_the_load_evidence_took():
     assert "only a pass as measured stands" not in note and "the kernel saw the runner busy" in note, note
     as_measured = replace(corrected, load_corrected=False)
     assert "only a pass as measured stands" in calibration_note(*sides, [as_measured])
+
+
+def test_the_pooled_count_says_which_repetitions_a_failures_fresh_block_added():
+    """A new user's progress stopped at "repetition: 13 (planned 5–12)" and the summary said "all 21 repetitions
+    pooled": the fresh block that confirmed the failure is named in the count."""
+    from pytest_infergate.measurement import Measurement
+    from pytest_infergate.perf.outcome import PerfOutcome
+    from pytest_infergate.results.summary import perf_lines
+
+    record = PerfRecord(test="t.py::test_x[fp32]", label="", precision="fp32",
+                        measurement=Measurement(samples={"tokens_per_s": [100.0] * 12}, repetitions=12),
+                        outcome=PerfOutcome(confirmed=2))
+    assert "(all 12 repetitions pooled, the last 2 a failure's fresh block)" in perf_lines(record)[0].text
+    record.outcome = PerfOutcome()
+    assert "(all 12 repetitions pooled)" in perf_lines(record)[0].text

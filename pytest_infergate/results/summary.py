@@ -130,7 +130,10 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
     if repetitions > 1:  # a comparison's figures are its fastest repetitions': these differ, and say why
         # (a reader saw 2,400 tok/s here and "now 2,770 tok/s" below as two answers to one question)
         fastest = any(v.repetitions for v in record.verdicts)
-        figures += f" (all {repetitions} repetitions pooled" + (
+        # the progress lines count the plan's repetitions; a failure's fresh block comes after them
+        fresh = record.outcome.confirmed
+        figures += f" (all {repetitions} repetitions pooled" + (f", the last {fresh} a failure's fresh block"
+                                                               if fresh else "") + (
             "; the comparisons below read each side's fastest repetitions)" if fastest else
             f"; {saved_figures(record)})" if is_save else ")")
     lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
