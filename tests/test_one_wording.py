@@ -501,3 +501,22 @@ def test_the_pooled_count_says_which_repetitions_a_failures_fresh_block_added():
     assert "(all 12 repetitions pooled, the last 2 a failure's fresh block)" in perf_lines(record)[0].text
     record.outcome = PerfOutcome()
     assert "(all 12 repetitions pooled)" in perf_lines(record)[0].text
+
+
+def test_the_save_names_the_figures_its_budget_compares_at_the_percentile_it_gates():
+    """A new user's first gate budgets TTFT p95; the save said "ttft_ms_p50 746 ms" and the comparison then read
+    "ttft_ms p95 baseline 746 ms": the save names what later runs compare."""
+    from test_every_figure import served
+
+    from pytest_infergate import units
+    from pytest_infergate.perf.stored import compared_figure
+    from pytest_infergate.results.summary import saved_figures
+
+    measurement = served(seed=1)
+    record = PerfRecord(test="t.py::test_x[fp32]", label="", precision="fp32", measurement=measurement,
+                        budget={"ttft_ms_p95": 30_000, "tokens_per_s": 2, "max_regression": 0.1})
+    p95 = units.metric_value("ttft_ms", compared_figure(measurement, "ttft_ms", 95))
+    assert saved_figures(record).startswith(f"later runs compare with its fastest repetitions: ttft_ms_p95 {p95}, "
+                                            "tokens_per_s "), saved_figures(record)
+    record.budget = {"max_regression": 0.1}  # no limit: the default figures, TTFT at the budget's p50
+    assert "ttft_ms_p50 " in saved_figures(record) and "tokens_per_s " in saved_figures(record)

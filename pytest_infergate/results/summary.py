@@ -24,7 +24,6 @@ HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not
 PERF_KEYS = ("capacity_concurrency", "capacity_rps", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s",
              "peak_mem_mb", "success_rate", "goodput_per_s")
 # the figures a save's line names as later comparisons read them (saved_figures): key -> (metric, percentile)
-SAVED_KEYS = {"ttft_ms_p50": ("ttft_ms", 50), "tokens_per_s": ("tokens_per_s", None)}
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 QUALITY_NAMES = {"rougeL": "ROUGE-L", "exact_match": "exact match", "mean_kl": "mean KL", "top1": "top-1",
                  "task_ratio": "task ratio"}
@@ -128,7 +127,6 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
         shown = "SAVED" if is_save else "NO-BASELINE"
     repetitions = record.measurement.repetitions
     if repetitions > 1:  # a comparison's figures are its fastest repetitions': these differ, and say why
-        # (a reader saw 2,400 tok/s here and "now 2,770 tok/s" below as two answers to one question)
         fastest = any(v.repetitions for v in record.verdicts)
         # the progress lines count the plan's repetitions; a failure's fresh block comes after them
         fresh = record.outcome.confirmed
@@ -142,13 +140,20 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
 
 
 def saved_figures(record: PerfRecord) -> str:
-    """What a later run compares with, on the save's line: the saved measurement's fastest repetitions, which every
-    comparison's "baseline" figure reads (a new user saw 1,840 tok/s pooled at the save, then "baseline 2,280 tok/s"
-    in every comparison, never said before)."""
+    """What later runs compare with, on the save's line: the fastest repetitions' figure of each time-like metric its
+    budget compares, at the percentile it gates, as every comparison's "baseline" says it."""
+    from pytest_infergate.measurement import METRICS, scales_with_speed
+    from pytest_infergate.perf.budget import BudgetError, parse_budget
     from pytest_infergate.perf.stored import compared_figure
 
-    read = [(key, metric, compared_figure(record.measurement, metric, pct))
-            for key, (metric, pct) in SAVED_KEYS.items() if key in record.summary]
+    try:
+        budget = parse_budget(record.budget)
+    except BudgetError:  # a results file of another version: its figures are not named here
+        return "saved"
+    gated = [(metric, budget.percentile_of(metric) if METRICS[metric][2] else None)
+             for metric in budget.relative_metrics() if scales_with_speed(metric)]
+    read = [(f"{metric}_p{pct:g}" if pct else metric, metric, compared_figure(record.measurement, metric, pct))
+            for metric, pct in sorted(gated, key=lambda gate: METRICS[gate[0]][1])]  # latencies, then throughputs
     shown = ", ".join(f"{key} {units.metric_value(metric, value)}" for key, metric, value in read if value)
     return f"later runs compare with its fastest repetitions: {shown}" if shown else "saved"
 
