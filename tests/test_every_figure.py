@@ -364,7 +364,7 @@ def test_a_latency_measured_per_request_load_free_fails_a_ttft_slowdown_a_repeti
     assert by_metric(gated(slower, baseline))["ttft_ms"] == "fail"
     ttft = next(v for v in gated(slower, baseline).verdicts if v.metric == "ttft_ms")
     assert "load-corrected by run-queue delay" in ttft.note
-    assert "(the limit ×1.1 × 2.0, the load correction's own error" in ttft.note
+    assert "(the limit ×1.1 × 2.0, what the load may add to our thread's CPU time" in ttft.note
     unchanged = with_own_waiting_taken_out(served(ttft_ms=180.0, others=0.74, load_free=0.6, seed=3), 100.0)
     assert by_metric(gated(unchanged, baseline))["ttft_ms"] != "fail"
     # without the per-request figures the same run's share would read ×1.8 and decide nothing

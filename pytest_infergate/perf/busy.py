@@ -155,9 +155,12 @@ def _not_beyond(candidate: Side, corrected: tuple[float, float, float] | None, t
 
 
 def _corrected_bar(candidate: Side, threshold: float, residual: float) -> str:
-    """'×1.27 (the limit ×1.1 × 1.15, the load correction's own error)'."""
-    return (f"×{threshold * residual:.2f} (the limit {units.ratio(threshold)} × {residual}, the load correction's own "
-            f"error{_why_margin(candidate, residual)})")
+    """'×1.27 (the limit ×1.1 × 1.15, the load correction's own error)', or where the margin is what the load may
+    add to our thread's own CPU time, that (a new user read two "load correction's errors", 2.0 and 1.6)."""
+    what = "what the load may add to our thread's CPU time" if residual >= BUSY_CPU_INFLATION \
+        else "the load correction's own error"
+    return (f"×{threshold * residual:.2f} (the limit {units.ratio(threshold)} × {residual}, {what}"
+            f"{_why_margin(candidate, residual)})")
 
 
 def stored_residual(candidate: Side, baseline: Side) -> float:
