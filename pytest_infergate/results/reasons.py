@@ -192,8 +192,8 @@ def perf_advice(record: PerfRecord, budgets: list[Violation], verdicts: list[Ver
             return "Measured in turns with its reference: look at what this side changes."
         if record.changes or record.model_change:
             return f"Look at that change; if it is intended, accept it with {ACCEPT}."
-        return ("Nothing the baseline records changed (model, precision, libraries, engine config): look at your own "
-                f"code; if intended, accept it with {ACCEPT}.")
+        return ("Nothing the baseline records changed (model, precision, libraries, engine config, workload): look at "
+                f"your own code; if intended, accept it with {ACCEPT}.")
     if record.relative_check_missing:
         said = record.outcome.relative_check_fix or record.relative_check_missing
         return said[0].upper() + said[1:] + "."
