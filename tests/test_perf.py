@@ -234,6 +234,7 @@ def test_a_workload_change_is_named_by_the_size_that_moved_else_by_its_digest():
     assert change.name == "workload.digest" and change.baseline != change.now
     # a baseline saved before workloads were recorded compares as before
     assert diff_fingerprints(workload(20), {"cpu": "x"}).under_test == []
+    assert diff_fingerprints({"cpu": "x"}, workload(20)).under_test == []  # nor a run of that version against it
 
 
 def test_inconclusive_remeasures_then_decides():

@@ -83,7 +83,9 @@ def diff_fingerprints(current: dict, accepted: dict) -> FingerprintDiff:
         old, new = accepted.get(name), current.get(name)
         if name == "engine_config" and isinstance(old, dict) and isinstance(new, dict):
             under_test += _config_changes(name, without_new_defaults(new, old), old)
-        elif name == "workload" and isinstance(old, dict) and isinstance(new, dict):
+        elif name == "workload":  # compared where both sides recorded it (a file of an older version did not)
+            if not (isinstance(old, dict) and isinstance(new, dict)):
+                continue
             changed = _config_changes(name, new, old, ordered=True)  # requests first: what a user edits first
             # a size that moved says what changed; the digest alone only where none did (the same sizes, new prompts)
             sized = [c for c in changed if c.name != f"{name}.{WORKLOAD_DIGEST}"]
