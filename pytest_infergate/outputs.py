@@ -63,8 +63,7 @@ def write_outputs(results: RunResults, options: Options, interrupted: bool = Fal
             raise
         measured = {record.test for record in results.perf if record.fingerprint}
         # a gate without max_regression never compares with a baseline: said at the save, not at the later run
-        relative = {record.test for record in results.perf if record.fingerprint
-                    and record.budget.get("max_regression") is not None}
+        relative = {record.test for record in results.perf if record.fingerprint and record.asks_comparison}
         if relative:
             unused = len(measured - relative)
             compares = (f"{len(relative)} perf measurement{'' if len(relative) == 1 else 's'} to compare with "

@@ -69,7 +69,7 @@ def baseline_record(record: Record) -> Record:
     (perf.baseline.for_baseline); other records whole."""
     if not isinstance(record, PerfRecord):
         return record
-    budget = parse_budget(record.budget) if record.budget.get("max_regression") is not None else None
+    budget = parse_budget(record.budget) if record.asks_comparison else None
     return replace(record, measurement=for_baseline(record.measurement, budget.relative_metrics() if budget else ()))
 
 

@@ -123,7 +123,7 @@ class Verdict:
         # user read "13.7% faster" beside "6.6 ms → now 6.67 ms" as a contradiction)
         speed = " at the save's thread speed" if self.at_thread_speed else " load-corrected" if self.load_corrected \
             else ""
-        cost = cost_name(self.metric) + " " if cost_name(self.metric) else ""
+        cost = f"{name} " if (name := cost_name(self.metric)) else ""
         return (f"{figure_name(self.metric, self.percentile)} {self.change_in_words()}{speed} ({cost}"
                 f"{units.ratio(self.ratio)} [{self._bound(self.low)}–{self._bound(self.high)}], limit "
                 f"{units.ratio(self.threshold)}{self._past_limit()})")

@@ -62,7 +62,7 @@ def busy_save_note(records: list[PerfRecord]) -> str:
     compared something (a run that compares and saves at once), or "": a nothing-compared reason says it itself
     (no_baseline_message)."""
     compared = [record.measurement for record in records if record.measurement and not record.compared_nothing
-                and record.budget.get("max_regression") is not None]  # the gates later runs compare
+                and record.asks_comparison]  # the gates later runs compare
     shares = [share for share in (busy_share(measurement.others_share) for measurement in compared) if share]
     if not shares:
         return ""

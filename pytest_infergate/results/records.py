@@ -1,5 +1,4 @@
-"""Typed result records: what every infergate gate measured and decided (the run that holds them is
-`results.run.RunResults`).
+"""Typed result records: what every infergate gate measured and decided (held by `results.run.RunResults`).
 
 Each record is written to JSON (`to_dict`) and read back (`from_dict`) by the report, the CLI and the xdist
 controller. A figure that is not finite (a task ratio to a reference that scored 0) is written as null, with the
@@ -53,9 +52,12 @@ class PerfRecord:
 
     @property
     def gated(self) -> bool:
-        """Whether a gate checked anything of it: a budget limit, or a comparison with a reference. A pass of an
-        ungated measurement says it checked nothing (the report: "measured, not gated")."""
-        return self.has_limits or self.budget.get("max_regression") is not None or bool(self.verdicts)
+        """Whether a budget limit or a comparison checked it (else its pass says "measured, not gated")."""
+        return self.has_limits or self.asks_comparison or bool(self.verdicts)
+
+    @property
+    def asks_comparison(self) -> bool:  # max_regression: a relative check, which later runs make against a save
+        return self.budget.get("max_regression") is not None
 
     @property
     def has_limits(self) -> bool:
@@ -64,10 +66,9 @@ class PerfRecord:
 
     @property
     def compared_nothing(self) -> bool:
-        """A relative check was asked for (max_regression) and there was nothing to compare with: no baseline given
-        (a first run, or the run that saves one). Its pass is of its budget's limits, if any, and every output says
-        so (a baseline given that had no entry is a check not run as asked: relative_check_missing)."""
-        return (self.budget.get("max_regression") is not None and not self.verdicts
+        """A relative check was asked for and there was no baseline (a first run, or the save): its pass is of its
+        budget's limits and every output says so (a baseline without its entry: relative_check_missing)."""
+        return (self.asks_comparison and not self.verdicts
                 and self.outcome.route == "budget" and not self.relative_check_missing)
 
     @property
@@ -115,9 +116,8 @@ class PerfRecord:
 
     @property
     def compared_with(self) -> dict | None:
-        """The figures of what the gate compared this run with (A of an A/B run, the stored baseline), kept beside
-        this run's in every output: read from the outcome's measurement when it has one (a decision this run made),
-        else as recorded."""
+        """The figures of what the gate compared this run with (A of an A/B run, the stored baseline), beside this
+        run's in every output: from the outcome's measurement where this run decided, else as recorded."""
         return self.outcome.baseline.summary() if self.outcome.baseline is not None else self.baseline_summary
 
     def key_figures(self) -> list[tuple[str, float]]:
@@ -146,8 +146,8 @@ class PerfRecord:
 
 @dataclass
 class PolicyGateRecord:
-    """A gate whose `result` (a typed result with `precision`, `to_dict` and `from_dict`) was decided by a quality
-    policy: the thresholds applied, the ones it broke, the ones it could not decide, and which policy that was."""
+    """A gate whose `result` (typed: `precision`, `to_dict`, `from_dict`) a quality policy decided: the thresholds
+    applied, broken and undecided, and which policy."""
 
     kind: ClassVar[str]
     result_type: ClassVar[type]

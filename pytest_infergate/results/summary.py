@@ -23,7 +23,6 @@ HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not
 # a capacity search's found load first: it is the figure the search measured (a load run has none of it)
 PERF_KEYS = ("capacity_concurrency", "capacity_rps", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tokens_per_s",
              "peak_mem_mb", "success_rate", "goodput_per_s")
-# the figures a save's line names as later comparisons read them (saved_figures): key -> (metric, percentile)
 QUALITY_KEYS = ("rougeL", "exact_match", "mean_kl", "top1", "task_ratio")
 QUALITY_NAMES = {"rougeL": "ROUGE-L", "exact_match": "exact match", "mean_kl": "mean KL", "top1": "top-1",
                  "task_ratio": "task ratio"}
