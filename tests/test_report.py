@@ -168,6 +168,8 @@ def test_cli_report_compare_summary(results, tmp_path, monkeypatch, capsys):
     assert cli_main(["compare", str(a), str(b)]) == 1
     out = capsys.readouterr().out
     assert "REGRESSION" in out and "ttft_ms" in out and "fail TTFT p50 ×3 slower (×3" in out
+    # the sentences are the in-run gate's ('the save', 'this run'): the first line says which file each is
+    assert out.splitlines()[0] == f"A = {a} (the accepted run: 'the save' below), B = {b} (the candidate: 'this run')"
 
     step_summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
