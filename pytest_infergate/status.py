@@ -54,7 +54,7 @@ def under_strict(status: Status, strict: bool) -> Status:
     return Status.FAIL if strict and status == Status.INCONCLUSIVE else status
 
 
-# What kind of check a Finding is about: the not-run table's first column (results.summary.not_run)
+# What kind of check a Finding is about: the not-run table's first column (results.run.not_run)
 GOLDEN_CHECK = "golden regression"
 RELATIVE_CHECK = "relative perf check"
 BUDGET_KEY_CHECK = "budget key"

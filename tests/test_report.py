@@ -366,7 +366,7 @@ def test_cli_output_cut_short_by_a_pipe_and_history_help_have_no_papercuts(resul
 
 def test_checks_that_did_not_run_are_a_table_with_why_and_how(results):
     # issue #31 point 6: check, test, why, how to make it run; skipped golden checks included
-    from pytest_infergate.results.summary import not_run
+    from pytest_infergate.results.run import not_run
 
     # issue #42 point 2: the rows are the findings as made (typed), never a message parsed back
     from pytest_infergate.status import Finding
@@ -440,3 +440,19 @@ def test_a_test_failed_by_its_gate_is_one_reason_located_in_the_test(results):
     assert len(slow) == 2 and {reason.what for reason in slow} == {"perf gate"}  # fp32 and nf4, once each
     failures = {nodeid: message for nodeid, message in results["failures"].items() if "test_too_slow" in nodeid}
     assert len(failures) == 2 and all("(test_run.py:" in message for message in failures.values()), failures
+
+
+def test_a_load_peak_below_the_weights_says_the_weights_are_mapped_from_their_file(results):
+    """On the CPU, safetensors weights stay mapped from their file and are read in by the first forward pass, after
+    the load: the process's load peak (SmolLM2: 363 MiB) lies below the weights (513 MiB), which the line explains."""
+    from pytest_infergate.results.summary import model_lines
+
+    mapped = copy.deepcopy(results)
+    load = mapped["models"]["fp32"]
+    load.update(weight_bytes=513 << 20, peak_mem_bytes=363 << 20, peak_mem_method="VmHWM + malloc in use")
+    (line,) = [line.text for line in model_lines(RunResults.from_dict(mapped)) if "fp32: load" in line.text]
+    assert "(process 363 MiB, VmHWM + malloc in use: the weights are mapped from their file and read in at first " \
+           "use, after the load)" in line
+    load.update(peak_mem_bytes=600 << 20)  # a peak that holds the weights needs no word
+    (line,) = [line.text for line in model_lines(RunResults.from_dict(mapped)) if "fp32: load" in line.text]
+    assert "mapped" not in line and "(process 600 MiB, VmHWM + malloc in use)" in line

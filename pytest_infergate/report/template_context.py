@@ -29,8 +29,8 @@ from pytest_infergate.report.serving import (
     slow_tails,
 )
 from pytest_infergate.results.records import BatchInvarianceRecord, GoldenRecord, PerfRecord
-from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import HF_GENERATE, budget_metric, not_run, quality_groups, verdict_reasons
+from pytest_infergate.results.run import RunResults, not_run
+from pytest_infergate.results.summary import HF_GENERATE, budget_metric, quality_groups, verdict_reasons
 from pytest_infergate.results.summary import figure as summary_figure
 from pytest_infergate.status import Status
 

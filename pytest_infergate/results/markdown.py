@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.results.run import RunResults, count_name
-from pytest_infergate.results.summary import QUALITY_KEYS, QUALITY_NAMES, figure, quality_groups, skipped_not_run
+from pytest_infergate.results.run import RunResults, count_name, skipped_not_run
+from pytest_infergate.results.summary import QUALITY_KEYS, QUALITY_NAMES, figure, quality_groups
 from pytest_infergate.status import Status
 
 

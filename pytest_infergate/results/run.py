@@ -3,7 +3,8 @@ later run compares with (saved and read back by the store of runs, history.store
 verdict — can this ship? — computed once from every gate and every pytest outcome, shown first by the terminal, the
 HTML report and the JSON. FAIL when a test failed or errored or a gate failed; else INCONCLUSIVE when a gate could
 not decide or a check did not run as asked; else PASS (--infergate-strict: inconclusive fails). The schema
-versions: docs/reference/outputs.md."""
+versions: docs/reference/outputs.md. And the checks that did not run as asked, as one table a reviewer reads
+(`not_run`: check, test, why, and how to make it run)."""
 
 from __future__ import annotations
 
@@ -307,3 +308,25 @@ def run_verdict(results: RunResults) -> RunVerdict:
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     worst_first = sorted(reasons, key=lambda reason: -Status(reason.status).rank)  # a pass said last (a model change)
     return RunVerdict(status, worst_first, results.saved_baseline, counts, change_failure(results.records))
+
+
+def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
+    """The not-run table's rows, and the tests skipped by design: reason -> count. Rows are the run's findings
+    (every check that could not run or decide says so where it is known, with its test and its fix) and the tests
+    skipped with a finding (no accepted golden outputs yet, a model the engine refused, no server given); a test
+    that warned and was skipped for the same check is one row. Other skips are by design (an experiment that runs
+    on the reference precision only): counted, not listed."""
+    rows = list(results.findings)
+    for test, finding in results.skipped_findings.items():
+        if not any(row.test == test and row.check == finding.check for row in rows):
+            rows.append(finding)
+    by_design: dict[str, int] = {}
+    for test, reason in results.skips.items():
+        if test not in results.skipped_findings:
+            by_design[reason] = by_design.get(reason, 0) + 1
+    return rows, by_design
+
+
+def skipped_not_run(results: RunResults) -> list[Finding]:
+    """The not-run table's rows of tests skipped with a finding, beyond the run's findings (said as warnings)."""
+    return [row for row in not_run(results)[0] if row not in results.findings]

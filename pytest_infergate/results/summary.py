@@ -1,6 +1,5 @@
 """The one summary of a run's results, as lines for the terminal (pytest's `infergate` section and
-`infergate summary`) and as Markdown tables for CI step summaries; and the checks that did not run as asked, as
-one table a reviewer reads (`not_run`: check, test, why, and how to make it run)."""
+`infergate summary`) and as Markdown tables for CI step summaries."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from pytest_infergate.results.records import (
     QualityRecord,
     undefined_reason,
 )
-from pytest_infergate.results.run import RunResults, count_name
-from pytest_infergate.status import Finding, Status
+from pytest_infergate.results.run import RunResults, count_name, skipped_not_run
+from pytest_infergate.status import Status
 
 HF_GENERATE = "hf-generate"  # engine.backends.HF_GENERATE (this module does not import the engine, nor torch)
 # a capacity search's found load first: it is the figure the search measured (a load run has none of it)
@@ -67,13 +66,22 @@ def model_lines(results: RunResults) -> list[Line]:
         lines.append(Line(f"  {precision:>5}: load {units.number(r['load_s'])} s{check}, weights "
                           f"{units.mebibytes(r['weight_bytes'] / 2**20)}, load peak "
                           f"+{units.mebibytes(r.get('load_mem_delta_bytes', 0) / 2**20)} (process "
-                          f"{units.mebibytes(r['peak_mem_bytes'] / 2**20)}, {r['peak_mem_method']}), fingerprint "
-                          f"{r['fingerprint']}{note}"))
+                          f"{units.mebibytes(r['peak_mem_bytes'] / 2**20)}, {r['peak_mem_method']}"
+                          f"{_mapped(r)}), fingerprint {r['fingerprint']}{note}"))
         if r.get("backend") == HF_GENERATE:  # quiet on the engine: that is the default
             lines.append(Line(f"         backend: {HF_GENERATE}, because {r.get('backend_reason') or '?'}", "yellow"))
     if any(r.get("plain_text_prompts") for r in results.models.values()):
         lines.append(Line("  base model: prompts sent as plain text (the tokenizer has no chat template)", "yellow"))
     return lines
+
+
+def _mapped(load: dict) -> str:
+    """Why a process peak below the weights is no error: on the CPU, weights loaded from safetensors stay mapped
+    from their file and are read in as a forward pass first touches them, after the load (the perf records' peak
+    memory holds them)."""
+    if load["peak_mem_bytes"] >= load["weight_bytes"] or str(load["peak_mem_method"]).startswith("cuda"):
+        return ""
+    return ": the weights are mapped from their file and read in at first use, after the load"
 
 
 def unexplained_backend_lines(results: RunResults) -> list[Line]:
@@ -326,24 +334,3 @@ def verdict_lines(results: RunResults) -> list[Line]:
     return [Line(f"  {reason.text(lead_only=True)}", _color(reason.status)) for reason in verdict.reasons] + [
         Line(verdict.headline(), _color(verdict.status))]
 
-
-def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
-    """The not-run table's rows, and the tests skipped by design: reason -> count. Rows are the run's findings
-    (every check that could not run or decide says so where it is known, with its test and its fix) and the tests
-    skipped with a finding (no accepted golden outputs yet, a model the engine refused, no server given); a test
-    that warned and was skipped for the same check is one row. Other skips are by design (an experiment that runs
-    on the reference precision only): counted, not listed."""
-    rows = list(results.findings)
-    for test, finding in results.skipped_findings.items():
-        if not any(row.test == test and row.check == finding.check for row in rows):
-            rows.append(finding)
-    by_design: dict[str, int] = {}
-    for test, reason in results.skips.items():
-        if test not in results.skipped_findings:
-            by_design[reason] = by_design.get(reason, 0) + 1
-    return rows, by_design
-
-
-def skipped_not_run(results: RunResults) -> list[Finding]:
-    """The not-run table's rows of tests skipped with a finding, beyond the run's findings (said as warnings)."""
-    return [row for row in not_run(results)[0] if row not in results.findings]
