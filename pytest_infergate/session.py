@@ -328,7 +328,7 @@ class InfergateSession:
                 and not self.results.skipped_findings and not self.written.errors and not self.written.notes:
             return
         terminalreporter.section("infergate")
-        for line in summary_lines(self.results):
+        for line in summary_lines(self.results, failures_shown=config.option.tbstyle not in ("no", "line")):
             terminalreporter.write_line(line.text, **line.markup)
         if self.options.report is not None and not self.written.errors:
             terminalreporter.write_line(f"report: {self.options.report}")

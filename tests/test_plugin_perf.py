@@ -211,6 +211,15 @@ def test_a_stored_baseline_gates_an_engine_config_change_and_names_it(pytester, 
                                  "×*): FAIL*"])
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
     assert "engine_config.batching continuous → sequential" in record["changes"] and record["status"] == "fail"
+    # the evidence is printed once: with the failure; the infergate section names the check and points there
+    section = result.stdout.str().split("= infergate =")[1]
+    assert "tokens_per_s baseline" not in section and "      baseline: " not in section, section
+    result.stdout.fnmatch_lines(["*tokens/s * lower*: FAIL -- its evidence in the test's failure above"])
+    # --tb=no prints no failure above: the section keeps the evidence
+    quiet = run("--infergate-baseline=base.json", "--tb=no")
+    quiet.assert_outcomes(failed=1)
+    section = quiet.stdout.str().split("= infergate =")[1]
+    assert "FAIL -- tokens_per_s baseline" in section and "      baseline: " in section and "above" not in section
 
 
 WORKLOAD_TEST = """

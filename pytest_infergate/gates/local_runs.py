@@ -14,6 +14,7 @@ from pytest_infergate.gates.target import SERVED_LOAD_TOOLS, Target
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.interleaved import AB_ROUNDS
+from pytest_infergate.perf.outcome import PERF_FAILURE
 from pytest_infergate.perf.repetitions import RepetitionPlan, probe_wanted
 from pytest_infergate.requirements import import_torch
 from pytest_infergate.results.records import PerfRecord
@@ -147,7 +148,7 @@ class LocalRuns:
         if theirs and theirs != result.backend:
             note += f"; the baseline environment ran it on {theirs}, this one on {result.backend}"
         record_side(self.ctx, self.target, result, outcome, budget,
-                    f"infergate perf gate failed for {key} against the baseline environment", note)
+                    f"{PERF_FAILURE} {key} against the baseline environment", note)
         return b
 
     def ab_sides(self, requests, config, label: str, rounds: int, warmup: int, options: dict) -> AbSides:

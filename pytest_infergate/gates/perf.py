@@ -20,6 +20,7 @@ from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.gate import NoReference, PerfGate
 from pytest_infergate.perf.interleaved import AB_ROUNDS
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
+from pytest_infergate.perf.outcome import PERF_FAILURE
 from pytest_infergate.status import SPEED_EXPERIMENT_CHECK, Finding, Status
 
 
@@ -71,7 +72,7 @@ class PerfBench:
         outcome = gated(self.ctx, self.target, run, measurement, gate)
         self.measurements.append(measurement)
         if outcome.failed:
-            self.ctx.fail(f"infergate perf gate failed for {run.record.test}{run.about}:\n{outcome.message()}"
+            self.ctx.fail(f"{PERF_FAILURE} {run.record.test}{run.about}:\n{outcome.message()}"
                           + run.detail(measurement))
         return measurement
 
@@ -114,7 +115,7 @@ class PerfBench:
             outcome = PerfGate(replace(budget, max_regression=None), NoReference()).check(measured)
             outcome.notes.append(note)
             self.measurements.append(measured)
-            record_side(self.ctx, self.target, record, outcome, budget, f"infergate perf gate failed for {record.test}")
+            record_side(self.ctx, self.target, record, outcome, budget, f"{PERF_FAILURE} {record.test}")
         return result
 
     def conclude(self, experiment: str, claims: list[Claim]) -> Status:

@@ -67,6 +67,11 @@ class Budget:
         return replace(self, limits=tuple(limit for limit in self.limits if limit.key not in unmeasured)), unmeasured
 
 
+# how a failed perf gate's message opens, then its test's key and PerfOutcome.message (what the terminal's summary
+# reads to know the evidence was printed with the failure)
+PERF_FAILURE = "infergate perf gate failed for"
+
+
 @dataclass
 class Violation:
     key: str

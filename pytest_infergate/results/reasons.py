@@ -216,16 +216,23 @@ def verdict_line(v: Verdict) -> str:
     return f"{v.sentence()}: {v.status.upper()}{EVIDENCE}{v.details()}"
 
 
-def verdict_reasons(record: PerfRecord) -> list[str]:
+def verdict_reasons(record: PerfRecord, evidence_above: bool = False) -> list[str]:
     """Why the verdict is what it is, one line per check: each broken budget, each baseline comparison, each check
-    that could not run. A check's line starts with its own sentence (Violation.line, verdict_line)."""
+    that could not run. A check's line starts with its own sentence (Violation.line, verdict_line).
+    `evidence_above`: the test's failure printed the outcome's message (PerfOutcome.message: each comparison that
+    did not pass with its evidence, the baseline, another machine), so those say their sentence only, and point
+    there."""
     reasons = [v.line() for v in record.violations]
-    reasons += [verdict_line(v) for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS)]
-    if record.baseline_provenance:
+    for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
+        said = evidence_above and v.status != Status.PASS
+        reasons.append(f"{v.sentence()}: {v.status.upper()}{EVIDENCE}its evidence in the test's failure above"
+                       if said else verdict_line(v))
+    above = evidence_above and any(v.status != Status.PASS for v in record.verdicts)
+    if record.baseline_provenance and not above:
         reasons.append(f"baseline: {record.baseline_provenance}")
     if record.relative_check_missing:
         reasons.append(f"no baseline comparison: {record.relative_check_missing}")
-    if record.machine_mismatch:
+    if record.machine_mismatch and not evidence_above:
         reasons.append("baseline measured on another machine: " + ", ".join(record.machine_mismatch))
     if record.changes:
         reasons.append("changed since the baseline: " + ", ".join(record.changes))

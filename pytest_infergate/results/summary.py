@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
+from pytest_infergate.perf.outcome import PERF_FAILURE
 from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
@@ -119,9 +120,10 @@ def perf_figures(summary: dict) -> str:
     return ", ".join(f"{k} {figure(summary, k)}" for k in PERF_KEYS if k in summary)
 
 
-def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
+def perf_lines(record: PerfRecord, saved: bool = False, evidence_above: bool = False) -> list[Line]:
     """A perf gate's line and its verdicts' reasons; `saved`: this run saved the baseline (a pass that compared
-    nothing reads SAVED, not NO-BASELINE)."""
+    nothing reads SAVED, not NO-BASELINE); `evidence_above`: the test's failure printed its evidence
+    (reasons.verdict_reasons)."""
     figures = perf_figures(record.summary)
     errors = record.measurement.engine.get("errors")
     if errors:
@@ -142,7 +144,7 @@ def perf_lines(record: PerfRecord, saved: bool = False) -> list[Line]:
             "; the comparisons below read each side's fastest repetitions)" if fastest else
             f"; {saved_figures(record)})" if is_save else ")")
     lines = [Line(f"  perf {shown:12s} {record.test}{backend_tag(record)}: {figures}", _color(record.status))]
-    lines += [Line(f"      {reason}") for reason in verdict_reasons(record)]
+    lines += [Line(f"      {reason}") for reason in verdict_reasons(record, evidence_above)]
     return lines
 
 
@@ -299,11 +301,15 @@ def gate_counts_line(results: RunResults) -> Line | None:
                                       for group, c in verdict.counts.items()))
 
 
-def summary_lines(results: RunResults) -> list[Line]:
-    """Models, every gate's verdict with its key figures, the counts, and every check that did not run as asked."""
+def summary_lines(results: RunResults, failures_shown: bool = False) -> list[Line]:
+    """Models, every gate's verdict with its key figures, the counts, and every check that did not run as asked.
+    `failures_shown`: pytest printed each failed test's message above (its FAILURES section): a perf gate's failure
+    printed its evidence there, so its lines here name its checks and point there, not print it twice."""
     lines = model_lines(results) + unexplained_backend_lines(results)
     for record in results.perf:
-        lines += perf_lines(record, saved=bool(results.saved_baseline))
+        above = failures_shown and results.failures.get(record.test, "").removeprefix("Failed: ").startswith(
+            PERF_FAILURE)
+        lines += perf_lines(record, saved=bool(results.saved_baseline), evidence_above=above)
     for group in quality_groups(results.quality):
         lines.append(quality_line(group))
         lines += policy_lines(group)
