@@ -9,13 +9,12 @@ import os
 import sys
 from pathlib import Path
 
-from pytest_infergate import units
 from pytest_infergate.errors import InfergateError
+from pytest_infergate.history.compare import compare_runs
 from pytest_infergate.history.store import load_run
 from pytest_infergate.results.markdown import summary_markdown
-from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import QUALITY_KEYS, quality_groups, summary_lines
-from pytest_infergate.status import Status, under_strict
+from pytest_infergate.results.summary import summary_lines
+from pytest_infergate.status import Status
 
 
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
@@ -82,46 +81,6 @@ def _cmd_history(args: argparse.Namespace) -> int:
     write_history(history, Path(args.output))
     print(f"wrote {args.output}")
     return 0
-
-
-def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = None, strict: bool = False
-                 ) -> tuple[list[list[str]], Status, list[str]]:
-    """Rows of (test, metric, A, B, verdict: the status and the comparison's own sentence) for every perf metric
-    B's gate compares, decided as the in-run gate decides against a stored baseline (history.series); the run's
-    verdict (fail over inconclusive over pass; strict: inconclusive fails) and the notes a reader needs (what
-    changed, another machine; B's quality checks that did not pass, in their own sentences)."""
-    from pytest_infergate.history.series import compare_records
-
-    rows, statuses, notes = [], [], []
-    outcomes, only_a, only_b = compare_records(a.perf, b.perf, max_regression)
-    for test in only_a + only_b:
-        rows.append([test, "-", "present" if test in only_a else "missing",
-                     "present" if test in only_b else "missing", "not compared"])
-    for test, outcome in outcomes.items():
-        statuses.append(outcome.status)
-        for v in outcome.verdicts:  # the comparison's own sentence, as every output prints it
-            rows.append([test, v.metric, units.metric_value(v.metric, v.baseline),
-                         units.metric_value(v.metric, v.candidate), f"{v.status} {v.sentence()}"])
-            if v.note:
-                why = "inconclusive because " if v.status == Status.INCONCLUSIVE else ""
-                notes.append(f"{test} {v.metric}: {why}{v.note}")
-        if outcome.changes:
-            notes.append(f"{test}: changed since A: {', '.join(outcome.changes)}")
-        if outcome.machine_mismatch:
-            notes.append(f"{test}: A was measured on another machine: {', '.join(outcome.machine_mismatch)}")
-    qa, qb = ({(g.precision, g.reference): g for g in quality_groups(run.quality)} for run in (a, b))
-    for key in sorted(set(qa) & set(qb)):
-        sa, sb = qa[key].comparisons[0].summary, qb[key].comparisons[0].summary
-        for metric in QUALITY_KEYS:
-            va, vb = sa.get(metric), sb.get(metric)
-            if units.is_number(va) and units.is_number(vb):
-                rows.append([f"quality {key[0]} vs {key[1]}", metric, units.number(va, 4), units.number(vb, 4),
-                             qb[key].status.value])
-        statuses.append(qb[key].status)
-        for record in qb[key].records:  # B's own checks, as decided in its run: their sentences, not re-worded
-            decision = record.decision()
-            notes += [f"{record.test}: {sentence}" for sentence in decision.problems + decision.undecided]
-    return rows, under_strict(Status.worst(statuses), strict), notes
 
 
 def regression_fraction(text: str) -> float:

@@ -10,7 +10,7 @@ import pytest
 from stored_gate import evaluate_perf
 
 from pytest_infergate import units
-from pytest_infergate.cli import compare_runs
+from pytest_infergate.history.compare import compare_runs
 from pytest_infergate.history.series import build_history, compare_records
 from pytest_infergate.measurement import Measurement
 from pytest_infergate.perf.baseline import BaselineEntry

@@ -13,8 +13,8 @@ from stored_gate import evaluate_perf
 from test_perf import BASELINE_SPEEDS, GATE, SLOW_SPEEDS, add_repetitions, machine
 
 import pytest_infergate
-from pytest_infergate.cli import compare_runs
 from pytest_infergate.gates.gating import record_outcome
+from pytest_infergate.history.compare import compare_runs
 from pytest_infergate.history.series import build_history
 from pytest_infergate.perf.baseline import BaselineEntry
 from pytest_infergate.perf.budget import parse_budget

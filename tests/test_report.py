@@ -13,12 +13,13 @@ import pytest
 from browser import needs_chromium, open_page
 
 from pytest_infergate import units
-from pytest_infergate.cli import compare_runs
 from pytest_infergate.cli import main as cli_main
+from pytest_infergate.history.compare import compare_runs
 from pytest_infergate.perf.verdict import Verdict
 from pytest_infergate.report import render as render_results
 from pytest_infergate.results import RunResults
 from pytest_infergate.results.markdown import summary_markdown as summary_of_results
+from pytest_infergate.status import Status
 
 
 def render(data: dict) -> str:
@@ -456,3 +457,45 @@ def test_a_load_peak_below_the_weights_says_the_weights_are_mapped_from_their_fi
     load.update(peak_mem_bytes=600 << 20)  # a peak that holds the weights needs no word
     (line,) = [line.text for line in model_lines(RunResults.from_dict(mapped)) if "fp32: load" in line.text]
     assert "mapped" not in line and "(process 600 MiB, VmHWM + malloc in use)" in line
+
+
+def _quality_run(**top1: float) -> RunResults:
+    """A run of quality records only: each precision against fp32 at `top1` (interval ±0.02) under min_top1 0.9."""
+    from pytest_infergate.quality.metrics import QualityResult
+    from pytest_infergate.quality.policy import ResolvedPolicy, decide_quality
+    from pytest_infergate.results.records import QualityRecord
+
+    run = RunResults()
+    policy = ResolvedPolicy.given({"min_top1": 0.9})
+    for precision, figure in top1.items():
+        summary = {"samples": 48, "top1": figure, "top1_ci": [figure - 0.02, figure + 0.02], "rougeL": 0.5}
+        result = QualityResult(precision, "fp32", [], summary, {}, 1.0)
+        decision = decide_quality(result, policy)
+        run.records.append(QualityRecord(f"t.py::test_quality[{precision}]", decision.status, result, policy.rules,
+                                         decision.problems, undecided=decision.undecided,
+                                         decided_by=policy.decided_by()))
+    return run
+
+
+def test_compare_decides_quality_as_a_change_from_a_to_b_and_names_what_one_side_lacks():
+    """`infergate compare` on quality (a new user's findings): a failure in B where A passed or had none is a
+    regression; the same failure in both is no change (a file against itself said REGRESSION); a comparison on one
+    side only is named (B's failed nf4 disappeared beside A's int8); only the figures B's policy gates are decided
+    (every figure of a failed gate read 'fail')."""
+    int8, nf4_failing = _quality_run(int8=0.95), _quality_run(nf4=0.5)
+    rows, verdict, notes = compare_runs(int8, nf4_failing)
+    assert verdict == Status.FAIL
+    assert ["quality int8 vs fp32", "-", "present", "missing", "not compared"] in rows
+    assert ["quality nf4 vs fp32", "-", "missing", "present", "fail in B's own run (not compared)"] in rows
+    assert "quality nf4 vs fp32: failed its policy in B, absent from A" in notes
+
+    rows, verdict, notes = compare_runs(nf4_failing, nf4_failing)
+    assert verdict == Status.PASS
+    assert "quality nf4 vs fp32: failed its policy in both runs, so no change between them" in notes
+    (top1,) = [row for row in rows if row[1] == "top1"]
+    (rouge,) = [row for row in rows if row[1] == "rougeL"]
+    assert top1[4].startswith("fail min_top1: top1 = 0.5") and rouge[4] == "not gated by B's policy"
+
+    rows, verdict, notes = compare_runs(_quality_run(nf4=0.95), nf4_failing)
+    assert verdict == Status.FAIL and "quality nf4 vs fp32: failed its policy in B, passed in A" in notes
+    assert compare_runs(nf4_failing, _quality_run(nf4=0.95))[1] == Status.PASS
