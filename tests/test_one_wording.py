@@ -454,17 +454,22 @@ def test_a_ratio_reads_with_its_words():
 
 def test_the_reference_against_itself_is_no_quality_pass_counted_bare():
     """A new user's starter (fp32 alone, on the random model) counted "quality gate 1 pass" for fp32 vs fp32, a
-    check that cannot fail: the verdict says it gated nothing and how to gate something, and the count says why."""
+    check that cannot fail: the verdict says it gated nothing and how to gate something, and the count says why.
+    Beside a quantized precision that gated, the count still says it, but it is no reason of the verdict (it took
+    the place of the real ones in the report, and advised adding int8 to a run that had it)."""
     from pytest_infergate.quality.metrics import QualityResult
     from pytest_infergate.results.summary import gate_counts_line
 
     itself = QualityResult("fp32", "fp32", [], {"samples": 8, "top1": 1.0, "mean_kl": 0.0}, {}, 1.0)
     other = QualityResult("int8", "fp32", [], {"samples": 8, "top1": 0.95, "mean_kl": 0.01}, {}, 1.0)
-    results = RunResults(records=[QualityRecord("t.py::q[fp32]", Status.PASS, itself),
-                                  QualityRecord("t.py::q[int8]", Status.PASS, other)])
-    (reason,) = results.verdict().reasons
+    alone = RunResults(records=[QualityRecord("t.py::q[fp32]", Status.PASS, itself)])
+    (reason,) = alone.verdict().reasons
     assert (reason.status, reason.what, reason.name) == (Status.PASS, "reference itself", "t.py::q[fp32]")
     assert "nothing was gated" in reason.message and "int8, nf4" in reason.message
+    assert gate_counts_line(alone).text == "gates: quality: 1 pass (1 the reference against itself: nothing gated)"
+    results = RunResults(records=[QualityRecord("t.py::q[fp32]", Status.PASS, itself),
+                                  QualityRecord("t.py::q[int8]", Status.PASS, other)])
+    assert results.verdict().reasons == []
     assert gate_counts_line(results).text == "gates: quality: 2 pass (1 the reference against itself: nothing gated)"
     from pytest_infergate.report import render
 

@@ -209,6 +209,8 @@ class RunVerdict:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     # the perf gates that failed a comparison with a baseline naming what changed since it (reasons.change_failure)
     change: ChangeFailure | None = None
+    # quality comparisons of the reference precision with itself: passes that gated nothing, counted apart
+    reference_itself: int = 0
 
     def headline(self) -> str:
         """'infergate verdict: FAIL: tokens/s 65.9% lower (time per token ×2.93 [2.9–3.01], limit ×1.1) since
@@ -240,11 +242,6 @@ class RunVerdict:
         """How many relative checks had nothing to compare with (Reason `NOTHING_COMPARED`, or `BASELINE_SAVED`
         where this run saved it)."""
         return sum(1 for r in self.reasons if r.what in (NOTHING_COMPARED, BASELINE_SAVED))
-
-    @property
-    def reference_itself(self) -> int:
-        """How many quality comparisons were of the reference precision with itself: passes that gated nothing."""
-        return sum(1 for r in self.reasons if r.what == REFERENCE_ITSELF)
 
     def qualifier(self) -> str:
         """What the verdict rests on where relative checks compared nothing: " — 3 perf gates had no baseline to
@@ -287,6 +284,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.FAIL, "test" if outcome == "failed" else "test error", nodeid,
                                   message or outcome))
             count(FAILED_TESTS, Status.FAIL)
+    itself, gated_quality = 0, any(r.precision != r.reference_precision for r in results.quality)
     for record in results.records:
         count(record.kind, under_strict(record.status, results.strict))
         if record.status != Status.PASS:
@@ -297,8 +295,10 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.PASS, what, record.test,
                                   no_baseline_message(record, results.saved_baseline)))
         elif isinstance(record, QualityRecord) and record.precision == record.reference_precision:
-            reasons.append(Reason(Status.PASS, REFERENCE_ITSELF, record.test,
-                                  reference_itself_message(record.precision)))
+            itself += 1  # a reason only where no quantized precision gated: then it is why nothing was
+            if not gated_quality:
+                reasons.append(Reason(Status.PASS, REFERENCE_ITSELF, record.test,
+                                      reference_itself_message(record.precision)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden
             reasons.append(Reason(Status.PASS, "model change", record.test,
                                   f"compared with a baseline of another model: {record.model_change}"))
@@ -307,7 +307,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
         count(NOT_RUN_AS_ASKED, Status.INCONCLUSIVE)
     status = under_strict(Status.worst(reason.status for reason in reasons), results.strict)
     worst_first = sorted(reasons, key=lambda reason: -Status(reason.status).rank)  # a pass said last (a model change)
-    return RunVerdict(status, worst_first, results.saved_baseline, counts, change_failure(results.records))
+    return RunVerdict(status, worst_first, results.saved_baseline, counts, change_failure(results.records), itself)
 
 
 def not_run(results: RunResults) -> tuple[list[Finding], dict[str, int]]:
