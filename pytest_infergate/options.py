@@ -187,6 +187,7 @@ class Options:
     reference_api_key_env: str | None = None
     precisions_given: bool = False  # --infergate-precisions / ini set explicitly (with an endpoint: run them too)
     gpu_index: int | None = None  # set per pytest-xdist worker: each worker is pinned to one GPU
+    xdist_workers: int = 1  # the pytest-xdist workers of this run, set in each (their load is each other's)
     cpu_threads: int | None = None  # --infergate-cpu-threads; 0 becomes each xdist worker's share of the cores
     min_time: float = 6.0  # --infergate-min-time: perf.repetitions' time floor of a stored comparison's side
 

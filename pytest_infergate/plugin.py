@@ -74,6 +74,8 @@ def _options(config: pytest.Config) -> Options:
             check_output_path(getattr(options, spec.name), spec.flag)
     check_folder_path(options.cache_dir, "--infergate-cache-dir")
     workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        options = replace(options, xdist_workers=int(workers))
     if options.gpu:
         options = _pin_gpu(config, options)
     elif workers and options.cpu_threads == 0:  # torch's default per worker would oversubscribe: split the cores

@@ -64,6 +64,7 @@ ENDPOINT_CHECK = "endpoint check"
 SPEED_EXPERIMENT_CHECK = "speed experiment"
 OTHER_CHECK = "check"  # a warning read from a results file written before findings were typed
 QUALITY_CHECK = "quality gate"
+PERF_CHECK = "perf gate"
 
 
 @dataclass(frozen=True)

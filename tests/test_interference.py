@@ -535,3 +535,30 @@ def test_on_a_gpu_the_load_is_taken_out_by_device_time_and_the_verdict_says_so()
     assert all(v.status != "fail" for v in unchanged.verdicts)
     mixed = evaluate_perf(on_gpu(loaded(80.0, 0.74, 0.27)), gate, {}, BaselineEntry({}, loaded(20.0, 0.74, 0.27)))
     assert next(v for v in mixed.verdicts if v.metric == "tokens_per_s").status == "inconclusive"
+
+
+def test_a_busy_measurement_under_xdist_names_the_runs_own_workers_among_the_co_tenants(tmp_path):
+    """Under `-n 2` a perf gate read the other worker's work as a busy runner and advised rerunning the job (a new
+    user's finding): a busy measurement in an xdist worker says whose load it may be and what changes it; a quiet
+    one, or one outside xdist, says nothing."""
+    from pytest_infergate.context import TestContext
+    from pytest_infergate.gates.perf import beside_workers
+    from pytest_infergate.measurement import Measurement
+    from pytest_infergate.options import Options
+    from pytest_infergate.status import Status
+
+    said = []
+
+    def context(workers: int) -> TestContext:
+        return TestContext("t.py::test_chat", Options(cache_dir=tmp_path, xdist_workers=workers), lambda record: None,
+                           said.append, lambda message: None, lambda why: None)
+
+    busy, quiet = Measurement(others_share=[0.5, 0.45, 0.5]), Measurement(others_share=[0.02, 0.0, 0.01])
+    beside_workers(context(1), busy, Status.INCONCLUSIVE)
+    beside_workers(context(2), quiet, Status.PASS)
+    assert said == []
+    beside_workers(context(2), busy, Status.INCONCLUSIVE)
+    (finding,) = said
+    assert finding.status == Status.INCONCLUSIVE and finding.text() == (
+        "t.py::test_chat: measured beside 1 other pytest-xdist worker of this run, which the kernel counts among the "
+        "other processes that kept the runner busy; gate timings without -n (docs/guides/xdist.md)")
