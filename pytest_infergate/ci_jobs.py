@@ -217,7 +217,7 @@ USES_REQUIREMENTS = HOSTED_JOBS
 DEFAULT_INSTALL = "pytest-infergate"
 REQUIREMENTS_PATH = "perf/requirements.txt"
 # the libraries a model runs on in the gate, pinned in perf/requirements.txt: a change of one is what the A/B gates
-PINNED = ("torch", "transformers", "accelerate")
+PINNED = ("torch", "transformers", "accelerate", "bitsandbytes")  # bitsandbytes: int8 and nf4 run on it
 
 
 def requirements_head(torch: str) -> str:

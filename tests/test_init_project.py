@@ -109,6 +109,11 @@ def test_the_libraries_file_names_no_index_and_the_cpu_jobs_install_cpu_torch_fi
     requirements = (tmp_path / "perf/requirements.txt").read_text()
     assert not [line for line in requirements.splitlines() if line.startswith("-")]  # no pip option at all
     torch_pin = next(line for line in requirements.splitlines() if line.startswith("torch"))
+    # the libraries a model runs on in the gate, bitsandbytes too (the ini gates int8 and nf4 on it): an upgrade of
+    # one is a change of this file, gated A/B (a new user found bitsandbytes unpinned)
+    from importlib import metadata
+
+    assert f"bitsandbytes=={metadata.version('bitsandbytes')}" in requirements.splitlines()
     assert f'#   pip install "{torch_pin}" --index-url {CPU_TORCH_INDEX}' in requirements
     job = yaml.safe_load((tmp_path / ".github/workflows/infergate.yml").read_text())["jobs"]["gate"]["steps"]
     install = next(step for step in job if step.get("name") == "install")["run"].splitlines()
