@@ -5,6 +5,7 @@ Booleans are not numbers here (`max_new_tokens=True` is a mistake, not 1), and f
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from typing import Any
@@ -82,3 +83,16 @@ def check_token_ids(error: type[Exception], field: str, value: Any) -> tuple[int
     if bad:
         raise error(f"{field} must hold token ids (ints), got {_show(bad[0])} among them")
     return tuple(int(item) for item in items)
+
+
+def unknown_keys(keys, allowed: list[str], what: str) -> str:
+    """Every key of `keys` not in `allowed`, each with the closest allowed one ("did you mean"), in one message;
+    "" when all are known. One message for all: a run that says one typo at a time costs a run per typo."""
+    unknown = [key for key in keys if key not in allowed]
+    if not unknown:
+        return ""
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(named)}"

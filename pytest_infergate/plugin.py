@@ -153,7 +153,8 @@ def _terminal_sink(config: pytest.Config):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers are validated at collection time, so a typo fails the run before any model loads."""
-    from pytest_infergate.perf.budget import BudgetError, parse_budget, unknown_keys
+    from pytest_infergate.errors import unknown_keys
+    from pytest_infergate.perf.budget import BudgetError, parse_budget
     from pytest_infergate.quality.policy import QualityPolicyError, parse_policy
 
     def parse_slo(values: dict, where: str) -> None:

@@ -168,6 +168,12 @@ def test_baseline_round_trip_and_errors(tmp_path):
     path.write_text("{not json")
     with pytest.raises(BaselineError, match=r"b.json is not valid JSON"):
         load_baseline(path)
+    path.write_text("")  # said as it is, not as JSON's "Expecting value: line 1 column 1"
+    with pytest.raises(BaselineError, match=r"b.json is empty; re-create it with --infergate-save-baseline"):
+        load_baseline(path)
+    path.write_text("{}")
+    with pytest.raises(BaselineError, match=r"b.json is an unknown file, not a baseline"):
+        load_baseline(path)
     path.write_text(json.dumps({"schema_version": 99, "entries": {}}))
     with pytest.raises(BaselineError, match="schema version 99"):
         load_baseline(path)

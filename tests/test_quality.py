@@ -95,8 +95,12 @@ def test_compare_and_aggregate():
 
 
 def test_policy_validation():
-    with pytest.raises(QualityPolicyError, match=r"unknown quality key 'min_rouge'; allowed: min_rouge_l"):
+    with pytest.raises(QualityPolicyError, match=r"unknown quality key 'min_rouge' \(did you mean 'min_rouge_l'\?\); "
+                       r"allowed: min_rouge_l"):
         parse_policy({"min_rouge": 0.5})
+    # a typo is named with the closest key, as a budget key's is (a new user's min_top_1)
+    with pytest.raises(QualityPolicyError, match=r"'min_top_1' \(did you mean 'min_top1'\?\)"):
+        parse_policy({"min_top_1": 0.8})
     with pytest.raises(QualityPolicyError, match="must be a non-negative number"):
         parse_policy({"max_mean_kl": "low"})
     assert parse_ini_policies(["int8: min_rouge_l=0.5, max_mean_kl=0.1"]) == {

@@ -120,6 +120,11 @@ def file_kind(data: object) -> str:
     return "unknown"
 
 
+def a_kind(kind: str) -> str:
+    """`kind` with its article: 'a golden', 'an unknown'."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
 def missing_baseline(path: Path) -> str:
     """Why a baseline path cannot be read, pointing at what exists: the closest JSON file by name in its folder or
     the folders beside it (a typo in CI would otherwise start a second baseline at the wrong path), else how to
@@ -147,8 +152,8 @@ def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, B
     except FileNotFoundError:
         raise BaselineError(missing_baseline(path)) from None
     except (OSError, ValueError) as exc:
-        raise BaselineError(f"baseline file {path} is not valid JSON ({exc}); re-create it with "
-                            "--infergate-save-baseline") from None
+        what = "is empty" if path.is_file() and path.stat().st_size == 0 else f"is not valid JSON ({exc})"
+        raise BaselineError(f"baseline file {path} {what}; re-create it with --infergate-save-baseline") from None
     kind = file_kind(data)
     if kind == "results" and results_entries is None:
         raise BaselineError(f"baseline file {path} is a results file (a saved run): read it with "
@@ -163,7 +168,7 @@ def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, B
         _check_entries(path, entries)
         return entries
     if kind != KIND:
-        raise BaselineError(f"--infergate-baseline {path} is a {kind} file, not a baseline: pass a results file "
+        raise BaselineError(f"--infergate-baseline {path} is {a_kind(kind)} file, not a baseline: pass a results file "
                             "(--infergate-json, --infergate-save-baseline) or a run of --infergate-history")
     if data.get("schema_version") in READABLE_VERSIONS and not isinstance(data.get("entries"), dict):
         raise BaselineError(f"baseline file {path}: `entries` must be a mapping of measurement key to entry, found "

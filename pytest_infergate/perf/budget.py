@@ -9,12 +9,12 @@ A budget key is a metric, optionally with a percentile suffix: `ttft_ms`, `ttft_
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import replace
 from typing import Any
 
+from pytest_infergate.errors import unknown_keys
 from pytest_infergate.measurement import METRICS, PERCENTILE_OF_SUFFIX, PERCENTILES, Measurement, percentile_suffix
 from pytest_infergate.perf.outcome import Budget, BudgetError, Limit
 from pytest_infergate.scopes import applicable_scopes, parse_scoped_lines
@@ -46,19 +46,6 @@ def _split_key(key: str, where: str) -> tuple[str, str | None]:
     if metric not in METRICS and key in METRICS:
         metric, pct = key, None
     return metric, pct
-
-
-def unknown_keys(keys, allowed: list[str], what: str) -> str:
-    """Every key of `keys` not in `allowed`, each with the closest allowed one ("did you mean"), in one message;
-    "" when all are known. One message for all: a run that says one typo at a time costs a run per typo."""
-    unknown = [key for key in keys if key not in allowed]
-    if not unknown:
-        return ""
-    named = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(named)}"
 
 
 def parse_budget(values: dict[str, Any], where: str = "infergate_budget") -> Budget:

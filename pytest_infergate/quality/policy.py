@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_infergate.errors import OptionError
+from pytest_infergate.errors import OptionError, unknown_keys
 from pytest_infergate.quality.policy_defaults import default_policy
 from pytest_infergate.quality.thresholds import ThresholdCheck
 from pytest_infergate.quality.travel import TravelMargins
@@ -91,9 +91,10 @@ class QualityPolicyError(OptionError):
 
 def parse_policy(values: dict[str, Any], where: str = "infergate_quality") -> dict[str, float]:
     policy = {}
+    unknown = unknown_keys(values, list(POLICY_KEYS), "quality key")
+    if unknown:
+        raise QualityPolicyError(f"{where}: {unknown}; allowed: {', '.join(POLICY_KEYS)}")
     for key, value in values.items():
-        if key not in POLICY_KEYS:
-            raise QualityPolicyError(f"{where}: unknown quality key {key!r}; allowed: {', '.join(POLICY_KEYS)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             finite = "" if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isfinite(value) \
                 else "; a threshold of nan or inf would never be checked"

@@ -138,14 +138,14 @@ class RunResults:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "results file") -> RunResults:
-        from pytest_infergate.perf.baseline import file_kind
+        from pytest_infergate.perf.baseline import a_kind, file_kind
 
         kind = file_kind(data)
         if kind != KIND:
             hint = (" (the format --infergate-save-baseline wrote before a baseline was a saved run); `infergate "
                     "migrate FILE` rewrites it as a results file" if kind == "baseline"
                     else "; write one with pytest --infergate-json PATH")
-            raise InfergateError(f"{source} is a {kind} file, not a results file{hint}")
+            raise InfergateError(f"{source} is {a_kind(kind)} file, not a results file{hint}")
         if data.get("schema_version") not in READABLE_VERSIONS:
             raise InfergateError(f"{source} has schema version {data.get('schema_version')!r}; this "
                                  f"pytest-infergate reads {', '.join(map(str, READABLE_VERSIONS))}")
