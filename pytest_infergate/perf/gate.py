@@ -295,7 +295,8 @@ def calibration_note(measurement: Measurement, baseline: Measurement, verdicts: 
         # measured" sits beside "load-corrected" figures (a new user could not tell which comparison decided)
         how = ("the kernel saw the runner busy, so each figure says how it was compared (load-corrected where it "
                "says so), not by this probe" if any(v.load_corrected for v in verdicts) else
-               "the machine is slower now by more than the threshold: only a pass as measured stands"
+               "the machine is slower now by more than the threshold: a pass as measured stands, a failure only "
+               "beyond what that move can explain"
                if moved > threshold else
                "the machine is faster now by more than the threshold: only a failure as measured stands"
                if moved < 1.0 / threshold else "within the threshold: compared as measured")

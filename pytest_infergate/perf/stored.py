@@ -116,8 +116,9 @@ def beyond_doubt(candidate: Measurement, baseline: Measurement, metric: str, pct
                                                                           threshold * BEYOND_DOUBT):
         return ""
     return (f"{metric}{f' p{pct:g}' if pct and METRICS[metric][2] else ''}: each of {candidate.repetitions} "
-            f"repetitions slower than the baseline by more than ×{threshold * BEYOND_DOUBT:.2f} (the threshold × a "
-            f"whole-run spell ×{SPELL} × the load correction's error ×{interference.LOAD_FREE_RESIDUAL})")
+            f"repetitions slower than the baseline by more than ×{threshold * BEYOND_DOUBT:.2f}: the limit ×"
+            f"{threshold:g}, then ×{SPELL} for the host running slow through a whole run and ×"
+            f"{interference.LOAD_FREE_RESIDUAL} for what a busy runner's correction can be off")
 
 
 def as_measured(candidate: Side, baseline: Side) -> CostRatio:
