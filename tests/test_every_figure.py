@@ -308,6 +308,23 @@ def test_the_counts_beside_the_verdict_are_the_verdicts_own():
     assert "- **perf**: 1 fail\n" in summary_markdown(strict)
 
 
+def test_the_step_summary_says_a_failures_evidence_once():
+    """A new user read the same evidence three times in the step summary (the headline, the reason's bullet and the
+    table's cell): the bullet carries it, the table's cell names each check that did not pass, in its sentence."""
+    from pytest_infergate.results.markdown import summary_markdown
+
+    run = RunResults()
+    failed = record(served(tokens_per_s=25.0, seed=2))
+    failed.outcome = gated(served(tokens_per_s=25.0, seed=2), served(seed=1))
+    run.records.append(failed)
+    (verdict,) = [v for v in failed.verdicts if v.metric == "tokens_per_s"]
+    assert verdict.status == Status.FAIL
+    markdown = summary_markdown(run)
+    assert markdown.count(verdict.details()) == 1, markdown
+    (row,) = [line for line in markdown.splitlines() if line.startswith(f"| `{failed.test}`")]
+    assert f"fail<br>{verdict.sentence()}: FAIL |" in row
+
+
 def test_the_report_charts_the_figures_the_gate_decided_on_beside_the_baselines():
     """Issue #56 trial: the tokens/s chart's "best run" was not the figure the gate decided on (a stored baseline:
     the fastest repetitions), so chart and verdict disagreed. Where a gate compared the figure, the chart

@@ -3,7 +3,6 @@ verdict and its reasons as the terminal says them (results.summary), the counts,
 
 from __future__ import annotations
 
-from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import PerfRecord
 from pytest_infergate.results.run import RunResults, count_name, skipped_not_run
 from pytest_infergate.results.summary import QUALITY_KEYS, QUALITY_NAMES, figure, quality_groups
@@ -43,5 +42,8 @@ def summary_markdown(results: RunResults) -> str:
 
 
 def _why_markdown(record: PerfRecord) -> str:
-    reasons = [r for r in verdict_reasons(record) if record.status != Status.PASS or "vs baseline" in r]
-    return record.status.value + ("<br>" + "<br>".join(r.replace("|", "\\|") for r in reasons) if reasons else "")
+    """The gate's status and the sentence of each check that did not pass: its evidence is the reason's, in the
+    list above the table (said once)."""
+    checks = [v.line() for v in record.violations] + [f"{v.sentence()}: {v.status.upper()}" for v in record.verdicts
+                                                       if v.status != Status.PASS]
+    return record.status.value + "".join("<br>" + check.replace("|", "\\|") for check in checks)
