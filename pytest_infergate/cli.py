@@ -105,10 +105,10 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """Compare two results files as the in-run gate would; exit 1 when B regressed against A."""
-    rows, verdict, notes = compare_runs(load_run(args.a), load_run(args.b), args.max_regression,
-                                        args.strict)
-    # the comparison's sentences are those of the in-run gate, whose accepted side is a saved baseline
-    print(f"A = {args.a} (the accepted run: 'the save' below), B = {args.b} (the candidate: 'this run')")
+    a, b = load_run(args.a), load_run(args.b)
+    rows, verdict, notes = compare_runs(a, b, args.max_regression, args.strict)
+    if a.perf and b.perf:  # the perf sentences are the in-run gate's, whose accepted side is a saved baseline
+        print(f"A = {args.a} (the accepted run: 'the save' below), B = {args.b} (the candidate: 'this run')")
     print(_table(rows, ["test", "metric", "A", "B", "verdict"]) if rows else "nothing to compare")
     for note in notes:
         print(note)

@@ -459,43 +459,66 @@ def test_a_load_peak_below_the_weights_says_the_weights_are_mapped_from_their_fi
     assert "mapped" not in line and "(process 600 MiB, VmHWM + malloc in use)" in line
 
 
-def _quality_run(**top1: float) -> RunResults:
-    """A run of quality records only: each precision against fp32 at `top1` (interval ±0.02) under min_top1 0.9."""
+def _quality_run(*checks: tuple, rules: dict | None = None) -> RunResults:
+    """A run of quality records only: per (test, precision, top1, mean_kl) one record against fp32 (each figure's
+    interval ±0.02 and ±0.01) under `rules` (min_top1 0.9, max_mean_kl 0.05)."""
     from pytest_infergate.quality.metrics import QualityResult
     from pytest_infergate.quality.policy import ResolvedPolicy, decide_quality
     from pytest_infergate.results.records import QualityRecord
 
     run = RunResults()
-    policy = ResolvedPolicy.given({"min_top1": 0.9})
-    for precision, figure in top1.items():
-        summary = {"samples": 48, "top1": figure, "top1_ci": [figure - 0.02, figure + 0.02], "rougeL": 0.5}
+    policy = ResolvedPolicy.given(rules or {"min_top1": 0.9, "max_mean_kl": 0.05})
+    for test, precision, top1, kl in checks:
+        summary = {"samples": 48, "top1": top1, "top1_ci": [top1 - 0.02, top1 + 0.02], "mean_kl": kl,
+                   "mean_kl_ci": [kl - 0.01, kl + 0.01], "rougeL": 0.5}
         result = QualityResult(precision, "fp32", [], summary, {}, 1.0)
         decision = decide_quality(result, policy)
-        run.records.append(QualityRecord(f"t.py::test_quality[{precision}]", decision.status, result, policy.rules,
+        run.records.append(QualityRecord(f"t.py::{test}[{precision}]", decision.status, result, policy.rules,
                                          decision.problems, undecided=decision.undecided,
                                          decided_by=policy.decided_by()))
     return run
 
 
+def _compare_quality(a: RunResults, b: RunResults) -> tuple[dict, Status, list[str]]:
+    rows, verdict, notes = compare_runs(a, b)
+    return {(row[0].split(": ")[-1], row[1]): row[2:] for row in rows}, verdict, notes
+
+
 def test_compare_decides_quality_as_a_change_from_a_to_b_and_names_what_one_side_lacks():
-    """`infergate compare` on quality (a new user's findings): a failure in B where A passed or had none is a
-    regression; the same failure in both is no change (a file against itself said REGRESSION); a comparison on one
-    side only is named (B's failed nf4 disappeared beside A's int8); only the figures B's policy gates are decided
-    (every figure of a failed gate read 'fail')."""
-    int8, nf4_failing = _quality_run(int8=0.95), _quality_run(nf4=0.5)
-    rows, verdict, notes = compare_runs(int8, nf4_failing)
+    """`infergate compare` on quality, each check matched by its test (a new user's findings, then a review's): a
+    failure in B where A passed or had none is a regression, as is a failure of another threshold, of another test
+    of the same precision, or one further than A's interval reaches; the same failure in both is no change (a file
+    against itself said REGRESSION); a check on one side only is named (B's failed nf4 disappeared beside A's
+    int8); only the thresholds B's policy sets are decided (every figure of a failed gate read 'fail'); the
+    reference against itself is said, not compared."""
+    nf4 = ("q", "nf4", 0.5, 0.3)
+    int8, nf4_failing = _quality_run(("q", "int8", 0.95, 0.02)), _quality_run(nf4)
+    rows, verdict, notes = _compare_quality(int8, nf4_failing)
     assert verdict == Status.FAIL
-    assert ["quality int8 vs fp32", "-", "present", "missing", "not compared"] in rows
-    assert ["quality nf4 vs fp32", "-", "missing", "present", "fail in B's own run (not compared)"] in rows
-    assert "quality nf4 vs fp32: failed its policy in B, absent from A" in notes
+    assert rows[("t.py::q[int8]", "-")] == ["present", "missing", "not compared"]
+    assert rows[("t.py::q[nf4]", "-")] == ["missing", "present", "fail in B's own run (not compared)"]
+    assert "quality nf4 vs fp32: t.py::q[nf4]: failed its policy in B, absent from A" in notes
 
-    rows, verdict, notes = compare_runs(nf4_failing, nf4_failing)
+    rows, verdict, notes = _compare_quality(nf4_failing, nf4_failing)
     assert verdict == Status.PASS
-    assert "quality nf4 vs fp32: failed its policy in both runs, so no change between them" in notes
-    (top1,) = [row for row in rows if row[1] == "top1"]
-    (rouge,) = [row for row in rows if row[1] == "rougeL"]
-    assert top1[4].startswith("fail min_top1: top1 = 0.5") and rouge[4] == "not gated by B's policy"
+    assert ("quality nf4 vs fp32: t.py::q[nf4]: failed min_top1, max_mean_kl in both runs, B no worse than A's "
+            "interval: no change between them") in notes
+    assert rows[("t.py::q[nf4]", "min_top1")][:2] == ["0.5", "0.5"]
+    assert rows[("t.py::q[nf4]", "min_top1")][2].startswith("fail min_top1: top1 = 0.5")
+    assert rows[("t.py::q[nf4]", "rougeL")][2] == "not gated by B's policy"
 
-    rows, verdict, notes = compare_runs(_quality_run(nf4=0.95), nf4_failing)
-    assert verdict == Status.FAIL and "quality nf4 vs fp32: failed its policy in B, passed in A" in notes
-    assert compare_runs(nf4_failing, _quality_run(nf4=0.95))[1] == Status.PASS
+    assert _compare_quality(_quality_run(("q", "nf4", 0.95, 0.02)), nf4_failing)[1] == Status.FAIL
+    assert _compare_quality(nf4_failing, _quality_run(("q", "nf4", 0.95, 0.02)))[1] == Status.PASS
+    # another threshold fails in B (A failed top-1 only), or the same one much further: a regression
+    kl_now = _quality_run(("q", "nf4", 0.95, 0.5))
+    assert _compare_quality(_quality_run(("q", "nf4", 0.85, 0.02)), kl_now)[1] == Status.FAIL
+    worse = _compare_quality(_quality_run(("q", "nf4", 0.85, 0.3)), _quality_run(("q", "nf4", 0.3, 0.3)))
+    assert worse[1] == Status.FAIL and any("beyond A's interval" in note for note in worse[2])
+    # two tests of one precision: test x failed in A, test y fails in B
+    a, b = _quality_run(("x", "nf4", 0.5, 0.3), ("y", "nf4", 0.95, 0.02)), _quality_run(
+        ("x", "nf4", 0.95, 0.02), ("y", "nf4", 0.5, 0.3))
+    assert _compare_quality(a, b)[1] == Status.FAIL
+    itself = _quality_run(("q", "fp32", 1.0, 0.0))
+    rows, verdict, notes = _compare_quality(itself, itself)
+    assert verdict == Status.PASS and not rows and notes == [
+        "quality fp32 vs fp32: t.py::q[fp32]: the reference against itself, identical by construction: not compared"]

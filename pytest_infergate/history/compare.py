@@ -1,15 +1,17 @@
 """`infergate compare A B`: B against A as the in-run gates decide. Each perf metric B's gate compares is decided
-against A's as against a stored baseline (history.series: PerfGate.check); each quality comparison shows A's and
-B's figures, its gated figures with B's decision, and what changed between them: a quality gate that failed in B's
-own run where A's passed (or A had none) is a regression; one that failed in both is no change; one on one side
-only is named, not compared."""
+against A's as against a stored baseline (history.series: PerfGate.check); each quality check (a test, on both
+sides) shows A's and B's figures, the thresholds B's policy sets with B's decision, and what changed between them:
+a quality check that failed in B where A's passed (or A had none) is a regression, as is one failing another
+threshold or further; one that failed alike in both is no change; one on one side only is named, not compared."""
 
 from __future__ import annotations
 
 from pytest_infergate import units
-from pytest_infergate.quality.policy import ResolvedPolicy, threshold_checks
+from pytest_infergate.quality.policy import recorded_checks
+from pytest_infergate.quality.thresholds import ThresholdCheck
+from pytest_infergate.results.records import QualityRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import QUALITY_KEYS, QualityGroup, quality_groups
+from pytest_infergate.results.summary import QUALITY_KEYS
 from pytest_infergate.status import Status, under_strict
 
 NOT_COMPARED = "not compared"
@@ -44,49 +46,77 @@ def compare_runs(a: RunResults, b: RunResults, max_regression: float | None = No
 
 
 def compare_quality(a: RunResults, b: RunResults) -> tuple[list[list[str]], list[Status], list[str]]:
-    """Each quality comparison (a precision against its reference) of either run: its figures on both sides, the
-    figures B's policy gates with B's decision, and its status as a change from A to B."""
+    """Each quality check of either run (a test comparing a precision with its reference), matched by test: both
+    sides' figures, the thresholds B's policy gates with B's decision, and its status as a change from A to B."""
     rows, statuses, notes = [], [], []
-    qa, qb = ({(g.precision, g.reference): g for g in quality_groups(run.quality) if not g.is_self_comparison}
-              for run in (a, b))
-    for key in sorted(set(qa) | set(qb)):
-        label = f"quality {key[0]} vs {key[1]}"
-        if key not in qb:
+    qa, qb = ({r.test: r for r in run.quality} for run in (a, b))
+    for test in sorted(set(qa) | set(qb)):
+        record = qb.get(test, qa.get(test))
+        label = f"quality {record.precision} vs {record.reference_precision}: {test}"
+        if record.precision == record.reference_precision:
+            notes.append(f"{label}: the reference against itself, identical by construction: not compared")
+            continue
+        if test not in qb:
             rows.append([label, "-", "present", "missing", NOT_COMPARED])
             continue
-        group = qb[key]
-        before = qa[key].status if key in qa else None
-        status = Status.PASS if group.status == Status.FAIL and before == Status.FAIL else group.status
+        candidate = qb[test]
+        decision = candidate.decision()  # B's own checks, as decided in its run: their sentences
+        notes += [f"{test}: {sentence}" for sentence in decision.problems + decision.undecided]
+        if test not in qa:
+            rows.append([label, "-", "missing", "present", f"{candidate.status} in B's own run ({NOT_COMPARED})"])
+            statuses.append(candidate.status)
+            if candidate.status == Status.FAIL:
+                notes.append(f"{label}: failed its policy in B, absent from A")
+            continue
+        status, note = quality_change(qa[test], candidate)
         statuses.append(status)
-        if key not in qa:
-            rows.append([label, "-", "missing", "present", f"{group.status} in B's own run ({NOT_COMPARED})"])
-        else:
-            rows += _figure_rows(label, qa[key], group)
-        for record in group.records:  # B's own checks, as decided in its run: their sentences, not re-worded
-            decision = record.decision()
-            notes += [f"{record.test}: {sentence}" for sentence in decision.problems + decision.undecided]
-        if status != group.status:
-            notes.append(f"{label}: failed its policy in both runs, so no change between them")
-        elif group.status == Status.FAIL:
-            notes.append(f"{label}: failed its policy in B" + (", passed in A" if before == Status.PASS else
-                                                                 f", {before} in A" if before else ", absent from A"))
+        notes += [f"{label}: {note}"] if note else []
+        rows += _figure_rows(label, qa[test], candidate)
     return rows, statuses, notes
 
 
-def _figure_rows(label: str, a: QualityGroup, b: QualityGroup) -> list[list[str]]:
-    """A row per figure either side measured: A's and B's values, and for a figure B's policy gates, B's decision
-    in its check's own words; a figure no policy gates says so."""
-    sa, sb = a.comparisons[0].summary, b.comparisons[0].summary
-    record = b.comparisons[0]
-    checks = {check.figure: check for check in
-              threshold_checks(sb, ResolvedPolicy.given(record.policy, source=""))}
-    rows = []
+def quality_change(accepted: QualityRecord, candidate: QualityRecord) -> tuple[Status, str]:
+    """B's quality check as a change from A's: B's status, but a failure that A shared (each threshold B fails, A
+    failed too under B's policy, and B's figure lies no further past it than A's interval reaches) is no change."""
+    if candidate.status != Status.FAIL:
+        return candidate.status, ""
+    before = {c.key: c for c in recorded_checks(accepted.summary, candidate.policy)}
+    failed = [c for c in recorded_checks(candidate.summary, candidate.policy) if c.status == Status.FAIL]
+    shared = failed and all(c.key in before and before[c.key].status == Status.FAIL and _no_worse(c, before[c.key])
+                            for c in failed)
+    keys = ", ".join(c.key for c in failed) or "its policy"
+    if shared:
+        return Status.PASS, f"failed {keys} in both runs, B no worse than A's interval: no change between them"
+    was = {Status.PASS: "passed", Status.INCONCLUSIVE: "was inconclusive", Status.FAIL: "failed"}[accepted.status]
+    return Status.FAIL, f"failed {keys} in B; A {was}" + (" (beyond A's interval)" if accepted.status == Status.FAIL
+                                                          else "")
+
+
+def _no_worse(now: ThresholdCheck, then: ThresholdCheck) -> bool:
+    """B's point no further past the threshold than A's interval reaches (A's point where it has none)."""
+    if now.point is None or then.point is None:
+        return False
+    reach = (then.low if now.direction == "min" else then.high)
+    reach = then.point if reach is None else reach
+    return now.point >= reach if now.direction == "min" else now.point <= reach
+
+
+def _figure_rows(label: str, a: QualityRecord, b: QualityRecord) -> list[list[str]]:
+    """A row per threshold B's policy sets (B's decision in its check's words, A's figure beside), then per figure
+    either side measured that no threshold gates; the sample counts where they differ."""
+    sa, sb = a.summary, b.summary
+    checks = recorded_checks(sb, b.policy)
+    rows = [[label, check.key, _value(sa.get(check.figure)), _value(sb.get(check.figure)),
+             f"{check.status} {check.describe()}"] for check in checks]
+    gated = {check.figure for check in checks}
     for metric in QUALITY_KEYS:
-        va, vb = sa.get(metric), sb.get(metric)
-        if not (units.is_number(va) or units.is_number(vb)):
-            continue
-        check = checks.get(metric)
-        verdict = f"{check.status} {check.describe()}" if check else "not gated by B's policy"
-        rows.append([label, metric, units.number(va, 4) if units.is_number(va) else "-",
-                     units.number(vb, 4) if units.is_number(vb) else "-", verdict])
+        if metric not in gated and (units.is_number(sa.get(metric)) or units.is_number(sb.get(metric))):
+            rows.append([label, metric, _value(sa.get(metric)), _value(sb.get(metric)), "not gated by B's policy"])
+    if sa.get("samples") != sb.get("samples"):
+        rows.append([label, "samples", str(sa.get("samples", "-")), str(sb.get("samples", "-")),
+                     "the sample sets differ in size: their figures compare other samples"])
     return rows
+
+
+def _value(value) -> str:
+    return units.number(value, 4) if units.is_number(value) else "-"

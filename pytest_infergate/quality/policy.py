@@ -233,6 +233,12 @@ def threshold_checks(summary: dict[str, Any], policy: ResolvedPolicy) -> list[Th
             for key, threshold in policy.thresholds.items() if key in AGGREGATE_KEYS]
 
 
+def recorded_checks(summary: dict[str, Any], rules: dict[str, float]) -> list[ThresholdCheck]:
+    """The aggregate thresholds of `rules` (a record's policy as applied) against `summary`, their source left out:
+    a record's line names its policy once."""
+    return threshold_checks(summary, ResolvedPolicy.given(rules, source=""))
+
+
 def category_findings(categories: dict[str, dict[str, Any]], policy: dict[str, float]) -> tuple[list[str], list[str]]:
     """Per category of the samples: (violations of `min_category_task_ratio`, which fail the gate; categories below
     the aggregate policy's `min_task_ratio` / `min_rouge_l` while the mean may pass, which are flagged)."""

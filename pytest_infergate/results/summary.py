@@ -236,10 +236,10 @@ def policy_lines(group: QualityGroup) -> list[Line]:
 def passed_thresholds(record: QualityRecord) -> list[str]:
     """Each aggregate threshold of the record's policy its interval passed, in the check's own words (its source
     left out: the line above names the policy)."""
-    from pytest_infergate.quality.policy import ResolvedPolicy, threshold_checks
+    from pytest_infergate.quality.policy import recorded_checks
 
-    checks = threshold_checks(record.summary, ResolvedPolicy.given(record.policy, source=""))
-    return [check.describe() for check in checks if check.status == Status.PASS]
+    return [check.describe() for check in recorded_checks(record.summary, record.policy)
+            if check.status == Status.PASS]
 
 
 def corpus_lines(record: CorpusRecord) -> list[Line]:
