@@ -703,3 +703,31 @@ def test_the_power_benchmark_runs_and_its_memory_injection_fails_peak_memory():
     trial = re.search(r"trial +1 mem30 *: (.*)", done.stdout)
     assert trial is not None, done.stdout
     assert re.search(r"peak_mem_mb ×1\.[23]\d \[[\d.]+, [\d.]+\] fail", trial.group(1)), trial.group(1)
+
+
+def test_the_terminal_points_at_a_failure_only_for_the_outcome_that_was_that_failure():
+    """The infergate section names a failed comparison and points at the test's failure above only for the outcome
+    the test failed with (PerfOutcome.failure_message), not for another record of the same test (a labelled second
+    call, an undecided one): a review found the pointer matched by test id, so an undecided record's evidence was
+    said to be above where it was not."""
+    from pytest_infergate.results.summary import summary_lines
+    from pytest_infergate.status import Status
+
+    failed = record(served(tokens_per_s=25.0, seed=2), test="t.py::test_serving[fp32]::b")
+    failed.outcome = gated(served(tokens_per_s=25.0, seed=2), served(seed=1))
+    heading = failed.outcome.failure_message("infergate perf gate failed for t.py::test_serving[fp32]::b")
+    assert heading.startswith("infergate perf gate failed for t.py::test_serving[fp32]::b:\n")
+    undecided = record(served(seed=2), test="t.py::test_serving[fp32]")
+    undecided.outcome = gated(served(seed=2), served(seed=1))
+    undecided.outcome.verdicts[0].status = Status.INCONCLUSIVE
+    run = RunResults(records=[failed, undecided], failures={"t.py::test_serving[fp32]": "Failed: infergate perf gate "
+                                                                                         "failed for t.py::…"})
+    text = "\n".join(line.text for line in summary_lines(RunResults.from_dict(run.to_dict()), failures_shown=True))
+    (tokens,) = [v for v in failed.verdicts if v.metric == "tokens_per_s"]
+    assert f"{tokens.sentence()}: FAIL -- its evidence in the test's failure above" in text
+    (undecided_verdict,) = [v for v in undecided.verdicts if v.status == Status.INCONCLUSIVE]
+    assert f"{undecided_verdict.sentence()}: INCONCLUSIVE -- {undecided_verdict.details()}" in text
+    assert "INCONCLUSIVE -- its evidence" not in text
+    # no failure printed above (--tb=no): the evidence stays in the section
+    quiet = "\n".join(line.text for line in summary_lines(run, failures_shown=False))
+    assert "its evidence in the test's failure above" not in quiet and tokens.details() in quiet

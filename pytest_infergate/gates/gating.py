@@ -104,13 +104,14 @@ def record_side(ctx: TestContext, target: Target, record: PerfRecord, outcome: P
     """Record one side measured apart from the in-run gate's plan (an A/B's B, the test's side against the baseline
     environment, a side of a speed experiment): `budget` less the keys `record.measurement` has no figure for,
     `note` (what it was measured against) first among the outcome's notes, the record with its outcome; the test
-    fails if the gate failed, `failure` ("infergate perf gate failed for <key>") leading the message."""
+    fails if the gate failed, `failure` ("infergate perf gate failed for <key>") leading the message
+    (PerfOutcome.failure_message)."""
     budget, unmeasured = measured_budget(ctx, target, record, budget)
     if note:
         outcome.notes.insert(0, note)
     finish_gate(ctx, record, outcome, budget, unmeasured)
     if outcome.failed:
-        ctx.fail(f"{failure}:\n{outcome.message()}")
+        ctx.fail(outcome.failure_message(failure))
 
 
 def record_outcome(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome) -> None:

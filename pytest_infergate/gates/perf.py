@@ -73,7 +73,7 @@ class PerfBench:
         self.measurements.append(measurement)
         beside_workers(self.ctx, measurement, outcome.status)
         if outcome.failed:
-            self.ctx.fail(f"{PERF_FAILURE} {run.record.test}{run.about}:\n{outcome.message()}"
+            self.ctx.fail(outcome.failure_message(f"{PERF_FAILURE} {run.record.test}{run.about}")
                           + run.detail(measurement))
         return measurement
 

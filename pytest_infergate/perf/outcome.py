@@ -67,9 +67,7 @@ class Budget:
         return replace(self, limits=tuple(limit for limit in self.limits if limit.key not in unmeasured)), unmeasured
 
 
-# how a failed perf gate's message opens, then its test's key and PerfOutcome.message (what the terminal's summary
-# reads to know the evidence was printed with the failure)
-PERF_FAILURE = "infergate perf gate failed for"
+PERF_FAILURE = "infergate perf gate failed for"  # a failed perf gate's message opens so (failure_message)
 
 
 @dataclass
@@ -251,6 +249,7 @@ class PerfOutcome:
     baseline: Measurement | None = None  # what the candidate was compared with (A of an A/B run); not written
     baseline_provenance: str = ""  # a stored baseline's repetitions, when and where it was recorded
     confirmed: int = 0  # repetitions of the fresh block a failure against a stored baseline was re-measured with
+    said_in_failure: bool = False  # message() was its test's failure (failure_message): the terminal points there
 
     @property
     def status(self) -> Status:
@@ -303,6 +302,11 @@ class PerfOutcome:
         lines += self.notes
         return "\n".join(lines)
 
+    def failure_message(self, heading: str) -> str:
+        """The message its test fails with: `heading` (PERF_FAILURE and the measurement's key), then message()."""
+        self.said_in_failure = True
+        return f"{heading}:\n{self.message()}"
+
     def to_dict(self) -> dict:
         """The decision as results JSON keeps it (flat in a perf record, as schema 4 wrote it)."""
         return {"status": self.status.value, "route": self.route,
@@ -312,7 +316,7 @@ class PerfOutcome:
                 "model_change": self.model_change,
                 "remeasured": self.remeasured, "confirmed": self.confirmed,
                 "relative_check_missing": self.relative_check_missing, "relative_check_fix": self.relative_check_fix,
-                "baseline_provenance": self.baseline_provenance}
+                "baseline_provenance": self.baseline_provenance, "said_in_failure": self.said_in_failure}
 
     @classmethod
     def from_dict(cls, data: dict) -> PerfOutcome:
@@ -325,7 +329,7 @@ class PerfOutcome:
                       relative_check_missing=str(data.get("relative_check_missing") or ""),
                       relative_check_fix=str(data.get("relative_check_fix") or ""),
                       baseline_provenance=str(data.get("baseline_provenance") or ""),
-                      confirmed=int(data.get("confirmed", 0)))
+                      confirmed=int(data.get("confirmed", 0)), said_in_failure=bool(data.get("said_in_failure")))
         # a record's status is what its checks decided: an older file's failure by strict alone reads inconclusive,
         # and its run's recorded strict still fails the run's verdict
         return outcome

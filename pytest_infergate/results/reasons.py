@@ -224,9 +224,9 @@ def verdict_reasons(record: PerfRecord, evidence_above: bool = False) -> list[st
     there."""
     reasons = [v.line() for v in record.violations]
     for v in sorted(record.verdicts, key=lambda v: v.status == Status.PASS):
-        said = evidence_above and v.status != Status.PASS
         reasons.append(f"{v.sentence()}: {v.status.upper()}{EVIDENCE}its evidence in the test's failure above"
-                       if said else verdict_line(v))
+                       if evidence_above and v.status != Status.PASS else verdict_line(v))
+    # the failure's heading named the baseline where a comparison did not pass (PerfOutcome.message)
     above = evidence_above and any(v.status != Status.PASS for v in record.verdicts)
     if record.baseline_provenance and not above:
         reasons.append(f"baseline: {record.baseline_provenance}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_infergate import units
-from pytest_infergate.perf.outcome import PERF_FAILURE
 from pytest_infergate.results.reasons import verdict_reasons
 from pytest_infergate.results.records import (
     BatchInvarianceRecord,
@@ -303,13 +302,14 @@ def gate_counts_line(results: RunResults) -> Line | None:
 
 def summary_lines(results: RunResults, failures_shown: bool = False) -> list[Line]:
     """Models, every gate's verdict with its key figures, the counts, and every check that did not run as asked.
-    `failures_shown`: pytest printed each failed test's message above (its FAILURES section): a perf gate's failure
-    printed its evidence there, so its lines here name its checks and point there, not print it twice."""
+    `failures_shown`: pytest printed each failed test's message above (its FAILURES section): a perf gate whose
+    outcome was its test's failure (PerfOutcome.said_in_failure) printed its evidence there, so its lines here name
+    its checks and point there, not print it twice (not so under --tb=no, nor --tb=line: pytest 8 prints a
+    failure's first line there)."""
     lines = model_lines(results) + unexplained_backend_lines(results)
     for record in results.perf:
-        above = failures_shown and results.failures.get(record.test, "").removeprefix("Failed: ").startswith(
-            PERF_FAILURE)
-        lines += perf_lines(record, saved=bool(results.saved_baseline), evidence_above=above)
+        lines += perf_lines(record, saved=bool(results.saved_baseline),
+                            evidence_above=failures_shown and record.outcome.said_in_failure)
     for group in quality_groups(results.quality):
         lines.append(quality_line(group))
         lines += policy_lines(group)
