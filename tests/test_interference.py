@@ -555,10 +555,12 @@ def test_a_busy_measurement_under_xdist_names_the_runs_own_workers_among_the_co_
 
     busy, quiet = Measurement(others_share=[0.5, 0.45, 0.5]), Measurement(others_share=[0.02, 0.0, 0.01])
     beside_workers(context(1), busy, Status.INCONCLUSIVE)
-    beside_workers(context(2), quiet, Status.PASS)
+    beside_workers(context(2), quiet, Status.INCONCLUSIVE)
+    beside_workers(context(2), busy, Status.PASS)  # a pass as measured stands whatever the load
     assert said == []
     beside_workers(context(2), busy, Status.INCONCLUSIVE)
     (finding,) = said
     assert finding.status == Status.INCONCLUSIVE and finding.text() == (
         "t.py::test_chat: measured beside 1 other pytest-xdist worker of this run, which the kernel counts among the "
-        "other processes that kept the runner busy; gate timings without -n (docs/guides/xdist.md)")
+        "other processes that kept the runner busy (a rerun with -n measures beside them again); gate timings "
+        "without -n (docs/guides/xdist.md)")

@@ -136,6 +136,24 @@ def test_more(infergate_bench, i):
     assert data["gate_counts"]["perf"]["pass"] == 4
 
 
+def test_each_xdist_worker_knows_how_many_workers_share_the_machine(pytester, run, monkeypatch):
+    """What a busy verdict under -n names (gates.perf.beside_workers): each worker's options count the run's
+    workers; without -n, one."""
+    pytester.makepyfile("""
+import os
+
+from pytest_infergate.session import session_of
+
+
+def test_workers(request):
+    assert session_of(request.config).options.xdist_workers == int(os.environ["EXPECTED_WORKERS"])
+""")
+    monkeypatch.setenv("EXPECTED_WORKERS", "1")
+    run().assert_outcomes(passed=1)
+    monkeypatch.setenv("EXPECTED_WORKERS", "2")
+    run("-n", "2").assert_outcomes(passed=1)
+
+
 def test_interleaved_ab(pytester, run):
     pytester.makepyfile("""
         import pytest
