@@ -526,3 +526,19 @@ def check_a_model_directory_whose_config_is_not_json_names_the_config(tmp_path):
     (own / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelLoadError, match=r"config.json holds a JSON list, not the object of a model's config"):
         resolve_model(str(own), tmp_path / "cache")
+
+
+def test_an_empty_or_unknown_json_file_is_said_as_it_is(tmp_path, capsys):
+    """An empty results file read 'not a JSON results file (Expecting value: line 1 column 1 (char 0))', and a JSON
+    file of no kind 'a unknown file': said as they are, by every reader (compare, migrate)."""
+    from pytest_infergate.errors import InfergateError
+    from pytest_infergate.history.store import load_run, migrate_baseline
+
+    empty, unknown = tmp_path / "empty.json", tmp_path / "unknown.json"
+    empty.write_text("")
+    unknown.write_text("{}")
+    with pytest.raises(InfergateError, match=r"empty.json is empty: not a results file"):
+        load_run(empty)
+    with pytest.raises(InfergateError, match=r"empty.json is empty$"):
+        migrate_baseline(empty, quiet=False)
+    assert migrate_baseline(unknown, quiet=False) == [f"{unknown}: an unknown file: nothing to migrate (every version is read)"]

@@ -457,6 +457,9 @@ def test_a_load_peak_below_the_weights_says_the_weights_are_mapped_from_their_fi
     load.update(peak_mem_bytes=600 << 20)  # a peak that holds the weights needs no word
     (line,) = [line.text for line in model_lines(RunResults.from_dict(mapped)) if "fp32: load" in line.text]
     assert "mapped" not in line and "(process 600 MiB, VmHWM + malloc in use)" in line
+    for unexplained in ({"peak_mem_bytes": 0}, {"peak_mem_bytes": 363 << 20, "device": "cuda:0"}):
+        load.update(unexplained)  # no peak read, or a GPU's allocator: nothing mapped to explain
+        assert not any("mapped" in line.text for line in model_lines(RunResults.from_dict(mapped)))
 
 
 def _quality_run(*checks: tuple, rules: dict | None = None) -> RunResults:

@@ -126,7 +126,7 @@ def load_run(path: str | Path) -> RunResults:
     except FileNotFoundError:
         raise InfergateError(f"{path} does not exist: write one with pytest --infergate-json={path}") from None
     except (OSError, ValueError) as exc:
-        raise InfergateError(f"{path} is not a JSON results file ({exc})") from None
+        raise InfergateError(f"{path} {baseline.unreadable(Path(path), exc)}: not a results file") from None
     return RunResults.from_dict(data, source=str(path))
 
 
@@ -152,7 +152,7 @@ def load_runs(sources: list[str | Path]) -> tuple[list[RunResults], list[str]]:
             except (OSError, ValueError, InfergateError) as exc:
                 if not source.is_dir():
                     raise InfergateError(str(exc) if isinstance(exc, InfergateError) else
-                                         f"{path} is not a JSON results file ({exc})") from None
+                                         f"{path} {baseline.unreadable(path, exc)}: not a results file") from None
                 skipped.append(f"{path.name}: {exc}")
                 continue
             if report_beside(path).is_file():
@@ -242,14 +242,14 @@ def migrate_baseline(path: Path, quiet: bool) -> list[str]:
     except (OSError, ValueError) as exc:
         if quiet:
             return []
-        raise InfergateError(f"{path} is not a JSON file ({exc})") from None
+        raise InfergateError(f"{path} {baseline.unreadable(path, exc)}") from None
     kind = baseline.file_kind(data)
     if kind != baseline.KIND:
-        return [] if quiet else [f"{path}: a {kind} file: nothing to migrate (every version is read)"]
+        return [] if quiet else [f"{path}: {baseline.a_kind(kind)} file: nothing to migrate (every version is read)"]
     with exclusive(path):  # read again under the lock: a save may have replaced the file meanwhile
         data = json.loads(path.read_text(encoding="utf-8"))
         if baseline.file_kind(data) != baseline.KIND:  # a save won the lock first: a results file now
-            return [] if quiet else [f"{path}: a {baseline.file_kind(data)} file: nothing to migrate"]
+            return [] if quiet else [f"{path}: {baseline.a_kind(baseline.file_kind(data))} file: nothing to migrate"]
         version = data.get("schema_version", 1)
         entries = baseline.load_baseline(path)
         write_json_atomic(path, run_of_baseline(entries).to_dict())

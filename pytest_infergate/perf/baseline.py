@@ -120,6 +120,11 @@ def file_kind(data: object) -> str:
     return "unknown"
 
 
+def unreadable(path: Path, exc: Exception) -> str:
+    """Why a JSON file could not be read, as it is: 'is empty' (not JSON's "Expecting value: line 1 column 1")."""
+    return "is empty" if path.is_file() and path.stat().st_size == 0 else f"is not valid JSON ({exc})"
+
+
 def a_kind(kind: str) -> str:
     """`kind` with its article: 'a golden', 'an unknown'."""
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
@@ -152,8 +157,8 @@ def load_baseline(path: Path, results_entries: Callable[[dict, str], dict[str, B
     except FileNotFoundError:
         raise BaselineError(missing_baseline(path)) from None
     except (OSError, ValueError) as exc:
-        what = "is empty" if path.is_file() and path.stat().st_size == 0 else f"is not valid JSON ({exc})"
-        raise BaselineError(f"baseline file {path} {what}; re-create it with --infergate-save-baseline") from None
+        raise BaselineError(f"baseline file {path} {unreadable(path, exc)}; re-create it with "
+                            "--infergate-save-baseline") from None
     kind = file_kind(data)
     if kind == "results" and results_entries is None:
         raise BaselineError(f"baseline file {path} is a results file (a saved run): read it with "
