@@ -541,4 +541,5 @@ def test_an_empty_or_unknown_json_file_is_said_as_it_is(tmp_path, capsys):
         load_run(empty)
     with pytest.raises(InfergateError, match=r"empty.json is empty$"):
         migrate_baseline(empty, quiet=False)
-    assert migrate_baseline(unknown, quiet=False) == [f"{unknown}: an unknown file: nothing to migrate (every version is read)"]
+    assert migrate_baseline(unknown, quiet=False) == [
+        f"{unknown}: an unknown file: nothing to migrate (every version is read)"]
