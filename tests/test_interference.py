@@ -542,7 +542,7 @@ def test_a_busy_measurement_under_xdist_names_the_runs_own_workers_among_the_co_
     user's finding): a busy measurement in an xdist worker says whose load it may be and what changes it; a quiet
     one, or one outside xdist, says nothing."""
     from pytest_infergate.context import TestContext
-    from pytest_infergate.gates.perf import beside_workers
+    from pytest_infergate.gates.gating import beside_workers
     from pytest_infergate.measurement import Measurement
     from pytest_infergate.options import Options
     from pytest_infergate.status import Status

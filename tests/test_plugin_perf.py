@@ -137,7 +137,7 @@ def test_more(infergate_bench, i):
 
 
 def test_each_xdist_worker_knows_how_many_workers_share_the_machine(pytester, run, monkeypatch):
-    """What a busy verdict under -n names (gates.perf.beside_workers): each worker's options count the run's
+    """What a busy verdict under -n names (gates.gating.beside_workers): each worker's options count the run's
     workers; without -n, one."""
     pytester.makepyfile("""
 import os
@@ -230,13 +230,14 @@ def test_a_stored_baseline_gates_an_engine_config_change_and_names_it(pytester, 
     (record,) = json.loads((pytester.path / "out.json").read_text())["records"]
     assert "engine_config.batching continuous → sequential" in record["changes"] and record["status"] == "fail"
     # the evidence is printed once: with the failure; the infergate section names the check and points there
-    section = result.stdout.str().split("= infergate =")[1]
+    # (the section ends where pytest's short summary begins: under CI=true it prints each failure's whole message)
+    section = result.stdout.str().split("= infergate =")[1].split("short test summary info")[0]
     assert "tokens_per_s baseline" not in section and "      baseline: " not in section, section
     result.stdout.fnmatch_lines(["*tokens/s * lower*: FAIL -- its evidence in the test's failure above"])
     # --tb=no prints no failure above: the section keeps the evidence
     quiet = run("--infergate-baseline=base.json", "--tb=no")
     quiet.assert_outcomes(failed=1)
-    section = quiet.stdout.str().split("= infergate =")[1]
+    section = quiet.stdout.str().split("= infergate =")[1].split("short test summary info")[0]
     assert "FAIL -- tokens_per_s baseline" in section and "      baseline: " in section and "above" not in section
 
 

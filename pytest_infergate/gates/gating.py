@@ -12,13 +12,13 @@ from typing import Any
 from pytest_infergate import context
 from pytest_infergate.context import TestContext
 from pytest_infergate.gates.target import Target
-from pytest_infergate.measurement import Measurement
+from pytest_infergate.measurement import Measurement, busy_share
 from pytest_infergate.perf.budget import merge_budgets, parse_budget, resolve_budget
 from pytest_infergate.perf.gate import NoReference, PerfGate, PerfOutcome, StoredReference
 from pytest_infergate.perf.outcome import Budget
 from pytest_infergate.perf.repetitions import repetition_plan, until_settled
 from pytest_infergate.results.records import PerfRecord
-from pytest_infergate.status import BUDGET_KEY_CHECK, RELATIVE_CHECK, Finding
+from pytest_infergate.status import BUDGET_KEY_CHECK, PERF_CHECK, RELATIVE_CHECK, Finding, Status
 
 
 def budget_for(ctx: TestContext, precision: str, key: str) -> Budget:
@@ -56,7 +56,21 @@ def finish_gate(ctx: TestContext, record: PerfRecord, outcome: PerfOutcome, budg
     percentile = {"percentile": budget.percentile} if budget.percentile != Budget().percentile else {}
     record.budget = {limit.key: limit.value for limit in budget.limits} | percentile | {
         "max_regression": budget.max_regression}
+    beside_workers(ctx, record.measurement, outcome.status)
     record_outcome(ctx, record, outcome)
+
+
+def beside_workers(ctx: TestContext, measurement: Measurement, status: Status) -> None:
+    """Under pytest-xdist the kernel counts this run's other workers among the co-tenants: a verdict the load left
+    undecided (or failed beyond it) says so beside it, since its advice to rerun the job measures beside them again.
+    On a GPU the device's time decides, which CPU co-tenants hardly move: nothing to say."""
+    workers = ctx.options.xdist_workers
+    if workers > 1 and status != Status.PASS and not ctx.options.gpu \
+            and busy_share(measurement.others_share) is not None:
+        ctx.say(Finding(PERF_CHECK, ctx.test_id, f"measured beside {workers - 1} other pytest-xdist worker"
+                        f"{'s' if workers > 2 else ''} of this run, which the kernel counts among the other processes "
+                        "that kept the runner busy (a rerun with -n measures beside them again)",
+                        fix="gate timings without -n (docs/guides/xdist.md)", status=status))
 
 
 def prepare_gate(ctx: TestContext, key: str, precision: str, fingerprint: dict,

@@ -15,13 +15,13 @@ from pytest_infergate.gates.ab import run_ab
 from pytest_infergate.gates.gating import ab_budget, budget_for, gated, measure_planned, record_side
 from pytest_infergate.gates.local_runs import LocalRuns
 from pytest_infergate.gates.target import SPEEDUP, OnEngine, Runs
-from pytest_infergate.measurement import METRICS, Measurement, busy_share
+from pytest_infergate.measurement import METRICS, Measurement
 from pytest_infergate.perf import lockstep
 from pytest_infergate.perf.gate import NoReference, PerfGate
 from pytest_infergate.perf.interleaved import AB_ROUNDS
 from pytest_infergate.perf.lockstep import Claim, Speedup, conclusion, speedup
 from pytest_infergate.perf.outcome import PERF_FAILURE
-from pytest_infergate.status import PERF_CHECK, SPEED_EXPERIMENT_CHECK, Finding, Status
+from pytest_infergate.status import SPEED_EXPERIMENT_CHECK, Finding, Status
 
 
 class PerfBench:
@@ -71,7 +71,6 @@ class PerfBench:
         measurement, gate = measure_planned(self.ctx, run, warmup, repeats, min_time_s)
         outcome = gated(self.ctx, self.target, run, measurement, gate)
         self.measurements.append(measurement)
-        beside_workers(self.ctx, measurement, outcome.status)
         if outcome.failed:
             self.ctx.fail(outcome.failure_message(f"{PERF_FAILURE} {run.record.test}{run.about}")
                           + run.detail(measurement))
@@ -164,15 +163,3 @@ class PerfBench:
     def close(self) -> None:
         self.runs.close()
 
-
-def beside_workers(ctx: TestContext, measurement: Measurement, status: Status) -> None:
-    """Under pytest-xdist the kernel counts this run's other workers among the co-tenants: a verdict the load left
-    undecided (or failed beyond it) says so beside it, since its advice to rerun the job measures beside them again.
-    On a GPU the device's time decides, which CPU co-tenants hardly move: nothing to say."""
-    workers = ctx.options.xdist_workers
-    if workers > 1 and status != Status.PASS and not ctx.options.gpu \
-            and busy_share(measurement.others_share) is not None:
-        ctx.say(Finding(PERF_CHECK, ctx.test_id, f"measured beside {workers - 1} other pytest-xdist worker"
-                        f"{'s' if workers > 2 else ''} of this run, which the kernel counts among the other processes "
-                        "that kept the runner busy (a rerun with -n measures beside them again)",
-                        fix="gate timings without -n (docs/guides/xdist.md)", status=status))
