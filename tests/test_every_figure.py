@@ -672,6 +672,7 @@ def test_a_record_keeps_the_percentile_its_gate_compared_so_compare_and_the_hist
     from types import SimpleNamespace
 
     from pytest_infergate.gates.gating import finish_gate
+    from pytest_infergate.options import Options
     from pytest_infergate.perf.budget import recorded_budget
     from pytest_infergate.results.records import PerfRecord
 
@@ -679,8 +680,8 @@ def test_a_record_keeps_the_percentile_its_gate_compared_so_compare_and_the_hist
     measurement = served(seed=2)
     outcome = evaluate_perf(measurement, budget, {}, BaselineEntry({}, served(seed=1)))
     record = PerfRecord(test="t", label="", precision="fp32", measurement=measurement, budget={}, fingerprint={})
-    finish_gate(SimpleNamespace(say=lambda finding: None, record=lambda r: None, properties=[]), record, outcome,
-                budget, [])
+    context = SimpleNamespace(say=lambda finding: None, record=lambda r: None, properties=[], options=Options())
+    finish_gate(context, record, outcome, budget, [])
     assert record.budget == ({"percentile": 95} if percentile == 95 else {}) | {"max_regression": 0.1}
     again = recorded_budget(record.budget, measurement)
     assert again.percentile == percentile and again.percentile_of("ttft_ms") == budget.percentile_of("ttft_ms")
