@@ -57,7 +57,7 @@ def test_engine_requests_translate_to_the_api():
 
 
 def test_slo_and_pattern_validation():
-    with pytest.raises(OptionError, match=r"unknown SLO key\(s\) \['ttft'\]"):
+    with pytest.raises(OptionError, match=r"unknown SLO key 'ttft' \(did you mean 'ttft_ms'\?\)"):
         Slo.parse({"ttft": 5})
     with pytest.raises(OptionError, match="must be a positive number of milliseconds"):
         Slo.parse({"ttft_ms": -1})
@@ -311,7 +311,8 @@ def test_x(infergate_endpoint):
 """)
     result = run_plugin()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*test_x: infergate_slo: unknown SLO key(s)*'ttft'*allowed: ttft_ms*"])
+    result.stderr.fnmatch_lines(["*test_x: infergate_slo: unknown SLO key 'ttft' (did you mean 'ttft_ms'?)*allowed: "
+                                 "ttft_ms*"])
 
 
 # --- a real server: llama.cpp serving the embedded model ------------------------------------------------------

@@ -112,7 +112,7 @@ def test_policy_validation():
     ('{"id": "x", "category": "c", "max_new_tokens": 4}', r"bad.jsonl:2: give exactly one of 'messages' or 'prompt'"),
     ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 0}', r"bad.jsonl:2: 'max_new_tokens' must be"),
     ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "colour": 1}',
-     r"bad.jsonl:2: unknown keys \['colour'\]"),
+     r"bad.jsonl:2: unknown key 'colour'"),
     ('{"id": "a", "category": "c", "prompt": "p", "max_new_tokens": 4}', r"sample id 'a' appears twice"),
     ('{"id": "x", "category": "c", "prompt": "p", "max_new_tokens": 4, "regex": "("}',
      r"bad.jsonl:2: 'regex' does not compile"),

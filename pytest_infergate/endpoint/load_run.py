@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from pytest_infergate.endpoint.client import NOT_SENT, EndpointResult
 from pytest_infergate.endpoint.server_metrics import ServerMetrics
-from pytest_infergate.errors import OptionError
+from pytest_infergate.errors import OptionError, unknown_keys
 from pytest_infergate.measurement import MAX_REQUEST_RECORDS, Measurement, add_request_latencies
 from pytest_infergate.workloads.request import gamma_arrival_offsets
 
@@ -86,9 +86,9 @@ class Slo:
     @classmethod
     def parse(cls, values: dict | None) -> Slo:
         values = dict(values or {})
-        unknown = set(values) - {"ttft_ms", "tpot_ms", "e2e_ms"}
+        unknown = unknown_keys(sorted(values), ["ttft_ms", "tpot_ms", "e2e_ms"], "SLO key")
         if unknown:
-            raise OptionError(f"unknown SLO key(s) {sorted(unknown)}; allowed: ttft_ms, tpot_ms, e2e_ms")
+            raise OptionError(f"{unknown}; allowed: ttft_ms, tpot_ms, e2e_ms")
         return cls(**values)
 
     @property

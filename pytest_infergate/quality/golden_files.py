@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_infergate.atomic import write_text_atomic
 from pytest_infergate.environment import AcceptedKey
-from pytest_infergate.errors import InfergateError
+from pytest_infergate.errors import InfergateError, unknown_keys
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # 2 added the header's `key`, 3 each output's `figures` against the reference
@@ -59,9 +59,9 @@ class GoldenSample:
 def _sample_from(data: Any, where: str, source: str = "") -> GoldenSample:
     if not isinstance(data, dict):
         raise GoldenError(f"{where}: a sample must be a JSON object, got {type(data).__name__}")
-    unknown = set(data) - _SAMPLE_KEYS
+    unknown = unknown_keys(list(data), sorted(_SAMPLE_KEYS), "key")
     if unknown:
-        raise GoldenError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_SAMPLE_KEYS)}")
+        raise GoldenError(f"{where}: {unknown}; allowed: {sorted(_SAMPLE_KEYS)}")
     for key in ("id", "category", "max_new_tokens"):
         if key not in data:
             raise GoldenError(f"{where}: missing required key {key!r}")
