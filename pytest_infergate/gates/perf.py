@@ -162,4 +162,3 @@ class PerfBench:
 
     def close(self) -> None:
         self.runs.close()
-

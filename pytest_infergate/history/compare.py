@@ -11,7 +11,7 @@ from pytest_infergate.quality.policy import recorded_checks
 from pytest_infergate.quality.thresholds import ThresholdCheck
 from pytest_infergate.results.records import QualityRecord
 from pytest_infergate.results.run import RunResults
-from pytest_infergate.results.summary import QUALITY_KEYS
+from pytest_infergate.results.summary import QUALITY_KEYS, figure
 from pytest_infergate.status import Status, under_strict
 
 NOT_COMPARED = "not compared"
@@ -68,20 +68,23 @@ def compare_quality(a: RunResults, b: RunResults) -> tuple[list[list[str]], list
             if candidate.status == Status.FAIL:
                 notes.append(f"{label}: failed its policy in B, absent from A")
             continue
-        status, note = quality_change(qa[test], candidate)
+        checks = recorded_checks(candidate.summary, candidate.policy)  # B's thresholds, decided on B's figures
+        status, note = quality_change(qa[test], candidate, checks)
         statuses.append(status)
         notes += [f"{label}: {note}"] if note else []
-        rows += _figure_rows(label, qa[test], candidate)
+        rows += _figure_rows(label, qa[test].summary, candidate.summary, checks)
     return rows, statuses, notes
 
 
-def quality_change(accepted: QualityRecord, candidate: QualityRecord) -> tuple[Status, str]:
-    """B's quality check as a change from A's: B's status, but a failure that A shared (each threshold B fails, A
-    failed too under B's policy, and B's figure lies no further past it than A's interval reaches) is no change."""
+def quality_change(accepted: QualityRecord, candidate: QualityRecord, checks: list[ThresholdCheck]
+                   ) -> tuple[Status, str]:
+    """B's quality check as a change from A's (`checks`: B's thresholds on B's figures): B's status, but a failure
+    that A shared (each threshold B fails, A failed too under B's policy, and B's figure lies no further past it than
+    A's interval reaches) is no change."""
     if candidate.status != Status.FAIL:
         return candidate.status, ""
     before = {c.key: c for c in recorded_checks(accepted.summary, candidate.policy)}
-    failed = [c for c in recorded_checks(candidate.summary, candidate.policy) if c.status == Status.FAIL]
+    failed = [c for c in checks if c.status == Status.FAIL]
     shared = failed and all(c.key in before and before[c.key].status == Status.FAIL and _no_worse(c, before[c.key])
                             for c in failed)
     keys = ", ".join(c.key for c in failed) or "its policy"
@@ -101,22 +104,16 @@ def _no_worse(now: ThresholdCheck, then: ThresholdCheck) -> bool:
     return now.point >= reach if now.direction == "min" else now.point <= reach
 
 
-def _figure_rows(label: str, a: QualityRecord, b: QualityRecord) -> list[list[str]]:
-    """A row per threshold B's policy sets (B's decision in its check's words, A's figure beside), then per figure
-    either side measured that no threshold gates; the sample counts where they differ."""
-    sa, sb = a.summary, b.summary
-    checks = recorded_checks(sb, b.policy)
-    rows = [[label, check.key, _value(sa.get(check.figure)), _value(sb.get(check.figure)),
+def _figure_rows(label: str, sa: dict, sb: dict, checks: list[ThresholdCheck]) -> list[list[str]]:
+    """A row per threshold B's policy sets (`checks`: B's decision in its check's words, A's figure beside), then per
+    figure either side measured that no threshold gates; the sample counts where they differ."""
+    rows = [[label, check.key, figure(sa, check.figure, 4), figure(sb, check.figure, 4),
              f"{check.status} {check.describe()}"] for check in checks]
     gated = {check.figure for check in checks}
     for metric in QUALITY_KEYS:
         if metric not in gated and (units.is_number(sa.get(metric)) or units.is_number(sb.get(metric))):
-            rows.append([label, metric, _value(sa.get(metric)), _value(sb.get(metric)), "not gated by B's policy"])
+            rows.append([label, metric, figure(sa, metric, 4), figure(sb, metric, 4), "not gated by B's policy"])
     if sa.get("samples") != sb.get("samples"):
         rows.append([label, "samples", str(sa.get("samples", "-")), str(sb.get("samples", "-")),
                      "the sample sets differ in size: their figures compare other samples"])
     return rows
-
-
-def _value(value) -> str:
-    return units.number(value, 4) if units.is_number(value) else "-"

@@ -284,7 +284,10 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.FAIL, "test" if outcome == "failed" else "test error", nodeid,
                                   message or outcome))
             count(FAILED_TESTS, Status.FAIL)
-    itself, gated_quality = 0, any(r.precision != r.reference_precision for r in results.quality)
+    # the reference against itself is counted apart, and a reason only where no quantized precision gated
+    quality = results.quality
+    itself = sum(1 for r in quality if r.precision == r.reference_precision)
+    gated_quality = itself < len(quality)
     for record in results.records:
         count(record.kind, under_strict(record.status, results.strict))
         if record.status != Status.PASS:
@@ -295,8 +298,7 @@ def run_verdict(results: RunResults) -> RunVerdict:
             reasons.append(Reason(Status.PASS, what, record.test,
                                   no_baseline_message(record, results.saved_baseline)))
         elif isinstance(record, QualityRecord) and record.precision == record.reference_precision:
-            itself += 1  # a reason only where no quantized precision gated: then it is why nothing was
-            if not gated_quality:
+            if not gated_quality:  # then it is why nothing was gated
                 reasons.append(Reason(Status.PASS, REFERENCE_ITSELF, record.test,
                                       reference_itself_message(record.precision)))
         elif getattr(record, "model_change", ""):  # a pass against another model's baseline: said, not hidden

@@ -339,4 +339,3 @@ def verdict_lines(results: RunResults) -> list[Line]:
     verdict = results.verdict()
     return [Line(f"  {reason.text(lead_only=True)}", _color(reason.status)) for reason in verdict.reasons] + [
         Line(verdict.headline(), _color(verdict.status))]
-
